@@ -1,0 +1,119 @@
+// gradsync public C++ API: negotiated, fused gradient synchronization over MPI.
+//
+// Every collective is enqueued from any thread and returns a Handle at once; a background thread
+// agrees with the other ranks on what is ready, fuses, executes and completes the handle. Failures
+// are reported as gradsync::Error (a std::runtime_error carrying a Status): at enqueue for bad input,
+// at wait for a failed collective.
+//
+// Thread safety: init() and shutdown() must not race with each other or with enqueues; everything
+// else may be called from any thread. Completion callbacks run on the background thread: keep them
+// short and never wait on a handle inside one.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gradsync/status.h"
+#include "gradsync/types.h"
+
+namespace gradsync {
+
+class OpState;
+
+// The exception the C++ API throws; status() tells the code and the full message.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(Status status) : std::runtime_error(status.ToString()), status_(std::move(status)) {}
+  const Status& status() const { return status_; }
+  StatusCode code() const { return status_.code(); }
+
+ private:
+  Status status_;
+};
+
+// Starts gradsync on `comm` (MPI_COMM_WORLD by default), initializing MPI if the application has
+// not (and then finalizing it at shutdown). Collective over `comm`. Reads GRADSYNC_* variables.
+void init(MPI_Comm comm = MPI_COMM_WORLD);
+// Fails every pending operation with a Shutdown error, stops the background thread and frees
+// gradsync's communicators. Every rank should call it; a no-op when not initialized.
+void shutdown();
+bool is_initialized();
+
+int rank();
+int size();
+int local_rank();   // rank among the processes on this node
+int local_size();
+int cross_rank();   // index of this node
+int cross_size();   // number of nodes
+
+using CompletionCallback = std::function<void(const Status&)>;
+
+// The result of one enqueued collective. Copyable; copies share the same operation.
+class Handle {
+ public:
+  Handle() = default;
+
+  // Blocks until the operation finishes; throws Error if it failed.
+  void wait() const;
+  // Waits at most `timeout`; returns false if still running, throws Error if it failed.
+  bool wait_for(std::chrono::nanoseconds timeout) const;
+  // True once the operation has finished, successfully or not. Never blocks.
+  bool poll() const;
+  // The final status once finished; OK while pending.
+  Status status() const;
+  // Allgather: the output's shape, once finished.
+  std::vector<int64_t> output_shape() const;
+  bool valid() const { return state_ != nullptr; }
+
+ private:
+  friend Handle MakeHandle(std::shared_ptr<OpState> state);
+  std::shared_ptr<OpState> state_;
+};
+
+struct AllreduceOptions {
+  std::string name;  // unique while in flight; generated when empty
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;   // applied to the input before reducing
+  double postscale = 1.0;  // applied to the result (average folds 1/size in as well)
+  CompletionCallback on_complete;
+};
+
+// Reduces `tensor` across ranks in place.
+Handle allreduce(const TensorView& tensor, const AllreduceOptions& options = {});
+// Reduces `input` across ranks into `output` (same dtype, shape and device; may alias `input`).
+Handle allreduce(const TensorView& input, const TensorView& output,
+                 const AllreduceOptions& options = {});
+
+// Receives the output shape (rank dims summed along the first dimension) and dtype on the
+// background thread; returns memory for the result that stays valid until the handle completes,
+// or nullptr to fail the operation.
+using Allocator = std::function<void*(const std::vector<int64_t>& shape, DataType dtype)>;
+
+struct AllgatherOptions {
+  std::string name;
+  CompletionCallback on_complete;
+};
+
+// Concatenates every rank's `input` along the first dimension, in rank order. Ranks may differ in
+// the first dimension only. The output is placed in memory from `allocate`.
+Handle allgather(const TensorView& input, Allocator allocate, const AllgatherOptions& options = {});
+
+struct BroadcastOptions {
+  std::string name;
+  CompletionCallback on_complete;
+};
+
+// Overwrites `tensor` on every rank with the root's.
+Handle broadcast(const TensorView& tensor, int root, const BroadcastOptions& options = {});
+
+// Completes once every rank has entered the barrier.
+Handle barrier(const std::string& name = "");
+
+}  // namespace gradsync

@@ -1,0 +1,76 @@
+// Negotiation messages. A Request says "this rank has tensor NAME ready, with these parameters";
+// a Response says "every rank executes this now" (or "this failed, with this message"). Their byte
+// format is in wire_format.h and docs/protocol.md.
+//
+// Thread safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gradsync/types.h"
+#include "runtime/tensor_entry.h"
+
+namespace gradsync {
+
+struct Request {
+  std::string name;
+  OpType op = OpType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;
+  Device device;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root = 0;
+  int32_t rank = 0;              // the sender
+  double waited_seconds = 0.0;   // how long the sender has held it, for the stall inspector
+
+  bool operator==(const Request& o) const;
+};
+
+struct RequestList {
+  std::vector<Request> requests;
+};
+
+// Wire values: never renumber, only append.
+enum class ResponseType : uint8_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kBarrier = 3,
+  kError = 4,          // the named tensor fails on every rank with `error`; the runtime goes on
+  kStallShutdown = 5,  // every pending operation fails with `error`; the runtime shuts down
+};
+constexpr int kNumResponseTypes = 6;
+
+struct Response {
+  ResponseType type = ResponseType::kAllreduce;
+  std::string name;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;       // the agreed shape (allgather: rank 0's)
+  Device device;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root = 0;
+  std::vector<int64_t> first_dims;  // allgather: every rank's first dimension, by rank
+  std::string error;                // kError, kStallShutdown
+
+  bool operator==(const Response& o) const;
+};
+
+struct ResponseList {
+  std::vector<Response> responses;
+};
+
+ResponseType ResponseTypeFor(OpType op);
+// The response that executes `request` (its agreed parameters); first_dims left empty.
+Response ResponseFromRequest(const Request& request);
+// Builds the Request this rank sends for `entry`.
+Request RequestFromEntry(const TensorEntry& entry, int rank, double waited_seconds);
+// True when a cached response still describes `request` exactly (the cache-hit test).
+bool ResponseMatchesRequest(const Response& response, const Request& request);
+
+}  // namespace gradsync

@@ -1,0 +1,41 @@
+// DataPlane: the interface every backend (MPI for host memory; NCCL for device memory) implements,
+// one collective per file. The background thread calls it with entries whose negotiation has
+// finished, in the same order on every rank.
+//
+// Called by the background thread only. A non-OK Status fails the entries of that call only.
+#pragma once
+
+#include <vector>
+
+#include "gradsync/status.h"
+#include "gradsync/types.h"
+#include "runtime/tensor_entry.h"
+
+namespace gradsync {
+
+// What every entry of an allreduce bucket has in common.
+struct ReduceSpec {
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+};
+
+class DataPlane {
+ public:
+  virtual ~DataPlane() = default;
+
+  // Reduces every entry's input into its output. One entry is reduced directly on its own buffers
+  // (no copy); several are packed into the fusion buffer at aligned offsets, reduced with one
+  // collective, and unpacked. kAverage is a sum with postscale divided by the number of ranks.
+  virtual Status Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) = 0;
+
+  // Concatenates along the first dimension; first_dims[r] is rank r's first dimension. Allocates
+  // the output through entry->allocator, sets entry->output and entry->state->output_shape.
+  virtual Status Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims) = 0;
+
+  // Overwrites entry->input on every rank with the root's.
+  virtual Status Broadcast(TensorEntry* entry, int root) = 0;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,23 @@
+// Host kernels shared by the host data planes: scaled copies and the element-wise reductions that
+// back the float16/bfloat16 MPI ops.
+//
+// Thread safety: pure functions over caller-owned memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gradsync/types.h"
+
+namespace gradsync {
+
+// dst[i] = src[i] * factor for `count` elements of `dtype` (src may equal dst). Integer types
+// multiply in double and truncate toward zero; float16/bfloat16 multiply in float32. A factor of
+// exactly 1 is a plain copy (or nothing, when src == dst).
+void ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype, double factor);
+
+// inout[i] = inout[i] (op) in[i], for float16/bfloat16 with float32 arithmetic. `op` is sum, min,
+// max or product.
+void ReduceHalfPrecision(const void* in, void* inout, int64_t count, DataType dtype, ReduceOp op);
+
+}  // namespace gradsync

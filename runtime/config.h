@@ -1,0 +1,44 @@
+// Config: every GRADSYNC_* knob, read from the environment in this one place and validated.
+//
+// Thread safety: Config is a value. Parse once (init), then share read-only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "gradsync/status.h"
+
+namespace gradsync {
+
+enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
+
+struct Config {
+  // GRADSYNC_FUSION_THRESHOLD: bytes of one fusion buffer; 0 disables fusion.
+  int64_t fusion_threshold_bytes = 64ll << 20;
+  // GRADSYNC_INPLACE_THRESHOLD: a tensor at least this large is reduced on its own, in place,
+  // rather than copied into a fusion buffer (copies cost as much as the reduction in host memory).
+  int64_t inplace_threshold_bytes = 1ll << 20;
+  // GRADSYNC_CYCLE_TIME_MS: the longest the background thread sleeps between cycles when idle.
+  double cycle_time_ms = 1.0;
+  // GRADSYNC_CACHE_CAPACITY: response cache entries; 0 disables the cache.
+  int64_t cache_capacity = 1024;
+  // GRADSYNC_STALL_WARNING_SECONDS: log the stalled tensors and missing ranks after this long.
+  double stall_warning_seconds = 60.0;
+  // GRADSYNC_STALL_SHUTDOWN_SECONDS: fail every pending operation after this long; 0 disables.
+  double stall_shutdown_seconds = 300.0;
+  // GRADSYNC_LOG_LEVEL: trace, debug, info, warning, error, off.
+  LogLevel log_level = LogLevel::kWarn;
+
+  using Getenv = std::function<const char*(const char*)>;
+  // Reads every variable through `getenv` (std::getenv by default). An unset or empty variable
+  // keeps its default; a bad value is an InvalidArgument naming the variable and the accepted range.
+  static Status FromEnvironment(Config* out, const Getenv& getenv = nullptr);
+
+  // One line, "NAME=value" pairs, for the startup debug log.
+  std::string ToString() const;
+};
+
+const char* LogLevelName(LogLevel level);
+
+}  // namespace gradsync

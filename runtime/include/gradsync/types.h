@@ -1,0 +1,86 @@
+// Vocabulary types shared by the public API and every layer: data types, reduce ops, devices and
+// the non-owning tensor view that any framework adapts to.
+//
+// Thread safety: plain values; distinct objects may be used from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gradsync {
+
+// Wire values: never renumber, only append.
+enum class DataType : uint8_t {
+  kUInt8 = 0,
+  kInt8 = 1,
+  kInt32 = 2,
+  kInt64 = 3,
+  kFloat16 = 4,
+  kBFloat16 = 5,
+  kFloat32 = 6,
+  kFloat64 = 7,
+};
+constexpr int kNumDataTypes = 8;
+
+// Wire values: never renumber, only append.
+enum class ReduceOp : uint8_t {
+  kSum = 0,
+  kAverage = 1,
+  kMin = 2,
+  kMax = 3,
+  kProduct = 4,
+};
+constexpr int kNumReduceOps = 5;
+
+// Wire values: never renumber, only append.
+enum class DeviceKind : uint8_t {
+  kCpu = 0,
+  kCuda = 1,
+};
+
+struct Device {
+  DeviceKind kind = DeviceKind::kCpu;
+  int index = -1;  // CUDA ordinal; -1 for host memory
+
+  static Device Cpu() { return {}; }
+  static Device Cuda(int ordinal) { return {DeviceKind::kCuda, ordinal}; }
+  bool operator==(const Device& o) const { return kind == o.kind && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+};
+
+// Bytes per element; 0 for a value outside the enum.
+size_t DataTypeSize(DataType dtype);
+// "float32", "bfloat16", ...; "invalid(<n>)" for a value outside the enum.
+std::string DataTypeName(DataType dtype);
+bool IsValidDataType(DataType dtype);
+bool IsFloatingPoint(DataType dtype);
+
+std::string ReduceOpName(ReduceOp op);
+bool IsValidReduceOp(ReduceOp op);
+
+std::string DeviceName(const Device& device);
+
+// A non-owning view of a dense, contiguous (row-major) tensor. The caller keeps `data` alive and
+// untouched until the operation that uses it completes.
+struct TensorView {
+  void* data = nullptr;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;  // empty shape = scalar (one element)
+  Device device;
+
+  TensorView() = default;
+  TensorView(void* d, DataType t, std::vector<int64_t> s, Device dev = Device::Cpu())
+      : data(d), dtype(t), shape(std::move(s)), device(dev) {}
+
+  // Product of the dimensions; -1 if a dimension is negative or the product overflows int64.
+  int64_t num_elements() const;
+  // num_elements() * element size; -1 when num_elements() is -1 or the product overflows.
+  int64_t num_bytes() const;
+};
+
+// "[2x3x4]", "[]" for a scalar.
+std::string ShapeString(const std::vector<int64_t>& shape);
+
+}  // namespace gradsync

@@ -1,0 +1,54 @@
+// MpiContext: gradsync's view of MPI for one runtime instance: the communicators it owns (duplicated
+// from the base communicator, so gradsync traffic never meets the application's) and the topology.
+//
+// Created and destroyed by init()/shutdown() on the caller thread; the communicators are used only
+// by the background thread in between. The topology getters may be called from any thread.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "gradsync/status.h"
+
+namespace gradsync {
+
+// OK for MPI_SUCCESS; otherwise an MpiError "<call> failed on rank R: <MPI error string>".
+Status MpiResult(int rc, const char* call);
+
+// Checks an MPI call's return code where it happens and returns its Status on failure.
+#define GRADSYNC_MPI_CALL(call) GRADSYNC_RETURN_IF_ERROR(::gradsync::MpiResult((call), #call))
+
+class MpiContext {
+ public:
+  // Initializes MPI (asking for MPI_THREAD_MULTIPLE) unless the application already has, then
+  // duplicates `base` twice: one communicator for negotiation, one for data.
+  static Status Create(MPI_Comm base, std::unique_ptr<MpiContext>* out);
+  // Frees the communicators; finalizes MPI only if Create initialized it.
+  ~MpiContext();
+
+  MpiContext(const MpiContext&) = delete;
+  MpiContext& operator=(const MpiContext&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  int cross_rank() const { return cross_rank_; }
+  int cross_size() const { return cross_size_; }
+  MPI_Comm control_comm() const { return control_comm_; }
+  MPI_Comm data_comm() const { return data_comm_; }
+
+ private:
+  MpiContext() = default;
+
+  bool owns_mpi_ = false;
+  MPI_Comm control_comm_ = MPI_COMM_NULL;
+  MPI_Comm data_comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  int local_rank_ = 0, local_size_ = 1;
+  int cross_rank_ = 0, cross_size_ = 1;
+};
+
+}  // namespace gradsync

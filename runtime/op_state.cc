@@ -1,0 +1,47 @@
+#include "runtime/op_state.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace gradsync {
+
+void OpState::Complete(Status status) {
+  Callback callback;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) {
+      std::fprintf(stderr, "gradsync: internal error: operation completed twice\n");
+      std::abort();
+    }
+    done_ = true;
+    status_ = status;
+    callback = std::move(callback_);
+  }
+  cv_.notify_all();
+  if (callback) callback(status);
+}
+
+bool OpState::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+Status OpState::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return done_; });
+  return status_;
+}
+
+bool OpState::WaitFor(std::chrono::nanoseconds timeout, Status* status) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [this] { return done_; })) return false;
+  *status = status_;
+  return true;
+}
+
+Status OpState::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+}  // namespace gradsync

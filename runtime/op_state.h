@@ -1,0 +1,46 @@
+// OpState: the shared completion record behind a public Handle.
+//
+// Owns the final Status, the completion flag and an optional callback. Complete() is called once,
+// by the background thread; Wait*/done/status may be called from any thread at any time.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "gradsync/status.h"
+
+namespace gradsync {
+
+class OpState {
+ public:
+  using Callback = std::function<void(const Status&)>;
+
+  explicit OpState(Callback callback = nullptr) : callback_(std::move(callback)) {}
+
+  // Records the result, wakes waiters, then runs the callback on the calling thread. A second
+  // call is an invariant violation and aborts.
+  void Complete(Status status);
+
+  bool done() const;
+  // Blocks until Complete(); returns the final status.
+  Status Wait();
+  // Returns false if `timeout` passes first; otherwise true and *status holds the result.
+  bool WaitFor(std::chrono::nanoseconds timeout, Status* status);
+  // The final status once done; OK while pending.
+  Status status() const;
+
+  // Allgather: the output shape, set by the background thread before Complete().
+  std::vector<int64_t> output_shape;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+  Callback callback_;
+};
+
+}  // namespace gradsync

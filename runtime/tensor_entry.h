@@ -1,0 +1,50 @@
+// TensorEntry: one enqueued collective on one rank, from enqueue until its handle completes.
+//
+// Created by a caller thread, handed to the background thread through the TensorQueue, and owned
+// by the background thread from then on.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gradsync/types.h"
+#include "runtime/op_state.h"
+
+namespace gradsync {
+
+// Wire values: never renumber, only append.
+enum class OpType : uint8_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kBarrier = 3,
+};
+constexpr int kNumOpTypes = 4;
+std::string OpTypeName(OpType op);
+
+// Called on the background thread once an allgather's output shape is known; returns where to
+// write it (shape's product x dtype size bytes, valid until the handle completes), or nullptr to
+// fail the operation.
+using OutputAllocator = std::function<void*(const std::vector<int64_t>& shape, DataType dtype)>;
+
+struct TensorEntry {
+  std::string name;
+  OpType op = OpType::kAllreduce;
+  TensorView input;
+  // Allreduce: where the result goes (the input itself when in place). Allgather: set once the
+  // allocator has run. Broadcast: the input. Barrier: unused.
+  TensorView output;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int root = 0;
+  OutputAllocator allocator;
+  std::shared_ptr<OpState> state;
+  std::chrono::steady_clock::time_point enqueued_at;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,56 @@
+// TensorQueue: hands entries from caller threads to the background thread, and owns the set of
+// names in flight (from Push until Release) so that a duplicate name fails at enqueue.
+//
+// Push and Close may be called from any thread; WaitForWork, Drain and Release only from the
+// background thread. Every member takes one mutex; no member blocks except WaitForWork.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "gradsync/status.h"
+#include "runtime/tensor_entry.h"
+
+namespace gradsync {
+
+class TensorQueue {
+ public:
+  // Fails with InvalidArgument if the name is in flight, or with the Close() status once closed.
+  Status Push(std::unique_ptr<TensorEntry> entry);
+  // Pushes several entries atomically: all are accepted or none is.
+  Status PushAll(std::vector<std::unique_ptr<TensorEntry>> entries);
+
+  // Returns once entries are waiting, the queue is closed, a wake-up was requested, or `max_wait`
+  // has passed.
+  void WaitForWork(std::chrono::nanoseconds max_wait);
+  // Wakes a WaitForWork early (used for shutdown requests).
+  void Wake();
+  // Entries pushed since the last Drain, in push order. Their names stay in flight.
+  std::vector<std::unique_ptr<TensorEntry>> Drain();
+  // Takes `name` out of flight; call before completing the entry's handle so the caller may reuse
+  // the name at once.
+  void Release(const std::string& name);
+  // Later pushes fail with `reason`.
+  void Close(Status reason);
+  // Status the queue was closed with; OK while open.
+  Status closed_status() const;
+
+ private:
+  Status CheckAcceptingLocked(const std::string& name) const;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<TensorEntry>> pending_;
+  std::unordered_set<std::string> in_flight_;
+  Status closed_;
+  bool closed_flag_ = false;
+  bool wake_requested_ = false;
+  bool waiter_sleeping_ = false;
+};
+
+}  // namespace gradsync
