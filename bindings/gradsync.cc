@@ -1,1 +1,235 @@
-// placeholder: being written
+// The public C++ API: argument validation on the caller's thread, then a TensorEntry into the queue.
+#include "gradsync/gradsync.h"
+
+#include <atomic>
+#include <cmath>
+#include <memory>
+#include <mutex>
+
+#include "coordinator/background_loop.h"
+#include "runtime/config.h"
+#include "runtime/logging.h"
+#include "runtime/mpi_context.h"
+#include "runtime/op_state.h"
+#include "runtime/tensor_queue.h"
+
+namespace gradsync {
+
+Handle MakeHandle(std::shared_ptr<OpState> state);
+
+namespace {
+
+struct Runtime {
+  Config config;
+  std::unique_ptr<MpiContext> mpi;
+  TensorQueue queue;
+  std::unique_ptr<BackgroundLoop> loop;
+  std::atomic<uint64_t> unnamed_counters[kNumOpTypes] = {};
+};
+
+// Set by init(), cleared by shutdown(); neither may race with enqueues (see the header).
+std::mutex g_lifecycle_mu;
+std::unique_ptr<Runtime> g_runtime;
+std::atomic<Runtime*> g_active{nullptr};
+
+[[noreturn]] void Throw(Status status) { throw Error(std::move(status)); }
+
+Runtime& ActiveRuntime(const char* call) {
+  Runtime* rt = g_active.load(std::memory_order_acquire);
+  if (rt == nullptr) {
+    Throw(Status::NotInitialized(std::string(call) +
+                                 ": gradsync is not initialized (call gradsync::init() first; "
+                                 "after gradsync::shutdown() it must be initialized again)"));
+  }
+  return *rt;
+}
+
+std::string Describe(const Runtime& rt, OpType op, const std::string& name) {
+  return OpTypeName(op) + " of tensor '" + name + "' on rank " + std::to_string(rt.mpi->rank());
+}
+
+Status ValidateTensor(const TensorView& t, const std::string& what) {
+  if (!IsValidDataType(t.dtype)) {
+    return Status::InvalidArgument(what + ": unknown dtype " + DataTypeName(t.dtype));
+  }
+  for (int64_t d : t.shape) {
+    if (d < 0) {
+      return Status::InvalidArgument(what + ": negative dimension in shape " +
+                                     ShapeString(t.shape));
+    }
+  }
+  if (t.num_bytes() < 0) {
+    return Status::InvalidArgument(what + ": shape " + ShapeString(t.shape) +
+                                   " overflows a 64-bit byte count");
+  }
+  if (t.data == nullptr && t.num_elements() > 0) {
+    return Status::InvalidArgument(what + ": data is null but the tensor has " +
+                                   std::to_string(t.num_elements()) + " elements");
+  }
+  if (t.device.kind != DeviceKind::kCpu) {
+    return Status::Unsupported(what + ": " + DeviceName(t.device) +
+                               " tensors need the NCCL data plane, which this build lacks");
+  }
+  return Status::OK();
+}
+
+Status ValidateScale(double factor, const char* which, const std::string& what) {
+  if (!std::isfinite(factor)) {
+    return Status::InvalidArgument(what + ": " + which + " factor must be finite");
+  }
+  return Status::OK();
+}
+
+std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string& name,
+                                      CompletionCallback on_complete) {
+  auto entry = std::make_unique<TensorEntry>();
+  entry->op = op;
+  entry->name = !name.empty() ? name
+                              : OpTypeName(op) + ".noname." +
+                                    std::to_string(rt.unnamed_counters[static_cast<int>(op)]++);
+  entry->state = std::make_shared<OpState>(std::move(on_complete));
+  entry->enqueued_at = std::chrono::steady_clock::now();
+  return entry;
+}
+
+Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& validation) {
+  if (!validation.ok()) Throw(validation);
+  std::shared_ptr<OpState> state = entry->state;
+  const Status pushed = rt.queue.Push(std::move(entry));
+  if (!pushed.ok()) Throw(pushed);
+  return MakeHandle(std::move(state));
+}
+
+}  // namespace
+
+Handle MakeHandle(std::shared_ptr<OpState> state) {
+  Handle h;
+  h.state_ = std::move(state);
+  return h;
+}
+
+void init(MPI_Comm comm) {
+  std::lock_guard<std::mutex> lock(g_lifecycle_mu);
+  if (g_runtime) return;
+  auto rt = std::make_unique<Runtime>();
+  Status status = Config::FromEnvironment(&rt->config);
+  if (!status.ok()) Throw(status);
+  status = MpiContext::Create(comm, &rt->mpi);
+  if (!status.ok()) Throw(status);
+  InitLogging(rt->mpi->rank(), rt->config.log_level);
+  Log().debug("gradsync starting on {} ranks: {}", rt->mpi->size(), rt->config.ToString());
+  rt->loop = std::make_unique<BackgroundLoop>(rt->config, *rt->mpi, &rt->queue);
+  rt->loop->Start();
+  g_active.store(rt.get(), std::memory_order_release);
+  g_runtime = std::move(rt);
+}
+
+void shutdown() {
+  std::lock_guard<std::mutex> lock(g_lifecycle_mu);
+  if (!g_runtime) return;
+  g_active.store(nullptr, std::memory_order_release);
+  g_runtime->loop->Shutdown();
+  g_runtime->loop.reset();
+  g_runtime.reset();  // frees the communicators, finalizes MPI if init() started it
+}
+
+bool is_initialized() { return g_active.load(std::memory_order_acquire) != nullptr; }
+
+int rank() { return ActiveRuntime("rank").mpi->rank(); }
+int size() { return ActiveRuntime("size").mpi->size(); }
+int local_rank() { return ActiveRuntime("local_rank").mpi->local_rank(); }
+int local_size() { return ActiveRuntime("local_size").mpi->local_size(); }
+int cross_rank() { return ActiveRuntime("cross_rank").mpi->cross_rank(); }
+int cross_size() { return ActiveRuntime("cross_size").mpi->cross_size(); }
+
+Handle allreduce(const TensorView& tensor, const AllreduceOptions& options) {
+  return allreduce(tensor, tensor, options);
+}
+
+Handle allreduce(const TensorView& input, const TensorView& output,
+                 const AllreduceOptions& options) {
+  Runtime& rt = ActiveRuntime("allreduce");
+  auto entry = NewEntry(rt, OpType::kAllreduce, options.name, options.on_complete);
+  const std::string what = Describe(rt, OpType::kAllreduce, entry->name);
+  Status status = ValidateTensor(input, what);
+  if (status.ok() && (input.data != output.data || input.shape != output.shape ||
+                      input.dtype != output.dtype || input.device != output.device)) {
+    status = ValidateTensor(output, what + " (output)");
+    if (status.ok() && (output.dtype != input.dtype || output.shape != input.shape ||
+                        output.device != input.device)) {
+      status = Status::InvalidArgument(what + ": output (" + DataTypeName(output.dtype) + " " +
+                                       ShapeString(output.shape) + " on " +
+                                       DeviceName(output.device) + ") differs from input (" +
+                                       DataTypeName(input.dtype) + " " + ShapeString(input.shape) +
+                                       " on " + DeviceName(input.device) + ")");
+    }
+  }
+  if (status.ok() && !IsValidReduceOp(options.op)) {
+    status = Status::InvalidArgument(what + ": unknown reduce op " + ReduceOpName(options.op));
+  }
+  if (status.ok()) status = ValidateScale(options.prescale, "prescale", what);
+  if (status.ok()) status = ValidateScale(options.postscale, "postscale", what);
+  entry->input = input;
+  entry->output = output;
+  entry->reduce_op = options.op;
+  entry->prescale = options.prescale;
+  entry->postscale = options.postscale;
+  return Submit(rt, std::move(entry), status);
+}
+
+Handle allgather(const TensorView& input, Allocator allocate, const AllgatherOptions& options) {
+  Runtime& rt = ActiveRuntime("allgather");
+  auto entry = NewEntry(rt, OpType::kAllgather, options.name, options.on_complete);
+  const std::string what = Describe(rt, OpType::kAllgather, entry->name);
+  Status status = ValidateTensor(input, what);
+  if (status.ok() && !allocate) status = Status::InvalidArgument(what + ": no output allocator");
+  entry->input = input;
+  entry->allocator = std::move(allocate);
+  return Submit(rt, std::move(entry), status);
+}
+
+Handle broadcast(const TensorView& tensor, int root, const BroadcastOptions& options) {
+  Runtime& rt = ActiveRuntime("broadcast");
+  auto entry = NewEntry(rt, OpType::kBroadcast, options.name, options.on_complete);
+  const std::string what = Describe(rt, OpType::kBroadcast, entry->name);
+  Status status = ValidateTensor(tensor, what);
+  if (status.ok() && (root < 0 || root >= rt.mpi->size())) {
+    status = Status::InvalidArgument(what + ": root rank " + std::to_string(root) +
+                                     " is outside [0, " + std::to_string(rt.mpi->size()) + ")");
+  }
+  entry->input = tensor;
+  entry->output = tensor;
+  entry->root = root;
+  return Submit(rt, std::move(entry), status);
+}
+
+Handle barrier(const std::string& name) {
+  Runtime& rt = ActiveRuntime("barrier");
+  auto entry = NewEntry(rt, OpType::kBarrier, name, nullptr);
+  return Submit(rt, std::move(entry), Status::OK());
+}
+
+void Handle::wait() const {
+  if (!state_) Throw(Status::InvalidArgument("wait() on an empty handle"));
+  const Status status = state_->Wait();
+  if (!status.ok()) Throw(status);
+}
+
+bool Handle::wait_for(std::chrono::nanoseconds timeout) const {
+  if (!state_) Throw(Status::InvalidArgument("wait_for() on an empty handle"));
+  Status status;
+  if (!state_->WaitFor(timeout, &status)) return false;
+  if (!status.ok()) Throw(status);
+  return true;
+}
+
+bool Handle::poll() const { return state_ && state_->done(); }
+
+Status Handle::status() const { return state_ ? state_->status() : Status::OK(); }
+
+std::vector<int64_t> Handle::output_shape() const {
+  if (!state_ || !state_->done()) return {};
+  return state_->output_shape;
+}
+
+}  // namespace gradsync

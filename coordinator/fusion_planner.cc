@@ -1,1 +1,66 @@
-// placeholder: being written
+#include "coordinator/fusion_planner.h"
+
+#include "runtime/fusion_buffer.h"
+
+namespace gradsync {
+
+namespace {
+
+bool Fusible(const Response& a, const Response& b) {
+  return a.dtype == b.dtype && a.device == b.device && a.reduce_op == b.reduce_op &&
+         a.prescale == b.prescale && a.postscale == b.postscale;
+}
+
+bool Planned(const Response& r) {
+  return r.type != ResponseType::kError && r.type != ResponseType::kStallShutdown;
+}
+
+}  // namespace
+
+int64_t ResponseBytes(const Response& response) {
+  if (response.type == ResponseType::kBarrier) return 0;
+  int64_t n = 1;
+  for (int64_t d : response.shape) n *= d;
+  return n * static_cast<int64_t>(DataTypeSize(response.dtype));
+}
+
+std::vector<Bucket> PlanFusion(const std::vector<Response>& responses,
+                               const FusionSettings& settings) {
+  struct Open {
+    size_t bucket;
+    int64_t bytes;  // aligned end offset of the packed bucket
+  };
+  std::vector<Bucket> buckets;
+  std::vector<Open> open;  // buckets still accepting tensors, at most one per fusible class
+  for (size_t i = 0; i < responses.size(); ++i) {
+    const Response& r = responses[i];
+    if (!Planned(r)) continue;
+    const int64_t bytes = ResponseBytes(r);
+    const bool alone = r.type != ResponseType::kAllreduce ||
+                       bytes >= settings.inplace_threshold_bytes ||
+                       bytes > settings.fusion_threshold_bytes;
+    if (alone) {
+      buckets.push_back({{i}});
+      continue;
+    }
+    const int64_t aligned = static_cast<int64_t>(AlignFusionOffset(static_cast<size_t>(bytes)));
+    Open* slot = nullptr;
+    for (Open& o : open) {
+      if (Fusible(responses[buckets[o.bucket].responses.front()], r)) slot = &o;
+    }
+    if (slot != nullptr && slot->bytes + aligned <= settings.fusion_threshold_bytes) {
+      buckets[slot->bucket].responses.push_back(i);
+      slot->bytes += aligned;
+      continue;
+    }
+    buckets.push_back({{i}});
+    if (slot != nullptr) {
+      *slot = {buckets.size() - 1, aligned};
+    } else {
+      open.push_back({buckets.size() - 1, aligned});
+    }
+  }
+  return buckets;
+}
+
+}  // namespace gradsync

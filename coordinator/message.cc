@@ -1,1 +1,109 @@
-// placeholder: being written
+#include "coordinator/message.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace gradsync {
+
+bool Request::operator==(const Request& o) const {
+  return name == o.name && op == o.op && dtype == o.dtype && shape == o.shape &&
+         device == o.device && reduce_op == o.reduce_op && prescale == o.prescale &&
+         postscale == o.postscale && root == o.root && rank == o.rank &&
+         waited_seconds == o.waited_seconds;
+}
+
+bool Response::operator==(const Response& o) const {
+  return type == o.type && name == o.name && dtype == o.dtype && shape == o.shape &&
+         device == o.device && reduce_op == o.reduce_op && prescale == o.prescale &&
+         postscale == o.postscale && root == o.root && first_dims == o.first_dims &&
+         error == o.error;
+}
+
+ResponseType ResponseTypeFor(OpType op) {
+  switch (op) {
+    case OpType::kAllreduce:
+      return ResponseType::kAllreduce;
+    case OpType::kAllgather:
+      return ResponseType::kAllgather;
+    case OpType::kBroadcast:
+      return ResponseType::kBroadcast;
+    case OpType::kBarrier:
+      return ResponseType::kBarrier;
+  }
+  // Enqueue and the wire parser both reject unknown ops, so reaching here is a gradsync bug.
+  std::fprintf(stderr, "gradsync: internal error: no response type for op value %d\n",
+               static_cast<int>(op));
+  std::abort();
+}
+
+Response ResponseFromRequest(const Request& request) {
+  Response response;
+  response.type = ResponseTypeFor(request.op);
+  response.name = request.name;
+  response.dtype = request.dtype;
+  response.shape = request.shape;
+  response.device = request.device;
+  response.reduce_op = request.reduce_op;
+  response.prescale = request.prescale;
+  response.postscale = request.postscale;
+  response.root = request.root;
+  return response;
+}
+
+Request RequestFromEntry(const TensorEntry& entry, int rank, double waited_seconds) {
+  Request request;
+  request.name = entry.name;
+  request.op = entry.op;
+  request.dtype = entry.input.dtype;
+  request.shape = entry.input.shape;
+  request.device = entry.input.device;
+  request.reduce_op = entry.reduce_op;
+  request.prescale = entry.prescale;
+  request.postscale = entry.postscale;
+  request.root = entry.root;
+  request.rank = rank;
+  request.waited_seconds = waited_seconds;
+  return request;
+}
+
+namespace {
+
+// An allgather response carries rank 0's shape, so another rank's request matches it only through
+// that rank's own entry in first_dims; comparing against rank 0's shape would both miss forever on
+// ranks with a different first dimension and hit with a stale first_dims entry on others.
+bool AllgatherShapeMatches(const Response& response, const Request& request) {
+  if (response.first_dims.empty()) return response.shape == request.shape;
+  if (request.rank < 0 || static_cast<size_t>(request.rank) >= response.first_dims.size()) {
+    return false;
+  }
+  if (request.shape.empty() || request.shape.size() != response.shape.size()) return false;
+  if (request.shape[0] != response.first_dims[static_cast<size_t>(request.rank)]) return false;
+  for (size_t i = 1; i < request.shape.size(); ++i) {
+    if (request.shape[i] != response.shape[i]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool ResponseMatchesRequest(const Response& response, const Request& request) {
+  if (response.name != request.name) return false;
+  switch (response.type) {
+    case ResponseType::kAllreduce:
+    case ResponseType::kAllgather:
+    case ResponseType::kBroadcast:
+    case ResponseType::kBarrier:
+      break;
+    default:
+      return false;  // error and shutdown responses never stand for a live request
+  }
+  if (response.type != ResponseTypeFor(request.op)) return false;
+  const bool shape_matches = response.type == ResponseType::kAllgather
+                                 ? AllgatherShapeMatches(response, request)
+                                 : response.shape == request.shape;
+  return shape_matches && response.dtype == request.dtype && response.device == request.device &&
+         response.reduce_op == request.reduce_op && response.prescale == request.prescale &&
+         response.postscale == request.postscale && response.root == request.root;
+}
+
+}  // namespace gradsync

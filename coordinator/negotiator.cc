@@ -1,1 +1,243 @@
-// placeholder: being written
+#include "coordinator/negotiator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+#include "coordinator/wire_format.h"
+#include "runtime/logging.h"
+
+namespace gradsync {
+
+namespace {
+
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+size_t BitWords(size_t bits) { return (bits + 63) / 64; }
+bool TestBit(const std::vector<uint64_t>& words, size_t base, size_t bit) {
+  return (words[base + bit / 64] >> (bit % 64)) & 1u;
+}
+void SetBit(std::vector<uint64_t>* words, size_t base, size_t bit) {
+  (*words)[base + bit / 64] |= uint64_t{1} << (bit % 64);
+}
+void ClearBit(std::vector<uint64_t>* words, size_t base, size_t bit) {
+  (*words)[base + bit / 64] &= ~(uint64_t{1} << (bit % 64));
+}
+
+Response FatalResponse(std::string message) {
+  Response r;
+  r.type = ResponseType::kStallShutdown;
+  r.error = std::move(message);
+  return r;
+}
+
+}  // namespace
+
+Negotiator::Negotiator(ControlChannel* channel, const Config& config, Clock clock)
+    : channel_(channel),
+      config_(config),
+      clock_(clock ? std::move(clock) : Clock(SteadySeconds)),
+      rank_(channel->rank()),
+      size_(channel->size()),
+      cache_(static_cast<size_t>(config.cache_capacity)) {
+  if (rank_ == 0) {
+    table_ = std::make_unique<ReadinessTable>(size_);
+    stall_ = std::make_unique<StallInspector>(config.stall_warning_seconds,
+                                              config.stall_shutdown_seconds);
+  }
+}
+
+Status Negotiator::RunCycle(std::vector<Request> fresh, bool want_shutdown, CycleOutcome* out) {
+  *out = CycleOutcome();
+  const double now = clock_();
+  std::vector<uint32_t> invalid;
+  AddFresh(std::move(fresh), now, &invalid);
+  RefreshCachedState(now, &invalid);
+  const bool has_uncached =
+      std::any_of(pending_.begin(), pending_.end(),
+                  [](const auto& p) { return p.second.state == PendingState::kUncached; });
+
+  std::vector<uint64_t> words = BuildBitVector(want_shutdown, has_uncached, invalid, now);
+  GRADSYNC_RETURN_IF_ERROR(channel_->AllreduceAnd(&words));
+
+  const uint64_t flags = ~words[0];
+  out->shutdown = (flags & kFlagShutdown) != 0;
+  const size_t bit_words = BitWords(cache_.num_bits());
+  const bool any_invalid = std::any_of(words.begin() + 1 + bit_words, words.end(),
+                                       [](uint64_t w) { return w != ~uint64_t{0}; });
+  ApplyInvalidBits(words);
+  TakeCachedReady(words, out);
+  if ((flags & (kFlagUncached | kFlagInspect)) != 0 || any_invalid) {
+    out->full_round = true;
+    GRADSYNC_RETURN_IF_ERROR(FullRound(now, out));
+  }
+  return Status::OK();
+}
+
+void Negotiator::AddFresh(std::vector<Request> fresh, double now, std::vector<uint32_t>* invalid) {
+  for (Request& request : fresh) {
+    Pending p;
+    p.first_seen = now;
+    p.sequence = next_sequence_++;
+    uint32_t bit = 0;
+    switch (cache_.Find(request, &bit)) {
+      case ResponseCache::Lookup::kHit:
+        p.state = PendingState::kCached;
+        p.bit = bit;
+        break;
+      case ResponseCache::Lookup::kMismatch:
+        // Parameters changed since the name was cached: every rank drops the entry and the tensor
+        // is negotiated in full, where validation compares all ranks' parameters.
+        invalid->push_back(bit);
+        break;
+      case ResponseCache::Lookup::kMiss:
+        break;
+    }
+    p.request = std::move(request);
+    const std::string name = p.request.name;
+    if (!pending_.emplace(name, std::move(p)).second) {
+      std::fprintf(stderr, "gradsync: internal error: tensor '%s' negotiated twice\n", name.c_str());
+      std::abort();
+    }
+  }
+}
+
+void Negotiator::RefreshCachedState(double now, std::vector<uint32_t>* invalid) {
+  for (auto& [name, p] : pending_) {
+    if (p.state != PendingState::kCached) continue;
+    if (!cache_.Contains(p.bit) || cache_.Get(p.bit).name != name) {
+      p.state = PendingState::kUncached;  // evicted since it was looked up
+    } else if (now - p.first_seen >= config_.stall_warning_seconds) {
+      // Cached tensors never reach rank 0's table; invalidating a long-waiting one sends it there,
+      // so the stall inspector can name the ranks that are missing it.
+      invalid->push_back(p.bit);
+      p.state = PendingState::kUncached;
+    }
+  }
+}
+
+std::vector<uint64_t> Negotiator::BuildBitVector(bool want_shutdown, bool has_uncached,
+                                                 const std::vector<uint32_t>& invalid,
+                                                 double now) const {
+  const size_t bit_words = BitWords(cache_.num_bits());
+  std::vector<uint64_t> words(1 + 2 * bit_words, 0);
+  uint64_t flags = 0;
+  if (want_shutdown) flags |= kFlagShutdown;
+  if (has_uncached) flags |= kFlagUncached;
+  if (rank_ == 0 && stall_->InspectionDue(*table_, now)) flags |= kFlagInspect;
+  words[0] = ~flags;
+  for (const auto& [name, p] : pending_) {
+    if (p.state == PendingState::kCached) SetBit(&words, 1, p.bit);
+  }
+  std::fill(words.begin() + 1 + bit_words, words.end(), ~uint64_t{0});
+  for (uint32_t bit : invalid) ClearBit(&words, 1 + bit_words, bit);
+  return words;
+}
+
+void Negotiator::ApplyInvalidBits(const std::vector<uint64_t>& words) {
+  const size_t bits = cache_.num_bits();
+  const size_t invalid_base = 1 + BitWords(bits);
+  std::vector<uint32_t> erased;
+  for (size_t bit = 0; bit < bits; ++bit) {
+    if (TestBit(words, invalid_base, bit)) continue;
+    cache_.Erase(static_cast<uint32_t>(bit));
+    erased.push_back(static_cast<uint32_t>(bit));
+  }
+  if (erased.empty()) return;
+  for (auto& [name, p] : pending_) {
+    if (p.state == PendingState::kCached &&
+        std::binary_search(erased.begin(), erased.end(), p.bit)) {
+      p.state = PendingState::kUncached;
+    }
+  }
+}
+
+void Negotiator::TakeCachedReady(const std::vector<uint64_t>& words, CycleOutcome* out) {
+  const size_t bits = cache_.num_bits();
+  for (size_t w = 0; w < BitWords(bits); ++w) {
+    uint64_t ready = words[1 + w];
+    while (ready != 0) {
+      const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(ready));
+      ready &= ready - 1;
+      if (!cache_.Contains(bit)) continue;
+      const Response& response = cache_.Get(bit);
+      cache_.Touch(bit);
+      Retire(response.name);
+      out->responses.push_back(response);
+      ++out->cache_hits;
+    }
+  }
+}
+
+Status Negotiator::FullRound(double now, CycleOutcome* out) {
+  std::vector<Pending*> to_send;
+  for (auto& [name, p] : pending_) {
+    if (p.state == PendingState::kUncached) to_send.push_back(&p);
+  }
+  std::sort(to_send.begin(), to_send.end(),
+            [](const Pending* a, const Pending* b) { return a->sequence < b->sequence; });
+  RequestList mine;
+  mine.requests.reserve(to_send.size());
+  for (Pending* p : to_send) {
+    p->state = PendingState::kSent;
+    mine.requests.push_back(p->request);
+    mine.requests.back().rank = rank_;
+    mine.requests.back().waited_seconds = now - p->first_seen;
+  }
+
+  std::vector<std::string> gathered;
+  GRADSYNC_RETURN_IF_ERROR(channel_->Gather(SerializeRequestList(mine), &gathered));
+  std::string bytes;
+  if (rank_ == 0) {
+    ResponseList list;
+    CoordinatorRespond(gathered, now, &list);
+    bytes = SerializeResponseList(list);
+  }
+  GRADSYNC_RETURN_IF_ERROR(channel_->Broadcast(&bytes));
+  ResponseList list;
+  GRADSYNC_RETURN_IF_ERROR(ParseResponseList(bytes.data(), bytes.size(), &list));
+
+  for (Response& response : list.responses) {
+    if (response.type != ResponseType::kStallShutdown) {
+      cache_.Put(response);
+      Retire(response.name);
+    }
+    out->responses.push_back(std::move(response));
+  }
+  return Status::OK();
+}
+
+Status Negotiator::CoordinatorRespond(const std::vector<std::string>& gathered, double now,
+                                      ResponseList* responses) {
+  std::vector<std::string> ready;
+  for (int r = 0; r < size_; ++r) {
+    RequestList list;
+    const Status parsed = ParseRequestList(gathered[r].data(), gathered[r].size(), &list);
+    if (!parsed.ok()) {
+      responses->responses = {FatalResponse("corrupt negotiation message from rank " +
+                                            std::to_string(r) + ": " + parsed.message())};
+      return parsed;
+    }
+    for (Request& request : list.requests) {
+      request.rank = r;  // the sender is who the transport says, whatever the bytes claim
+      if (table_->Add(request, now)) ready.push_back(request.name);
+    }
+  }
+  for (const std::string& name : ready) responses->responses.push_back(table_->TakeReady(name));
+  if (stall_->InspectionDue(*table_, now)) {
+    const Status stalled = stall_->Inspect(*table_, now);
+    if (!stalled.ok()) {
+      Log().error("{}", stalled.message());
+      responses->responses.push_back(FatalResponse(stalled.message()));
+      table_ = std::make_unique<ReadinessTable>(size_);  // reported once; every rank stops now
+    }
+  }
+  return Status::OK();
+}
+
+void Negotiator::Retire(const std::string& name) { pending_.erase(name); }
+
+}  // namespace gradsync

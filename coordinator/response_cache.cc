@@ -1,1 +1,76 @@
-// placeholder: being written
+#include "coordinator/response_cache.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace gradsync {
+
+ResponseCache::ResponseCache(size_t capacity) : capacity_(capacity) {}
+
+bool ResponseCache::IsCacheable(const Response& response) {
+  return response.type == ResponseType::kAllreduce || response.type == ResponseType::kBroadcast;
+}
+
+ResponseCache::Lookup ResponseCache::Find(const Request& request, uint32_t* bit) const {
+  auto it = by_name_.find(request.name);
+  if (it == by_name_.end()) return Lookup::kMiss;
+  *bit = it->second;
+  return ResponseMatchesRequest(slots_[it->second].response, request) ? Lookup::kHit
+                                                                       : Lookup::kMismatch;
+}
+
+void ResponseCache::Put(const Response& response) {
+  if (capacity_ == 0 || !IsCacheable(response)) return;
+  auto it = by_name_.find(response.name);
+  if (it != by_name_.end()) {
+    slots_[it->second].response = response;
+    Touch(it->second);
+    return;
+  }
+  if (by_name_.size() >= capacity_) Erase(lru_.back());
+  const uint32_t bit = TakeFreeBit();
+  Slot& slot = slots_[bit];
+  slot.used = true;
+  slot.response = response;
+  lru_.push_front(bit);
+  slot.lru_position = lru_.begin();
+  by_name_.emplace(response.name, bit);
+}
+
+void ResponseCache::Touch(uint32_t bit) {
+  Slot& slot = slots_.at(bit);
+  if (!slot.used) return;
+  lru_.splice(lru_.begin(), lru_, slot.lru_position);
+}
+
+void ResponseCache::Erase(uint32_t bit) {
+  if (!Contains(bit)) return;
+  Slot& slot = slots_[bit];
+  by_name_.erase(slot.response.name);
+  lru_.erase(slot.lru_position);
+  slot.used = false;
+  slot.response = Response();
+  free_bits_.insert(bit);
+}
+
+const Response& ResponseCache::Get(uint32_t bit) const {
+  if (!Contains(bit)) {
+    std::fprintf(stderr, "gradsync: internal error: response cache bit %u is empty\n", bit);
+    std::abort();
+  }
+  return slots_[bit].response;
+}
+
+bool ResponseCache::Contains(uint32_t bit) const { return bit < slots_.size() && slots_[bit].used; }
+
+uint32_t ResponseCache::TakeFreeBit() {
+  if (!free_bits_.empty()) {
+    const uint32_t bit = *free_bits_.begin();
+    free_bits_.erase(free_bits_.begin());
+    return bit;
+  }
+  slots_.emplace_back();
+  return static_cast<uint32_t>(slots_.size() - 1);
+}
+
+}  // namespace gradsync

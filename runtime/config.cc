@@ -1,1 +1,193 @@
-// placeholder: being written
+#include "runtime/config.h"
+
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <string_view>
+#include <system_error>
+
+namespace gradsync {
+namespace {
+
+struct LevelName {
+  const char* name;
+  LogLevel level;
+};
+// "warn" is accepted as an alias because spdlog and many launchers spell it that way.
+constexpr std::array<LevelName, 7> kLevelNames = {{{"trace", LogLevel::kTrace},
+                                                   {"debug", LogLevel::kDebug},
+                                                   {"info", LogLevel::kInfo},
+                                                   {"warning", LogLevel::kWarn},
+                                                   {"warn", LogLevel::kWarn},
+                                                   {"error", LogLevel::kError},
+                                                   {"off", LogLevel::kOff}}};
+
+// Shortest fixed-point text that reads back as the same double, so messages and ToString show
+// "0.05" and "1000000", not "0.050000" or "1e+06".
+std::string FormatDouble(double value) {
+  char buf[64];
+  auto result = std::to_chars(buf, buf + sizeof(buf), value, std::chars_format::fixed);
+  if (result.ec != std::errc()) result = std::to_chars(buf, buf + sizeof(buf), value);
+  return std::string(buf, result.ptr);
+}
+
+Status BadValue(const char* name, std::string_view text, const std::string& expected) {
+  return Status::InvalidArgument(std::string(name) + "='" + std::string(text) + "': expected " +
+                                 expected);
+}
+
+struct IntegerSpec {
+  const char* name;
+  int64_t max;
+  const char* unit;
+  const char* note;  // appended to the accepted range, e.g. what 0 means
+
+  std::string Describe() const {
+    return std::string("a whole number of ") + unit + " in [0, " + std::to_string(max) + "]" + note;
+  }
+};
+
+struct RealSpec {
+  const char* name;
+  double min;
+  bool min_exclusive;
+  double max;
+  const char* unit;
+  const char* note;
+
+  std::string Describe() const {
+    return std::string("a number of ") + unit + " in " + (min_exclusive ? "(" : "[") +
+           FormatDouble(min) + ", " + FormatDouble(max) + "]" + note;
+  }
+  bool Contains(double v) const { return (min_exclusive ? v > min : v >= min) && v <= max; }
+};
+
+const IntegerSpec kFusionThreshold{"GRADSYNC_FUSION_THRESHOLD", int64_t{1} << 34, "bytes",
+                                   " (0 disables fusion)"};
+const IntegerSpec kInplaceThreshold{"GRADSYNC_INPLACE_THRESHOLD", int64_t{1} << 40, "bytes",
+                                    " (0 reduces every tensor in place on its own)"};
+const IntegerSpec kCacheCapacity{"GRADSYNC_CACHE_CAPACITY", int64_t{1} << 20, "entries",
+                                 " (0 disables the response cache)"};
+const RealSpec kCycleTime{"GRADSYNC_CYCLE_TIME_MS", 0.05, false, 10000.0, "milliseconds", ""};
+const RealSpec kStallWarning{"GRADSYNC_STALL_WARNING_SECONDS", 0.0, true, 1e6, "seconds", ""};
+const RealSpec kStallShutdown{
+    "GRADSYNC_STALL_SHUTDOWN_SECONDS", 0.0, false, 1e6, "seconds", " (0 disables)"};
+
+// Accepts only ASCII digits: from_chars alone would take a leading '-', and strtoll would also
+// take whitespace, '+' and trailing junk.
+Status ParseInteger(const IntegerSpec& spec, std::string_view text, int64_t* out) {
+  int64_t value = 0;
+  auto result = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (!std::isdigit(static_cast<unsigned char>(text.front())) || result.ec != std::errc() ||
+      result.ptr != text.data() + text.size() || value > spec.max) {
+    return BadValue(spec.name, text, spec.Describe());
+  }
+  *out = value;
+  return Status::OK();
+}
+
+// from_chars accepts "nan", "inf" and "infinity", which are never a sensible duration.
+Status ParseReal(const RealSpec& spec, std::string_view text, double* out) {
+  double value = 0;
+  auto result = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (result.ec != std::errc() || result.ptr != text.data() + text.size() ||
+      !std::isfinite(value) || !spec.Contains(value)) {
+    return BadValue(spec.name, text, spec.Describe());
+  }
+  *out = value;
+  return Status::OK();
+}
+
+Status ParseLogLevel(const char* name, std::string_view text, LogLevel* out) {
+  std::string lower(text);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const LevelName& entry : kLevelNames) {
+    if (lower == entry.name) {
+      *out = entry.level;
+      return Status::OK();
+    }
+  }
+  return BadValue(name, text, "one of trace, debug, info, warning (or warn), error, off");
+}
+
+// Treats an empty variable like an unset one: `export GRADSYNC_X=` is a common way to clear it.
+std::string_view Lookup(const Config::Getenv& getenv, const char* name) {
+  const char* value = getenv ? getenv(name) : std::getenv(name);
+  return value ? std::string_view(value) : std::string_view();
+}
+
+Status CheckStallOrder(const Config& config) {
+  if (config.stall_shutdown_seconds == 0 ||
+      config.stall_shutdown_seconds >= config.stall_warning_seconds) {
+    return Status::OK();
+  }
+  return Status::InvalidArgument(
+      "GRADSYNC_STALL_SHUTDOWN_SECONDS=" + FormatDouble(config.stall_shutdown_seconds) +
+      " is less than GRADSYNC_STALL_WARNING_SECONDS=" + FormatDouble(config.stall_warning_seconds) +
+      ": the shutdown timeout must be at least the warning timeout, or 0 to disable it");
+}
+
+Status ParseVar(const Config::Getenv& getenv, const IntegerSpec& spec, int64_t* out) {
+  std::string_view text = Lookup(getenv, spec.name);
+  return text.empty() ? Status::OK() : ParseInteger(spec, text, out);
+}
+
+Status ParseVar(const Config::Getenv& getenv, const RealSpec& spec, double* out) {
+  std::string_view text = Lookup(getenv, spec.name);
+  return text.empty() ? Status::OK() : ParseReal(spec, text, out);
+}
+
+Status ParseLogLevelVar(const Config::Getenv& getenv, const char* name, LogLevel* out) {
+  std::string_view text = Lookup(getenv, name);
+  return text.empty() ? Status::OK() : ParseLogLevel(name, text, out);
+}
+
+}  // namespace
+
+// Parses into a copy so that a bad variable leaves *out untouched.
+Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
+  if (out == nullptr) return Status::InvalidArgument("Config::FromEnvironment: out is null");
+  Config c;
+  GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kFusionThreshold, &c.fusion_threshold_bytes));
+  GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kInplaceThreshold, &c.inplace_threshold_bytes));
+  GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kCycleTime, &c.cycle_time_ms));
+  GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kCacheCapacity, &c.cache_capacity));
+  GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kStallWarning, &c.stall_warning_seconds));
+  GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kStallShutdown, &c.stall_shutdown_seconds));
+  GRADSYNC_RETURN_IF_ERROR(CheckStallOrder(c));
+  GRADSYNC_RETURN_IF_ERROR(ParseLogLevelVar(getenv, "GRADSYNC_LOG_LEVEL", &c.log_level));
+  *out = c;
+  return Status::OK();
+}
+
+std::string Config::ToString() const {
+  return "GRADSYNC_FUSION_THRESHOLD=" + std::to_string(fusion_threshold_bytes) +
+         " GRADSYNC_INPLACE_THRESHOLD=" + std::to_string(inplace_threshold_bytes) +
+         " GRADSYNC_CYCLE_TIME_MS=" + FormatDouble(cycle_time_ms) +
+         " GRADSYNC_CACHE_CAPACITY=" + std::to_string(cache_capacity) +
+         " GRADSYNC_STALL_WARNING_SECONDS=" + FormatDouble(stall_warning_seconds) +
+         " GRADSYNC_STALL_SHUTDOWN_SECONDS=" + FormatDouble(stall_shutdown_seconds) +
+         " GRADSYNC_LOG_LEVEL=" + LogLevelName(log_level);
+}
+
+const char* LogLevelName(LogLevel level) {
+  switch (level) {
+    case LogLevel::kTrace:
+      return "trace";
+    case LogLevel::kDebug:
+      return "debug";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kWarn:
+      return "warning";
+    case LogLevel::kError:
+      return "error";
+    case LogLevel::kOff:
+      return "off";
+  }
+  return "unknown";
+}
+
+}  // namespace gradsync

@@ -1,1 +1,169 @@
-// placeholder: being written
+#include "runtime/mpi_context.h"
+
+#include <string>
+
+#include "runtime/logging.h"
+
+namespace gradsync {
+namespace {
+
+bool MpiUsable() {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+std::string WorldRankString() {
+  int rank = -1;
+  if (!MpiUsable() || MPI_Comm_rank(MPI_COMM_WORLD, &rank) != MPI_SUCCESS) return "?";
+  return std::to_string(rank);
+}
+
+// Open MPI aborts the process when MPI_Error_string is called after MPI_Finalize.
+std::string MpiErrorString(int rc) {
+  if (!MpiUsable()) return "MPI error code " + std::to_string(rc);
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(rc, text, &length) != MPI_SUCCESS) {
+    return "MPI error code " + std::to_string(rc);
+  }
+  return std::string(text, length);
+}
+
+const char* ThreadLevelName(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+  }
+  return "an unknown thread level";
+}
+
+void WarnIfNotMultiple(int provided) {
+  if (provided >= MPI_THREAD_MULTIPLE) return;
+  Log().warn(
+      "MPI provides {} rather than MPI_THREAD_MULTIPLE; gradsync's background thread calls MPI "
+      "concurrently with the application's threads, which this MPI library does not promise to "
+      "support. Continuing; avoid MPI calls from the application while gradsync is running, or "
+      "initialize MPI with MPI_THREAD_MULTIPLE.",
+      ThreadLevelName(provided));
+}
+
+// Frees a temporary communicator on every path out of the topology query.
+class ScopedComm {
+ public:
+  ScopedComm() = default;
+  ~ScopedComm() {
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+  ScopedComm(const ScopedComm&) = delete;
+  ScopedComm& operator=(const ScopedComm&) = delete;
+  MPI_Comm* out() { return &comm_; }
+  MPI_Comm get() const { return comm_; }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+struct Topology {
+  int rank = 0, size = 1;
+  int local_rank = 0, local_size = 1;
+  int cross_rank = 0, cross_size = 1;
+};
+
+// Local: the ranks that share this node's memory. Cross: the ranks with the same local rank on
+// every node, ordered by global rank, as hierarchical collectives need.
+Status QueryTopology(MPI_Comm base, Topology* t) {
+  GRADSYNC_MPI_CALL(MPI_Comm_rank(base, &t->rank));
+  GRADSYNC_MPI_CALL(MPI_Comm_size(base, &t->size));
+  ScopedComm local;
+  GRADSYNC_MPI_CALL(
+      MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, t->rank, MPI_INFO_NULL, local.out()));
+  GRADSYNC_MPI_CALL(MPI_Comm_rank(local.get(), &t->local_rank));
+  GRADSYNC_MPI_CALL(MPI_Comm_size(local.get(), &t->local_size));
+  ScopedComm cross;
+  GRADSYNC_MPI_CALL(MPI_Comm_split(base, t->local_rank, t->rank, cross.out()));
+  GRADSYNC_MPI_CALL(MPI_Comm_rank(cross.get(), &t->cross_rank));
+  GRADSYNC_MPI_CALL(MPI_Comm_size(cross.get(), &t->cross_size));
+  return Status::OK();
+}
+
+// gradsync owns these communicators, so their errors come back as return codes (and become a
+// Status) instead of aborting the job under the default MPI_ERRORS_ARE_FATAL handler.
+Status DupWithReturnedErrors(MPI_Comm base, MPI_Comm* out) {
+  GRADSYNC_MPI_CALL(MPI_Comm_dup(base, out));
+  GRADSYNC_MPI_CALL(MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN));
+  return Status::OK();
+}
+
+// Sets *owns only when this call initialized MPI: an application that initialized MPI itself also
+// finalizes it, and gradsync must leave it usable after shutdown().
+Status EnsureMpiInitialized(bool* owns) {
+  int finalized = 0;
+  GRADSYNC_MPI_CALL(MPI_Finalized(&finalized));
+  if (finalized) {
+    return Status::NotInitialized(
+        "MPI has already been finalized in this process and cannot be initialized again; to call "
+        "init() after shutdown(), initialize MPI in the application before the first init()");
+  }
+  int initialized = 0;
+  int provided = MPI_THREAD_SINGLE;
+  GRADSYNC_MPI_CALL(MPI_Initialized(&initialized));
+  if (initialized) {
+    GRADSYNC_MPI_CALL(MPI_Query_thread(&provided));
+  } else {
+    GRADSYNC_MPI_CALL(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    *owns = true;
+  }
+  WarnIfNotMultiple(provided);
+  return Status::OK();
+}
+
+}  // namespace
+
+Status MpiResult(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return Status::OK();
+  return Status::MpiError(std::string(call) + " failed on rank " + WorldRankString() + ": " +
+                          MpiErrorString(rc));
+}
+
+Status MpiContext::Create(MPI_Comm base, std::unique_ptr<MpiContext>* out) {
+  if (base == MPI_COMM_NULL)
+    return Status::InvalidArgument("MpiContext: base communicator is null");
+  // Owned through the unique_ptr from here on, so every error path below frees what was created
+  // (and finalizes MPI if this call initialized it).
+  std::unique_ptr<MpiContext> context(new MpiContext());
+  GRADSYNC_RETURN_IF_ERROR(EnsureMpiInitialized(&context->owns_mpi_));
+  GRADSYNC_RETURN_IF_ERROR(DupWithReturnedErrors(base, &context->control_comm_));
+  GRADSYNC_RETURN_IF_ERROR(DupWithReturnedErrors(base, &context->data_comm_));
+  Topology t;
+  GRADSYNC_RETURN_IF_ERROR(QueryTopology(base, &t));
+  context->rank_ = t.rank;
+  context->size_ = t.size;
+  context->local_rank_ = t.local_rank;
+  context->local_size_ = t.local_size;
+  context->cross_rank_ = t.cross_rank;
+  context->cross_size_ = t.cross_size;
+  *out = std::move(context);
+  return Status::OK();
+}
+
+// If the application finalized MPI first, the communicators are already gone and freeing them
+// would be an error; there is nothing left to release.
+MpiContext::~MpiContext() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (control_comm_ != MPI_COMM_NULL) MPI_Comm_free(&control_comm_);
+  if (data_comm_ != MPI_COMM_NULL) MPI_Comm_free(&data_comm_);
+  if (owns_mpi_) MPI_Finalize();
+}
+
+}  // namespace gradsync

@@ -1,1 +1,115 @@
-// placeholder: being written
+#include "runtime/tensor_queue.h"
+
+#include <utility>
+
+namespace gradsync {
+namespace {
+
+Status DuplicateName(const std::string& name) {
+  return Status::InvalidArgument("tensor name '" + name +
+                                 "' is already in flight; names must be unique until the "
+                                 "operation completes");
+}
+
+}  // namespace
+
+Status TensorQueue::CheckAcceptingLocked(const std::string& name) const {
+  if (closed_flag_) return closed_;
+  if (in_flight_.count(name) != 0) return DuplicateName(name);
+  return Status::OK();
+}
+
+// Notifies only a sleeping waiter: on the hot enqueue path the background thread is usually busy
+// or about to drain anyway, and a futex wake per tensor would be wasted. Clearing the flag keeps
+// a burst of pushes to one wake-up; that is safe because only the waiter drains, so once this
+// push is pending its wait predicate stays true until it runs.
+Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry) {
+  if (!entry) return Status::InvalidArgument("TensorQueue::Push: null entry");
+  bool notify = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    GRADSYNC_RETURN_IF_ERROR(CheckAcceptingLocked(entry->name));
+    in_flight_.insert(entry->name);
+    pending_.push_back(std::move(entry));
+    notify = std::exchange(waiter_sleeping_, false);
+  }
+  if (notify) cv_.notify_one();
+  return Status::OK();
+}
+
+// Checks the whole batch before inserting anything, so a rejected batch leaves no name in flight.
+Status TensorQueue::PushAll(std::vector<std::unique_ptr<TensorEntry>> entries) {
+  for (const auto& entry : entries) {
+    if (!entry) return Status::InvalidArgument("TensorQueue::PushAll: null entry");
+  }
+  bool notify = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_flag_) return closed_;  // an empty batch must fail too once closed
+    std::unordered_set<std::string> batch;
+    for (const auto& entry : entries) {
+      GRADSYNC_RETURN_IF_ERROR(CheckAcceptingLocked(entry->name));
+      if (!batch.insert(entry->name).second) return DuplicateName(entry->name);
+    }
+    for (auto& entry : entries) {
+      in_flight_.insert(entry->name);
+      pending_.push_back(std::move(entry));
+    }
+    notify = !entries.empty() && std::exchange(waiter_sleeping_, false);
+  }
+  if (notify) cv_.notify_one();
+  return Status::OK();
+}
+
+void TensorQueue::WaitForWork(std::chrono::nanoseconds max_wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto has_work = [this] { return !pending_.empty() || closed_flag_ || wake_requested_; };
+  if (!has_work()) {
+    waiter_sleeping_ = true;
+    cv_.wait_for(lock, max_wait, has_work);
+    waiter_sleeping_ = false;
+  }
+  wake_requested_ = false;
+}
+
+// The request is remembered when nobody sleeps, so the next WaitForWork returns at once.
+void TensorQueue::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_requested_ = true;
+  }
+  cv_.notify_all();
+}
+
+std::vector<std::unique_ptr<TensorEntry>> TensorQueue::Drain() {
+  std::vector<std::unique_ptr<TensorEntry>> drained;
+  std::lock_guard<std::mutex> lock(mu_);
+  drained.swap(pending_);
+  return drained;
+}
+
+void TensorQueue::Release(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  in_flight_.erase(name);
+}
+
+// The first reason wins: it is the root cause (say a stall), later ones are consequences. An OK
+// reason would let failed pushes look successful, so it becomes a plain shutdown error.
+void TensorQueue::Close(Status reason) {
+  if (reason.ok()) reason = Status::Shutdown("gradsync has been shut down");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!closed_flag_) {
+      closed_ = std::move(reason);
+      closed_flag_ = true;
+    }
+  }
+  cv_.notify_all();
+}
+
+Status TensorQueue::closed_status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
+}  // namespace gradsync

@@ -1,1 +1,143 @@
-// placeholder: being written
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "ops/mpi/mpi_data_plane.h"
+#include "ops/mpi/mpi_types.h"
+#include "ops/scale.h"
+#include "runtime/mpi_context.h"
+
+namespace gradsync {
+namespace {
+
+std::string DescribeEntries(const std::vector<TensorEntry*>& entries) {
+  constexpr size_t kMaxNamed = 4;
+  std::string s = entries.size() == 1 ? "allreduce of tensor " : "allreduce of tensors ";
+  for (size_t i = 0; i < entries.size() && i < kMaxNamed; ++i) {
+    s += (i ? ", '" : "'") + entries[i]->name + "'";
+  }
+  if (entries.size() > kMaxNamed) {
+    s += " and " + std::to_string(entries.size() - kMaxNamed) + " more";
+  }
+  return s;
+}
+
+// Only negotiated properties are checked with a Status: they are equal on every rank, so every
+// rank fails the bucket together. A broken local invariant (a buffer the enqueue check should have
+// refused) would leave the other ranks waiting in the collective, so it aborts instead.
+Status ValidateEntry(const TensorEntry& entry, const ReduceSpec& spec) {
+  const std::string where = "allreduce of tensor '" + entry.name + "': ";
+  if (entry.input.dtype != spec.dtype) {
+    return Status::InvalidArgument(where + "dtype " + DataTypeName(entry.input.dtype) +
+                                   " differs from the bucket's " + DataTypeName(spec.dtype));
+  }
+  if (entry.input.device.kind != DeviceKind::kCpu) {
+    return Status::InvalidArgument(where + "tensor is on " + DeviceName(entry.input.device) +
+                                   "; the MPI data plane serves host memory only");
+  }
+  const int64_t n = entry.input.num_bytes();
+  if (n < 0) {
+    return Status::InvalidArgument(where + "invalid shape " + ShapeString(entry.input.shape));
+  }
+  const bool output_fits = entry.output.num_bytes() == n && entry.output.dtype == spec.dtype;
+  if (!output_fits || (n > 0 && (entry.input.data == nullptr || entry.output.data == nullptr))) {
+    std::fprintf(stderr, "gradsync: internal error: %sbroken input/output buffers\n",
+                 where.c_str());
+    std::abort();
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status MpiDataPlane::Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) {
+  if (entries.empty()) return Status::OK();
+  const std::string what = DescribeEntries(entries);
+  for (const TensorEntry* entry : entries) GRADSYNC_RETURN_IF_ERROR(ValidateEntry(*entry, spec));
+  MPI_Op op = MPI_OP_NULL;
+  GRADSYNC_RETURN_IF_ERROR(InContext(MpiReduceOpOf(spec.dtype, spec.op, &op), what));
+  const MPI_Datatype type = MpiDatatypeOf(spec.dtype);
+
+  ReduceSpec effective = spec;
+  if (spec.op == ReduceOp::kAverage) effective.postscale *= 1.0 / size_;
+  const Status status = entries.size() == 1 ? AllreduceOne(entries[0], effective, type, op)
+                                            : AllreduceFused(entries, effective, type, op);
+  return InContext(status, what);
+}
+
+Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MPI_Datatype type,
+                                  MPI_Op op) {
+  const int64_t n = entry->input.num_elements();
+  // Every rank holds the same shape, so every rank skips together.
+  if (n == 0) return Status::OK();
+  const size_t elem_size = DataTypeSize(spec.dtype);
+  void* out = entry->output.data;
+  const void* in = entry->input.data;
+  if (in != out && spec.prescale == 1.0) {
+    GRADSYNC_RETURN_IF_ERROR(AllreduceChunks(in, out, n, elem_size, type, op));
+  } else {
+    ScaledCopy(in, out, n, spec.dtype, spec.prescale);
+    GRADSYNC_RETURN_IF_ERROR(AllreduceChunks(MPI_IN_PLACE, out, n, elem_size, type, op));
+  }
+  ScaledCopy(out, out, n, spec.dtype, spec.postscale);
+  return Status::OK();
+}
+
+Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
+                                    const ReduceSpec& spec, MPI_Datatype type, MPI_Op op) {
+  std::vector<size_t> offsets;
+  offsets.reserve(entries.size());
+  size_t total = 0;
+  for (const TensorEntry* entry : entries) {
+    const auto bytes = static_cast<size_t>(entry->input.num_bytes());
+    total = AlignFusionOffset(total);
+    if (bytes > SIZE_MAX - FusionBuffer::kAlignment - total) {
+      return Status::InvalidArgument("fused size overflows the address space");
+    }
+    offsets.push_back(total);
+    total += bytes;
+  }
+  if (total == 0) return Status::OK();
+
+  auto* buffer = static_cast<char*>(fusion_buffer_.Get(total));
+  size_t packed_end = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    // Padding is reduced with the data; zeros keep that arithmetic on harmless values.
+    std::memset(buffer + packed_end, 0, offsets[i] - packed_end);
+    const TensorView& input = entries[i]->input;
+    ScaledCopy(input.data, buffer + offsets[i], input.num_elements(), spec.dtype, spec.prescale);
+    packed_end = offsets[i] + static_cast<size_t>(input.num_bytes());
+  }
+
+  // Offsets are multiples of 64, hence of every element size: the span is whole elements.
+  const size_t elem_size = DataTypeSize(spec.dtype);
+  const auto count = static_cast<int64_t>(total / elem_size);
+  GRADSYNC_RETURN_IF_ERROR(AllreduceChunks(MPI_IN_PLACE, buffer, count, elem_size, type, op));
+
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const TensorView& output = entries[i]->output;
+    ScaledCopy(buffer + offsets[i], output.data, output.num_elements(), spec.dtype,
+               spec.postscale);
+  }
+  return Status::OK();
+}
+
+Status MpiDataPlane::AllreduceChunks(const void* send, void* recv, int64_t count,
+                                     size_t elem_size, MPI_Datatype type, MPI_Op op) {
+  const bool in_place = send == MPI_IN_PLACE;
+  for (int64_t done = 0; done < count;) {
+    const int piece = static_cast<int>(std::min<int64_t>(count - done, INT_MAX));
+    const size_t offset = static_cast<size_t>(done) * elem_size;
+    const void* piece_send = in_place ? MPI_IN_PLACE : static_cast<const char*>(send) + offset;
+    const int rc =
+        MPI_Allreduce(piece_send, static_cast<char*>(recv) + offset, piece, type, op, comm_);
+    GRADSYNC_RETURN_IF_ERROR(MpiResult(rc, "MPI_Allreduce"));
+    done += piece;
+  }
+  return Status::OK();
+}
+
+}  // namespace gradsync

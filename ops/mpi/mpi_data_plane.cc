@@ -1,1 +1,35 @@
-// placeholder: being written
+#include "ops/mpi/mpi_data_plane.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "runtime/mpi_context.h"
+
+namespace gradsync {
+namespace {
+
+// The constructor cannot return a Status, and a communicator whose size cannot be read is a
+// broken invariant of the caller, so it aborts.
+int CommAttributeOrDie(int (*query)(MPI_Comm, int*), MPI_Comm comm, const char* call) {
+  int value = 0;
+  const Status status = MpiResult(query(comm, &value), call);
+  if (!status.ok()) {
+    std::fprintf(stderr, "gradsync: MpiDataPlane: %s\n", status.ToString().c_str());
+    std::abort();
+  }
+  return value;
+}
+
+}  // namespace
+
+MpiDataPlane::MpiDataPlane(MPI_Comm comm)
+    : comm_(comm),
+      size_(CommAttributeOrDie(MPI_Comm_size, comm, "MPI_Comm_size")),
+      rank_(CommAttributeOrDie(MPI_Comm_rank, comm, "MPI_Comm_rank")) {}
+
+Status MpiDataPlane::InContext(const Status& status, const std::string& what) {
+  if (status.ok()) return status;
+  return Status(status.code(), what + ": " + status.message());
+}
+
+}  // namespace gradsync

@@ -6,6 +6,9 @@
 
 #include <mpi.h>
 
+#include <string>
+#include <vector>
+
 #include "ops/data_plane.h"
 #include "runtime/fusion_buffer.h"
 
@@ -20,8 +23,19 @@ class MpiDataPlane : public DataPlane {
   Status Broadcast(TensorEntry* entry, int root) override;
 
  private:
+  Status AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MPI_Datatype type, MPI_Op op);
+  Status AllreduceFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+                        MPI_Datatype type, MPI_Op op);
+  // MPI_Allreduce over `count` elements of `elem_size` bytes, in pieces that fit MPI's int count.
+  // `send` may be MPI_IN_PLACE.
+  Status AllreduceChunks(const void* send, void* recv, int64_t count, size_t elem_size,
+                         MPI_Datatype type, MPI_Op op);
+  // `status` with `what` (the collective and its tensors) in front of its message.
+  static Status InContext(const Status& status, const std::string& what);
+
   MPI_Comm comm_;
   int size_ = 1;
+  int rank_ = 0;
   FusionBuffer fusion_buffer_;
 };
 

@@ -1,1 +1,141 @@
-// placeholder: being written
+#include "ops/mpi/mpi_types.h"
+
+#include <string>
+
+#include "ops/scale.h"
+#include "runtime/mpi_context.h"
+
+namespace gradsync {
+namespace {
+
+// float16 and bfloat16 travel as a committed contiguous type of two MPI_BYTEs rather than as
+// MPI_UINT16_T: MPI rejects a predefined reduction op on a derived type (MPI_ERR_OP), so pairing
+// one of these dtypes with MPI_SUM by mistake fails loudly instead of summing bit patterns as
+// integers. Each dtype gets its own type so the two can never be confused either.
+struct HalfTypes {
+  MPI_Datatype float16 = MPI_DATATYPE_NULL;
+  MPI_Datatype bfloat16 = MPI_DATATYPE_NULL;
+  Status status;
+};
+
+Status CreateHalfType(MPI_Datatype* out) {
+  GRADSYNC_RETURN_IF_ERROR(MpiResult(MPI_Type_contiguous(2, MPI_BYTE, out), "MPI_Type_contiguous"));
+  return MpiResult(MPI_Type_commit(out), "MPI_Type_commit");
+}
+
+// Created on first use and kept until MPI_Finalize frees them, since MPI cannot be initialized
+// twice in one process.
+const HalfTypes& GetHalfTypes() {
+  static const HalfTypes types = [] {
+    HalfTypes t;
+    t.status = CreateHalfType(&t.float16);
+    if (t.status.ok()) t.status = CreateHalfType(&t.bfloat16);
+    return t;
+  }();
+  return types;
+}
+
+void SumFloat16(void* in, void* inout, int* len, MPI_Datatype*) {
+  ReduceHalfPrecision(in, inout, *len, DataType::kFloat16, ReduceOp::kSum);
+}
+void MinFloat16(void* in, void* inout, int* len, MPI_Datatype*) {
+  ReduceHalfPrecision(in, inout, *len, DataType::kFloat16, ReduceOp::kMin);
+}
+void MaxFloat16(void* in, void* inout, int* len, MPI_Datatype*) {
+  ReduceHalfPrecision(in, inout, *len, DataType::kFloat16, ReduceOp::kMax);
+}
+void ProductFloat16(void* in, void* inout, int* len, MPI_Datatype*) {
+  ReduceHalfPrecision(in, inout, *len, DataType::kFloat16, ReduceOp::kProduct);
+}
+void SumBFloat16(void* in, void* inout, int* len, MPI_Datatype*) {
+  ReduceHalfPrecision(in, inout, *len, DataType::kBFloat16, ReduceOp::kSum);
+}
+void MinBFloat16(void* in, void* inout, int* len, MPI_Datatype*) {
+  ReduceHalfPrecision(in, inout, *len, DataType::kBFloat16, ReduceOp::kMin);
+}
+void MaxBFloat16(void* in, void* inout, int* len, MPI_Datatype*) {
+  ReduceHalfPrecision(in, inout, *len, DataType::kBFloat16, ReduceOp::kMax);
+}
+void ProductBFloat16(void* in, void* inout, int* len, MPI_Datatype*) {
+  ReduceHalfPrecision(in, inout, *len, DataType::kBFloat16, ReduceOp::kProduct);
+}
+
+// Rows: float16, bfloat16; columns: sum, min, max, product.
+constexpr int kNumOps = 4;
+MPI_User_function* const kHalfFunctions[2][kNumOps] = {
+    {SumFloat16, MinFloat16, MaxFloat16, ProductFloat16},
+    {SumBFloat16, MinBFloat16, MaxBFloat16, ProductBFloat16},
+};
+
+struct HalfOps {
+  MPI_Op ops[2][kNumOps];
+  Status status;
+};
+
+const HalfOps& GetHalfOps() {
+  static const HalfOps ops = [] {
+    HalfOps o;
+    for (int t = 0; t < 2; ++t) {
+      for (int i = 0; i < kNumOps; ++i) {
+        o.ops[t][i] = MPI_OP_NULL;
+        if (!o.status.ok()) continue;
+        o.status = MpiResult(MPI_Op_create(kHalfFunctions[t][i], /*commute=*/1, &o.ops[t][i]),
+                             "MPI_Op_create");
+      }
+    }
+    return o;
+  }();
+  return ops;
+}
+
+// Position in the [sum, min, max, product] rows; -1 for an op with no MPI equivalent.
+int HalfOpIndex(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage: return 0;
+    case ReduceOp::kMin: return 1;
+    case ReduceOp::kMax: return 2;
+    case ReduceOp::kProduct: return 3;
+  }
+  return -1;
+}
+
+Status UnsupportedPair(DataType dtype, ReduceOp op) {
+  return Status::Unsupported("no MPI reduction for dtype " + DataTypeName(dtype) + " with op " +
+                             ReduceOpName(op));
+}
+
+}  // namespace
+
+MPI_Datatype MpiDatatypeOf(DataType dtype) {
+  switch (dtype) {
+    case DataType::kUInt8: return MPI_UINT8_T;
+    case DataType::kInt8: return MPI_INT8_T;
+    case DataType::kInt32: return MPI_INT32_T;
+    case DataType::kInt64: return MPI_INT64_T;
+    case DataType::kFloat32: return MPI_FLOAT;
+    case DataType::kFloat64: return MPI_DOUBLE;
+    // A creation failure leaves MPI_DATATYPE_NULL, which the next MPI call rejects;
+    // MpiReduceOpOf reports the failure itself.
+    case DataType::kFloat16: return GetHalfTypes().float16;
+    case DataType::kBFloat16: return GetHalfTypes().bfloat16;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+Status MpiReduceOpOf(DataType dtype, ReduceOp op, MPI_Op* out) {
+  const int index = HalfOpIndex(op);
+  if (!IsValidDataType(dtype) || index < 0) return UnsupportedPair(dtype, op);
+  if (dtype == DataType::kFloat16 || dtype == DataType::kBFloat16) {
+    GRADSYNC_RETURN_IF_ERROR(GetHalfTypes().status);
+    const HalfOps& half_ops = GetHalfOps();
+    GRADSYNC_RETURN_IF_ERROR(half_ops.status);
+    *out = half_ops.ops[dtype == DataType::kBFloat16 ? 1 : 0][index];
+    return Status::OK();
+  }
+  static const MPI_Op kNativeOps[kNumOps] = {MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
+  *out = kNativeOps[index];
+  return Status::OK();
+}
+
+}  // namespace gradsync

@@ -1,0 +1,305 @@
+// Model gradient-set benchmark: how long one training step's gradient synchronization takes
+// through gradsync, against raw MPI on the same bytes in the same process.
+//
+// For each set, every strategy reduces the same float32 tensors (SUM), interleaved round-robin so
+// machine noise hits all of them alike:
+//   gradsync    every tensor enqueued in reverse registration order (as backward produces them),
+//               then every handle waited for
+//   per-tensor  MPI_Allreduce in place on each tensor, same order
+//   flat+copy   copy all tensors into one flat buffer, one MPI_Allreduce, copy back: what a
+//               framework that fuses by hand pays
+//   flat        the flat MPI_Allreduce alone: a lower bound no real trainer reaches
+// gradsync is judged against the better of per-tensor and flat+copy.
+//
+//   mpirun -np 4 gradsync_bench_models [--data-dir DIR] [--iters N] [--warmup N]
+//                                       [--sets resnet50,bert_base,vgg16]
+#include <gradsync/gradsync.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "gradient_set.h"
+
+namespace gradsync_bench {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: gradsync_bench_models [--data-dir DIR] [--iters N] [--warmup N] [--sets a,b,c]\n"
+    "  --data-dir  gradient-set folder (default: $GRADSYNC_DATA_DIR, else ../shared/data)\n"
+    "  --sets      comma-separated file stems (default: resnet50,bert_base,vgg16)\n";
+constexpr const char* kDefaultSets = "resnet50,bert_base,vgg16";
+constexpr int kSyntheticTensors = 1000;
+constexpr int64_t kSyntheticElements = 256;
+
+// One gradient set's buffers and the four ways to reduce them. The timed steps run on zeros once
+// the result has been verified: sums of zeros stay exact however often they repeat, and the
+// collectives cost the same whatever the values.
+class SetBench {
+ public:
+  SetBench(const GradientSet& set, MPI_Comm comm);
+
+  void Gradsync();
+  void PerTensor();
+  void FlatWithCopies();
+  void Flat();
+
+  // Runs each strategy once on fresh patterns and checks every element on every rank.
+  bool VerifyAll();
+  void Zero();
+
+ private:
+  void FillTensors();
+  bool CheckTensors(const std::string& strategy) const;
+  bool CheckFlat() const;
+
+  std::vector<std::string> names_;
+  std::vector<std::vector<float>> tensors_;
+  std::vector<gradsync::TensorView> views_;
+  std::vector<gradsync::AllreduceOptions> options_;
+  std::vector<gradsync::Handle> handles_;
+  std::vector<float> flat_;
+  std::vector<int64_t> offsets_;  // of each tensor in flat_
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+SetBench::SetBench(const GradientSet& set, MPI_Comm comm) : comm_(comm) {
+  MPI_Comm_rank(comm, &rank_);
+  MPI_Comm_size(comm, &size_);
+  int64_t total = 0;
+  for (const TensorSpec& spec : set.tensors) {
+    names_.push_back(set.name + "/" + spec.name);
+    tensors_.emplace_back(spec.num_elements());
+    offsets_.push_back(total);
+    total += spec.num_elements();
+  }
+  // Views and options are built once, outside the timed steps, as a framework's hooks would.
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    views_.emplace_back(tensors_[i].data(), gradsync::DataType::kFloat32,
+                        std::vector<int64_t>{static_cast<int64_t>(tensors_[i].size())});
+    gradsync::AllreduceOptions options;
+    options.name = names_[i];
+    options_.push_back(std::move(options));
+  }
+  handles_.reserve(tensors_.size());
+  flat_.assign(total, 0.0f);
+}
+
+void SetBench::Gradsync() {
+  handles_.clear();
+  for (size_t i = views_.size(); i-- > 0;)
+    handles_.push_back(gradsync::allreduce(views_[i], options_[i]));
+  for (const gradsync::Handle& h : handles_) h.wait();
+}
+
+void SetBench::PerTensor() {
+  for (size_t i = tensors_.size(); i-- > 0;) {
+    AllreduceFloats(tensors_[i].data(), static_cast<int64_t>(tensors_[i].size()), comm_);
+  }
+}
+
+void SetBench::FlatWithCopies() {
+  for (size_t i = tensors_.size(); i-- > 0;) {
+    std::memcpy(flat_.data() + offsets_[i], tensors_[i].data(), tensors_[i].size() * sizeof(float));
+  }
+  Flat();
+  for (size_t i = tensors_.size(); i-- > 0;) {
+    std::memcpy(tensors_[i].data(), flat_.data() + offsets_[i], tensors_[i].size() * sizeof(float));
+  }
+}
+
+void SetBench::Flat() { AllreduceFloats(flat_.data(), static_cast<int64_t>(flat_.size()), comm_); }
+
+void SetBench::FillTensors() {
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    FillPattern(tensors_[i].data(), static_cast<int64_t>(tensors_[i].size()), i, rank_);
+  }
+}
+
+bool SetBench::CheckTensors(const std::string& strategy) const {
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    int64_t bad = FirstMismatch(tensors_[i].data(), tensors_[i].size(), i, size_);
+    if (bad < 0) continue;
+    std::fprintf(stderr, "rank %d: %s result WRONG for '%s' element %lld: got %g, expected %g\n",
+                 rank_, strategy.c_str(), names_[i].c_str(), static_cast<long long>(bad),
+                 tensors_[i][bad], ExpectedSum(bad, i, size_));
+    return false;
+  }
+  return true;
+}
+
+bool SetBench::CheckFlat() const {
+  int64_t bad = FirstMismatch(flat_.data(), flat_.size(), 0, size_);
+  if (bad >= 0) {
+    std::fprintf(stderr, "rank %d: flat result WRONG at element %lld: got %g, expected %g\n", rank_,
+                 static_cast<long long>(bad), flat_[bad], ExpectedSum(bad, 0, size_));
+  }
+  return bad < 0;
+}
+
+bool SetBench::VerifyAll() {
+  bool ok = true;
+  FillTensors();
+  Gradsync();
+  ok = CheckTensors("gradsync") && ok;
+  FillTensors();
+  PerTensor();
+  ok = CheckTensors("per-tensor") && ok;
+  FillTensors();
+  FlatWithCopies();
+  ok = CheckTensors("flat+copy") && ok;
+  FillPattern(flat_.data(), static_cast<int64_t>(flat_.size()), 0, rank_);
+  Flat();
+  ok = CheckFlat() && ok;
+  return AllRanksOk(ok, comm_);
+}
+
+void SetBench::Zero() {
+  for (auto& t : tensors_) std::fill(t.begin(), t.end(), 0.0f);
+  std::fill(flat_.begin(), flat_.end(), 0.0f);
+}
+
+struct Config {
+  std::string data_dir;
+  std::vector<std::string> sets;
+  int iters = 10;
+  int warmup = 2;
+};
+
+Config ParseConfig(int argc, char** argv) {
+  Flags flags(argc, argv, {"--data-dir", "--iters", "--warmup", "--sets"});
+  Config config;
+  const char* env_dir = std::getenv("GRADSYNC_DATA_DIR");
+  config.data_dir = flags.Get("--data-dir", env_dir && *env_dir ? env_dir : "../shared/data");
+  config.iters = static_cast<int>(flags.GetInt("--iters", config.iters, 1));
+  config.warmup = static_cast<int>(flags.GetInt("--warmup", config.warmup, 0));
+  std::istringstream sets(flags.Get("--sets", kDefaultSets));
+  for (std::string s; std::getline(sets, s, ',');) {
+    if (!s.empty()) config.sets.push_back(s);
+  }
+  return config;
+}
+
+GradientSet SyntheticSet() {
+  GradientSet set;
+  set.name = "1000x1KB";
+  for (int i = 0; i < kSyntheticTensors; ++i) {
+    set.tensors.push_back(
+        {"t" + std::to_string(i), gradsync::DataType::kFloat32, {kSyntheticElements}});
+  }
+  return set;
+}
+
+// Every rank reads the files; if any cannot, all stop. Rank 0 reports, or the rank that failed
+// when rank 0 did not, so a shared bad file is reported once.
+bool LoadSets(const Config& config, int rank, std::vector<GradientSet>* sets) {
+  std::string error;
+  try {
+    for (const std::string& name : config.sets) {
+      sets->push_back(LoadGradientSet(config.data_dir + "/" + name + ".txt"));
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  int root_ok = error.empty() ? 1 : 0;
+  MPI_Bcast(&root_ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (!error.empty() && (rank == 0 || root_ok)) {
+    std::fprintf(stderr, "rank %d: error: %s\n", rank, error.c_str());
+  }
+  return AllRanksOk(error.empty(), MPI_COMM_WORLD);
+}
+
+// The benchmark allocates float32 whatever the file says, like the README's "fp32 bytes".
+double Megabytes(const GradientSet& set) {
+  int64_t elements = 0;
+  for (const TensorSpec& t : set.tensors) elements += t.num_elements();
+  return 4e-6 * static_cast<double>(elements);
+}
+
+void PrintHeader(const Config& config, int size) {
+  std::printf(
+      "# gradsync_bench_models: %d ranks, float32 SUM, median of %d iterations (+%d warmup) "
+      "per strategy, interleaved; a step's time is the slowest rank's\n",
+      size, config.iters, config.warmup);
+  std::printf("%-10s %7s %8s %11s %11s %11s %11s %8s %8s %8s\n", "set", "tensors", "MB",
+              "gradsync_ms", "pertens_ms", "flatcpy_ms", "flat_ms", "gs/best", "pt/gs", "gs/flat");
+}
+
+void PrintRow(const GradientSet& set, const std::vector<double>& t) {
+  const double gs = t[0], pt = t[1], fc = t[2], flat = t[3];
+  std::printf("%-10s %7zu %8.1f %11.3f %11.3f %11.3f %11.3f %8.2f %8.2f %8.2f\n", set.name.c_str(),
+              set.tensors.size(), Megabytes(set), gs * 1e3, pt * 1e3, fc * 1e3, flat * 1e3,
+              gs / std::min(pt, fc), pt / gs, gs / flat);
+  std::fflush(stdout);
+}
+
+// False if any strategy produced a wrong sum on any rank.
+bool BenchSet(const GradientSet& set, const Config& config, MPI_Comm comm, int rank) {
+  SetBench bench(set, comm);
+  if (!bench.VerifyAll()) {
+    if (rank == 0) std::fprintf(stderr, "error: wrong results for set %s\n", set.name.c_str());
+    return false;
+  }
+  bench.Zero();
+  std::vector<Strategy> strategies = {
+      {"gradsync", [&] { bench.Gradsync(); }},
+      {"per-tensor", [&] { bench.PerTensor(); }},
+      {"flat+copy", [&] { bench.FlatWithCopies(); }},
+      {"flat", [&] { bench.Flat(); }},
+  };
+  std::vector<double> medians = MeasureInterleaved(strategies, config.warmup, config.iters, comm);
+  if (rank == 0) PrintRow(set, medians);
+  return true;
+}
+
+int Run(int argc, char** argv) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  Config config;
+  try {
+    config = ParseConfig(argc, argv);
+  } catch (const std::invalid_argument& e) {
+    if (rank == 0) std::fprintf(stderr, "error: %s\n%s", e.what(), kUsage);
+    return 2;
+  }
+  std::vector<GradientSet> sets;
+  if (!LoadSets(config, rank, &sets)) return 1;
+  sets.push_back(SyntheticSet());
+  // The raw baselines get their own communicator, as gradsync has its own.
+  MPI_Comm comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  if (rank == 0) PrintHeader(config, size);
+  bool ok = true;
+  for (const GradientSet& set : sets) ok = ok && BenchSet(set, config, comm, rank);
+  MPI_Comm_free(&comm);
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace gradsync_bench
+
+int main(int argc, char** argv) {
+  try {
+    gradsync_bench::StartUp(&argc, &argv);
+    int status = gradsync_bench::Run(argc, argv);
+    gradsync_bench::TearDown();
+    return status;
+  } catch (const std::exception& e) {
+    // A rank that stops here would leave the others blocked in a collective: end the job.
+    std::fprintf(stderr, "gradsync_bench_models: %s\n", e.what());
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    if (up && !down) MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}

@@ -1,0 +1,62 @@
+// BackgroundLoop: the one background thread of a gradsync process. Each cycle it drains the tensor
+// queue, negotiates with the other ranks, plans fusion, runs the buckets on the data plane and
+// completes the handles. It sleeps between cycles (at most the cycle time) and wakes early when
+// work arrives, so an idle process costs almost nothing.
+//
+// Owns the negotiator, the data planes and every entry drained from the queue. Start and Shutdown
+// are called by init()/shutdown() on one caller thread; everything else runs on the loop's thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "coordinator/control_channel.h"
+#include "coordinator/fusion_planner.h"
+#include "coordinator/negotiator.h"
+#include "ops/data_plane.h"
+#include "runtime/config.h"
+#include "runtime/mpi_context.h"
+#include "runtime/tensor_queue.h"
+
+namespace gradsync {
+
+class BackgroundLoop {
+ public:
+  BackgroundLoop(const Config& config, const MpiContext& mpi, TensorQueue* queue);
+  ~BackgroundLoop();
+
+  void Start();
+  // Asks every rank to stop (pending operations fail with a Shutdown error) and joins the thread.
+  void Shutdown();
+
+ private:
+  void Run();
+  // One cycle; false once the loop must end.
+  bool RunOneCycle();
+  std::vector<Request> TakeFreshEntries();
+  // Runs the cycle's responses in order; a non-OK result is fatal (stall shutdown).
+  Status Execute(const std::vector<Response>& responses);
+  Status ExecuteBucket(const std::vector<Response>& responses, const Bucket& bucket);
+  DataPlane* PlaneFor(const Device& device);
+  TensorEntry* Lookup(const std::string& name);
+  void Complete(const std::string& name, const Status& status);
+  // Closes the queue with `reason` and fails every operation this process still holds.
+  void FailEverything(const Status& reason);
+
+  Config config_;
+  FusionSettings fusion_;
+  int rank_;
+  TensorQueue* queue_;
+  std::unique_ptr<ControlChannel> channel_;
+  std::unique_ptr<Negotiator> negotiator_;
+  std::unique_ptr<DataPlane> host_plane_;
+  std::unordered_map<std::string, std::unique_ptr<TensorEntry>> entries_;
+  std::atomic<bool> shutdown_requested_{false};
+  std::thread thread_;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,91 @@
+// Negotiator: one rank's side of the negotiation protocol (docs/protocol.md) for one group of ranks.
+// Each cycle it takes the requests that became ready locally and returns the responses every rank
+// executes, in the same order on every rank.
+//
+// Owns this rank's pending requests and response cache, and on rank 0 the readiness table and
+// stall inspector. RunCycle is collective over the ControlChannel; everything here runs on the
+// background thread only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "coordinator/control_channel.h"
+#include "coordinator/message.h"
+#include "coordinator/readiness_table.h"
+#include "coordinator/response_cache.h"
+#include "coordinator/stall_inspector.h"
+#include "runtime/config.h"
+
+namespace gradsync {
+
+struct CycleOutcome {
+  // To execute in this order. A kStallShutdown response, if any, is last.
+  std::vector<Response> responses;
+  // Some rank asked to shut down: after this cycle's responses, every pending operation fails.
+  bool shutdown = false;
+  // Diagnostics for tests and the timeline.
+  int cache_hits = 0;
+  bool full_round = false;
+};
+
+class Negotiator {
+ public:
+  using Clock = std::function<double()>;  // seconds, monotonic
+
+  Negotiator(ControlChannel* channel, const Config& config, Clock clock = nullptr);
+
+  // One cycle. `fresh` holds requests first seen since the last cycle (their names are not
+  // pending). A non-OK Status means the control plane itself failed (MPI error, corrupt message):
+  // the caller fails everything and stops.
+  Status RunCycle(std::vector<Request> fresh, bool want_shutdown, CycleOutcome* out);
+
+  size_t pending_count() const { return pending_.size(); }
+  const ResponseCache& cache() const { return cache_; }
+
+ private:
+  enum class PendingState { kUncached, kCached, kSent };
+  struct Pending {
+    Request request;
+    PendingState state = PendingState::kUncached;
+    uint32_t bit = 0;
+    double first_seen = 0.0;
+    uint64_t sequence = 0;
+  };
+  // Bit-vector layout: word 0 holds flags, then the ready bits, then the invalid bits. Flags and
+  // invalid bits are stored inverted so one bitwise AND yields the OR of them across ranks.
+  enum Flag : uint64_t {
+    kFlagShutdown = 1u << 0,
+    kFlagUncached = 1u << 1,  // some rank has requests to send through the full round
+    kFlagInspect = 1u << 2,   // rank 0 wants a full round to run the stall inspector
+  };
+
+  void AddFresh(std::vector<Request> fresh, double now, std::vector<uint32_t>* invalid);
+  void RefreshCachedState(double now, std::vector<uint32_t>* invalid);
+  std::vector<uint64_t> BuildBitVector(bool want_shutdown, bool has_uncached,
+                                       const std::vector<uint32_t>& invalid, double now) const;
+  void ApplyInvalidBits(const std::vector<uint64_t>& words);
+  void TakeCachedReady(const std::vector<uint64_t>& words, CycleOutcome* out);
+  Status FullRound(double now, CycleOutcome* out);
+  Status CoordinatorRespond(const std::vector<std::string>& gathered, double now,
+                            ResponseList* responses);
+  void Retire(const std::string& name);
+
+  ControlChannel* channel_;
+  Config config_;
+  Clock clock_;
+  int rank_;
+  int size_;
+  ResponseCache cache_;
+  std::unordered_map<std::string, Pending> pending_;
+  uint64_t next_sequence_ = 0;
+  // Rank 0 only.
+  std::unique_ptr<ReadinessTable> table_;
+  std::unique_ptr<StallInspector> stall_;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,65 @@
+// ResponseCache: responses already negotiated, each under a bit that is the same on every rank.
+//
+// Every rank holds an identical cache because it is changed only by Put/Erase/Touch calls made in
+// the same order on every rank (the order of the cycle's responses and invalid bits). Bits are
+// reused smallest-first and the least recently used entry is evicted when full, both deterministic.
+// Only allreduce and broadcast responses are cacheable: their parameters repeat every step, while an
+// allgather's per-rank sizes may change.
+//
+// Owned and used by the background thread only.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "coordinator/message.h"
+
+namespace gradsync {
+
+class ResponseCache {
+ public:
+  enum class Lookup { kMiss, kHit, kMismatch };
+
+  explicit ResponseCache(size_t capacity);
+
+  static bool IsCacheable(const Response& response);
+
+  // kHit (and *bit) when the name is cached with these exact parameters; kMismatch (and *bit) when
+  // it is cached with others; kMiss otherwise.
+  Lookup Find(const Request& request, uint32_t* bit) const;
+  // Caches a cacheable response (refreshing it if the name is present), evicting the least recently
+  // used entry when full. A no-op for capacity 0 or an uncacheable response.
+  void Put(const Response& response);
+  // Marks `bit` most recently used.
+  void Touch(uint32_t bit);
+  void Erase(uint32_t bit);
+  const Response& Get(uint32_t bit) const;
+  bool Contains(uint32_t bit) const;
+
+  // One past the highest bit ever handed out: the length of every rank's bit vector.
+  size_t num_bits() const { return slots_.size(); }
+  size_t size() const { return by_name_.size(); }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  struct Slot {
+    bool used = false;
+    Response response;
+    std::list<uint32_t>::iterator lru_position;
+  };
+
+  uint32_t TakeFreeBit();
+
+  size_t capacity_;
+  std::vector<Slot> slots_;
+  std::set<uint32_t> free_bits_;
+  std::list<uint32_t> lru_;  // front = most recently used
+  std::unordered_map<std::string, uint32_t> by_name_;
+};
+
+}  // namespace gradsync

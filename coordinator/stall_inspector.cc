@@ -1,0 +1,92 @@
+#include "coordinator/stall_inspector.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "runtime/logging.h"
+
+namespace gradsync {
+
+namespace {
+
+constexpr size_t kMaxTensorsDescribed = 10;
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f s", s);
+  return buf;
+}
+
+}  // namespace
+
+std::string DescribeStalled(const std::vector<ReadinessTable::Waiting>& waiting, double now,
+                            double min_wait) {
+  std::string out;
+  size_t described = 0, stalled = 0;
+  for (const auto& w : waiting) {
+    if (now - w.first_seen < min_wait) continue;
+    ++stalled;
+    if (described == kMaxTensorsDescribed) continue;
+    ++described;
+    if (!out.empty()) out += "; ";
+    out += "tensor '" + w.name + "' waited " + Seconds(now - w.first_seen) + ", missing on rank" +
+           (w.missing_ranks.size() == 1 ? " " : "s ") + RankList(w.missing_ranks) + " (ready on " +
+           RankList(w.ready_ranks) + ")";
+  }
+  if (stalled > described) out += "; and " + std::to_string(stalled - described) + " more";
+  return out;
+}
+
+StallInspector::StallInspector(double warning_seconds, double shutdown_seconds)
+    : warning_seconds_(warning_seconds), shutdown_seconds_(shutdown_seconds) {}
+
+double StallInspector::inspection_interval() const {
+  // Often enough that a shutdown fires close to its deadline, rarely enough to cost nothing.
+  double interval = std::min(1.0, warning_seconds_ / 4);
+  if (shutdown_seconds_ > 0) interval = std::min(interval, shutdown_seconds_ / 4);
+  return interval;
+}
+
+bool StallInspector::InspectionDue(const ReadinessTable& table, double now) const {
+  return !table.empty() && now - last_inspection_ >= inspection_interval();
+}
+
+Status StallInspector::Inspect(const ReadinessTable& table, double now) {
+  last_inspection_ = now;
+  const auto waiting = table.WaitingNames();
+  if (waiting.empty()) {
+    last_warned_.clear();
+    return Status::OK();
+  }
+  const double oldest_wait = now - waiting.front().first_seen;
+  if (shutdown_seconds_ > 0 && oldest_wait >= shutdown_seconds_) {
+    return Status::Stalled(
+        "stalled for more than " + Seconds(shutdown_seconds_) +
+        " (GRADSYNC_STALL_SHUTDOWN_SECONDS); some ranks never submitted these collectives: " +
+        DescribeStalled(waiting, now, shutdown_seconds_) +
+        ". Every pending operation is failed and gradsync shuts down instead of hanging.");
+  }
+  bool warn = false;
+  for (const auto& w : waiting) {
+    if (now - w.first_seen < warning_seconds_) continue;
+    double& last = last_warned_.try_emplace(w.name, -1e300).first->second;
+    if (now - last >= warning_seconds_) {
+      last = now;
+      warn = true;
+    }
+  }
+  if (warn) {
+    Log().warn("stall: ranks are waiting on collectives that other ranks have not submitted for "
+               "more than {:.1f} s: {}",
+               warning_seconds_, DescribeStalled(waiting, now, warning_seconds_));
+  }
+  return Status::OK();
+}
+
+}  // namespace gradsync

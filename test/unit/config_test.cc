@@ -1,0 +1,239 @@
+#include "runtime/config.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+namespace gradsync {
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+// Parses `env` through a fake getenv, so the tests never depend on the real environment.
+Status Parse(const Env& env, Config* out) {
+  return Config::FromEnvironment(out, [&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+Config ParseOk(const Env& env) {
+  Config config;
+  Status status = Parse(env, &config);
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return config;
+}
+
+// Expects `value` for `name` to be rejected with a message that names the variable and quotes
+// the value.
+void ExpectRejected(const std::string& name, const std::string& value) {
+  Config config;
+  config.cache_capacity = 7;  // a sentinel: a failed parse must leave *out untouched
+  Status status = Parse({{name, value}}, &config);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << name << "=" << value;
+  EXPECT_NE(status.message().find(name + "='" + value + "'"), std::string::npos)
+      << status.message();
+  EXPECT_NE(status.message().find("expected"), std::string::npos) << status.message();
+  EXPECT_EQ(config.cache_capacity, 7);
+}
+
+TEST(ConfigTest, DefaultsWhenNothingIsSet) {
+  Config config = ParseOk({});
+  Config defaults;
+  EXPECT_EQ(config.fusion_threshold_bytes, 64ll << 20);
+  EXPECT_EQ(config.inplace_threshold_bytes, 1ll << 20);
+  EXPECT_DOUBLE_EQ(config.cycle_time_ms, 1.0);
+  EXPECT_EQ(config.cache_capacity, 1024);
+  EXPECT_DOUBLE_EQ(config.stall_warning_seconds, 60.0);
+  EXPECT_DOUBLE_EQ(config.stall_shutdown_seconds, 300.0);
+  EXPECT_EQ(config.log_level, LogLevel::kWarn);
+  EXPECT_EQ(config.ToString(), defaults.ToString());
+}
+
+TEST(ConfigTest, EmptyValueKeepsTheDefault) {
+  Config config = ParseOk({{"GRADSYNC_FUSION_THRESHOLD", ""},
+                           {"GRADSYNC_CYCLE_TIME_MS", ""},
+                           {"GRADSYNC_LOG_LEVEL", ""}});
+  EXPECT_EQ(config.fusion_threshold_bytes, 64ll << 20);
+  EXPECT_DOUBLE_EQ(config.cycle_time_ms, 1.0);
+  EXPECT_EQ(config.log_level, LogLevel::kWarn);
+}
+
+TEST(ConfigTest, NullGetenvReadsTheProcessEnvironment) {
+  Config config;
+  EXPECT_TRUE(Config::FromEnvironment(&config).ok());
+}
+
+TEST(ConfigTest, NullOutputIsRejected) {
+  EXPECT_EQ(Config::FromEnvironment(nullptr, [](const char*) { return nullptr; }).code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(ConfigTest, FusionThresholdAcceptsBytesInRange) {
+  EXPECT_EQ(ParseOk({{"GRADSYNC_FUSION_THRESHOLD", "0"}}).fusion_threshold_bytes, 0);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_FUSION_THRESHOLD", "33554432"}}).fusion_threshold_bytes,
+            32ll << 20);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_FUSION_THRESHOLD", "17179869184"}}).fusion_threshold_bytes,
+            1ll << 34);
+}
+
+TEST(ConfigTest, FusionThresholdRejectsBadValues) {
+  for (const char* bad : {"abc", "64M", "1e3", "1.5", "-1", "+5", " 5", "5 ", "0x10", "17179869185",
+                          "99999999999999999999999"}) {
+    ExpectRejected("GRADSYNC_FUSION_THRESHOLD", bad);
+  }
+}
+
+TEST(ConfigTest, InplaceThresholdAcceptsBytesInRange) {
+  EXPECT_EQ(ParseOk({{"GRADSYNC_INPLACE_THRESHOLD", "0"}}).inplace_threshold_bytes, 0);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_INPLACE_THRESHOLD", "4096"}}).inplace_threshold_bytes, 4096);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_INPLACE_THRESHOLD", "1099511627776"}}).inplace_threshold_bytes,
+            1ll << 40);
+}
+
+TEST(ConfigTest, InplaceThresholdRejectsBadValues) {
+  for (const char* bad : {"x", "12k", "-4096", "1099511627777", "nan"}) {
+    ExpectRejected("GRADSYNC_INPLACE_THRESHOLD", bad);
+  }
+}
+
+TEST(ConfigTest, CycleTimeAcceptsMillisecondsInRange) {
+  EXPECT_DOUBLE_EQ(ParseOk({{"GRADSYNC_CYCLE_TIME_MS", "0.05"}}).cycle_time_ms, 0.05);
+  EXPECT_DOUBLE_EQ(ParseOk({{"GRADSYNC_CYCLE_TIME_MS", "2.5"}}).cycle_time_ms, 2.5);
+  EXPECT_DOUBLE_EQ(ParseOk({{"GRADSYNC_CYCLE_TIME_MS", "5"}}).cycle_time_ms, 5.0);
+  EXPECT_DOUBLE_EQ(ParseOk({{"GRADSYNC_CYCLE_TIME_MS", "1e3"}}).cycle_time_ms, 1000.0);
+  EXPECT_DOUBLE_EQ(ParseOk({{"GRADSYNC_CYCLE_TIME_MS", "10000"}}).cycle_time_ms, 10000.0);
+}
+
+TEST(ConfigTest, CycleTimeRejectsBadValues) {
+  for (const char* bad : {"abc", "1e3x", "5ms", "0.04", "0", "-1", "10000.5", "nan", "NaN", "inf",
+                          "-inf", "infinity", ".", "1..2"}) {
+    ExpectRejected("GRADSYNC_CYCLE_TIME_MS", bad);
+  }
+}
+
+TEST(ConfigTest, CycleTimeMessageNamesTheRange) {
+  Config config;
+  Status status = Parse({{"GRADSYNC_CYCLE_TIME_MS", "abc"}}, &config);
+  EXPECT_EQ(status.message(),
+            "GRADSYNC_CYCLE_TIME_MS='abc': expected a number of milliseconds in [0.05, 10000]");
+}
+
+TEST(ConfigTest, CacheCapacityAcceptsEntriesInRange) {
+  EXPECT_EQ(ParseOk({{"GRADSYNC_CACHE_CAPACITY", "0"}}).cache_capacity, 0);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_CACHE_CAPACITY", "64"}}).cache_capacity, 64);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_CACHE_CAPACITY", "1048576"}}).cache_capacity, 1 << 20);
+}
+
+TEST(ConfigTest, CacheCapacityRejectsBadValues) {
+  for (const char* bad : {"lots", "10 ", "-1", "1048577", "1e2"}) {
+    ExpectRejected("GRADSYNC_CACHE_CAPACITY", bad);
+  }
+}
+
+TEST(ConfigTest, StallWarningAcceptsPositiveSeconds) {
+  EXPECT_DOUBLE_EQ(ParseOk({{"GRADSYNC_STALL_WARNING_SECONDS", "0.5"}}).stall_warning_seconds, 0.5);
+  EXPECT_DOUBLE_EQ(ParseOk({{"GRADSYNC_STALL_WARNING_SECONDS", "120"}}).stall_warning_seconds,
+                   120.0);
+}
+
+TEST(ConfigTest, StallWarningRejectsBadValues) {
+  for (const char* bad : {"0", "-5", "soon", "30s", "1000001", "nan", "inf"}) {
+    ExpectRejected("GRADSYNC_STALL_WARNING_SECONDS", bad);
+  }
+}
+
+TEST(ConfigTest, StallShutdownAcceptsSecondsAndZeroDisables) {
+  EXPECT_DOUBLE_EQ(ParseOk({{"GRADSYNC_STALL_SHUTDOWN_SECONDS", "600"}}).stall_shutdown_seconds,
+                   600.0);
+  EXPECT_DOUBLE_EQ(ParseOk({{"GRADSYNC_STALL_SHUTDOWN_SECONDS", "0"}}).stall_shutdown_seconds, 0.0);
+  // 0 disables the shutdown, so it is not held against a larger warning timeout.
+  Config config = ParseOk(
+      {{"GRADSYNC_STALL_WARNING_SECONDS", "900"}, {"GRADSYNC_STALL_SHUTDOWN_SECONDS", "0"}});
+  EXPECT_DOUBLE_EQ(config.stall_shutdown_seconds, 0.0);
+}
+
+TEST(ConfigTest, StallShutdownRejectsBadValues) {
+  for (const char* bad : {"-1", "never", "1e7", "nan", "5 min"}) {
+    ExpectRejected("GRADSYNC_STALL_SHUTDOWN_SECONDS", bad);
+  }
+}
+
+TEST(ConfigTest, StallShutdownEqualToWarningIsAccepted) {
+  Config config = ParseOk(
+      {{"GRADSYNC_STALL_WARNING_SECONDS", "30"}, {"GRADSYNC_STALL_SHUTDOWN_SECONDS", "30"}});
+  EXPECT_DOUBLE_EQ(config.stall_shutdown_seconds, 30.0);
+}
+
+TEST(ConfigTest, StallShutdownBelowWarningIsRejectedNamingBoth) {
+  Config config;
+  Status status =
+      Parse({{"GRADSYNC_STALL_WARNING_SECONDS", "120"}, {"GRADSYNC_STALL_SHUTDOWN_SECONDS", "60"}},
+            &config);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("GRADSYNC_STALL_SHUTDOWN_SECONDS=60"), std::string::npos)
+      << status.message();
+  EXPECT_NE(status.message().find("GRADSYNC_STALL_WARNING_SECONDS=120"), std::string::npos)
+      << status.message();
+}
+
+TEST(ConfigTest, StallShutdownBelowDefaultWarningIsRejected) {
+  Config config;
+  Status status = Parse({{"GRADSYNC_STALL_SHUTDOWN_SECONDS", "10"}}, &config);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("GRADSYNC_STALL_WARNING_SECONDS=60"), std::string::npos)
+      << status.message();
+}
+
+TEST(ConfigTest, LogLevelNamesAreCaseInsensitive) {
+  const std::map<std::string, LogLevel> cases = {
+      {"trace", LogLevel::kTrace},  {"DEBUG", LogLevel::kDebug}, {"Info", LogLevel::kInfo},
+      {"warning", LogLevel::kWarn}, {"WARN", LogLevel::kWarn},   {"error", LogLevel::kError},
+      {"off", LogLevel::kOff},      {"OFF", LogLevel::kOff}};
+  for (const auto& [text, level] : cases) {
+    EXPECT_EQ(ParseOk({{"GRADSYNC_LOG_LEVEL", text}}).log_level, level) << text;
+  }
+}
+
+TEST(ConfigTest, LogLevelRejectsUnknownNames) {
+  for (const char* bad : {"verbose", "critical", "3", " info", "info "}) {
+    ExpectRejected("GRADSYNC_LOG_LEVEL", bad);
+  }
+}
+
+TEST(ConfigTest, LogLevelNameRoundTrips) {
+  for (LogLevel level : {LogLevel::kTrace, LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarn,
+                         LogLevel::kError, LogLevel::kOff}) {
+    EXPECT_EQ(ParseOk({{"GRADSYNC_LOG_LEVEL", LogLevelName(level)}}).log_level, level);
+  }
+  EXPECT_STREQ(LogLevelName(LogLevel::kWarn), "warning");
+}
+
+TEST(ConfigTest, ToStringListsEveryKnob) {
+  Config config = ParseOk({{"GRADSYNC_FUSION_THRESHOLD", "1024"},
+                           {"GRADSYNC_INPLACE_THRESHOLD", "0"},
+                           {"GRADSYNC_CYCLE_TIME_MS", "0.05"},
+                           {"GRADSYNC_CACHE_CAPACITY", "0"},
+                           {"GRADSYNC_STALL_WARNING_SECONDS", "1.5"},
+                           {"GRADSYNC_STALL_SHUTDOWN_SECONDS", "1000000"},
+                           {"GRADSYNC_LOG_LEVEL", "debug"}});
+  EXPECT_EQ(config.ToString(),
+            "GRADSYNC_FUSION_THRESHOLD=1024 GRADSYNC_INPLACE_THRESHOLD=0 "
+            "GRADSYNC_CYCLE_TIME_MS=0.05 GRADSYNC_CACHE_CAPACITY=0 "
+            "GRADSYNC_STALL_WARNING_SECONDS=1.5 GRADSYNC_STALL_SHUTDOWN_SECONDS=1000000 "
+            "GRADSYNC_LOG_LEVEL=debug");
+}
+
+TEST(ConfigTest, FirstBadVariableIsReportedAndNothingIsApplied) {
+  Config config;
+  config.fusion_threshold_bytes = 5;
+  Status status =
+      Parse({{"GRADSYNC_FUSION_THRESHOLD", "1"}, {"GRADSYNC_CACHE_CAPACITY", "-3"}}, &config);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("GRADSYNC_CACHE_CAPACITY"), std::string::npos);
+  EXPECT_EQ(config.fusion_threshold_bytes, 5);
+}
+
+}  // namespace
+}  // namespace gradsync

@@ -1,0 +1,91 @@
+#include "coordinator/response_cache.h"
+
+#include <gtest/gtest.h>
+
+namespace gradsync {
+namespace {
+
+Response Cached(const std::string& name, int64_t n = 4) {
+  Response r;
+  r.name = name;
+  r.type = ResponseType::kAllreduce;
+  r.shape = {n};
+  return r;
+}
+
+Request Asked(const std::string& name, int64_t n = 4) {
+  Request r;
+  r.name = name;
+  r.shape = {n};
+  return r;
+}
+
+TEST(ResponseCacheTest, HitMissAndMismatch) {
+  ResponseCache cache(8);
+  cache.Put(Cached("a"));
+  uint32_t bit = 99;
+  EXPECT_EQ(cache.Find(Asked("a"), &bit), ResponseCache::Lookup::kHit);
+  EXPECT_EQ(bit, 0u);
+  EXPECT_EQ(cache.Find(Asked("a", 5), &bit), ResponseCache::Lookup::kMismatch);
+  EXPECT_EQ(cache.Find(Asked("b"), &bit), ResponseCache::Lookup::kMiss);
+}
+
+TEST(ResponseCacheTest, BitsAreAssignedInPutOrderAndReusedSmallestFirst) {
+  ResponseCache cache(8);
+  for (const char* n : {"a", "b", "c"}) cache.Put(Cached(n));
+  uint32_t bit;
+  ASSERT_EQ(cache.Find(Asked("c"), &bit), ResponseCache::Lookup::kHit);
+  EXPECT_EQ(bit, 2u);
+  cache.Erase(0);
+  cache.Erase(1);
+  cache.Put(Cached("d"));
+  ASSERT_EQ(cache.Find(Asked("d"), &bit), ResponseCache::Lookup::kHit);
+  EXPECT_EQ(bit, 0u);
+  EXPECT_EQ(cache.num_bits(), 3u);
+}
+
+TEST(ResponseCacheTest, EvictsLeastRecentlyUsed) {
+  ResponseCache cache(2);
+  cache.Put(Cached("a"));
+  cache.Put(Cached("b"));
+  cache.Touch(0);  // "a" is now the most recently used
+  cache.Put(Cached("c"));
+  uint32_t bit;
+  EXPECT_EQ(cache.Find(Asked("a"), &bit), ResponseCache::Lookup::kHit);
+  EXPECT_EQ(cache.Find(Asked("b"), &bit), ResponseCache::Lookup::kMiss);
+  EXPECT_EQ(cache.Find(Asked("c"), &bit), ResponseCache::Lookup::kHit);
+  EXPECT_EQ(bit, 1u);
+  EXPECT_EQ(cache.size(), 2u);
+}
+
+TEST(ResponseCacheTest, RefreshingANameKeepsItsBit) {
+  ResponseCache cache(4);
+  cache.Put(Cached("a", 4));
+  cache.Put(Cached("a", 8));
+  uint32_t bit;
+  EXPECT_EQ(cache.Find(Asked("a", 8), &bit), ResponseCache::Lookup::kHit);
+  EXPECT_EQ(bit, 0u);
+  EXPECT_EQ(cache.size(), 1u);
+}
+
+TEST(ResponseCacheTest, OnlyAllreduceAndBroadcastAreCached) {
+  ResponseCache cache(4);
+  Response gather = Cached("g");
+  gather.type = ResponseType::kAllgather;
+  Response error = Cached("e");
+  error.type = ResponseType::kError;
+  cache.Put(gather);
+  cache.Put(error);
+  EXPECT_EQ(cache.size(), 0u);
+}
+
+TEST(ResponseCacheTest, ZeroCapacityCachesNothing) {
+  ResponseCache cache(0);
+  cache.Put(Cached("a"));
+  uint32_t bit;
+  EXPECT_EQ(cache.Find(Asked("a"), &bit), ResponseCache::Lookup::kMiss);
+  EXPECT_EQ(cache.num_bits(), 0u);
+}
+
+}  // namespace
+}  // namespace gradsync

@@ -1,0 +1,263 @@
+#include "runtime/tensor_queue.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace gradsync {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+std::unique_ptr<TensorEntry> Entry(const std::string& name) {
+  auto entry = std::make_unique<TensorEntry>();
+  entry->name = name;
+  entry->state = std::make_shared<OpState>();
+  return entry;
+}
+
+std::vector<std::unique_ptr<TensorEntry>> Entries(const std::vector<std::string>& names) {
+  std::vector<std::unique_ptr<TensorEntry>> entries;
+  for (const auto& name : names) entries.push_back(Entry(name));
+  return entries;
+}
+
+std::vector<std::string> Names(const std::vector<std::unique_ptr<TensorEntry>>& entries) {
+  std::vector<std::string> names;
+  for (const auto& entry : entries) names.push_back(entry->name);
+  return names;
+}
+
+// Generous enough that a loaded CI machine does not turn "returned early" into a flake.
+constexpr milliseconds kLongWait{10000};
+
+TEST(TensorQueueTest, DrainReturnsEntriesInPushOrder) {
+  TensorQueue queue;
+  ASSERT_TRUE(queue.Push(Entry("b")).ok());
+  ASSERT_TRUE(queue.Push(Entry("a")).ok());
+  ASSERT_TRUE(queue.Push(Entry("c")).ok());
+  EXPECT_EQ(Names(queue.Drain()), (std::vector<std::string>{"b", "a", "c"}));
+  EXPECT_TRUE(queue.Drain().empty());
+  ASSERT_TRUE(queue.Push(Entry("d")).ok());
+  EXPECT_EQ(Names(queue.Drain()), (std::vector<std::string>{"d"}));
+}
+
+TEST(TensorQueueTest, NullEntryIsRejected) {
+  TensorQueue queue;
+  EXPECT_EQ(queue.Push(nullptr).code(), StatusCode::kInvalidArgument);
+  std::vector<std::unique_ptr<TensorEntry>> batch;
+  batch.push_back(Entry("a"));
+  batch.push_back(nullptr);
+  EXPECT_EQ(queue.PushAll(std::move(batch)).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(queue.Push(Entry("a")).ok());
+}
+
+TEST(TensorQueueTest, DuplicateNameIsRejectedWhileInFlight) {
+  TensorQueue queue;
+  ASSERT_TRUE(queue.Push(Entry("grad.w")).ok());
+  Status status = queue.Push(Entry("grad.w"));
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "tensor name 'grad.w' is already in flight; names must be unique until the operation "
+            "completes");
+  // Draining hands the entry to the background thread, but the name stays in flight.
+  EXPECT_EQ(queue.Drain().size(), 1u);
+  EXPECT_EQ(queue.Push(Entry("grad.w")).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(TensorQueueTest, NameIsAcceptedAgainAfterRelease) {
+  TensorQueue queue;
+  ASSERT_TRUE(queue.Push(Entry("grad.w")).ok());
+  queue.Drain();
+  queue.Release("grad.w");
+  EXPECT_TRUE(queue.Push(Entry("grad.w")).ok());
+  EXPECT_EQ(Names(queue.Drain()), (std::vector<std::string>{"grad.w"}));
+}
+
+TEST(TensorQueueTest, ReleasingAnUnknownNameIsHarmless) {
+  TensorQueue queue;
+  queue.Release("never-pushed");
+  EXPECT_TRUE(queue.Push(Entry("never-pushed")).ok());
+}
+
+TEST(TensorQueueTest, PushAllAcceptsABatchInOrder) {
+  TensorQueue queue;
+  ASSERT_TRUE(queue.Push(Entry("first")).ok());
+  ASSERT_TRUE(queue.PushAll(Entries({"x", "y", "z"})).ok());
+  EXPECT_EQ(Names(queue.Drain()), (std::vector<std::string>{"first", "x", "y", "z"}));
+  EXPECT_EQ(queue.Push(Entry("y")).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(TensorQueueTest, PushAllIsAtomicWhenOneNameIsInFlight) {
+  TensorQueue queue;
+  ASSERT_TRUE(queue.Push(Entry("b")).ok());
+  Status status = queue.PushAll(Entries({"a", "b", "c"}));
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("'b'"), std::string::npos);
+  EXPECT_EQ(Names(queue.Drain()), (std::vector<std::string>{"b"}));
+  // Neither "a" nor "c" was left in flight by the rejected batch.
+  EXPECT_TRUE(queue.Push(Entry("a")).ok());
+  EXPECT_TRUE(queue.Push(Entry("c")).ok());
+}
+
+TEST(TensorQueueTest, PushAllRejectsDuplicatesWithinTheBatch) {
+  TensorQueue queue;
+  Status status = queue.PushAll(Entries({"a", "b", "a"}));
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("'a'"), std::string::npos);
+  EXPECT_TRUE(queue.Drain().empty());
+  EXPECT_TRUE(queue.PushAll(Entries({"a", "b"})).ok());
+}
+
+TEST(TensorQueueTest, EmptyBatchIsAccepted) {
+  TensorQueue queue;
+  EXPECT_TRUE(queue.PushAll({}).ok());
+  EXPECT_TRUE(queue.Drain().empty());
+}
+
+TEST(TensorQueueTest, PushesFailWithTheCloseStatus) {
+  TensorQueue queue;
+  EXPECT_TRUE(queue.closed_status().ok());
+  ASSERT_TRUE(queue.Push(Entry("before")).ok());
+  queue.Close(Status::Stalled("rank 3 never submitted 'x'"));
+  Status status = queue.Push(Entry("after"));
+  EXPECT_EQ(status.code(), StatusCode::kStalled);
+  EXPECT_EQ(status.message(), "rank 3 never submitted 'x'");
+  EXPECT_EQ(queue.PushAll(Entries({"p", "q"})).code(), StatusCode::kStalled);
+  EXPECT_EQ(queue.PushAll({}).code(), StatusCode::kStalled);
+  EXPECT_EQ(queue.closed_status().code(), StatusCode::kStalled);
+  // Entries accepted before the close are still handed over, so their handles can be failed.
+  EXPECT_EQ(Names(queue.Drain()), (std::vector<std::string>{"before"}));
+}
+
+TEST(TensorQueueTest, FirstCloseReasonWins) {
+  TensorQueue queue;
+  queue.Close(Status::Stalled("first"));
+  queue.Close(Status::Shutdown("second"));
+  EXPECT_EQ(queue.closed_status().message(), "first");
+}
+
+TEST(TensorQueueTest, CloseWithOkStillRejectsPushes) {
+  TensorQueue queue;
+  queue.Close(Status::OK());
+  EXPECT_EQ(queue.Push(Entry("a")).code(), StatusCode::kShutdown);
+  EXPECT_FALSE(queue.closed_status().ok());
+}
+
+TEST(TensorQueueTest, WaitForWorkReturnsAtOnceWhenWorkIsPending) {
+  TensorQueue queue;
+  ASSERT_TRUE(queue.Push(Entry("a")).ok());
+  auto start = steady_clock::now();
+  queue.WaitForWork(kLongWait);
+  EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
+}
+
+TEST(TensorQueueTest, WaitForWorkTimesOut) {
+  TensorQueue queue;
+  auto start = steady_clock::now();
+  queue.WaitForWork(milliseconds(30));
+  auto waited = steady_clock::now() - start;
+  EXPECT_GE(waited, milliseconds(30));
+  EXPECT_LT(waited, kLongWait);
+}
+
+TEST(TensorQueueTest, WaitForWorkWakesOnPushFromAnotherThread) {
+  TensorQueue queue;
+  std::atomic<bool> returned{false};
+  std::thread waiter([&] {
+    queue.WaitForWork(kLongWait);
+    returned = true;
+  });
+  std::this_thread::sleep_for(milliseconds(50));  // usually lets the waiter fall asleep first
+  auto start = steady_clock::now();
+  ASSERT_TRUE(queue.Push(Entry("a")).ok());
+  waiter.join();
+  EXPECT_TRUE(returned);
+  EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
+  EXPECT_EQ(queue.Drain().size(), 1u);
+}
+
+TEST(TensorQueueTest, EveryPushAfterADrainWakesTheWaiterAgain) {
+  TensorQueue queue;
+  constexpr int kRounds = 50;
+  std::thread waiter([&] {
+    for (int i = 0; i < kRounds; ++i) {
+      std::vector<std::unique_ptr<TensorEntry>> got;
+      while (got.empty()) {
+        queue.WaitForWork(kLongWait);
+        got = queue.Drain();
+      }
+      for (const auto& entry : got) queue.Release(entry->name);
+    }
+  });
+  auto start = steady_clock::now();
+  for (int i = 0; i < kRounds; ++i) {
+    while (!queue.Push(Entry("grad")).ok()) std::this_thread::yield();
+  }
+  waiter.join();
+  // Fifty lost wake-ups would each cost the full long wait.
+  EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
+}
+
+TEST(TensorQueueTest, WakeInterruptsASleepingWaiter) {
+  TensorQueue queue;
+  std::thread waiter([&] { queue.WaitForWork(kLongWait); });
+  std::this_thread::sleep_for(milliseconds(50));
+  auto start = steady_clock::now();
+  queue.Wake();
+  waiter.join();
+  EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
+}
+
+TEST(TensorQueueTest, WakeBeforeWaitIsRememberedOnceThenConsumed) {
+  TensorQueue queue;
+  queue.Wake();
+  auto start = steady_clock::now();
+  queue.WaitForWork(kLongWait);
+  EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
+  // The request was consumed: the next wait sleeps until its timeout.
+  start = steady_clock::now();
+  queue.WaitForWork(milliseconds(30));
+  EXPECT_GE(steady_clock::now() - start, milliseconds(30));
+}
+
+TEST(TensorQueueTest, CloseWakesASleepingWaiterAndLaterWaitsReturnAtOnce) {
+  TensorQueue queue;
+  std::thread waiter([&] { queue.WaitForWork(kLongWait); });
+  std::this_thread::sleep_for(milliseconds(50));
+  auto start = steady_clock::now();
+  queue.Close(Status::Shutdown("bye"));
+  waiter.join();
+  queue.WaitForWork(kLongWait);
+  EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
+}
+
+TEST(TensorQueueTest, ConcurrentPushersAreAllAccepted) {
+  TensorQueue queue;
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 200;
+  std::vector<std::thread> pushers;
+  for (int t = 0; t < kThreads; ++t) {
+    pushers.emplace_back([&queue, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        EXPECT_TRUE(queue.Push(Entry("t" + std::to_string(t) + "." + std::to_string(i))).ok());
+      }
+    });
+  }
+  size_t drained = 0;
+  const auto deadline = steady_clock::now() + kLongWait;
+  while (drained < kThreads * kPerThread && steady_clock::now() < deadline) {
+    queue.WaitForWork(milliseconds(10));
+    drained += queue.Drain().size();
+  }
+  for (auto& pusher : pushers) pusher.join();
+  EXPECT_EQ(drained, static_cast<size_t>(kThreads * kPerThread));
+}
+
+}  // namespace
+}  // namespace gradsync
