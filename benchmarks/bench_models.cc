@@ -8,7 +8,7 @@
 //   per-tensor  MPI_Allreduce in place on each tensor, same order
 //   flat+copy   copy all tensors into one flat buffer, one MPI_Allreduce, copy back: what a
 //               framework that fuses by hand pays
-//   flat        the flat MPI_Allreduce alone: a lower bound no real trainer reaches
+//   flat        the flat MPI_Allreduce alone: meant as a lower bound, printed for reference
 // gradsync is judged against the better of per-tensor and flat+copy.
 //
 //   mpirun -np 4 gradsync_bench_models [--data-dir DIR] [--iters N] [--warmup N]

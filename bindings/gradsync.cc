@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "coordinator/background_loop.h"
+#include "coordinator/wire_format.h"
 #include "runtime/config.h"
 #include "runtime/logging.h"
 #include "runtime/mpi_context.h"
@@ -31,15 +32,18 @@ struct Runtime {
 std::mutex g_lifecycle_mu;
 std::unique_ptr<Runtime> g_runtime;
 std::atomic<Runtime*> g_active{nullptr};
+std::atomic<bool> g_was_shut_down{false};
 
 [[noreturn]] void Throw(Status status) { throw Error(std::move(status)); }
 
 Runtime& ActiveRuntime(const char* call) {
   Runtime* rt = g_active.load(std::memory_order_acquire);
   if (rt == nullptr) {
-    Throw(Status::NotInitialized(std::string(call) +
-                                 ": gradsync is not initialized (call gradsync::init() first; "
-                                 "after gradsync::shutdown() it must be initialized again)"));
+    Throw(Status::NotInitialized(
+        std::string(call) + (g_was_shut_down ? ": gradsync was shut down; call gradsync::init() "
+                                               "to start it again"
+                                             : ": gradsync is not initialized; call "
+                                               "gradsync::init() first")));
   }
   return *rt;
 }
@@ -51,6 +55,11 @@ std::string Describe(const Runtime& rt, OpType op, const std::string& name) {
 Status ValidateTensor(const TensorView& t, const std::string& what) {
   if (!IsValidDataType(t.dtype)) {
     return Status::InvalidArgument(what + ": unknown dtype " + DataTypeName(t.dtype));
+  }
+  if (t.shape.size() > kMaxWireDims) {
+    return Status::InvalidArgument(what + ": " + std::to_string(t.shape.size()) +
+                                   " dimensions; at most " + std::to_string(kMaxWireDims) +
+                                   " are supported");
   }
   for (int64_t d : t.shape) {
     if (d < 0) {
@@ -94,6 +103,12 @@ std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string&
 
 Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& validation) {
   if (!validation.ok()) Throw(validation);
+  if (entry->name.size() > kMaxWireNameBytes) {
+    Throw(Status::InvalidArgument(OpTypeName(entry->op) + " on rank " +
+                                  std::to_string(rt.mpi->rank()) + ": tensor name of " +
+                                  std::to_string(entry->name.size()) + " bytes; at most " +
+                                  std::to_string(kMaxWireNameBytes) + " are supported"));
+  }
   std::shared_ptr<OpState> state = entry->state;
   const Status pushed = rt.queue.Push(std::move(entry));
   if (!pushed.ok()) Throw(pushed);
@@ -131,6 +146,7 @@ void shutdown() {
   g_runtime->loop->Shutdown();
   g_runtime->loop.reset();
   g_runtime.reset();  // frees the communicators, finalizes MPI if init() started it
+  g_was_shut_down = true;
 }
 
 bool is_initialized() { return g_active.load(std::memory_order_acquire) != nullptr; }

@@ -1,0 +1,239 @@
+// Mismatched parameters fail on every rank and later collectives still work; bad input is
+// rejected at enqueue with a clear error.
+#include <limits>
+#include <memory>
+
+#include "test/mpi/multi_rank_test.h"
+
+namespace gradsync {
+namespace testing {
+namespace {
+
+class ErrorsTest : public MultiRankTest {
+ protected:
+  // After an error, the runtime must still reduce correctly.
+  void ExpectLaterAllreduceWorks(const std::string& name) {
+    HostTensor t(DataType::kInt32, {5});
+    for (int64_t i = 0; i < 5; ++i) t.Set(i, rank_ + i);
+    AllreduceOptions options;
+    options.name = name;
+    ASSERT_TRUE(Succeeds(allreduce(t.view(), options)));
+    EXPECT_EQ(t.Get(4), 4.0 * size_ + size_ * (size_ - 1) / 2.0);
+  }
+
+  // Runs an allreduce of `x` where the last rank's parameters differ as `change` says.
+  void ExpectMismatch(const std::string& needle,
+                      const std::function<void(TensorView*, AllreduceOptions*)>& change) {
+    if (size_ < 2) GTEST_SKIP() << "needs two ranks";
+    HostTensor a(DataType::kFloat32, {6}), b(DataType::kInt32, {6}), c(DataType::kFloat32, {7});
+    TensorView view = a.view();
+    AllreduceOptions options;
+    options.name = "mismatch." + needle;
+    if (rank_ == size_ - 1) {
+      change(&view, &options);
+      if (view.dtype == DataType::kInt32) view.data = b.data();
+      if (view.shape == std::vector<int64_t>{7}) view.data = c.data();
+    }
+    const std::string last = std::to_string(size_ - 1);
+    EXPECT_TRUE(FailsWith(allreduce(view, options), StatusCode::kMismatch, needle));
+    EXPECT_TRUE(FailsWith(allreduce(view, options), StatusCode::kMismatch, "rank " + last));
+    ExpectLaterAllreduceWorks("after." + needle);
+  }
+};
+
+TEST_F(ErrorsTest, MismatchedDtype) {
+  ExpectMismatch("dtype", [](TensorView* v, AllreduceOptions*) { v->dtype = DataType::kInt32; });
+}
+
+TEST_F(ErrorsTest, MismatchedShape) {
+  ExpectMismatch("shape", [](TensorView* v, AllreduceOptions*) { v->shape = {7}; });
+}
+
+TEST_F(ErrorsTest, MismatchedReduceOp) {
+  ExpectMismatch("reduce op", [](TensorView*, AllreduceOptions* o) { o->op = ReduceOp::kMax; });
+}
+
+TEST_F(ErrorsTest, MismatchedPrescale) {
+  ExpectMismatch("prescale", [](TensorView*, AllreduceOptions* o) { o->prescale = 3.0; });
+}
+
+TEST_F(ErrorsTest, MismatchedPostscale) {
+  ExpectMismatch("postscale", [](TensorView*, AllreduceOptions* o) { o->postscale = 0.5; });
+}
+
+TEST_F(ErrorsTest, MismatchedOperation) {
+  if (size_ < 2) GTEST_SKIP() << "needs two ranks";
+  HostTensor t(DataType::kFloat32, {4});
+  Handle h = rank_ == 0 ? broadcast(t.view(), 0, {"op.x", nullptr})
+                        : allreduce(t.view(), {"op.x", ReduceOp::kSum, 1.0, 1.0, nullptr});
+  EXPECT_TRUE(FailsWith(h, StatusCode::kMismatch, "operation"));
+  ExpectLaterAllreduceWorks("after.op");
+}
+
+TEST_F(ErrorsTest, MismatchedRoot) {
+  if (size_ < 2) GTEST_SKIP() << "needs two ranks";
+  HostTensor t(DataType::kFloat32, {4});
+  Handle h = broadcast(t.view(), rank_ == 0 ? 0 : 1, {"root.x", nullptr});
+  EXPECT_TRUE(FailsWith(h, StatusCode::kMismatch, "root rank"));
+  ExpectLaterAllreduceWorks("after.root");
+}
+
+TEST_F(ErrorsTest, MismatchAfterTheTensorWasCached) {
+  if (size_ < 2) GTEST_SKIP() << "needs two ranks";
+  HostTensor small(DataType::kFloat32, {4}), big(DataType::kFloat32, {8});
+  AllreduceOptions options;
+  options.name = "cached.w";
+  ASSERT_TRUE(Succeeds(allreduce(small.view(), options)));
+  ASSERT_TRUE(Succeeds(allreduce(small.view(), options)));  // served from the cache
+  TensorView v = rank_ == 1 ? big.view() : small.view();
+  EXPECT_TRUE(FailsWith(allreduce(v, options), StatusCode::kMismatch, "shape"));
+  ASSERT_TRUE(Succeeds(allreduce(small.view(), options)));
+}
+
+TEST_F(ErrorsTest, NullDataWithElements) {
+  TensorView v(nullptr, DataType::kFloat32, {3});
+  EXPECT_TRUE(ThrowsWith([&] { allreduce(v); }, StatusCode::kInvalidArgument, "data is null"));
+  // Null data is fine when there is nothing to read.
+  TensorView empty(nullptr, DataType::kFloat32, {0});
+  EXPECT_TRUE(Succeeds(allreduce(empty)));
+}
+
+TEST_F(ErrorsTest, NegativeDimension) {
+  float x[4];
+  TensorView v(x, DataType::kFloat32, {2, -2});
+  EXPECT_TRUE(ThrowsWith([&] { allreduce(v); }, StatusCode::kInvalidArgument, "negative"));
+  EXPECT_TRUE(ThrowsWith([&] { broadcast(v, 0); }, StatusCode::kInvalidArgument, "negative"));
+}
+
+TEST_F(ErrorsTest, OverflowingShape) {
+  float x[4];
+  const int64_t big = std::numeric_limits<int64_t>::max() / 2;
+  TensorView v(x, DataType::kFloat32, {big, 4});
+  EXPECT_TRUE(ThrowsWith([&] { allreduce(v); }, StatusCode::kInvalidArgument, "overflows"));
+}
+
+TEST_F(ErrorsTest, NamesAndRanksBeyondTheWireLimits) {
+  float x[4] = {};
+  AllreduceOptions options;
+  options.name = std::string(100000, 'n');
+  EXPECT_TRUE(ThrowsWith([&] { allreduce(TensorView(x, DataType::kFloat32, {4}), options); },
+                         StatusCode::kInvalidArgument, "tensor name"));
+  EXPECT_TRUE(ThrowsWith(
+      [&] { allreduce(TensorView(x, DataType::kFloat32, std::vector<int64_t>(65, 1))); },
+      StatusCode::kInvalidArgument, "dimensions"));
+}
+
+TEST_F(ErrorsTest, UnknownDtypeAndReduceOp) {
+  float x[4];
+  TensorView v(x, static_cast<DataType>(42), {4});
+  EXPECT_TRUE(ThrowsWith([&] { allreduce(v); }, StatusCode::kInvalidArgument, "unknown dtype"));
+  AllreduceOptions options;
+  options.op = static_cast<ReduceOp>(9);
+  EXPECT_TRUE(ThrowsWith([&] { allreduce(TensorView(x, DataType::kFloat32, {4}), options); },
+                         StatusCode::kInvalidArgument, "unknown reduce op"));
+}
+
+TEST_F(ErrorsTest, NonFiniteScaleFactor) {
+  float x[4] = {};
+  AllreduceOptions options;
+  options.prescale = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_TRUE(ThrowsWith([&] { allreduce(TensorView(x, DataType::kFloat32, {4}), options); },
+                         StatusCode::kInvalidArgument, "prescale"));
+}
+
+TEST_F(ErrorsTest, OutputThatDiffersFromInput) {
+  float in[4] = {}, out[5] = {};
+  EXPECT_TRUE(ThrowsWith(
+      [&] {
+        allreduce(TensorView(in, DataType::kFloat32, {4}), TensorView(out, DataType::kFloat32, {5}));
+      },
+      StatusCode::kInvalidArgument, "differs from input"));
+}
+
+TEST_F(ErrorsTest, BroadcastRootOutOfRange) {
+  float x[4] = {};
+  EXPECT_TRUE(ThrowsWith([&] { broadcast(TensorView(x, DataType::kFloat32, {4}), size_); },
+                         StatusCode::kInvalidArgument, "root rank"));
+}
+
+TEST_F(ErrorsTest, AllgatherWithoutAllocator) {
+  float x[4] = {};
+  EXPECT_TRUE(ThrowsWith([&] { allgather(TensorView(x, DataType::kFloat32, {4}), nullptr); },
+                         StatusCode::kInvalidArgument, "allocator"));
+}
+
+TEST_F(ErrorsTest, AllgatherAllocatorFailureFailsTheHandle) {
+  float x[4] = {};
+  Handle h = allgather(TensorView(x, DataType::kFloat32, {4}),
+                       [](const std::vector<int64_t>&, DataType) { return nullptr; });
+  EXPECT_TRUE(FailsWith(h, StatusCode::kInvalidArgument, "alloc"));
+  ExpectLaterAllreduceWorks("after.alloc");
+}
+
+TEST_F(ErrorsTest, DeviceTensorsNeedTheGpuDataPlane) {
+  float x[4] = {};
+  EXPECT_TRUE(ThrowsWith([&] { allreduce(TensorView(x, DataType::kFloat32, {4}, Device::Cuda(0))); },
+                         StatusCode::kUnsupported, "cuda:0"));
+}
+
+TEST_F(ErrorsTest, DuplicateNameInFlight) {
+  if (size_ < 2) GTEST_SKIP() << "needs two ranks to hold the first one in flight";
+  float a[4] = {}, b[4] = {};
+  AllreduceOptions options;
+  options.name = "dup";
+  Handle first;
+  if (rank_ == 0) {
+    // The other ranks enqueue "dup" only after the barrier, so it is surely still in flight here.
+    first = allreduce(TensorView(a, DataType::kFloat32, {4}), options);
+    EXPECT_TRUE(ThrowsWith([&] { allreduce(TensorView(b, DataType::kFloat32, {4}), options); },
+                           StatusCode::kInvalidArgument, "already in flight"));
+    MPI_Barrier(MPI_COMM_WORLD);
+  } else {
+    MPI_Barrier(MPI_COMM_WORLD);
+    first = allreduce(TensorView(a, DataType::kFloat32, {4}), options);
+  }
+  ASSERT_TRUE(Succeeds(first));
+  // Once complete, the name may be used again.
+  ASSERT_TRUE(Succeeds(allreduce(TensorView(b, DataType::kFloat32, {4}), options)));
+}
+
+TEST(LifecycleTest, EnqueueBeforeInitAndAfterShutdown) {
+  float x[4] = {};
+  const TensorView v(x, DataType::kFloat32, {4});
+  ASSERT_FALSE(is_initialized());
+  EXPECT_TRUE(ThrowsWith([&] { allreduce(v); }, StatusCode::kNotInitialized, "init"));
+  EXPECT_TRUE(ThrowsWith([&] { rank(); }, StatusCode::kNotInitialized, "init"));
+  init();
+  init();  // a second init is a no-op
+  ASSERT_TRUE(Succeeds(allreduce(v)));
+  shutdown();
+  EXPECT_TRUE(ThrowsWith([&] { allreduce(v); }, StatusCode::kNotInitialized, "shut down"));
+  EXPECT_TRUE(ThrowsWith([&] { barrier(); }, StatusCode::kNotInitialized, "init"));
+  shutdown();  // a second shutdown is a no-op
+}
+
+TEST(LifecycleTest, BadConfigurationIsReportedAtInit) {
+  setenv("GRADSYNC_CYCLE_TIME_MS", "fast", 1);
+  EXPECT_TRUE(ThrowsWith([] { init(); }, StatusCode::kInvalidArgument, "GRADSYNC_CYCLE_TIME_MS"));
+  unsetenv("GRADSYNC_CYCLE_TIME_MS");
+  EXPECT_FALSE(is_initialized());
+}
+
+TEST(LifecycleTest, InitOnASubCommunicator) {
+  int world_rank = 0, world_size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  MPI_Comm half;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank % 2, world_rank, &half);
+  init(half);
+  EXPECT_EQ(size(), (world_size + 1 - world_rank % 2) / 2);
+  int value = 1;
+  ASSERT_TRUE(Succeeds(allreduce(TensorView(&value, DataType::kInt32, {}))));
+  EXPECT_EQ(value, size());
+  shutdown();
+  MPI_Comm_free(&half);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsync

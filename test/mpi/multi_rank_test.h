@@ -1,0 +1,74 @@
+// Shared pieces of the multi-rank tests, run as `mpirun -np N <test>`.
+//
+// The test process initializes MPI itself (so gradsync runs on an application-owned MPI, and can be
+// initialized and shut down once per test). Pass/fail is collective: a test that fails on any rank
+// fails on every rank, and every wait is bounded, so one failing rank cannot hang the others.
+#pragma once
+
+#include <gradsync/gradsync.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace gradsync {
+namespace testing {
+
+constexpr std::chrono::seconds kWaitLimit{60};
+
+// gradsync::init() before each test, shutdown() after it, and the collective verdict.
+class MultiRankTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+// Waits (bounded) for a handle that must succeed.
+::testing::AssertionResult Succeeds(const Handle& handle);
+// Waits (bounded) for a handle that must fail with `code` and a message containing `needle`.
+::testing::AssertionResult FailsWith(const Handle& handle, StatusCode code,
+                                     const std::string& needle);
+// Runs `enqueue`, which must throw gradsync::Error with `code` and a message containing `needle`.
+template <typename F>
+::testing::AssertionResult ThrowsWith(F&& enqueue, StatusCode code, const std::string& needle) {
+  try {
+    enqueue();
+  } catch (const Error& e) {
+    if (e.code() != code) {
+      return ::testing::AssertionFailure()
+             << "threw " << e.status().ToString() << ", wanted " << StatusCodeName(code);
+    }
+    if (std::string(e.what()).find(needle) == std::string::npos) {
+      return ::testing::AssertionFailure() << "message lacks '" << needle << "': " << e.what();
+    }
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "did not throw";
+}
+
+// A host buffer of one dtype whose elements are set and read as doubles.
+class HostTensor {
+ public:
+  HostTensor(DataType dtype, std::vector<int64_t> shape);
+  TensorView view();
+  int64_t size() const { return elements_; }
+  void Set(int64_t i, double value);
+  double Get(int64_t i) const;
+  void* data() { return bytes_.data(); }
+
+ private:
+  DataType dtype_;
+  std::vector<int64_t> shape_;
+  int64_t elements_;
+  std::vector<unsigned char> bytes_;
+};
+
+std::vector<DataType> AllDataTypes();
+
+}  // namespace testing
+}  // namespace gradsync

@@ -1,0 +1,75 @@
+// A rank that never submits a tensor produces the stall error on every rank instead of a hang, and
+// ranks waiting on it sleep rather than spin. Run with short stall settings (see CMakeLists.txt).
+#include <ctime>
+#include <thread>
+
+#include "test/mpi/multi_rank_test.h"
+
+namespace gradsync {
+namespace testing {
+namespace {
+
+double ProcessCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double WallSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+class StallTest : public MultiRankTest {};
+
+TEST_F(StallTest, MissingRankFailsEveryPendingHandleWithoutSpinning) {
+  if (size_ < 2) GTEST_SKIP() << "a single rank cannot stall";
+  const int missing = size_ - 1;
+  float x[8] = {}, only_here[8] = {};
+  Handle h;
+  if (rank_ != missing) {
+    h = allreduce(TensorView(x, DataType::kFloat32, {8}), {"stall.x", ReduceOp::kSum, 1, 1, {}});
+  } else {
+    // Waits for a tensor no other rank submits, so this rank's handle is stuck too.
+    h = allreduce(TensorView(only_here, DataType::kFloat32, {8}),
+                  {"stall.only_on_last", ReduceOp::kSum, 1, 1, {}});
+  }
+  const double cpu0 = ProcessCpuSeconds(), wall0 = WallSeconds();
+  EXPECT_TRUE(FailsWith(h, StatusCode::kStalled, "missing on rank"));
+  const double cpu = ProcessCpuSeconds() - cpu0, wall = WallSeconds() - wall0;
+  EXPECT_GT(wall, 1.0) << "the stall shutdown fired too early";
+  // Waiting on a stalled peer must not burn a core (spinning would be ~1.0).
+  EXPECT_LT(cpu / wall, 0.2) << cpu << " s of CPU in " << wall << " s of waiting";
+  if (rank_ == 0) {
+    std::string message;
+    try {
+      h.wait();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("'stall.x'"), std::string::npos) << message;
+    EXPECT_NE(message.find("missing on rank " + std::to_string(missing)), std::string::npos)
+        << message;
+  }
+  // After a stall shutdown, new work is refused with the same explanation.
+  EXPECT_TRUE(ThrowsWith([&] { allreduce(TensorView(x, DataType::kFloat32, {8})); },
+                         StatusCode::kStalled, "stalled"));
+}
+
+TEST_F(StallTest, RuntimeWorksAgainAfterReinit) {
+  int value = 1;
+  ASSERT_TRUE(Succeeds(allreduce(TensorView(&value, DataType::kInt32, {1}))));
+  EXPECT_EQ(value, size_);
+}
+
+TEST_F(StallTest, IdleProcessBarelyUsesTheCpu) {
+  const double cpu0 = ProcessCpuSeconds(), wall0 = WallSeconds();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const double cpu = ProcessCpuSeconds() - cpu0, wall = WallSeconds() - wall0;
+  EXPECT_LT(cpu / wall, 0.2) << cpu << " s of CPU in " << wall << " s idle";
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsync

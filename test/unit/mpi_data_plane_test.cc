@@ -1,0 +1,399 @@
+// MpiDataPlane on a one-rank communicator: exercises the packing, scaling, type and op mapping and
+// error paths without a launcher (Open MPI initializes a singleton).
+#include "ops/mpi/mpi_data_plane.h"
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/mpi/mpi_types.h"
+#include "runtime/half.h"
+
+namespace gradsync {
+namespace {
+
+class MpiEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) return;
+    int provided = 0;
+    ASSERT_EQ(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), MPI_SUCCESS);
+    owns_mpi_ = true;
+  }
+  void TearDown() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owns_mpi_ && !finalized) MPI_Finalize();
+  }
+
+ private:
+  bool owns_mpi_ = false;
+};
+
+::testing::Environment* const kMpiEnvironment =
+    ::testing::AddGlobalTestEnvironment(new MpiEnvironment);
+
+const DataType kAllTypes[] = {DataType::kUInt8,   DataType::kInt8,     DataType::kInt32,
+                              DataType::kInt64,   DataType::kFloat16,  DataType::kBFloat16,
+                              DataType::kFloat32, DataType::kFloat64};
+
+// A typed host tensor holding small integer values, which every dtype represents exactly.
+class HostTensor {
+ public:
+  HostTensor(DataType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
+    bytes_.resize(static_cast<size_t>(View().num_bytes()) + 1);
+  }
+  TensorView View() { return TensorView(bytes_.data(), dtype_, shape_); }
+  int64_t size() const { return TensorView(nullptr, dtype_, shape_).num_elements(); }
+
+  void Set(int64_t i, double v) {
+    uint8_t* p = bytes_.data() + i * DataTypeSize(dtype_);
+    switch (dtype_) {
+      case DataType::kUInt8: return Put(p, static_cast<uint8_t>(v));
+      case DataType::kInt8: return Put(p, static_cast<int8_t>(v));
+      case DataType::kInt32: return Put(p, static_cast<int32_t>(v));
+      case DataType::kInt64: return Put(p, static_cast<int64_t>(v));
+      case DataType::kFloat16: return Put(p, FloatToHalf(static_cast<float>(v)));
+      case DataType::kBFloat16: return Put(p, FloatToBFloat16(static_cast<float>(v)));
+      case DataType::kFloat32: return Put(p, static_cast<float>(v));
+      case DataType::kFloat64: return Put(p, v);
+    }
+  }
+
+  double Get(int64_t i) const {
+    const uint8_t* p = bytes_.data() + i * DataTypeSize(dtype_);
+    switch (dtype_) {
+      case DataType::kUInt8: return Take<uint8_t>(p);
+      case DataType::kInt8: return Take<int8_t>(p);
+      case DataType::kInt32: return Take<int32_t>(p);
+      case DataType::kInt64: return static_cast<double>(Take<int64_t>(p));
+      case DataType::kFloat16: return HalfToFloat(Take<uint16_t>(p));
+      case DataType::kBFloat16: return BFloat16ToFloat(Take<uint16_t>(p));
+      case DataType::kFloat32: return Take<float>(p);
+      case DataType::kFloat64: return Take<double>(p);
+    }
+    return 0;
+  }
+
+  // Element i holds (i % 9) + 1 + base.
+  void Fill(double base) {
+    for (int64_t i = 0; i < size(); ++i) Set(i, static_cast<double>(i % 9 + 1) + base);
+  }
+
+ private:
+  template <typename T>
+  static void Put(uint8_t* p, T v) {
+    std::memcpy(p, &v, sizeof(v));
+  }
+  template <typename T>
+  static T Take(const uint8_t* p) {
+    T v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+  }
+
+  DataType dtype_;
+  std::vector<int64_t> shape_;
+  std::vector<uint8_t> bytes_;
+};
+
+std::unique_ptr<TensorEntry> MakeEntry(const std::string& name, HostTensor* input,
+                                       HostTensor* output) {
+  auto entry = std::make_unique<TensorEntry>();
+  entry->name = name;
+  entry->input = input->View();
+  entry->output = output->View();
+  entry->state = std::make_shared<OpState>();
+  return entry;
+}
+
+class MpiDataPlaneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_SELF, &comm_), MPI_SUCCESS);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    plane_ = std::make_unique<MpiDataPlane>(comm_);
+  }
+  void TearDown() override {
+    plane_.reset();
+    MPI_Comm_free(&comm_);
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::unique_ptr<MpiDataPlane> plane_;
+};
+
+ReduceSpec Spec(DataType dtype, ReduceOp op, double prescale = 1.0, double postscale = 1.0) {
+  ReduceSpec spec;
+  spec.dtype = dtype;
+  spec.op = op;
+  spec.prescale = prescale;
+  spec.postscale = postscale;
+  return spec;
+}
+
+void ExpectScaled(const HostTensor& actual, const HostTensor& source, double factor) {
+  for (int64_t i = 0; i < actual.size(); ++i) {
+    ASSERT_EQ(actual.Get(i), source.Get(i) * factor) << "element " << i;
+  }
+}
+
+TEST_F(MpiDataPlaneTest, SingleEntryOutOfPlaceLeavesInputAlone) {
+  HostTensor in(DataType::kFloat32, {5, 3}), out(DataType::kFloat32, {5, 3}), orig = in;
+  in.Fill(0);
+  orig.Fill(0);
+  auto entry = MakeEntry("grad", &in, &out);
+  ASSERT_TRUE(plane_->Allreduce({entry.get()}, Spec(DataType::kFloat32, ReduceOp::kSum)).ok());
+  ExpectScaled(out, orig, 1.0);
+  ExpectScaled(in, orig, 1.0);
+}
+
+TEST_F(MpiDataPlaneTest, SingleEntryScalesInAndOutOfPlace) {
+  for (bool in_place : {true, false}) {
+    HostTensor in(DataType::kFloat32, {33}), out(DataType::kFloat32, {33}), orig = in;
+    in.Fill(0);
+    orig.Fill(0);
+    auto entry = MakeEntry("w", &in, in_place ? &in : &out);
+    const Status s = plane_->Allreduce({entry.get()}, Spec(DataType::kFloat32, ReduceOp::kSum, 2, 0.5));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ExpectScaled(in_place ? in : out, orig, 1.0);
+    auto scaled = MakeEntry("w", &in, in_place ? &in : &out);
+    ASSERT_TRUE(plane_->Allreduce({scaled.get()}, Spec(DataType::kFloat32, ReduceOp::kSum, 2, 3)).ok());
+    ExpectScaled(in_place ? in : out, orig, 6.0);
+    if (!in_place) ExpectScaled(in, orig, 1.0);
+  }
+}
+
+TEST_F(MpiDataPlaneTest, AverageDividesBySize) {
+  HostTensor in(DataType::kFloat64, {4}), orig = in;
+  in.Fill(0);
+  orig.Fill(0);
+  auto entry = MakeEntry("avg", &in, &in);
+  ASSERT_TRUE(plane_->Allreduce({entry.get()}, Spec(DataType::kFloat64, ReduceOp::kAverage, 1, 0.5)).ok());
+  ExpectScaled(in, orig, 0.5);  // one rank: the average is the value itself
+}
+
+TEST_F(MpiDataPlaneTest, ZeroElementsAreANoOp) {
+  TensorEntry entry;
+  entry.name = "empty";
+  entry.input = TensorView(nullptr, DataType::kFloat32, {0, 4});
+  entry.output = entry.input;
+  EXPECT_TRUE(plane_->Allreduce({&entry}, Spec(DataType::kFloat32, ReduceOp::kSum, 2, 2)).ok());
+}
+
+// Sizes chosen to cover empty, single-element, odd and multi-block entries, some in place.
+void RunFused(MpiDataPlane* plane, DataType dtype, ReduceOp op) {
+  SCOPED_TRACE(DataTypeName(dtype) + " " + ReduceOpName(op));
+  const std::vector<int64_t> sizes = {0, 1, 3, 17, 100, 7, 64};
+  std::vector<HostTensor> inputs, outputs, originals;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    inputs.emplace_back(dtype, std::vector<int64_t>{sizes[i]});
+    inputs.back().Fill(static_cast<double>(i));
+    originals.push_back(inputs.back());
+    outputs.emplace_back(dtype, std::vector<int64_t>{sizes[i]});
+  }
+  std::vector<std::unique_ptr<TensorEntry>> owned;
+  std::vector<TensorEntry*> entries;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    HostTensor* out = i % 2 ? &inputs[i] : &outputs[i];
+    owned.push_back(MakeEntry("t" + std::to_string(i), &inputs[i], out));
+    entries.push_back(owned.back().get());
+  }
+  const Status s = plane->Allreduce(entries, Spec(dtype, op, 3, 0.5));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const HostTensor& result = i % 2 ? inputs[i] : outputs[i];
+    for (int64_t k = 0; k < sizes[i]; ++k) {
+      const double pre = originals[i].Get(k) * 3;  // exact in every dtype for these values
+      const double expected = IsFloatingPoint(dtype) ? pre * 0.5 : std::trunc(pre * 0.5);
+      ASSERT_EQ(result.Get(k), expected) << "tensor " << i << " element " << k;
+    }
+    if (i % 2 == 0) ExpectScaled(inputs[i], originals[i], 1.0);
+  }
+}
+
+TEST_F(MpiDataPlaneTest, FusedEntriesEveryDtypeAndOp) {
+  for (DataType dtype : kAllTypes) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax,
+                        ReduceOp::kProduct}) {
+      RunFused(plane_.get(), dtype, op);
+    }
+  }
+}
+
+TEST_F(MpiDataPlaneTest, SingleEntryEveryDtype) {
+  for (DataType dtype : kAllTypes) {
+    SCOPED_TRACE(DataTypeName(dtype));
+    HostTensor in(dtype, {2, 9}), out(dtype, {2, 9}), orig = in;
+    in.Fill(1);
+    orig.Fill(1);
+    auto entry = MakeEntry("x", &in, &out);
+    const Status s = plane_->Allreduce({entry.get()}, Spec(dtype, ReduceOp::kSum, 2, 1));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ExpectScaled(out, orig, 2.0);
+  }
+}
+
+TEST_F(MpiDataPlaneTest, BucketDtypeMismatchNamesTensor) {
+  HostTensor in(DataType::kInt32, {3});
+  auto entry = MakeEntry("layer1.bias", &in, &in);
+  const Status s = plane_->Allreduce({entry.get()}, Spec(DataType::kFloat32, ReduceOp::kSum));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("layer1.bias"), std::string::npos) << s.message();
+}
+
+TEST_F(MpiDataPlaneTest, DeviceTensorIsRefused) {
+  HostTensor in(DataType::kFloat32, {3});
+  auto entry = MakeEntry("on_gpu", &in, &in);
+  entry->input.device = Device::Cuda(0);
+  entry->output.device = Device::Cuda(0);
+  const Status s = plane_->Allreduce({entry.get()}, Spec(DataType::kFloat32, ReduceOp::kSum));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("on_gpu"), std::string::npos) << s.message();
+}
+
+// One rank never calls the reduction function, so apply the float16/bfloat16 ops locally.
+TEST_F(MpiDataPlaneTest, HalfPrecisionOpsReduceThroughMpi) {
+  struct Case {
+    ReduceOp op;
+    std::vector<float> expected;
+  };
+  const std::vector<float> a = {1, -2, 3.5}, b = {0.5, 4, -1};
+  const Case cases[] = {{ReduceOp::kSum, {1.5, 2, 2.5}},
+                        {ReduceOp::kMin, {0.5, -2, -1}},
+                        {ReduceOp::kMax, {1, 4, 3.5}},
+                        {ReduceOp::kProduct, {0.5, -8, -3.5}}};
+  for (DataType dtype : {DataType::kFloat16, DataType::kBFloat16}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(DataTypeName(dtype) + " " + ReduceOpName(c.op));
+      HostTensor in(dtype, {3}), inout(dtype, {3});
+      for (int i = 0; i < 3; ++i) {
+        in.Set(i, a[i]);
+        inout.Set(i, b[i]);
+      }
+      MPI_Op op = MPI_OP_NULL;
+      ASSERT_TRUE(MpiReduceOpOf(dtype, c.op, &op).ok());
+      ASSERT_EQ(MPI_Reduce_local(in.View().data, inout.View().data, 3, MpiDatatypeOf(dtype), op),
+                MPI_SUCCESS);
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(inout.Get(i), c.expected[i]) << i;
+    }
+  }
+}
+
+TEST_F(MpiDataPlaneTest, NativeTypesMapToMpiBuiltins) {
+  MPI_Op op = MPI_OP_NULL;
+  ASSERT_TRUE(MpiReduceOpOf(DataType::kInt64, ReduceOp::kAverage, &op).ok());
+  EXPECT_EQ(op, MPI_SUM);
+  ASSERT_TRUE(MpiReduceOpOf(DataType::kFloat32, ReduceOp::kProduct, &op).ok());
+  EXPECT_EQ(op, MPI_PROD);
+  EXPECT_EQ(MpiDatatypeOf(DataType::kUInt8), MPI_UINT8_T);
+  EXPECT_EQ(MpiDatatypeOf(DataType::kFloat64), MPI_DOUBLE);
+  int size = 0;
+  MPI_Type_size(MpiDatatypeOf(DataType::kBFloat16), &size);
+  EXPECT_EQ(size, 2);
+  EXPECT_FALSE(MpiReduceOpOf(DataType::kFloat32, static_cast<ReduceOp>(99), &op).ok());
+}
+
+struct Allocation {
+  std::vector<int64_t> shape;
+  DataType dtype = DataType::kUInt8;
+  std::vector<uint8_t> memory;
+};
+
+OutputAllocator AllocateInto(Allocation* a) {
+  return [a](const std::vector<int64_t>& shape, DataType dtype) -> void* {
+    a->shape = shape;
+    a->dtype = dtype;
+    a->memory.resize(static_cast<size_t>(TensorView(nullptr, dtype, shape).num_bytes()) + 1);
+    return a->memory.data();
+  };
+}
+
+TEST_F(MpiDataPlaneTest, AllgatherAllocatesAndCopies) {
+  HostTensor in(DataType::kInt32, {2, 3});
+  in.Fill(0);
+  auto entry = MakeEntry("emb", &in, &in);
+  Allocation alloc;
+  entry->allocator = AllocateInto(&alloc);
+  const Status s = plane_->Allgather(entry.get(), {2});
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(alloc.shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(alloc.dtype, DataType::kInt32);
+  EXPECT_EQ(entry->output.data, alloc.memory.data());
+  EXPECT_EQ(entry->output.shape, alloc.shape);
+  EXPECT_EQ(entry->state->output_shape, alloc.shape);
+  EXPECT_EQ(std::memcmp(alloc.memory.data(), in.View().data, 24), 0);
+}
+
+TEST_F(MpiDataPlaneTest, AllgatherScalarGathersAsVector) {
+  HostTensor in(DataType::kFloat64, {});
+  in.Set(0, 7);
+  auto entry = MakeEntry("loss", &in, &in);
+  Allocation alloc;
+  entry->allocator = AllocateInto(&alloc);
+  ASSERT_TRUE(plane_->Allgather(entry.get(), {1}).ok());
+  EXPECT_EQ(alloc.shape, std::vector<int64_t>{1});
+  double v = 0;
+  std::memcpy(&v, alloc.memory.data(), sizeof(v));
+  EXPECT_EQ(v, 7);
+}
+
+TEST_F(MpiDataPlaneTest, AllgatherAllocatorFailureNamesTensor) {
+  HostTensor in(DataType::kFloat32, {4});
+  auto entry = MakeEntry("activations", &in, &in);
+  entry->output = TensorView();
+  entry->allocator = [](const std::vector<int64_t>&, DataType) -> void* { return nullptr; };
+  const Status s = plane_->Allgather(entry.get(), {4});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("activations"), std::string::npos) << s.message();
+  EXPECT_EQ(entry->output.data, nullptr);
+}
+
+TEST_F(MpiDataPlaneTest, AllgatherEmptyOutputMayBeNull) {
+  TensorEntry entry;
+  entry.name = "none";
+  entry.input = TensorView(nullptr, DataType::kFloat32, {0, 5});
+  entry.state = std::make_shared<OpState>();
+  entry.allocator = [](const std::vector<int64_t>&, DataType) -> void* { return nullptr; };
+  ASSERT_TRUE(plane_->Allgather(&entry, {0}).ok());
+  EXPECT_EQ(entry.state->output_shape, (std::vector<int64_t>{0, 5}));
+}
+
+TEST_F(MpiDataPlaneTest, AllgatherRejectsInconsistentFirstDims) {
+  HostTensor in(DataType::kFloat32, {4});
+  auto entry = MakeEntry("x", &in, &in);
+  Allocation alloc;
+  entry->allocator = AllocateInto(&alloc);
+  EXPECT_EQ(plane_->Allgather(entry.get(), {3}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(plane_->Allgather(entry.get(), {4, 4}).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(alloc.shape.empty()) << "allocated for a plan that was refused";
+}
+
+TEST_F(MpiDataPlaneTest, BroadcastFromRootZero) {
+  HostTensor in(DataType::kBFloat16, {3, 5}), orig = in;
+  in.Fill(2);
+  orig.Fill(2);
+  auto entry = MakeEntry("params", &in, &in);
+  const Status s = plane_->Broadcast(entry.get(), 0);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ExpectScaled(in, orig, 1.0);
+}
+
+TEST_F(MpiDataPlaneTest, BroadcastRejectsRootOutsideCommunicator) {
+  HostTensor in(DataType::kFloat32, {1});
+  auto entry = MakeEntry("params", &in, &in);
+  const Status s = plane_->Broadcast(entry.get(), 1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("params"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace gradsync

@@ -1,0 +1,263 @@
+#include "ops/scale.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "runtime/half.h"
+
+namespace gradsync {
+namespace {
+
+const DataType kAllTypes[] = {DataType::kUInt8,   DataType::kInt8,     DataType::kInt32,
+                              DataType::kInt64,   DataType::kFloat16,  DataType::kBFloat16,
+                              DataType::kFloat32, DataType::kFloat64};
+
+template <typename T>
+void Store(std::vector<uint8_t>* bytes, size_t i, T value) {
+  std::memcpy(bytes->data() + i * sizeof(T), &value, sizeof(T));
+}
+
+template <typename T>
+T Load(const std::vector<uint8_t>& bytes, size_t i) {
+  T value;
+  std::memcpy(&value, bytes.data() + i * sizeof(T), sizeof(T));
+  return value;
+}
+
+// Values as raw bytes of `dtype`, with one extra element of guard bytes at the end.
+std::vector<uint8_t> Encode(DataType dtype, const std::vector<double>& values) {
+  std::vector<uint8_t> bytes((values.size() + 1) * DataTypeSize(dtype), 0xA5);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const double v = values[i];
+    switch (dtype) {
+      case DataType::kUInt8: Store(&bytes, i, static_cast<uint8_t>(v)); break;
+      case DataType::kInt8: Store(&bytes, i, static_cast<int8_t>(v)); break;
+      case DataType::kInt32: Store(&bytes, i, static_cast<int32_t>(v)); break;
+      case DataType::kInt64: Store(&bytes, i, static_cast<int64_t>(v)); break;
+      case DataType::kFloat16: Store(&bytes, i, FloatToHalf(static_cast<float>(v))); break;
+      case DataType::kBFloat16: Store(&bytes, i, FloatToBFloat16(static_cast<float>(v))); break;
+      case DataType::kFloat32: Store(&bytes, i, static_cast<float>(v)); break;
+      case DataType::kFloat64: Store(&bytes, i, v); break;
+    }
+  }
+  return bytes;
+}
+
+double Decode(DataType dtype, const std::vector<uint8_t>& bytes, size_t i) {
+  switch (dtype) {
+    case DataType::kUInt8: return Load<uint8_t>(bytes, i);
+    case DataType::kInt8: return Load<int8_t>(bytes, i);
+    case DataType::kInt32: return Load<int32_t>(bytes, i);
+    case DataType::kInt64: return static_cast<double>(Load<int64_t>(bytes, i));
+    case DataType::kFloat16: return HalfToFloat(Load<uint16_t>(bytes, i));
+    case DataType::kBFloat16: return BFloat16ToFloat(Load<uint16_t>(bytes, i));
+    case DataType::kFloat32: return Load<float>(bytes, i);
+    case DataType::kFloat64: return Load<double>(bytes, i);
+  }
+  return 0;
+}
+
+bool IsSigned(DataType dtype) { return dtype != DataType::kUInt8; }
+
+// Small integers, exactly representable in every dtype even after scaling by 3 or 0.5.
+std::vector<double> SampleValues(DataType dtype, int64_t count) {
+  std::vector<double> values(count);
+  for (int64_t i = 0; i < count; ++i) {
+    const double magnitude = static_cast<double>(i % 11);
+    values[i] = IsSigned(dtype) && i % 2 ? -magnitude : magnitude;
+  }
+  return values;
+}
+
+double Expected(DataType dtype, double value, double factor) {
+  const double scaled = value * factor;
+  return IsFloatingPoint(dtype) ? scaled : std::trunc(scaled);
+}
+
+void CheckScaledCopy(DataType dtype, int64_t count, double factor, bool in_place) {
+  SCOPED_TRACE(DataTypeName(dtype) + " count " + std::to_string(count) + " factor " +
+               std::to_string(factor) + (in_place ? " in place" : " out of place"));
+  const std::vector<double> values = SampleValues(dtype, count);
+  std::vector<uint8_t> src = Encode(dtype, values);
+  const std::vector<uint8_t> original = src;
+  std::vector<uint8_t> dst(src.size(), 0x5A);
+  std::vector<uint8_t>& out = in_place ? src : dst;
+  ScaledCopy(src.data(), out.data(), count, dtype, factor);
+  for (int64_t i = 0; i < count; ++i) {
+    EXPECT_EQ(Decode(dtype, out, i), Expected(dtype, values[i], factor)) << "element " << i;
+  }
+  const size_t size = DataTypeSize(dtype);
+  const size_t guard = count * size;
+  const uint8_t guard_byte = in_place ? 0xA5 : 0x5A;
+  for (size_t b = guard; b < guard + size; ++b) EXPECT_EQ(out[b], guard_byte) << "wrote past end";
+  if (!in_place) {
+    EXPECT_EQ(src, original) << "source modified";
+  }
+}
+
+TEST(ScaledCopyTest, EveryDtypeFactorCountAndPlacement) {
+  for (DataType dtype : kAllTypes) {
+    for (double factor : {1.0, 0.5, 3.0}) {
+      for (int64_t count : {0, 1, 17, 100}) {
+        CheckScaledCopy(dtype, count, factor, /*in_place=*/true);
+        CheckScaledCopy(dtype, count, factor, /*in_place=*/false);
+      }
+    }
+  }
+}
+
+TEST(ScaledCopyTest, IntegersTruncateTowardZero) {
+  const std::vector<uint8_t> src = Encode(DataType::kInt32, {7, -7, 5, -5});
+  std::vector<uint8_t> dst(src.size());
+  ScaledCopy(src.data(), dst.data(), 4, DataType::kInt32, 0.5);
+  EXPECT_EQ(Load<int32_t>(dst, 0), 3);
+  EXPECT_EQ(Load<int32_t>(dst, 1), -3);
+  ScaledCopy(src.data(), dst.data(), 4, DataType::kInt32, 1.0 / 3);
+  EXPECT_EQ(Load<int32_t>(dst, 2), 1);
+  EXPECT_EQ(Load<int32_t>(dst, 3), -1);
+}
+
+TEST(ScaledCopyTest, IntegersSaturateOutOfRange) {
+  std::vector<uint8_t> u8 = Encode(DataType::kUInt8, {200, 1});
+  ScaledCopy(u8.data(), u8.data(), 2, DataType::kUInt8, 3.0);
+  EXPECT_EQ(Load<uint8_t>(u8, 0), 255);
+  ScaledCopy(u8.data(), u8.data(), 2, DataType::kUInt8, -1.0);
+  EXPECT_EQ(Load<uint8_t>(u8, 1), 0);
+
+  std::vector<uint8_t> i8 = Encode(DataType::kInt8, {-100, 100});
+  ScaledCopy(i8.data(), i8.data(), 2, DataType::kInt8, 3.0);
+  EXPECT_EQ(Load<int8_t>(i8, 0), -128);
+  EXPECT_EQ(Load<int8_t>(i8, 1), 127);
+
+  std::vector<uint8_t> i64(2 * sizeof(int64_t));
+  Store(&i64, 0, std::numeric_limits<int64_t>::max());
+  Store(&i64, 1, std::numeric_limits<int64_t>::min());
+  ScaledCopy(i64.data(), i64.data(), 2, DataType::kInt64, 3.0);
+  EXPECT_EQ(Load<int64_t>(i64, 0), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(Load<int64_t>(i64, 1), std::numeric_limits<int64_t>::min());
+
+  std::vector<uint8_t> i32 = Encode(DataType::kInt32, {1000000000, 5});
+  ScaledCopy(i32.data(), i32.data(), 2, DataType::kInt32, std::nan(""));
+  EXPECT_EQ(Load<int32_t>(i32, 0), 0);
+}
+
+TEST(ScaledCopyTest, Int64KeepsFullPrecisionAtFactorOne) {
+  std::vector<uint8_t> src(sizeof(int64_t)), dst(sizeof(int64_t));
+  Store<int64_t>(&src, 0, (int64_t{1} << 60) + 1);  // not representable in double
+  ScaledCopy(src.data(), dst.data(), 1, DataType::kInt64, 1.0);
+  EXPECT_EQ(Load<int64_t>(dst, 0), (int64_t{1} << 60) + 1);
+}
+
+TEST(ScaledCopyTest, HalfPrecisionRoundsOnceFromFloat) {
+  const uint16_t one = FloatToHalf(1.0f);
+  uint16_t out = 0;
+  ScaledCopy(&one, &out, 1, DataType::kFloat16, 1.0 / 3);
+  EXPECT_EQ(out, FloatToHalf(1.0f * static_cast<float>(1.0 / 3)));
+  const uint16_t b_one = FloatToBFloat16(1.0f);
+  ScaledCopy(&b_one, &out, 1, DataType::kBFloat16, 1.0 / 3);
+  EXPECT_EQ(out, FloatToBFloat16(static_cast<float>(1.0 / 3)));
+}
+
+TEST(ScaledCopyTest, Float32MultipliesInFloat) {
+  const float x = 3.0f;
+  float out = 0;
+  ScaledCopy(&x, &out, 1, DataType::kFloat32, 0.1);
+  EXPECT_EQ(out, 3.0f * 0.1f);
+  const double y = 3.0;
+  double out64 = 0;
+  ScaledCopy(&y, &out64, 1, DataType::kFloat64, 0.1);
+  EXPECT_EQ(out64, 3.0 * 0.1);
+}
+
+std::vector<uint16_t> Halves(DataType dtype, const std::vector<float>& values) {
+  std::vector<uint16_t> out;
+  for (float v : values) {
+    out.push_back(dtype == DataType::kFloat16 ? FloatToHalf(v) : FloatToBFloat16(v));
+  }
+  return out;
+}
+
+std::vector<float> Floats(DataType dtype, const std::vector<uint16_t>& values) {
+  std::vector<float> out;
+  for (uint16_t v : values) {
+    out.push_back(dtype == DataType::kFloat16 ? HalfToFloat(v) : BFloat16ToFloat(v));
+  }
+  return out;
+}
+
+std::vector<float> Reduce(DataType dtype, ReduceOp op, const std::vector<float>& in,
+                          const std::vector<float>& inout) {
+  const std::vector<uint16_t> a = Halves(dtype, in);
+  std::vector<uint16_t> b = Halves(dtype, inout);
+  ReduceHalfPrecision(a.data(), b.data(), static_cast<int64_t>(b.size()), dtype, op);
+  EXPECT_EQ(a, Halves(dtype, in)) << "input modified";
+  return Floats(dtype, b);
+}
+
+class ReduceHalfTest : public ::testing::TestWithParam<DataType> {};
+
+TEST_P(ReduceHalfTest, SumMinMaxProduct) {
+  const DataType t = GetParam();
+  const std::vector<float> in = {1, 2, -3, 0.5, -0.25, 8};
+  const std::vector<float> inout = {4, -2, 3, 0.25, -8, 0.125};
+  EXPECT_EQ(Reduce(t, ReduceOp::kSum, in, inout), (std::vector<float>{5, 0, 0, 0.75, -8.25, 8.125}));
+  EXPECT_EQ(Reduce(t, ReduceOp::kAverage, in, inout),
+            (std::vector<float>{5, 0, 0, 0.75, -8.25, 8.125}));
+  EXPECT_EQ(Reduce(t, ReduceOp::kMin, in, inout), (std::vector<float>{1, -2, -3, 0.25, -8, 0.125}));
+  EXPECT_EQ(Reduce(t, ReduceOp::kMax, in, inout), (std::vector<float>{4, 2, 3, 0.5, -0.25, 8}));
+  EXPECT_EQ(Reduce(t, ReduceOp::kProduct, in, inout),
+            (std::vector<float>{4, -4, -9, 0.125, 2, 1}));
+}
+
+TEST_P(ReduceHalfTest, LongVectorsMatchElementwise) {
+  const DataType t = GetParam();
+  std::vector<float> in, inout, sum;
+  for (int i = 0; i < 100; ++i) {  // past one kernel block, with a tail
+    in.push_back(static_cast<float>(i % 13) - 6);
+    inout.push_back(static_cast<float>(i % 7));
+    sum.push_back(in.back() + inout.back());
+  }
+  EXPECT_EQ(Reduce(t, ReduceOp::kSum, in, inout), sum);
+}
+
+TEST_P(ReduceHalfTest, MinAndMaxPropagateNan) {
+  const DataType t = GetParam();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+    const std::vector<float> a = Reduce(t, op, {nan, 1}, {1, nan});
+    EXPECT_TRUE(std::isnan(a[0])) << ReduceOpName(op);
+    EXPECT_TRUE(std::isnan(a[1])) << ReduceOpName(op);
+  }
+}
+
+TEST(ReduceHalfPrecisionTest, RoundsOnceToNearestEven) {
+  // 2048 + 1 is a tie in float16 (spacing 2) and goes to the even 2048; 2048 + 3 goes to 2052.
+  EXPECT_EQ(Reduce(DataType::kFloat16, ReduceOp::kSum, {2048, 2048}, {1, 3}),
+            (std::vector<float>{2048, 2052}));
+  EXPECT_EQ(Reduce(DataType::kBFloat16, ReduceOp::kSum, {256, 256}, {1, 3}),
+            (std::vector<float>{256, 260}));
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(Reduce(DataType::kFloat16, ReduceOp::kSum, {65504}, {65504}), std::vector<float>{inf});
+  EXPECT_EQ(Reduce(DataType::kFloat16, ReduceOp::kProduct, {256}, {256}), std::vector<float>{inf});
+}
+
+TEST(ReduceHalfPrecisionTest, ZeroCountTouchesNothing) {
+  uint16_t a = 1, b = 2;
+  ReduceHalfPrecision(&a, &b, 0, DataType::kFloat16, ReduceOp::kSum);
+  EXPECT_EQ(b, 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(HalfTypes, ReduceHalfTest,
+                         ::testing::Values(DataType::kFloat16, DataType::kBFloat16),
+                         [](const ::testing::TestParamInfo<DataType>& info) {
+                           return DataTypeName(info.param);
+                         });
+
+}  // namespace
+}  // namespace gradsync
