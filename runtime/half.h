@@ -3,8 +3,9 @@
 //
 // The bodies live here, inline and branch-free, so that the element-wise kernels in ops/ inline
 // them and the compiler can vectorize their loops; selects are written as bit masks because GCC
-// at -O2 keeps some conditional expressions as branches, which blocks vectorization. They assume the default floating-point
-// environment (round to nearest); flush-to-zero modes do not change their results.
+// at -O2 keeps some conditional expressions as branches, which blocks vectorization. They assume
+// the default floating-point environment (round to nearest); flush-to-zero modes do not change
+// their results.
 //
 // Thread safety: pure functions.
 #pragma once

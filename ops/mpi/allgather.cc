@@ -71,7 +71,8 @@ Status MpiDataPlane::Allgather(TensorEntry* entry, const std::vector<int64_t>& f
                      what);
   }
   const int64_t own_first_dim = input.shape.empty() ? 1 : input.shape[0];
-  GRADSYNC_RETURN_IF_ERROR(InContext(CheckFirstDims(first_dims, size_, rank_, own_first_dim), what));
+  GRADSYNC_RETURN_IF_ERROR(
+      InContext(CheckFirstDims(first_dims, size_, rank_, own_first_dim), what));
   GatherLayout layout;
   GRADSYNC_RETURN_IF_ERROR(InContext(PlanLayout(input, first_dims, &layout), what));
 

@@ -119,14 +119,13 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
 
   for (size_t i = 0; i < entries.size(); ++i) {
     const TensorView& output = entries[i]->output;
-    ScaledCopy(buffer + offsets[i], output.data, output.num_elements(), spec.dtype,
-               spec.postscale);
+    ScaledCopy(buffer + offsets[i], output.data, output.num_elements(), spec.dtype, spec.postscale);
   }
   return Status::OK();
 }
 
-Status MpiDataPlane::AllreduceChunks(const void* send, void* recv, int64_t count,
-                                     size_t elem_size, MPI_Datatype type, MPI_Op op) {
+Status MpiDataPlane::AllreduceChunks(const void* send, void* recv, int64_t count, size_t elem_size,
+                                     MPI_Datatype type, MPI_Op op) {
   const bool in_place = send == MPI_IN_PLACE;
   for (int64_t done = 0; done < count;) {
     const int piece = static_cast<int>(std::min<int64_t>(count - done, INT_MAX));

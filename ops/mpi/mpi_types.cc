@@ -92,10 +92,14 @@ const HalfOps& GetHalfOps() {
 int HalfOpIndex(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAverage: return 0;
-    case ReduceOp::kMin: return 1;
-    case ReduceOp::kMax: return 2;
-    case ReduceOp::kProduct: return 3;
+    case ReduceOp::kAverage:
+      return 0;
+    case ReduceOp::kMin:
+      return 1;
+    case ReduceOp::kMax:
+      return 2;
+    case ReduceOp::kProduct:
+      return 3;
   }
   return -1;
 }
@@ -109,16 +113,24 @@ Status UnsupportedPair(DataType dtype, ReduceOp op) {
 
 MPI_Datatype MpiDatatypeOf(DataType dtype) {
   switch (dtype) {
-    case DataType::kUInt8: return MPI_UINT8_T;
-    case DataType::kInt8: return MPI_INT8_T;
-    case DataType::kInt32: return MPI_INT32_T;
-    case DataType::kInt64: return MPI_INT64_T;
-    case DataType::kFloat32: return MPI_FLOAT;
-    case DataType::kFloat64: return MPI_DOUBLE;
+    case DataType::kUInt8:
+      return MPI_UINT8_T;
+    case DataType::kInt8:
+      return MPI_INT8_T;
+    case DataType::kInt32:
+      return MPI_INT32_T;
+    case DataType::kInt64:
+      return MPI_INT64_T;
+    case DataType::kFloat32:
+      return MPI_FLOAT;
+    case DataType::kFloat64:
+      return MPI_DOUBLE;
     // A creation failure leaves MPI_DATATYPE_NULL, which the next MPI call rejects;
     // MpiReduceOpOf reports the failure itself.
-    case DataType::kFloat16: return GetHalfTypes().float16;
-    case DataType::kBFloat16: return GetHalfTypes().bfloat16;
+    case DataType::kFloat16:
+      return GetHalfTypes().float16;
+    case DataType::kBFloat16:
+      return GetHalfTypes().bfloat16;
   }
   return MPI_DATATYPE_NULL;
 }

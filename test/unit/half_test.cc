@@ -23,8 +23,8 @@ bool IsBFloat16Nan(uint16_t b) { return (b & 0x7F80u) == 0x7F80u && (b & 0x007Fu
 double HalfValue(uint16_t h) {
   const int exponent = (h >> 10) & 0x1F;
   const int mantissa = h & 0x3FF;
-  const double magnitude = exponent == 0 ? std::ldexp(mantissa, -24)
-                                         : std::ldexp(1024 + mantissa, exponent - 25);
+  const double magnitude =
+      exponent == 0 ? std::ldexp(mantissa, -24) : std::ldexp(1024 + mantissa, exponent - 25);
   return (h & 0x8000u) ? -magnitude : magnitude;
 }
 
@@ -147,7 +147,7 @@ TEST(BFloat16Test, KnownValues) {
   EXPECT_EQ(FloatToBFloat16(-2.0f), 0xC000);
   EXPECT_EQ(FloatToBFloat16(-0.0f), 0x8000);
   EXPECT_EQ(BFloat16ToFloat(0x3F80), 1.0f);
-  EXPECT_EQ(BFloat16ToFloat(0x7F7F), FromBits(0x7F7F0000u));  // largest finite
+  EXPECT_EQ(BFloat16ToFloat(0x7F7F), FromBits(0x7F7F0000u));   // largest finite
   EXPECT_EQ(BFloat16ToFloat(0x0001), std::ldexp(1.0f, -133));  // smallest subnormal
   EXPECT_EQ(FloatToBFloat16(std::ldexp(1.0f, -133)), 0x0001);
   EXPECT_EQ(FloatToBFloat16(std::numeric_limits<float>::infinity()), 0x7F80);

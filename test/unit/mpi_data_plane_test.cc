@@ -41,8 +41,8 @@ class MpiEnvironment : public ::testing::Environment {
 ::testing::Environment* const kMpiEnvironment =
     ::testing::AddGlobalTestEnvironment(new MpiEnvironment);
 
-const DataType kAllTypes[] = {DataType::kUInt8,   DataType::kInt8,     DataType::kInt32,
-                              DataType::kInt64,   DataType::kFloat16,  DataType::kBFloat16,
+const DataType kAllTypes[] = {DataType::kUInt8,   DataType::kInt8,    DataType::kInt32,
+                              DataType::kInt64,   DataType::kFloat16, DataType::kBFloat16,
                               DataType::kFloat32, DataType::kFloat64};
 
 // A typed host tensor holding small integer values, which every dtype represents exactly.
@@ -57,28 +57,44 @@ class HostTensor {
   void Set(int64_t i, double v) {
     uint8_t* p = bytes_.data() + i * DataTypeSize(dtype_);
     switch (dtype_) {
-      case DataType::kUInt8: return Put(p, static_cast<uint8_t>(v));
-      case DataType::kInt8: return Put(p, static_cast<int8_t>(v));
-      case DataType::kInt32: return Put(p, static_cast<int32_t>(v));
-      case DataType::kInt64: return Put(p, static_cast<int64_t>(v));
-      case DataType::kFloat16: return Put(p, FloatToHalf(static_cast<float>(v)));
-      case DataType::kBFloat16: return Put(p, FloatToBFloat16(static_cast<float>(v)));
-      case DataType::kFloat32: return Put(p, static_cast<float>(v));
-      case DataType::kFloat64: return Put(p, v);
+      case DataType::kUInt8:
+        return Put(p, static_cast<uint8_t>(v));
+      case DataType::kInt8:
+        return Put(p, static_cast<int8_t>(v));
+      case DataType::kInt32:
+        return Put(p, static_cast<int32_t>(v));
+      case DataType::kInt64:
+        return Put(p, static_cast<int64_t>(v));
+      case DataType::kFloat16:
+        return Put(p, FloatToHalf(static_cast<float>(v)));
+      case DataType::kBFloat16:
+        return Put(p, FloatToBFloat16(static_cast<float>(v)));
+      case DataType::kFloat32:
+        return Put(p, static_cast<float>(v));
+      case DataType::kFloat64:
+        return Put(p, v);
     }
   }
 
   double Get(int64_t i) const {
     const uint8_t* p = bytes_.data() + i * DataTypeSize(dtype_);
     switch (dtype_) {
-      case DataType::kUInt8: return Take<uint8_t>(p);
-      case DataType::kInt8: return Take<int8_t>(p);
-      case DataType::kInt32: return Take<int32_t>(p);
-      case DataType::kInt64: return static_cast<double>(Take<int64_t>(p));
-      case DataType::kFloat16: return HalfToFloat(Take<uint16_t>(p));
-      case DataType::kBFloat16: return BFloat16ToFloat(Take<uint16_t>(p));
-      case DataType::kFloat32: return Take<float>(p);
-      case DataType::kFloat64: return Take<double>(p);
+      case DataType::kUInt8:
+        return Take<uint8_t>(p);
+      case DataType::kInt8:
+        return Take<int8_t>(p);
+      case DataType::kInt32:
+        return Take<int32_t>(p);
+      case DataType::kInt64:
+        return static_cast<double>(Take<int64_t>(p));
+      case DataType::kFloat16:
+        return HalfToFloat(Take<uint16_t>(p));
+      case DataType::kBFloat16:
+        return BFloat16ToFloat(Take<uint16_t>(p));
+      case DataType::kFloat32:
+        return Take<float>(p);
+      case DataType::kFloat64:
+        return Take<double>(p);
     }
     return 0;
   }
@@ -162,11 +178,13 @@ TEST_F(MpiDataPlaneTest, SingleEntryScalesInAndOutOfPlace) {
     in.Fill(0);
     orig.Fill(0);
     auto entry = MakeEntry("w", &in, in_place ? &in : &out);
-    const Status s = plane_->Allreduce({entry.get()}, Spec(DataType::kFloat32, ReduceOp::kSum, 2, 0.5));
+    const Status s =
+        plane_->Allreduce({entry.get()}, Spec(DataType::kFloat32, ReduceOp::kSum, 2, 0.5));
     ASSERT_TRUE(s.ok()) << s.ToString();
     ExpectScaled(in_place ? in : out, orig, 1.0);
     auto scaled = MakeEntry("w", &in, in_place ? &in : &out);
-    ASSERT_TRUE(plane_->Allreduce({scaled.get()}, Spec(DataType::kFloat32, ReduceOp::kSum, 2, 3)).ok());
+    ASSERT_TRUE(
+        plane_->Allreduce({scaled.get()}, Spec(DataType::kFloat32, ReduceOp::kSum, 2, 3)).ok());
     ExpectScaled(in_place ? in : out, orig, 6.0);
     if (!in_place) ExpectScaled(in, orig, 1.0);
   }
@@ -177,7 +195,8 @@ TEST_F(MpiDataPlaneTest, AverageDividesBySize) {
   in.Fill(0);
   orig.Fill(0);
   auto entry = MakeEntry("avg", &in, &in);
-  ASSERT_TRUE(plane_->Allreduce({entry.get()}, Spec(DataType::kFloat64, ReduceOp::kAverage, 1, 0.5)).ok());
+  ASSERT_TRUE(
+      plane_->Allreduce({entry.get()}, Spec(DataType::kFloat64, ReduceOp::kAverage, 1, 0.5)).ok());
   ExpectScaled(in, orig, 0.5);  // one rank: the average is the value itself
 }
 
@@ -222,8 +241,8 @@ void RunFused(MpiDataPlane* plane, DataType dtype, ReduceOp op) {
 
 TEST_F(MpiDataPlaneTest, FusedEntriesEveryDtypeAndOp) {
   for (DataType dtype : kAllTypes) {
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax,
-                        ReduceOp::kProduct}) {
+    for (ReduceOp op :
+         {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
       RunFused(plane_.get(), dtype, op);
     }
   }

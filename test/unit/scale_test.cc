@@ -14,8 +14,8 @@
 namespace gradsync {
 namespace {
 
-const DataType kAllTypes[] = {DataType::kUInt8,   DataType::kInt8,     DataType::kInt32,
-                              DataType::kInt64,   DataType::kFloat16,  DataType::kBFloat16,
+const DataType kAllTypes[] = {DataType::kUInt8,   DataType::kInt8,    DataType::kInt32,
+                              DataType::kInt64,   DataType::kFloat16, DataType::kBFloat16,
                               DataType::kFloat32, DataType::kFloat64};
 
 template <typename T>
@@ -36,14 +36,30 @@ std::vector<uint8_t> Encode(DataType dtype, const std::vector<double>& values) {
   for (size_t i = 0; i < values.size(); ++i) {
     const double v = values[i];
     switch (dtype) {
-      case DataType::kUInt8: Store(&bytes, i, static_cast<uint8_t>(v)); break;
-      case DataType::kInt8: Store(&bytes, i, static_cast<int8_t>(v)); break;
-      case DataType::kInt32: Store(&bytes, i, static_cast<int32_t>(v)); break;
-      case DataType::kInt64: Store(&bytes, i, static_cast<int64_t>(v)); break;
-      case DataType::kFloat16: Store(&bytes, i, FloatToHalf(static_cast<float>(v))); break;
-      case DataType::kBFloat16: Store(&bytes, i, FloatToBFloat16(static_cast<float>(v))); break;
-      case DataType::kFloat32: Store(&bytes, i, static_cast<float>(v)); break;
-      case DataType::kFloat64: Store(&bytes, i, v); break;
+      case DataType::kUInt8:
+        Store(&bytes, i, static_cast<uint8_t>(v));
+        break;
+      case DataType::kInt8:
+        Store(&bytes, i, static_cast<int8_t>(v));
+        break;
+      case DataType::kInt32:
+        Store(&bytes, i, static_cast<int32_t>(v));
+        break;
+      case DataType::kInt64:
+        Store(&bytes, i, static_cast<int64_t>(v));
+        break;
+      case DataType::kFloat16:
+        Store(&bytes, i, FloatToHalf(static_cast<float>(v)));
+        break;
+      case DataType::kBFloat16:
+        Store(&bytes, i, FloatToBFloat16(static_cast<float>(v)));
+        break;
+      case DataType::kFloat32:
+        Store(&bytes, i, static_cast<float>(v));
+        break;
+      case DataType::kFloat64:
+        Store(&bytes, i, v);
+        break;
     }
   }
   return bytes;
@@ -51,14 +67,22 @@ std::vector<uint8_t> Encode(DataType dtype, const std::vector<double>& values) {
 
 double Decode(DataType dtype, const std::vector<uint8_t>& bytes, size_t i) {
   switch (dtype) {
-    case DataType::kUInt8: return Load<uint8_t>(bytes, i);
-    case DataType::kInt8: return Load<int8_t>(bytes, i);
-    case DataType::kInt32: return Load<int32_t>(bytes, i);
-    case DataType::kInt64: return static_cast<double>(Load<int64_t>(bytes, i));
-    case DataType::kFloat16: return HalfToFloat(Load<uint16_t>(bytes, i));
-    case DataType::kBFloat16: return BFloat16ToFloat(Load<uint16_t>(bytes, i));
-    case DataType::kFloat32: return Load<float>(bytes, i);
-    case DataType::kFloat64: return Load<double>(bytes, i);
+    case DataType::kUInt8:
+      return Load<uint8_t>(bytes, i);
+    case DataType::kInt8:
+      return Load<int8_t>(bytes, i);
+    case DataType::kInt32:
+      return Load<int32_t>(bytes, i);
+    case DataType::kInt64:
+      return static_cast<double>(Load<int64_t>(bytes, i));
+    case DataType::kFloat16:
+      return HalfToFloat(Load<uint16_t>(bytes, i));
+    case DataType::kBFloat16:
+      return BFloat16ToFloat(Load<uint16_t>(bytes, i));
+    case DataType::kFloat32:
+      return Load<float>(bytes, i);
+    case DataType::kFloat64:
+      return Load<double>(bytes, i);
   }
   return 0;
 }
@@ -206,13 +230,13 @@ TEST_P(ReduceHalfTest, SumMinMaxProduct) {
   const DataType t = GetParam();
   const std::vector<float> in = {1, 2, -3, 0.5, -0.25, 8};
   const std::vector<float> inout = {4, -2, 3, 0.25, -8, 0.125};
-  EXPECT_EQ(Reduce(t, ReduceOp::kSum, in, inout), (std::vector<float>{5, 0, 0, 0.75, -8.25, 8.125}));
+  EXPECT_EQ(Reduce(t, ReduceOp::kSum, in, inout),
+            (std::vector<float>{5, 0, 0, 0.75, -8.25, 8.125}));
   EXPECT_EQ(Reduce(t, ReduceOp::kAverage, in, inout),
             (std::vector<float>{5, 0, 0, 0.75, -8.25, 8.125}));
   EXPECT_EQ(Reduce(t, ReduceOp::kMin, in, inout), (std::vector<float>{1, -2, -3, 0.25, -8, 0.125}));
   EXPECT_EQ(Reduce(t, ReduceOp::kMax, in, inout), (std::vector<float>{4, 2, 3, 0.5, -0.25, 8}));
-  EXPECT_EQ(Reduce(t, ReduceOp::kProduct, in, inout),
-            (std::vector<float>{4, -4, -9, 0.125, 2, 1}));
+  EXPECT_EQ(Reduce(t, ReduceOp::kProduct, in, inout), (std::vector<float>{4, -4, -9, 0.125, 2, 1}));
 }
 
 TEST_P(ReduceHalfTest, LongVectorsMatchElementwise) {

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and then runs the demo or the test suite.
+#   scripts/dev.sh demo [ranks]   build, then train the demo MLP on N ranks (default 4)
+#   scripts/dev.sh test           build, then run the whole test suite
+#   scripts/dev.sh build          build only
+# BUILD_DIR (default: build) and JOBS (default: number of cores) are honoured.
+set -euo pipefail
+
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_dir=${BUILD_DIR:-$repo_root/build}
+jobs=${JOBS:-$(nproc)}
+
+# Debian packages the build, tests and demo need.
+packages=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libspdlog-dev
+          libgtest-dev libgmock-dev)
+
+install_missing() {
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return
+  echo "dev.sh: installing ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+}
+
+build() {
+  cmake -S "$repo_root" -B "$build_dir" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}"
+  cmake --build "$build_dir" -j "$jobs"
+}
+
+# Open MPI refuses to run as root unless told it is intended (containers, CI).
+mpi_env() {
+  if [ "$(id -u)" -eq 0 ]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  fi
+}
+
+cmd=${1:-demo}
+case "$cmd" in
+  demo)
+    install_missing && build && mpi_env
+    "$repo_root/launch/gradsyncrun" -np "${2:-4}" "$build_dir/examples/demo_trainer/gradsync_demo_trainer"
+    ;;
+  test)
+    install_missing && build && mpi_env
+    ctest --test-dir "$build_dir" --output-on-failure --timeout 600 -j "${CTEST_JOBS:-1}"
+    ;;
+  build)
+    install_missing && build
+    ;;
+  *)
+    echo "usage: scripts/dev.sh {demo [ranks]|test|build}" >&2
+    exit 2
+    ;;
+esac
