@@ -52,39 +52,41 @@ std::string Describe(const Runtime& rt, OpType op, const std::string& name) {
   return OpTypeName(op) + " of tensor '" + name + "' on rank " + std::to_string(rt.mpi->rank());
 }
 
-Status ValidateTensor(const TensorView& t, const std::string& what) {
+// Messages carry no context; Submit prefixes the operation, tensor and rank on failure only, so the
+// hot enqueue path builds no strings.
+Status ValidateTensor(const TensorView& t, const char* what) {
   if (!IsValidDataType(t.dtype)) {
-    return Status::InvalidArgument(what + ": unknown dtype " + DataTypeName(t.dtype));
+    return Status::InvalidArgument(std::string(what) + "unknown dtype " + DataTypeName(t.dtype));
   }
   if (t.shape.size() > kMaxWireDims) {
-    return Status::InvalidArgument(what + ": " + std::to_string(t.shape.size()) +
+    return Status::InvalidArgument(std::string(what) + std::to_string(t.shape.size()) +
                                    " dimensions; at most " + std::to_string(kMaxWireDims) +
                                    " are supported");
   }
   for (int64_t d : t.shape) {
     if (d < 0) {
-      return Status::InvalidArgument(what + ": negative dimension in shape " +
+      return Status::InvalidArgument(std::string(what) + "negative dimension in shape " +
                                      ShapeString(t.shape));
     }
   }
   if (t.num_bytes() < 0) {
-    return Status::InvalidArgument(what + ": shape " + ShapeString(t.shape) +
+    return Status::InvalidArgument(std::string(what) + "shape " + ShapeString(t.shape) +
                                    " overflows a 64-bit byte count");
   }
   if (t.data == nullptr && t.num_elements() > 0) {
-    return Status::InvalidArgument(what + ": data is null but the tensor has " +
+    return Status::InvalidArgument(std::string(what) + "data is null but the tensor has " +
                                    std::to_string(t.num_elements()) + " elements");
   }
   if (t.device.kind != DeviceKind::kCpu) {
-    return Status::Unsupported(what + ": " + DeviceName(t.device) +
+    return Status::Unsupported(std::string(what) + DeviceName(t.device) +
                                " tensors need the NCCL data plane, which this build lacks");
   }
   return Status::OK();
 }
 
-Status ValidateScale(double factor, const char* which, const std::string& what) {
+Status ValidateScale(double factor, const char* what) {
   if (!std::isfinite(factor)) {
-    return Status::InvalidArgument(what + ": " + which + " factor must be finite");
+    return Status::InvalidArgument(std::string(what) + " factor must be finite");
   }
   return Status::OK();
 }
@@ -101,13 +103,16 @@ std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string&
   return entry;
 }
 
-Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& validation) {
-  if (!validation.ok()) Throw(validation);
-  if (entry->name.size() > kMaxWireNameBytes) {
-    Throw(Status::InvalidArgument(OpTypeName(entry->op) + " on rank " +
-                                  std::to_string(rt.mpi->rank()) + ": tensor name of " +
-                                  std::to_string(entry->name.size()) + " bytes; at most " +
-                                  std::to_string(kMaxWireNameBytes) + " are supported"));
+Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, Status validation) {
+  if (validation.ok() && entry->name.size() > kMaxWireNameBytes) {
+    validation = Status::InvalidArgument("tensor name of " + std::to_string(entry->name.size()) +
+                                         " bytes; at most " + std::to_string(kMaxWireNameBytes) +
+                                         " are supported");
+    entry->name = entry->name.substr(0, 64) + "...";
+  }
+  if (!validation.ok()) {
+    Throw(Status(validation.code(),
+                 Describe(rt, entry->op, entry->name) + ": " + validation.message()));
   }
   std::shared_ptr<OpState> state = entry->state;
   const Status pushed = rt.queue.Push(std::move(entry));
@@ -166,14 +171,13 @@ Handle allreduce(const TensorView& input, const TensorView& output,
                  const AllreduceOptions& options) {
   Runtime& rt = ActiveRuntime("allreduce");
   auto entry = NewEntry(rt, OpType::kAllreduce, options.name, options.on_complete);
-  const std::string what = Describe(rt, OpType::kAllreduce, entry->name);
-  Status status = ValidateTensor(input, what);
+  Status status = ValidateTensor(input, "");
   if (status.ok() && (input.data != output.data || input.shape != output.shape ||
                       input.dtype != output.dtype || input.device != output.device)) {
-    status = ValidateTensor(output, what + " (output)");
+    status = ValidateTensor(output, "output: ");
     if (status.ok() && (output.dtype != input.dtype || output.shape != input.shape ||
                         output.device != input.device)) {
-      status = Status::InvalidArgument(what + ": output (" + DataTypeName(output.dtype) + " " +
+      status = Status::InvalidArgument("output (" + DataTypeName(output.dtype) + " " +
                                        ShapeString(output.shape) + " on " +
                                        DeviceName(output.device) + ") differs from input (" +
                                        DataTypeName(input.dtype) + " " + ShapeString(input.shape) +
@@ -181,10 +185,10 @@ Handle allreduce(const TensorView& input, const TensorView& output,
     }
   }
   if (status.ok() && !IsValidReduceOp(options.op)) {
-    status = Status::InvalidArgument(what + ": unknown reduce op " + ReduceOpName(options.op));
+    status = Status::InvalidArgument("unknown reduce op " + ReduceOpName(options.op));
   }
-  if (status.ok()) status = ValidateScale(options.prescale, "prescale", what);
-  if (status.ok()) status = ValidateScale(options.postscale, "postscale", what);
+  if (status.ok()) status = ValidateScale(options.prescale, "prescale");
+  if (status.ok()) status = ValidateScale(options.postscale, "postscale");
   entry->input = input;
   entry->output = output;
   entry->reduce_op = options.op;
@@ -196,9 +200,8 @@ Handle allreduce(const TensorView& input, const TensorView& output,
 Handle allgather(const TensorView& input, Allocator allocate, const AllgatherOptions& options) {
   Runtime& rt = ActiveRuntime("allgather");
   auto entry = NewEntry(rt, OpType::kAllgather, options.name, options.on_complete);
-  const std::string what = Describe(rt, OpType::kAllgather, entry->name);
-  Status status = ValidateTensor(input, what);
-  if (status.ok() && !allocate) status = Status::InvalidArgument(what + ": no output allocator");
+  Status status = ValidateTensor(input, "");
+  if (status.ok() && !allocate) status = Status::InvalidArgument("no output allocator");
   entry->input = input;
   entry->allocator = std::move(allocate);
   return Submit(rt, std::move(entry), status);
@@ -207,10 +210,9 @@ Handle allgather(const TensorView& input, Allocator allocate, const AllgatherOpt
 Handle broadcast(const TensorView& tensor, int root, const BroadcastOptions& options) {
   Runtime& rt = ActiveRuntime("broadcast");
   auto entry = NewEntry(rt, OpType::kBroadcast, options.name, options.on_complete);
-  const std::string what = Describe(rt, OpType::kBroadcast, entry->name);
-  Status status = ValidateTensor(tensor, what);
+  Status status = ValidateTensor(tensor, "");
   if (status.ok() && (root < 0 || root >= rt.mpi->size())) {
-    status = Status::InvalidArgument(what + ": root rank " + std::to_string(root) +
+    status = Status::InvalidArgument("root rank " + std::to_string(root) +
                                      " is outside [0, " + std::to_string(rt.mpi->size()) + ")");
   }
   entry->input = tensor;

@@ -1,5 +1,6 @@
 #include "coordinator/background_loop.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "coordinator/mpi_control_channel.h"
@@ -7,6 +8,12 @@
 #include "runtime/logging.h"
 
 namespace gradsync {
+
+namespace {
+
+constexpr std::chrono::nanoseconds kFirstBackoff = std::chrono::microseconds(20);
+
+}  // namespace
 
 BackgroundLoop::BackgroundLoop(const Config& config, const MpiContext& mpi, TensorQueue* queue)
     : config_(config),
@@ -34,9 +41,20 @@ void BackgroundLoop::Run() {
   }
 }
 
+std::chrono::nanoseconds BackgroundLoop::NextWait() const {
+  const auto cycle_time = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
+  if (entries_.empty()) return cycle_time;  // idle: a push wakes us early
+  // Work is waiting on other ranks. Go again at once while cycles make progress (the control
+  // collective itself is the rendezvous), and back off towards the cycle time while they do not,
+  // so a rank waiting on a stalled peer sleeps.
+  if (unproductive_cycles_ == 0) return std::chrono::nanoseconds(0);
+  const auto backoff = kFirstBackoff * (1 << std::min(unproductive_cycles_ - 1, 16));
+  return std::min<std::chrono::nanoseconds>(backoff, cycle_time);
+}
+
 bool BackgroundLoop::RunOneCycle() {
-  queue_->WaitForWork(std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double, std::milli>(config_.cycle_time_ms)));
+  queue_->WaitForWork(NextWait());
   CycleOutcome outcome;
   const Status negotiated =
       negotiator_->RunCycle(TakeFreshEntries(), shutdown_requested_.load(), &outcome);
@@ -45,6 +63,7 @@ bool BackgroundLoop::RunOneCycle() {
     FailEverything(negotiated);
     return false;
   }
+  unproductive_cycles_ = outcome.responses.empty() ? unproductive_cycles_ + 1 : 0;
   const Status executed = Execute(outcome.responses);
   if (!executed.ok()) {
     FailEverything(executed);

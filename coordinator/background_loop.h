@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -35,6 +36,8 @@ class BackgroundLoop {
 
  private:
   void Run();
+  // How long to wait for new work before the next cycle.
+  std::chrono::nanoseconds NextWait() const;
   // One cycle; false once the loop must end.
   bool RunOneCycle();
   std::vector<Request> TakeFreshEntries();
@@ -55,6 +58,7 @@ class BackgroundLoop {
   std::unique_ptr<Negotiator> negotiator_;
   std::unique_ptr<DataPlane> host_plane_;
   std::unordered_map<std::string, std::unique_ptr<TensorEntry>> entries_;
+  int unproductive_cycles_ = 0;  // consecutive cycles that executed nothing
   std::atomic<bool> shutdown_requested_{false};
   std::thread thread_;
 };

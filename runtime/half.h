@@ -75,7 +75,8 @@ inline float BFloat16ToFloat(uint16_t b) {
 inline uint16_t FloatToBFloat16(float f) {
   const uint32_t w = half_internal::FloatBits(f);
   const uint32_t rounded = (w + 0x7FFFu + ((w >> 16) & 1u)) >> 16;
-  // Truncating a NaN could clear every mantissa bit it keeps; forcing the quiet bit keeps it NaN.
+  // Rounding a NaN could clear every mantissa bit it keeps or carry into the sign; its top half
+  // with the quiet bit forced on stays NaN.
   const uint32_t nan = (w >> 16) | 0x0040u;
   const bool is_nan = (w & 0x7FFFFFFFu) > 0x7F800000u;
   return static_cast<uint16_t>(is_nan ? nan : rounded);

@@ -60,6 +60,17 @@ Status PlanLayout(const TensorView& input, const std::vector<int64_t>& first_dim
   return Status::OK();
 }
 
+// The allocator comes from a binding and may throw; no exception may cross the core, and a
+// failure here is reported like a null allocation.
+void* Allocate(const TensorEntry& entry, const std::vector<int64_t>& shape) noexcept {
+  if (!entry.allocator) return nullptr;
+  try {
+    return entry.allocator(shape, entry.input.dtype);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
 }  // namespace
 
 Status MpiDataPlane::Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims) {
@@ -76,7 +87,7 @@ Status MpiDataPlane::Allgather(TensorEntry* entry, const std::vector<int64_t>& f
   GatherLayout layout;
   GRADSYNC_RETURN_IF_ERROR(InContext(PlanLayout(input, first_dims, &layout), what));
 
-  void* output = entry->allocator ? entry->allocator(layout.output_shape, input.dtype) : nullptr;
+  void* output = Allocate(*entry, layout.output_shape);
   // An empty output needs no memory, and frameworks hand out nullptr for empty tensors.
   const bool allocated = output != nullptr || layout.total_bytes == 0;
   if (allocated) {
@@ -94,7 +105,7 @@ Status MpiDataPlane::Allgather(TensorEntry* entry, const std::vector<int64_t>& f
         what));
   }
   if (!allocated) {
-    return InContext(Status::InvalidArgument("the output allocator returned no memory for shape " +
+    return InContext(Status::InvalidArgument("the output allocator gave no memory for shape " +
                                              ShapeString(layout.output_shape)),
                      what);
   }

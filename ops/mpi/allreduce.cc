@@ -93,12 +93,12 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
   size_t total = 0;
   for (const TensorEntry* entry : entries) {
     const auto bytes = static_cast<size_t>(entry->input.num_bytes());
-    total = AlignFusionOffset(total);
-    if (bytes > SIZE_MAX - FusionBuffer::kAlignment - total) {
-      return Status::InvalidArgument("fused size overflows the address space");
+    const size_t offset = AlignFusionOffset(total);
+    if (offset < total || bytes > SIZE_MAX - offset) {
+      return Status::InvalidArgument("the fused size overflows the address space");
     }
-    offsets.push_back(total);
-    total += bytes;
+    offsets.push_back(offset);
+    total = offset + bytes;
   }
   if (total == 0) return Status::OK();
 

@@ -11,9 +11,10 @@ Status MpiDataPlane::Broadcast(TensorEntry* entry, int root) {
   const std::string what = "broadcast of tensor '" + entry->name + "'";
   const TensorView& input = entry->input;
   if (root < 0 || root >= size_) {
-    return InContext(Status::InvalidArgument("root " + std::to_string(root) + " is not a rank of " +
-                                             std::to_string(size_)),
-                     what);
+    return InContext(
+        Status::InvalidArgument("root " + std::to_string(root) + " is not a rank of this " +
+                                std::to_string(size_) + "-rank communicator"),
+        what);
   }
   if (input.device.kind != DeviceKind::kCpu) {
     return InContext(Status::InvalidArgument("tensor is on " + DeviceName(input.device) +

@@ -18,9 +18,11 @@
 namespace gradsync {
 namespace {
 
+// Initializes MPI on first use rather than at start-up, so the other unit tests in this binary
+// (run one per process by CTest) do not pay for it; finalizes at exit only if it initialized.
 class MpiEnvironment : public ::testing::Environment {
  public:
-  void SetUp() override {
+  static void EnsureInitialized() {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (initialized) return;
@@ -35,8 +37,9 @@ class MpiEnvironment : public ::testing::Environment {
   }
 
  private:
-  bool owns_mpi_ = false;
+  static bool owns_mpi_;
 };
+bool MpiEnvironment::owns_mpi_ = false;
 
 ::testing::Environment* const kMpiEnvironment =
     ::testing::AddGlobalTestEnvironment(new MpiEnvironment);
@@ -134,13 +137,14 @@ std::unique_ptr<TensorEntry> MakeEntry(const std::string& name, HostTensor* inpu
 class MpiDataPlaneTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(MpiEnvironment::EnsureInitialized());
     ASSERT_EQ(MPI_Comm_dup(MPI_COMM_SELF, &comm_), MPI_SUCCESS);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     plane_ = std::make_unique<MpiDataPlane>(comm_);
   }
   void TearDown() override {
     plane_.reset();
-    MPI_Comm_free(&comm_);
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
