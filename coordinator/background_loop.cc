@@ -88,40 +88,49 @@ std::vector<Request> BackgroundLoop::TakeFreshEntries() {
   return fresh;
 }
 
-Status BackgroundLoop::Execute(const std::vector<Response>& responses) {
-  for (const Response& r : responses) {
+Status BackgroundLoop::Execute(const std::vector<ResponsePtr>& responses) {
+  // Each response's entry is looked up once; buckets and completions use these pointers.
+  std::vector<TensorEntry*> entries(responses.size());
+  for (size_t i = 0; i < responses.size(); ++i) {
+    const Response& r = *responses[i];
     if (r.type == ResponseType::kStallShutdown) return Status::Stalled(r.error);
-    if (Lookup(r.name) == nullptr) {
+    auto it = entries_.find(r.name);
+    if (it == entries_.end()) {
       return Status::Internal("rank " + std::to_string(rank_) + " was told to run tensor '" +
                               r.name + "' that it never submitted");
     }
-    if (r.type == ResponseType::kError) Complete(r.name, Status::Mismatch(r.error));
+    entries[i] = it->second.get();
   }
+  for (size_t i = 0; i < responses.size(); ++i) {
+    if (responses[i]->type == ResponseType::kError) {
+      Complete({entries[i]}, Status::Mismatch(responses[i]->error));
+    }
+  }
+  std::vector<TensorEntry*> members;
   for (const Bucket& bucket : PlanFusion(responses, fusion_)) {
-    const Status status = ExecuteBucket(responses, bucket);
-    for (size_t i : bucket.responses) Complete(responses[i].name, status);
+    members.clear();
+    for (size_t i : bucket.responses) members.push_back(entries[i]);
+    Complete(members, ExecuteBucket(responses[bucket.responses.front()], members));
   }
   return Status::OK();
 }
 
-Status BackgroundLoop::ExecuteBucket(const std::vector<Response>& responses, const Bucket& bucket) {
-  const Response& first = responses[bucket.responses.front()];
+Status BackgroundLoop::ExecuteBucket(const ResponsePtr& response,
+                                     const std::vector<TensorEntry*>& members) {
+  const Response& first = *response;
+  TensorEntry* first_entry = members.front();
   DataPlane* plane = PlaneFor(first.device);
   if (plane == nullptr && first.type != ResponseType::kBarrier) {
     return Status::Unsupported("no data plane for " + DeviceName(first.device) + " tensors");
   }
   switch (first.type) {
-    case ResponseType::kAllreduce: {
-      std::vector<TensorEntry*> entries;
-      entries.reserve(bucket.responses.size());
-      for (size_t i : bucket.responses) entries.push_back(Lookup(responses[i].name));
-      return plane->Allreduce(entries, {first.dtype, first.reduce_op, first.prescale,
-                                        first.postscale});
-    }
+    case ResponseType::kAllreduce:
+      return plane->Allreduce(members,
+                              {first.dtype, first.reduce_op, first.prescale, first.postscale});
     case ResponseType::kAllgather:
-      return plane->Allgather(Lookup(first.name), first.first_dims);
+      return plane->Allgather(first_entry, first.first_dims);
     case ResponseType::kBroadcast:
-      return plane->Broadcast(Lookup(first.name), first.root);
+      return plane->Broadcast(first_entry, first.root);
     case ResponseType::kBarrier:
       // Negotiation already proved every rank reached the barrier.
       return Status::OK();
@@ -134,27 +143,26 @@ DataPlane* BackgroundLoop::PlaneFor(const Device& device) {
   return device.kind == DeviceKind::kCpu ? host_plane_.get() : nullptr;
 }
 
-TensorEntry* BackgroundLoop::Lookup(const std::string& name) {
-  auto it = entries_.find(name);
-  return it == entries_.end() ? nullptr : it->second.get();
-}
-
-void BackgroundLoop::Complete(const std::string& name, const Status& status) {
-  auto it = entries_.find(name);
-  if (it == entries_.end()) return;
-  std::shared_ptr<OpState> state = std::move(it->second->state);
-  entries_.erase(it);
-  queue_->Release(name);
-  state->Complete(status);
+void BackgroundLoop::Complete(const std::vector<TensorEntry*>& members, const Status& status) {
+  // Names are released first so a caller woken by its handle may reuse the name at once.
+  queue_->Release(members);
+  std::vector<std::shared_ptr<OpState>> states;
+  states.reserve(members.size());
+  for (TensorEntry* entry : members) {
+    states.push_back(std::move(entry->state));
+    entries_.erase(entry->name);  // destroys *entry
+  }
+  for (const auto& state : states) state->Record(status);
+  for (const auto& state : states) state->Announce();
 }
 
 void BackgroundLoop::FailEverything(const Status& reason) {
   queue_->Close(reason);
   TakeFreshEntries();
-  std::vector<std::string> names;
-  names.reserve(entries_.size());
-  for (const auto& [name, entry] : entries_) names.push_back(name);
-  for (const std::string& name : names) Complete(name, reason);
+  std::vector<TensorEntry*> remaining;
+  remaining.reserve(entries_.size());
+  for (const auto& [name, entry] : entries_) remaining.push_back(entry.get());
+  Complete(remaining, reason);
 }
 
 }  // namespace gradsync

@@ -42,11 +42,12 @@ class BackgroundLoop {
   bool RunOneCycle();
   std::vector<Request> TakeFreshEntries();
   // Runs the cycle's responses in order; a non-OK result is fatal (stall shutdown).
-  Status Execute(const std::vector<Response>& responses);
-  Status ExecuteBucket(const std::vector<Response>& responses, const Bucket& bucket);
+  Status Execute(const std::vector<ResponsePtr>& responses);
+  // Runs one bucket: `response` is its first response, `members` this rank's entries for all.
+  Status ExecuteBucket(const ResponsePtr& response, const std::vector<TensorEntry*>& members);
   DataPlane* PlaneFor(const Device& device);
-  TensorEntry* Lookup(const std::string& name);
-  void Complete(const std::string& name, const Status& status);
+  // Releases the names, frees the entries, then completes their handles.
+  void Complete(const std::vector<TensorEntry*>& members, const Status& status);
   // Closes the queue with `reason` and fails every operation this process still holds.
   void FailEverything(const Status& reason);
 

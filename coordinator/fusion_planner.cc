@@ -24,7 +24,7 @@ int64_t ResponseBytes(const Response& response) {
   return n * static_cast<int64_t>(DataTypeSize(response.dtype));
 }
 
-std::vector<Bucket> PlanFusion(const std::vector<Response>& responses,
+std::vector<Bucket> PlanFusion(const std::vector<ResponsePtr>& responses,
                                const FusionSettings& settings) {
   struct Open {
     size_t bucket;
@@ -33,7 +33,7 @@ std::vector<Bucket> PlanFusion(const std::vector<Response>& responses,
   std::vector<Bucket> buckets;
   std::vector<Open> open;  // buckets still accepting tensors, at most one per fusible class
   for (size_t i = 0; i < responses.size(); ++i) {
-    const Response& r = responses[i];
+    const Response& r = *responses[i];
     if (!Planned(r)) continue;
     const int64_t bytes = ResponseBytes(r);
     const bool alone = r.type != ResponseType::kAllreduce ||
@@ -46,7 +46,7 @@ std::vector<Bucket> PlanFusion(const std::vector<Response>& responses,
     const int64_t aligned = static_cast<int64_t>(AlignFusionOffset(static_cast<size_t>(bytes)));
     Open* slot = nullptr;
     for (Open& o : open) {
-      if (Fusible(responses[buckets[o.bucket].responses.front()], r)) slot = &o;
+      if (Fusible(*responses[buckets[o.bucket].responses.front()], r)) slot = &o;
     }
     if (slot != nullptr && slot->bytes + aligned <= settings.fusion_threshold_bytes) {
       buckets[slot->bucket].responses.push_back(i);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,9 @@ struct Response {
 struct ResponseList {
   std::vector<Response> responses;
 };
+
+// Responses are shared, not copied, between the cache and the cycles that execute them.
+using ResponsePtr = std::shared_ptr<const Response>;
 
 ResponseType ResponseTypeFor(OpType op);
 // The response that executes `request` (its agreed parameters); first_dims left empty.

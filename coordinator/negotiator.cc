@@ -108,7 +108,7 @@ void Negotiator::AddFresh(std::vector<Request> fresh, double now, std::vector<ui
 void Negotiator::RefreshCachedState(double now, std::vector<uint32_t>* invalid) {
   for (auto& [name, p] : pending_) {
     if (p.state != PendingState::kCached) continue;
-    if (!cache_.Contains(p.bit) || cache_.Get(p.bit).name != name) {
+    if (!cache_.Contains(p.bit) || cache_.Get(p.bit)->name != name) {
       p.state = PendingState::kUncached;  // evicted since it was looked up
     } else if (now - p.first_seen >= config_.stall_warning_seconds) {
       // Cached tensors never reach rank 0's table; invalidating a long-waiting one sends it there,
@@ -163,9 +163,9 @@ void Negotiator::TakeCachedReady(const std::vector<uint64_t>& words, CycleOutcom
       const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(ready));
       ready &= ready - 1;
       if (!cache_.Contains(bit)) continue;
-      const Response& response = cache_.Get(bit);
+      const ResponsePtr& response = cache_.Get(bit);
       cache_.Touch(bit);
-      Retire(response.name);
+      Retire(response->name);
       out->responses.push_back(response);
       ++out->cache_hits;
     }
@@ -200,10 +200,11 @@ Status Negotiator::FullRound(double now, CycleOutcome* out) {
   ResponseList list;
   GRADSYNC_RETURN_IF_ERROR(ParseResponseList(bytes.data(), bytes.size(), &list));
 
-  for (Response& response : list.responses) {
-    if (response.type != ResponseType::kStallShutdown) {
+  for (Response& parsed : list.responses) {
+    auto response = std::make_shared<const Response>(std::move(parsed));
+    if (response->type != ResponseType::kStallShutdown) {
       cache_.Put(response);
-      Retire(response.name);
+      Retire(response->name);
     }
     out->responses.push_back(std::move(response));
   }

@@ -25,7 +25,7 @@ namespace gradsync {
 
 struct CycleOutcome {
   // To execute in this order. A kStallShutdown response, if any, is last.
-  std::vector<Response> responses;
+  std::vector<ResponsePtr> responses;
   // Some rank asked to shut down: after this cycle's responses, every pending operation fails.
   bool shutdown = false;
   // Diagnostics for tests and the timeline.

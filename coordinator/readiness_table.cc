@@ -1,7 +1,6 @@
 #include "coordinator/readiness_table.h"
 
 #include <algorithm>
-#include <functional>
 #include <sstream>
 
 namespace gradsync {
@@ -15,12 +14,21 @@ std::string FormatDouble(double v) {
   return os.str();
 }
 
-// "rank 0 has float32; ranks 1, 3 have int32" grouped by value, in rank order of first appearance.
-std::string DescribeValues(const std::vector<Request>& requests,
-                           const std::function<std::string(const Request&)>& value_of) {
+std::string ToText(OpType v) { return OpTypeName(v); }
+std::string ToText(DataType v) { return DataTypeName(v); }
+std::string ToText(ReduceOp v) { return ReduceOpName(v); }
+std::string ToText(DeviceKind v) { return v == DeviceKind::kCpu ? "cpu" : "cuda"; }
+std::string ToText(double v) { return FormatDouble(v); }
+std::string ToText(int32_t v) { return std::to_string(v); }
+std::string ToText(size_t v) { return std::to_string(v); }
+std::string ToText(const std::vector<int64_t>& v) { return ShapeString(v); }
+
+// "rank 0 has float32; ranks 1, 3 have int32": ranks grouped by value, in order of appearance.
+template <typename Get>
+std::string DescribeValues(const std::vector<Request>& requests, Get value_of) {
   std::vector<std::pair<std::string, std::vector<int>>> groups;
   for (size_t r = 0; r < requests.size(); ++r) {
-    const std::string v = value_of(requests[r]);
+    const std::string v = ToText(value_of(requests[r]));
     auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == v; });
     if (it == groups.end()) {
       groups.push_back({v, {static_cast<int>(r)}});
@@ -38,12 +46,13 @@ std::string DescribeValues(const std::vector<Request>& requests,
   return out;
 }
 
-// Returns a Mismatch status if `value_of` differs between ranks.
-Status CheckAgree(const std::vector<Request>& requests, const char* field,
-                  const std::function<std::string(const Request&)>& value_of) {
-  const std::string first = value_of(requests[0]);
+// A Mismatch naming the field and every rank's value if `value_of` differs between ranks. Values
+// are compared as they are and turned into text only for the message.
+template <typename Get>
+Status CheckAgree(const std::vector<Request>& requests, const char* field, Get value_of) {
+  const auto first = value_of(requests[0]);
   for (size_t r = 1; r < requests.size(); ++r) {
-    if (value_of(requests[r]) != first) {
+    if (!(value_of(requests[r]) == first)) {
       return Status::Mismatch("mismatched " + std::string(field) + " for tensor '" +
                               requests[0].name + "': " + DescribeValues(requests, value_of));
     }
@@ -60,40 +69,32 @@ std::vector<int64_t> TrailingDims(const std::vector<int64_t>& shape) {
 
 Status ValidateRequests(const std::vector<Request>& requests, Response* response) {
   GRADSYNC_RETURN_IF_ERROR(
-      CheckAgree(requests, "operation", [](const Request& r) { return OpTypeName(r.op); }));
+      CheckAgree(requests, "operation", [](const Request& r) { return r.op; }));
   const OpType op = requests[0].op;
   if (op != OpType::kBarrier) {
-    GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "device kind", [](const Request& r) {
-      return std::string(r.device.kind == DeviceKind::kCpu ? "cpu" : "cuda");
-    }));
+    GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "device kind", [](const Request& r) { return r.device.kind; }));
     GRADSYNC_RETURN_IF_ERROR(
-        CheckAgree(requests, "dtype", [](const Request& r) { return DataTypeName(r.dtype); }));
+        CheckAgree(requests, "dtype", [](const Request& r) { return r.dtype; }));
   }
   if (op == OpType::kAllgather) {
     GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "rank (number of dimensions)", [](const Request& r) {
-      return std::to_string(std::max<size_t>(r.shape.size(), 1));
+      return std::max<size_t>(r.shape.size(), 1);
     }));
     GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "shape (after the first dimension)",
-                                        [](const Request& r) {
-                                          return ShapeString(TrailingDims(r.shape));
-                                        }));
+                                        [](const Request& r) { return TrailingDims(r.shape); }));
   } else if (op != OpType::kBarrier) {
     GRADSYNC_RETURN_IF_ERROR(
-        CheckAgree(requests, "shape", [](const Request& r) { return ShapeString(r.shape); }));
+        CheckAgree(requests, "shape", [](const Request& r) { return r.shape; }));
   }
   if (op == OpType::kAllreduce) {
-    GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "reduce op", [](const Request& r) {
-      return ReduceOpName(r.reduce_op);
-    }));
+    GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "reduce op", [](const Request& r) { return r.reduce_op; }));
     GRADSYNC_RETURN_IF_ERROR(CheckAgree(
-        requests, "prescale factor", [](const Request& r) { return FormatDouble(r.prescale); }));
+        requests, "prescale factor", [](const Request& r) { return r.prescale; }));
     GRADSYNC_RETURN_IF_ERROR(CheckAgree(
-        requests, "postscale factor", [](const Request& r) { return FormatDouble(r.postscale); }));
+        requests, "postscale factor", [](const Request& r) { return r.postscale; }));
   }
   if (op == OpType::kBroadcast) {
-    GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "root rank", [](const Request& r) {
-      return std::to_string(r.root);
-    }));
+    GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "root rank", [](const Request& r) { return r.root; }));
     const int root = requests[0].root;
     if (root < 0 || root >= static_cast<int>(requests.size())) {
       return Status::InvalidArgument("broadcast of tensor '" + requests[0].name + "': root rank " +

@@ -15,13 +15,13 @@ ResponseCache::Lookup ResponseCache::Find(const Request& request, uint32_t* bit)
   auto it = by_name_.find(request.name);
   if (it == by_name_.end()) return Lookup::kMiss;
   *bit = it->second;
-  return ResponseMatchesRequest(slots_[it->second].response, request) ? Lookup::kHit
+  return ResponseMatchesRequest(*slots_[it->second].response, request) ? Lookup::kHit
                                                                        : Lookup::kMismatch;
 }
 
-void ResponseCache::Put(const Response& response) {
-  if (capacity_ == 0 || !IsCacheable(response)) return;
-  auto it = by_name_.find(response.name);
+void ResponseCache::Put(const ResponsePtr& response) {
+  if (capacity_ == 0 || !IsCacheable(*response)) return;
+  auto it = by_name_.find(response->name);
   if (it != by_name_.end()) {
     slots_[it->second].response = response;
     Touch(it->second);
@@ -34,7 +34,7 @@ void ResponseCache::Put(const Response& response) {
   slot.response = response;
   lru_.push_front(bit);
   slot.lru_position = lru_.begin();
-  by_name_.emplace(response.name, bit);
+  by_name_.emplace(response->name, bit);
 }
 
 void ResponseCache::Touch(uint32_t bit) {
@@ -46,14 +46,14 @@ void ResponseCache::Touch(uint32_t bit) {
 void ResponseCache::Erase(uint32_t bit) {
   if (!Contains(bit)) return;
   Slot& slot = slots_[bit];
-  by_name_.erase(slot.response.name);
+  by_name_.erase(slot.response->name);
   lru_.erase(slot.lru_position);
   slot.used = false;
-  slot.response = Response();
+  slot.response.reset();
   free_bits_.insert(bit);
 }
 
-const Response& ResponseCache::Get(uint32_t bit) const {
+const ResponsePtr& ResponseCache::Get(uint32_t bit) const {
   if (!Contains(bit)) {
     std::fprintf(stderr, "gradsync: internal error: response cache bit %u is empty\n", bit);
     std::abort();

@@ -34,11 +34,11 @@ class ResponseCache {
   Lookup Find(const Request& request, uint32_t* bit) const;
   // Caches a cacheable response (refreshing it if the name is present), evicting the least recently
   // used entry when full. A no-op for capacity 0 or an uncacheable response.
-  void Put(const Response& response);
+  void Put(const ResponsePtr& response);
   // Marks `bit` most recently used.
   void Touch(uint32_t bit);
   void Erase(uint32_t bit);
-  const Response& Get(uint32_t bit) const;
+  const ResponsePtr& Get(uint32_t bit) const;
   bool Contains(uint32_t bit) const;
 
   // One past the highest bit ever handed out: the length of every rank's bit vector.
@@ -49,7 +49,7 @@ class ResponseCache {
  private:
   struct Slot {
     bool used = false;
-    Response response;
+    ResponsePtr response;
     std::list<uint32_t>::iterator lru_position;
   };
 

@@ -6,16 +6,27 @@
 namespace gradsync {
 
 void OpState::Complete(Status status) {
+  Record(std::move(status));
+  Announce();
+}
+
+void OpState::Record(Status status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (done_) {
+    std::fprintf(stderr, "gradsync: internal error: operation completed twice\n");
+    std::abort();
+  }
+  done_ = true;
+  status_ = std::move(status);
+}
+
+void OpState::Announce() {
   Callback callback;
+  Status status;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (done_) {
-      std::fprintf(stderr, "gradsync: internal error: operation completed twice\n");
-      std::abort();
-    }
-    done_ = true;
-    status_ = status;
     callback = std::move(callback_);
+    status = status_;
   }
   cv_.notify_all();
   if (callback) callback(status);

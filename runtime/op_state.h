@@ -24,6 +24,12 @@ class OpState {
   // call is an invariant violation and aborts.
   void Complete(Status status);
 
+  // Complete() in two steps, for completing many operations at once: Record() every one first,
+  // then Announce() each. A thread waiting on the first then finds the rest already done instead
+  // of sleeping and being woken once per operation.
+  void Record(Status status);
+  void Announce();
+
   bool done() const;
   // Blocks until Complete(); returns the final status.
   Status Wait();

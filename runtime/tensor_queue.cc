@@ -28,8 +28,8 @@ Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry) {
   bool notify = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    GRADSYNC_RETURN_IF_ERROR(CheckAcceptingLocked(entry->name));
-    in_flight_.insert(entry->name);
+    if (closed_flag_) return closed_;
+    if (!in_flight_.insert(entry->name).second) return DuplicateName(entry->name);
     pending_.push_back(std::move(entry));
     notify = std::exchange(waiter_sleeping_, false);
   }
@@ -85,12 +85,19 @@ std::vector<std::unique_ptr<TensorEntry>> TensorQueue::Drain() {
   std::vector<std::unique_ptr<TensorEntry>> drained;
   std::lock_guard<std::mutex> lock(mu_);
   drained.swap(pending_);
+  // The next burst is likely as large as this one: one allocation instead of regrowing.
+  pending_.reserve(drained.size());
   return drained;
 }
 
 void TensorQueue::Release(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   in_flight_.erase(name);
+}
+
+void TensorQueue::Release(const std::vector<TensorEntry*>& entries) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const TensorEntry* entry : entries) in_flight_.erase(entry->name);
 }
 
 // The first reason wins: it is the root cause (say a stall), later ones are consequences. An OK

@@ -35,6 +35,8 @@ class TensorQueue {
   // Takes `name` out of flight; call before completing the entry's handle so the caller may reuse
   // the name at once.
   void Release(const std::string& name);
+  // Release for several entries under one lock.
+  void Release(const std::vector<TensorEntry*>& entries);
   // Later pushes fail with `reason`.
   void Close(Status reason);
   // Status the queue was closed with; OK while open.

@@ -29,23 +29,24 @@ std::string DescribeEntries(const std::vector<TensorEntry*>& entries) {
 // rank fails the bucket together. A broken local invariant (a buffer the enqueue check should have
 // refused) would leave the other ranks waiting in the collective, so it aborts instead.
 Status ValidateEntry(const TensorEntry& entry, const ReduceSpec& spec) {
-  const std::string where = "allreduce of tensor '" + entry.name + "': ";
+  // Strings are built only on failure: this runs for every tensor of every bucket.
+  auto where = [&] { return "allreduce of tensor '" + entry.name + "': "; };
   if (entry.input.dtype != spec.dtype) {
-    return Status::InvalidArgument(where + "dtype " + DataTypeName(entry.input.dtype) +
+    return Status::InvalidArgument(where() + "dtype " + DataTypeName(entry.input.dtype) +
                                    " differs from the bucket's " + DataTypeName(spec.dtype));
   }
   if (entry.input.device.kind != DeviceKind::kCpu) {
-    return Status::InvalidArgument(where + "tensor is on " + DeviceName(entry.input.device) +
+    return Status::InvalidArgument(where() + "tensor is on " + DeviceName(entry.input.device) +
                                    "; the MPI data plane serves host memory only");
   }
   const int64_t n = entry.input.num_bytes();
   if (n < 0) {
-    return Status::InvalidArgument(where + "invalid shape " + ShapeString(entry.input.shape));
+    return Status::InvalidArgument(where() + "invalid shape " + ShapeString(entry.input.shape));
   }
   const bool output_fits = entry.output.num_bytes() == n && entry.output.dtype == spec.dtype;
   if (!output_fits || (n > 0 && (entry.input.data == nullptr || entry.output.data == nullptr))) {
     std::fprintf(stderr, "gradsync: internal error: %sbroken input/output buffers\n",
-                 where.c_str());
+                 where().c_str());
     std::abort();
   }
   return Status::OK();
@@ -55,17 +56,18 @@ Status ValidateEntry(const TensorEntry& entry, const ReduceSpec& spec) {
 
 Status MpiDataPlane::Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) {
   if (entries.empty()) return Status::OK();
-  const std::string what = DescribeEntries(entries);
   for (const TensorEntry* entry : entries) GRADSYNC_RETURN_IF_ERROR(ValidateEntry(*entry, spec));
   MPI_Op op = MPI_OP_NULL;
-  GRADSYNC_RETURN_IF_ERROR(InContext(MpiReduceOpOf(spec.dtype, spec.op, &op), what));
+  Status status = MpiReduceOpOf(spec.dtype, spec.op, &op);
   const MPI_Datatype type = MpiDatatypeOf(spec.dtype);
 
   ReduceSpec effective = spec;
   if (spec.op == ReduceOp::kAverage) effective.postscale *= 1.0 / size_;
-  const Status status = entries.size() == 1 ? AllreduceOne(entries[0], effective, type, op)
-                                            : AllreduceFused(entries, effective, type, op);
-  return InContext(status, what);
+  if (status.ok()) {
+    status = entries.size() == 1 ? AllreduceOne(entries[0], effective, type, op)
+                                 : AllreduceFused(entries, effective, type, op);
+  }
+  return status.ok() ? status : InContext(status, DescribeEntries(entries));
 }
 
 Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MPI_Datatype type,

@@ -14,6 +14,12 @@ Response Allreduce(const std::string& name, int64_t elements, DataType dtype = D
   return r;
 }
 
+std::vector<Bucket> Plan(const std::vector<Response>& responses, const FusionSettings& settings) {
+  std::vector<ResponsePtr> shared;
+  for (const Response& r : responses) shared.push_back(std::make_shared<const Response>(r));
+  return PlanFusion(shared, settings);
+}
+
 std::vector<std::vector<size_t>> Indices(const std::vector<Bucket>& buckets) {
   std::vector<std::vector<size_t>> out;
   for (const Bucket& b : buckets) out.push_back(b.responses);
@@ -21,13 +27,13 @@ std::vector<std::vector<size_t>> Indices(const std::vector<Bucket>& buckets) {
 }
 
 TEST(FusionPlannerTest, EmptyInputGivesNoBuckets) {
-  EXPECT_TRUE(PlanFusion({}, FusionSettings()).empty());
+  EXPECT_TRUE(Plan({}, FusionSettings()).empty());
 }
 
 TEST(FusionPlannerTest, SmallCompatibleTensorsShareOneBucket) {
   std::vector<Response> rs;
   for (int i = 0; i < 300; ++i) rs.push_back(Allreduce("t" + std::to_string(i), 256));
-  const auto buckets = PlanFusion(rs, FusionSettings());
+  const auto buckets = Plan(rs, FusionSettings());
   ASSERT_EQ(buckets.size(), 1u);
   EXPECT_EQ(buckets[0].responses.size(), 300u);
 }
@@ -36,20 +42,20 @@ TEST(FusionPlannerTest, ThresholdSplitsBucketsAtAlignedSizes) {
   // 100 bytes each pads to 128: two fit in 256, a third does not.
   FusionSettings s{256, 1 << 20};
   std::vector<Response> rs = {Allreduce("a", 25), Allreduce("b", 25), Allreduce("c", 25)};
-  EXPECT_EQ(Indices(PlanFusion(rs, s)), (std::vector<std::vector<size_t>>{{0, 1}, {2}}));
+  EXPECT_EQ(Indices(Plan(rs, s)), (std::vector<std::vector<size_t>>{{0, 1}, {2}}));
 }
 
 TEST(FusionPlannerTest, LargeTensorsRunAloneInPlace) {
   FusionSettings s{64 << 20, 4096};
   std::vector<Response> rs = {Allreduce("small1", 10), Allreduce("big", 1024),
                               Allreduce("small2", 10)};
-  EXPECT_EQ(Indices(PlanFusion(rs, s)), (std::vector<std::vector<size_t>>{{0, 2}, {1}}));
+  EXPECT_EQ(Indices(Plan(rs, s)), (std::vector<std::vector<size_t>>{{0, 2}, {1}}));
 }
 
 TEST(FusionPlannerTest, ZeroThresholdDisablesFusion) {
   FusionSettings s{0, 1 << 20};
   std::vector<Response> rs = {Allreduce("a", 1), Allreduce("b", 1)};
-  EXPECT_EQ(PlanFusion(rs, s).size(), 2u);
+  EXPECT_EQ(Plan(rs, s).size(), 2u);
 }
 
 TEST(FusionPlannerTest, IncompatibleParametersNeverShareABucket) {
@@ -57,7 +63,7 @@ TEST(FusionPlannerTest, IncompatibleParametersNeverShareABucket) {
                               Allreduce("max", 4), Allreduce("scaled", 4), Allreduce("f32b", 4)};
   rs[2].reduce_op = ReduceOp::kMax;
   rs[3].postscale = 0.5;
-  EXPECT_EQ(Indices(PlanFusion(rs, FusionSettings())),
+  EXPECT_EQ(Indices(Plan(rs, FusionSettings())),
             (std::vector<std::vector<size_t>>{{0, 4}, {1}, {2}, {3}}));
 }
 
@@ -66,13 +72,13 @@ TEST(FusionPlannerTest, OtherCollectivesAndErrorsArePlannedSeparately) {
                               Allreduce("b", 4)};
   rs[1].type = ResponseType::kBroadcast;
   rs[2].type = ResponseType::kError;
-  EXPECT_EQ(Indices(PlanFusion(rs, FusionSettings())),
+  EXPECT_EQ(Indices(Plan(rs, FusionSettings())),
             (std::vector<std::vector<size_t>>{{0, 3}, {1}}));
 }
 
 TEST(FusionPlannerTest, ZeroElementTensorsAreFused) {
   std::vector<Response> rs = {Allreduce("empty", 0), Allreduce("one", 1)};
-  EXPECT_EQ(PlanFusion(rs, FusionSettings()).size(), 1u);
+  EXPECT_EQ(Plan(rs, FusionSettings()).size(), 1u);
 }
 
 }  // namespace

@@ -5,12 +5,13 @@
 namespace gradsync {
 namespace {
 
-Response Cached(const std::string& name, int64_t n = 4) {
+ResponsePtr Cached(const std::string& name, int64_t n = 4,
+                   ResponseType type = ResponseType::kAllreduce) {
   Response r;
   r.name = name;
-  r.type = ResponseType::kAllreduce;
+  r.type = type;
   r.shape = {n};
-  return r;
+  return std::make_shared<const Response>(std::move(r));
 }
 
 Request Asked(const std::string& name, int64_t n = 4) {
@@ -70,12 +71,8 @@ TEST(ResponseCacheTest, RefreshingANameKeepsItsBit) {
 
 TEST(ResponseCacheTest, OnlyAllreduceAndBroadcastAreCached) {
   ResponseCache cache(4);
-  Response gather = Cached("g");
-  gather.type = ResponseType::kAllgather;
-  Response error = Cached("e");
-  error.type = ResponseType::kError;
-  cache.Put(gather);
-  cache.Put(error);
+  cache.Put(Cached("g", 4, ResponseType::kAllgather));
+  cache.Put(Cached("e", 4, ResponseType::kError));
   EXPECT_EQ(cache.size(), 0u);
 }
 
