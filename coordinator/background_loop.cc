@@ -152,6 +152,7 @@ void BackgroundLoop::Complete(const std::vector<TensorEntry*>& members, const St
     states.push_back(std::move(entry->state));
     entries_.erase(entry->name);  // destroys *entry
   }
+  for (const auto& state : states) state->RunCallback(status);
   for (const auto& state : states) state->Record(status);
   for (const auto& state : states) state->Announce();
 }

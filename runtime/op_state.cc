@@ -5,32 +5,33 @@
 
 namespace gradsync {
 
-void OpState::Complete(Status status) {
-  Record(std::move(status));
+void OpState::Complete(const Status& status) {
+  RunCallback(status);
+  Record(status);
   Announce();
 }
 
-void OpState::Record(Status status) {
+void OpState::RunCallback(const Status& status) {
+  Callback callback;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    callback = std::move(callback_);
+  }
+  if (callback) callback(status);
+}
+
+void OpState::Record(const Status& status) {
   std::lock_guard<std::mutex> lock(mu_);
   if (done_) {
     std::fprintf(stderr, "gradsync: internal error: operation completed twice\n");
     std::abort();
   }
   done_ = true;
-  status_ = std::move(status);
+  status_ = status;
 }
 
-void OpState::Announce() {
-  Callback callback;
-  Status status;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    callback = std::move(callback_);
-    status = status_;
-  }
-  cv_.notify_all();
-  if (callback) callback(status);
-}
+// Record() changed done_ under the mutex, so a waiter has either seen it or is already waiting.
+void OpState::Announce() { cv_.notify_all(); }
 
 bool OpState::done() const {
   std::lock_guard<std::mutex> lock(mu_);

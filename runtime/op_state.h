@@ -1,7 +1,8 @@
 // OpState: the shared completion record behind a public Handle.
 //
 // Owns the final Status, the completion flag and an optional callback. Complete() is called once,
-// by the background thread; Wait*/done/status may be called from any thread at any time.
+// by the background thread; Wait*/done/status may be called from any thread at any time. The
+// callback has returned before waiters see the operation done.
 #pragma once
 
 #include <chrono>
@@ -20,14 +21,15 @@ class OpState {
 
   explicit OpState(Callback callback = nullptr) : callback_(std::move(callback)) {}
 
-  // Records the result, wakes waiters, then runs the callback on the calling thread. A second
-  // call is an invariant violation and aborts.
-  void Complete(Status status);
+  // Runs the callback on the calling thread, records the result and wakes waiters. A second call
+  // is an invariant violation and aborts.
+  void Complete(const Status& status);
 
-  // Complete() in two steps, for completing many operations at once: Record() every one first,
-  // then Announce() each. A thread waiting on the first then finds the rest already done instead
-  // of sleeping and being woken once per operation.
-  void Record(Status status);
+  // Complete() in steps, for completing many operations at once: RunCallback() and Record() every
+  // one first, then Announce() each. A thread waiting on the first then finds the rest already
+  // done instead of sleeping and being woken once per operation.
+  void RunCallback(const Status& status);
+  void Record(const Status& status);
   void Announce();
 
   bool done() const;

@@ -6,8 +6,8 @@
 // at wait for a failed collective.
 //
 // Thread safety: init() and shutdown() must not race with each other or with enqueues; everything
-// else may be called from any thread. Completion callbacks run on the background thread: keep them
-// short and never wait on a handle inside one.
+// else may be called from any thread. Completion callbacks run on the background thread, before the
+// handle reports completion: keep them short and never wait on a handle inside one.
 #pragma once
 
 #include <mpi.h>
