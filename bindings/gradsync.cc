@@ -1,4 +1,5 @@
-// The public C++ API: argument validation on the caller's thread, then a TensorEntry into the queue.
+// The public C++ API: argument validation on the caller's thread, then a TensorEntry into the
+// queue.
 #include "gradsync/gradsync.h"
 
 #include <atomic>
@@ -177,11 +178,10 @@ Handle allreduce(const TensorView& input, const TensorView& output,
     status = ValidateTensor(output, "output: ");
     if (status.ok() && (output.dtype != input.dtype || output.shape != input.shape ||
                         output.device != input.device)) {
-      status = Status::InvalidArgument("output (" + DataTypeName(output.dtype) + " " +
-                                       ShapeString(output.shape) + " on " +
-                                       DeviceName(output.device) + ") differs from input (" +
-                                       DataTypeName(input.dtype) + " " + ShapeString(input.shape) +
-                                       " on " + DeviceName(input.device) + ")");
+      status = Status::InvalidArgument(
+          "output (" + DataTypeName(output.dtype) + " " + ShapeString(output.shape) + " on " +
+          DeviceName(output.device) + ") differs from input (" + DataTypeName(input.dtype) + " " +
+          ShapeString(input.shape) + " on " + DeviceName(input.device) + ")");
     }
   }
   if (status.ok() && !IsValidReduceOp(options.op)) {
@@ -212,8 +212,8 @@ Handle broadcast(const TensorView& tensor, int root, const BroadcastOptions& opt
   auto entry = NewEntry(rt, OpType::kBroadcast, options.name, options.on_complete);
   Status status = ValidateTensor(tensor, "");
   if (status.ok() && (root < 0 || root >= rt.mpi->size())) {
-    status = Status::InvalidArgument("root rank " + std::to_string(root) +
-                                     " is outside [0, " + std::to_string(rt.mpi->size()) + ")");
+    status = Status::InvalidArgument("root rank " + std::to_string(root) + " is outside [0, " +
+                                     std::to_string(rt.mpi->size()) + ")");
   }
   entry->input = tensor;
   entry->output = tensor;

@@ -28,7 +28,9 @@ BackgroundLoop::~BackgroundLoop() {
   if (thread_.joinable()) Shutdown();
 }
 
-void BackgroundLoop::Start() { thread_ = std::thread([this] { Run(); }); }
+void BackgroundLoop::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
 
 void BackgroundLoop::Shutdown() {
   shutdown_requested_ = true;

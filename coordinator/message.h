@@ -25,8 +25,8 @@ struct Request {
   double prescale = 1.0;
   double postscale = 1.0;
   int32_t root = 0;
-  int32_t rank = 0;              // the sender
-  double waited_seconds = 0.0;   // how long the sender has held it, for the stall inspector
+  int32_t rank = 0;             // the sender
+  double waited_seconds = 0.0;  // how long the sender has held it, for the stall inspector
 
   bool operator==(const Request& o) const;
 };
@@ -50,7 +50,7 @@ struct Response {
   ResponseType type = ResponseType::kAllreduce;
   std::string name;
   DataType dtype = DataType::kFloat32;
-  std::vector<int64_t> shape;       // the agreed shape (allgather: rank 0's)
+  std::vector<int64_t> shape;  // the agreed shape (allgather: rank 0's)
   Device device;
   ReduceOp reduce_op = ReduceOp::kSum;
   double prescale = 1.0;

@@ -35,7 +35,8 @@ Status WaitWithBackoff(MPI_Request* request, const char* call) {
     if (done) return Status::OK();
     if (std::chrono::steady_clock::now() - start < kSpinFor) continue;
     std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, std::chrono::duration_cast<std::chrono::microseconds>(kLongestSleep));
+    sleep =
+        std::min(sleep * 2, std::chrono::duration_cast<std::chrono::microseconds>(kLongestSleep));
   }
 }
 

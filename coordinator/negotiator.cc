@@ -56,9 +56,9 @@ Status Negotiator::RunCycle(std::vector<Request> fresh, bool want_shutdown, Cycl
   std::vector<uint32_t> invalid;
   AddFresh(std::move(fresh), now, &invalid);
   RefreshCachedState(now, &invalid);
-  const bool has_uncached =
-      std::any_of(pending_.begin(), pending_.end(),
-                  [](const auto& p) { return p.second.state == PendingState::kUncached; });
+  const bool has_uncached = std::any_of(pending_.begin(), pending_.end(), [](const auto& p) {
+    return p.second.state == PendingState::kUncached;
+  });
 
   std::vector<uint64_t> words = BuildBitVector(want_shutdown, has_uncached, invalid, now);
   GRADSYNC_RETURN_IF_ERROR(channel_->AllreduceAnd(&words));
@@ -99,7 +99,8 @@ void Negotiator::AddFresh(std::vector<Request> fresh, double now, std::vector<ui
     p.request = std::move(request);
     const std::string name = p.request.name;
     if (!pending_.emplace(name, std::move(p)).second) {
-      std::fprintf(stderr, "gradsync: internal error: tensor '%s' negotiated twice\n", name.c_str());
+      std::fprintf(stderr, "gradsync: internal error: tensor '%s' negotiated twice\n",
+                   name.c_str());
       std::abort();
     }
   }

@@ -1,6 +1,6 @@
-// Negotiator: one rank's side of the negotiation protocol (docs/protocol.md) for one group of ranks.
-// Each cycle it takes the requests that became ready locally and returns the responses every rank
-// executes, in the same order on every rank.
+// Negotiator: one rank's side of the negotiation protocol (docs/protocol.md) for one group of
+// ranks. Each cycle it takes the requests that became ready locally and returns the responses every
+// rank executes, in the same order on every rank.
 //
 // Owns this rank's pending requests and response cache, and on rank 0 the readiness table and
 // stall inspector. RunCycle is collective over the ControlChannel; everything here runs on the

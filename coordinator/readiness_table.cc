@@ -29,7 +29,8 @@ std::string DescribeValues(const std::vector<Request>& requests, Get value_of) {
   std::vector<std::pair<std::string, std::vector<int>>> groups;
   for (size_t r = 0; r < requests.size(); ++r) {
     const std::string v = ToText(value_of(requests[r]));
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == v; });
+    auto it =
+        std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == v; });
     if (it == groups.end()) {
       groups.push_back({v, {static_cast<int>(r)}});
     } else {
@@ -72,14 +73,15 @@ Status ValidateRequests(const std::vector<Request>& requests, Response* response
       CheckAgree(requests, "operation", [](const Request& r) { return r.op; }));
   const OpType op = requests[0].op;
   if (op != OpType::kBarrier) {
-    GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "device kind", [](const Request& r) { return r.device.kind; }));
+    GRADSYNC_RETURN_IF_ERROR(
+        CheckAgree(requests, "device kind", [](const Request& r) { return r.device.kind; }));
     GRADSYNC_RETURN_IF_ERROR(
         CheckAgree(requests, "dtype", [](const Request& r) { return r.dtype; }));
   }
   if (op == OpType::kAllgather) {
-    GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "rank (number of dimensions)", [](const Request& r) {
-      return std::max<size_t>(r.shape.size(), 1);
-    }));
+    GRADSYNC_RETURN_IF_ERROR(
+        CheckAgree(requests, "rank (number of dimensions)",
+                   [](const Request& r) { return std::max<size_t>(r.shape.size(), 1); }));
     GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "shape (after the first dimension)",
                                         [](const Request& r) { return TrailingDims(r.shape); }));
   } else if (op != OpType::kBarrier) {
@@ -87,14 +89,16 @@ Status ValidateRequests(const std::vector<Request>& requests, Response* response
         CheckAgree(requests, "shape", [](const Request& r) { return r.shape; }));
   }
   if (op == OpType::kAllreduce) {
-    GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "reduce op", [](const Request& r) { return r.reduce_op; }));
-    GRADSYNC_RETURN_IF_ERROR(CheckAgree(
-        requests, "prescale factor", [](const Request& r) { return r.prescale; }));
-    GRADSYNC_RETURN_IF_ERROR(CheckAgree(
-        requests, "postscale factor", [](const Request& r) { return r.postscale; }));
+    GRADSYNC_RETURN_IF_ERROR(
+        CheckAgree(requests, "reduce op", [](const Request& r) { return r.reduce_op; }));
+    GRADSYNC_RETURN_IF_ERROR(
+        CheckAgree(requests, "prescale factor", [](const Request& r) { return r.prescale; }));
+    GRADSYNC_RETURN_IF_ERROR(
+        CheckAgree(requests, "postscale factor", [](const Request& r) { return r.postscale; }));
   }
   if (op == OpType::kBroadcast) {
-    GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "root rank", [](const Request& r) { return r.root; }));
+    GRADSYNC_RETURN_IF_ERROR(
+        CheckAgree(requests, "root rank", [](const Request& r) { return r.root; }));
     const int root = requests[0].root;
     if (root < 0 || root >= static_cast<int>(requests.size())) {
       return Status::InvalidArgument("broadcast of tensor '" + requests[0].name + "': root rank " +

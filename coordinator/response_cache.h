@@ -3,8 +3,8 @@
 // Every rank holds an identical cache because it is changed only by Put/Erase/Touch calls made in
 // the same order on every rank (the order of the cycle's responses and invalid bits). Bits are
 // reused smallest-first and the least recently used entry is evicted when full, both deterministic.
-// Only allreduce and broadcast responses are cacheable: their parameters repeat every step, while an
-// allgather's per-rank sizes may change.
+// Only allreduce and broadcast responses are cacheable: their parameters repeat every step, while
+// an allgather's per-rank sizes may change.
 //
 // Owned and used by the background thread only.
 #pragma once

@@ -82,9 +82,10 @@ Status StallInspector::Inspect(const ReadinessTable& table, double now) {
     }
   }
   if (warn) {
-    Log().warn("stall: ranks are waiting on collectives that other ranks have not submitted for "
-               "more than {:.1f} s: {}",
-               warning_seconds_, DescribeStalled(waiting, now, warning_seconds_));
+    Log().warn(
+        "stall: ranks are waiting on collectives that other ranks have not submitted for "
+        "more than {:.1f} s: {}",
+        warning_seconds_, DescribeStalled(waiting, now, warning_seconds_));
   }
   return Status::OK();
 }

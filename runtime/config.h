@@ -32,7 +32,8 @@ struct Config {
 
   using Getenv = std::function<const char*(const char*)>;
   // Reads every variable through `getenv` (std::getenv by default). An unset or empty variable
-  // keeps its default; a bad value is an InvalidArgument naming the variable and the accepted range.
+  // keeps its default; a bad value is an InvalidArgument naming the variable and the accepted
+  // range.
   static Status FromEnvironment(Config* out, const Getenv& getenv = nullptr);
 
   // One line, "NAME=value" pairs, for the startup debug log.

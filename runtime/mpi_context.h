@@ -1,5 +1,6 @@
-// MpiContext: gradsync's view of MPI for one runtime instance: the communicators it owns (duplicated
-// from the base communicator, so gradsync traffic never meets the application's) and the topology.
+// MpiContext: gradsync's view of MPI for one runtime instance: the communicators it owns
+// (duplicated from the base communicator, so gradsync traffic never meets the application's) and
+// the topology.
 //
 // Created and destroyed by init()/shutdown() on the caller thread; the communicators are used only
 // by the background thread in between. The topology getters may be called from any thread.

@@ -4,18 +4,30 @@ namespace gradsync {
 
 const char* StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kNotInitialized: return "NotInitialized";
-    case StatusCode::kMismatch: return "Mismatch";
-    case StatusCode::kStalled: return "Stalled";
-    case StatusCode::kShutdown: return "Shutdown";
-    case StatusCode::kTimeout: return "Timeout";
-    case StatusCode::kMpiError: return "MpiError";
-    case StatusCode::kCudaError: return "CudaError";
-    case StatusCode::kCorruptMessage: return "CorruptMessage";
-    case StatusCode::kUnsupported: return "Unsupported";
-    case StatusCode::kInternal: return "Internal";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kNotInitialized:
+      return "NotInitialized";
+    case StatusCode::kMismatch:
+      return "Mismatch";
+    case StatusCode::kStalled:
+      return "Stalled";
+    case StatusCode::kShutdown:
+      return "Shutdown";
+    case StatusCode::kTimeout:
+      return "Timeout";
+    case StatusCode::kMpiError:
+      return "MpiError";
+    case StatusCode::kCudaError:
+      return "CudaError";
+    case StatusCode::kCorruptMessage:
+      return "CorruptMessage";
+    case StatusCode::kUnsupported:
+      return "Unsupported";
+    case StatusCode::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }

@@ -29,10 +29,18 @@ double Expected(ReduceOp op, DataType dtype, int size, int64_t i) {
     const double v = Value(op, r, i);
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAverage: acc += v; break;
-      case ReduceOp::kMin: acc = std::min(acc, v); break;
-      case ReduceOp::kMax: acc = std::max(acc, v); break;
-      case ReduceOp::kProduct: acc *= v; break;
+      case ReduceOp::kAverage:
+        acc += v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      case ReduceOp::kProduct:
+        acc *= v;
+        break;
     }
   }
   if (op == ReduceOp::kAverage) {
@@ -44,9 +52,12 @@ double Expected(ReduceOp op, DataType dtype, int size, int64_t i) {
 
 double Tolerance(DataType dtype, double expected) {
   switch (dtype) {
-    case DataType::kFloat16: return std::abs(expected) * 1e-3;
-    case DataType::kBFloat16: return std::abs(expected) * 8e-3;
-    default: return 0;
+    case DataType::kFloat16:
+      return std::abs(expected) * 1e-3;
+    case DataType::kBFloat16:
+      return std::abs(expected) * 8e-3;
+    default:
+      return 0;
   }
 }
 
@@ -66,8 +77,11 @@ TEST_F(CollectivesTest, AllreduceEveryDtypeOpAndCount) {
     for (ReduceOp op : kReduceOps) {
       for (int64_t count : kCounts) {
         for (bool in_place : {true, false}) {
-          Pending p{std::make_unique<HostTensor>(dtype, std::vector<int64_t>{count}), nullptr, {},
-                    op, dtype};
+          Pending p{std::make_unique<HostTensor>(dtype, std::vector<int64_t>{count}),
+                    nullptr,
+                    {},
+                    op,
+                    dtype};
           for (int64_t i = 0; i < count; ++i) p.in->Set(i, Value(op, rank_, i));
           AllreduceOptions options;
           options.op = op;
@@ -92,8 +106,8 @@ TEST_F(CollectivesTest, AllreduceEveryDtypeOpAndCount) {
       if (std::abs(result.Get(i) - want) > Tolerance(p.dtype, want)) {
         ++mismatches;
         ADD_FAILURE() << DataTypeName(p.dtype) << " " << ReduceOpName(p.op) << " count "
-                      << result.size() << " element " << i << ": got " << result.Get(i)
-                      << ", want " << want;
+                      << result.size() << " element " << i << ": got " << result.Get(i) << ", want "
+                      << want;
       }
     }
   }

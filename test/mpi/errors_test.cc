@@ -118,9 +118,9 @@ TEST_F(ErrorsTest, NamesAndRanksBeyondTheWireLimits) {
   options.name = std::string(100000, 'n');
   EXPECT_TRUE(ThrowsWith([&] { allreduce(TensorView(x, DataType::kFloat32, {4}), options); },
                          StatusCode::kInvalidArgument, "tensor name"));
-  EXPECT_TRUE(ThrowsWith(
-      [&] { allreduce(TensorView(x, DataType::kFloat32, std::vector<int64_t>(65, 1))); },
-      StatusCode::kInvalidArgument, "dimensions"));
+  EXPECT_TRUE(
+      ThrowsWith([&] { allreduce(TensorView(x, DataType::kFloat32, std::vector<int64_t>(65, 1))); },
+                 StatusCode::kInvalidArgument, "dimensions"));
 }
 
 TEST_F(ErrorsTest, UnknownDtypeAndReduceOp) {
@@ -145,7 +145,8 @@ TEST_F(ErrorsTest, OutputThatDiffersFromInput) {
   float in[4] = {}, out[5] = {};
   EXPECT_TRUE(ThrowsWith(
       [&] {
-        allreduce(TensorView(in, DataType::kFloat32, {4}), TensorView(out, DataType::kFloat32, {5}));
+        allreduce(TensorView(in, DataType::kFloat32, {4}),
+                  TensorView(out, DataType::kFloat32, {5}));
       },
       StatusCode::kInvalidArgument, "differs from input"));
 }
@@ -172,8 +173,9 @@ TEST_F(ErrorsTest, AllgatherAllocatorFailureFailsTheHandle) {
 
 TEST_F(ErrorsTest, DeviceTensorsNeedTheGpuDataPlane) {
   float x[4] = {};
-  EXPECT_TRUE(ThrowsWith([&] { allreduce(TensorView(x, DataType::kFloat32, {4}, Device::Cuda(0))); },
-                         StatusCode::kUnsupported, "cuda:0"));
+  EXPECT_TRUE(
+      ThrowsWith([&] { allreduce(TensorView(x, DataType::kFloat32, {4}, Device::Cuda(0))); },
+                 StatusCode::kUnsupported, "cuda:0"));
 }
 
 TEST_F(ErrorsTest, DuplicateNameInFlight) {

@@ -66,29 +66,51 @@ T Load(const std::vector<unsigned char>& bytes, int64_t i) {
 
 void HostTensor::Set(int64_t i, double value) {
   switch (dtype_) {
-    case DataType::kUInt8: Store<uint8_t>(&bytes_, i, static_cast<uint8_t>(value)); break;
-    case DataType::kInt8: Store<int8_t>(&bytes_, i, static_cast<int8_t>(value)); break;
-    case DataType::kInt32: Store<int32_t>(&bytes_, i, static_cast<int32_t>(value)); break;
-    case DataType::kInt64: Store<int64_t>(&bytes_, i, static_cast<int64_t>(value)); break;
-    case DataType::kFloat16: Store<uint16_t>(&bytes_, i, FloatToHalf(static_cast<float>(value))); break;
+    case DataType::kUInt8:
+      Store<uint8_t>(&bytes_, i, static_cast<uint8_t>(value));
+      break;
+    case DataType::kInt8:
+      Store<int8_t>(&bytes_, i, static_cast<int8_t>(value));
+      break;
+    case DataType::kInt32:
+      Store<int32_t>(&bytes_, i, static_cast<int32_t>(value));
+      break;
+    case DataType::kInt64:
+      Store<int64_t>(&bytes_, i, static_cast<int64_t>(value));
+      break;
+    case DataType::kFloat16:
+      Store<uint16_t>(&bytes_, i, FloatToHalf(static_cast<float>(value)));
+      break;
     case DataType::kBFloat16:
       Store<uint16_t>(&bytes_, i, FloatToBFloat16(static_cast<float>(value)));
       break;
-    case DataType::kFloat32: Store<float>(&bytes_, i, static_cast<float>(value)); break;
-    case DataType::kFloat64: Store<double>(&bytes_, i, value); break;
+    case DataType::kFloat32:
+      Store<float>(&bytes_, i, static_cast<float>(value));
+      break;
+    case DataType::kFloat64:
+      Store<double>(&bytes_, i, value);
+      break;
   }
 }
 
 double HostTensor::Get(int64_t i) const {
   switch (dtype_) {
-    case DataType::kUInt8: return Load<uint8_t>(bytes_, i);
-    case DataType::kInt8: return Load<int8_t>(bytes_, i);
-    case DataType::kInt32: return Load<int32_t>(bytes_, i);
-    case DataType::kInt64: return static_cast<double>(Load<int64_t>(bytes_, i));
-    case DataType::kFloat16: return HalfToFloat(Load<uint16_t>(bytes_, i));
-    case DataType::kBFloat16: return BFloat16ToFloat(Load<uint16_t>(bytes_, i));
-    case DataType::kFloat32: return Load<float>(bytes_, i);
-    case DataType::kFloat64: return Load<double>(bytes_, i);
+    case DataType::kUInt8:
+      return Load<uint8_t>(bytes_, i);
+    case DataType::kInt8:
+      return Load<int8_t>(bytes_, i);
+    case DataType::kInt32:
+      return Load<int32_t>(bytes_, i);
+    case DataType::kInt64:
+      return static_cast<double>(Load<int64_t>(bytes_, i));
+    case DataType::kFloat16:
+      return HalfToFloat(Load<uint16_t>(bytes_, i));
+    case DataType::kBFloat16:
+      return BFloat16ToFloat(Load<uint16_t>(bytes_, i));
+    case DataType::kFloat32:
+      return Load<float>(bytes_, i);
+    case DataType::kFloat64:
+      return Load<double>(bytes_, i);
   }
   return 0;
 }

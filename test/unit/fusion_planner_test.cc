@@ -72,8 +72,7 @@ TEST(FusionPlannerTest, OtherCollectivesAndErrorsArePlannedSeparately) {
                               Allreduce("b", 4)};
   rs[1].type = ResponseType::kBroadcast;
   rs[2].type = ResponseType::kError;
-  EXPECT_EQ(Indices(Plan(rs, FusionSettings())),
-            (std::vector<std::vector<size_t>>{{0, 3}, {1}}));
+  EXPECT_EQ(Indices(Plan(rs, FusionSettings())), (std::vector<std::vector<size_t>>{{0, 3}, {1}}));
 }
 
 TEST(FusionPlannerTest, ZeroElementTensorsAreFused) {

@@ -222,7 +222,8 @@ TEST(NegotiatorTest, CacheEvictionKeepsRanksConsistent) {
 TEST(NegotiatorTest, DisabledCacheAlwaysNegotiatesInFull) {
   Config config;
   config.cache_capacity = 0;
-  auto logs = RunRanks(2, 3, config, [](int, int) { return std::vector<Request>{MakeRequest("a")}; });
+  auto logs =
+      RunRanks(2, 3, config, [](int, int) { return std::vector<Request>{MakeRequest("a")}; });
   for (const CycleOutcome& c : logs[0].cycles) {
     EXPECT_TRUE(c.full_round);
     EXPECT_EQ(c.cache_hits, 0);

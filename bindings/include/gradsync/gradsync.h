@@ -2,8 +2,8 @@
 //
 // Every collective is enqueued from any thread and returns a Handle at once; a background thread
 // agrees with the other ranks on what is ready, fuses, executes and completes the handle. Failures
-// are reported as gradsync::Error (a std::runtime_error carrying a Status): at enqueue for bad input,
-// at wait for a failed collective.
+// are reported as gradsync::Error (a std::runtime_error carrying a Status): at enqueue for bad
+// input, at wait for a failed collective.
 //
 // Thread safety: init() and shutdown() must not race with each other or with enqueues; everything
 // else may be called from any thread. Completion callbacks run on the background thread, before the
@@ -30,7 +30,8 @@ class OpState;
 // The exception the C++ API throws; status() tells the code and the full message.
 class Error : public std::runtime_error {
  public:
-  explicit Error(Status status) : std::runtime_error(status.ToString()), status_(std::move(status)) {}
+  explicit Error(Status status)
+      : std::runtime_error(status.ToString()), status_(std::move(status)) {}
   const Status& status() const { return status_; }
   StatusCode code() const { return status_.code(); }
 
@@ -48,10 +49,10 @@ bool is_initialized();
 
 int rank();
 int size();
-int local_rank();   // rank among the processes on this node
+int local_rank();  // rank among the processes on this node
 int local_size();
-int cross_rank();   // index of this node
-int cross_size();   // number of nodes
+int cross_rank();  // index of this node
+int cross_size();  // number of nodes
 
 using CompletionCallback = std::function<void(const Status&)>;
 

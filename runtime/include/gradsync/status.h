@@ -32,14 +32,20 @@ class Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status OK() { return Status(); }
-  static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
-  static Status NotInitialized(std::string m) { return {StatusCode::kNotInitialized, std::move(m)}; }
+  static Status InvalidArgument(std::string m) {
+    return {StatusCode::kInvalidArgument, std::move(m)};
+  }
+  static Status NotInitialized(std::string m) {
+    return {StatusCode::kNotInitialized, std::move(m)};
+  }
   static Status Mismatch(std::string m) { return {StatusCode::kMismatch, std::move(m)}; }
   static Status Stalled(std::string m) { return {StatusCode::kStalled, std::move(m)}; }
   static Status Shutdown(std::string m) { return {StatusCode::kShutdown, std::move(m)}; }
   static Status Timeout(std::string m) { return {StatusCode::kTimeout, std::move(m)}; }
   static Status MpiError(std::string m) { return {StatusCode::kMpiError, std::move(m)}; }
-  static Status CorruptMessage(std::string m) { return {StatusCode::kCorruptMessage, std::move(m)}; }
+  static Status CorruptMessage(std::string m) {
+    return {StatusCode::kCorruptMessage, std::move(m)};
+  }
   static Status Unsupported(std::string m) { return {StatusCode::kUnsupported, std::move(m)}; }
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
@@ -57,8 +63,8 @@ class Status {
 }  // namespace gradsync
 
 // Returns from the enclosing function when `expr` yields a non-OK Status.
-#define GRADSYNC_RETURN_IF_ERROR(expr)        \
-  do {                                        \
-    ::gradsync::Status _gs_status = (expr);   \
-    if (!_gs_status.ok()) return _gs_status;  \
+#define GRADSYNC_RETURN_IF_ERROR(expr)       \
+  do {                                       \
+    ::gradsync::Status _gs_status = (expr);  \
+    if (!_gs_status.ok()) return _gs_status; \
   } while (0)
