@@ -125,4 +125,20 @@ double Median(std::vector<double> values) {
   return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
 }
 
+int RunBenchmark(const char* program, int (*run)(int, char**), int argc, char** argv) {
+  try {
+    StartUp(&argc, &argv);
+    const int status = run(argc, argv);
+    TearDown();
+    return status;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    if (up && !down) MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}
+
 }  // namespace gradsync_bench

@@ -20,6 +20,9 @@ namespace gradsync_bench {
 void StartUp(int* argc, char*** argv);
 // gradsync first, then MPI, which this program initialized and therefore finalizes.
 void TearDown();
+// StartUp, run, TearDown; an exception on any rank aborts the job with the program's name, since a
+// rank that stopped alone would leave the others blocked in a collective.
+int RunBenchmark(const char* program, int (*run)(int, char**), int argc, char** argv);
 
 // "--flag value" pairs. Throws std::invalid_argument for a flag not in `known` or one without a
 // value.

@@ -288,18 +288,5 @@ int Run(int argc, char** argv) {
 }  // namespace gradsync_bench
 
 int main(int argc, char** argv) {
-  try {
-    gradsync_bench::StartUp(&argc, &argv);
-    int status = gradsync_bench::Run(argc, argv);
-    gradsync_bench::TearDown();
-    return status;
-  } catch (const std::exception& e) {
-    // A rank that stops here would leave the others blocked in a collective: end the job.
-    std::fprintf(stderr, "gradsync_bench_models: %s\n", e.what());
-    int up = 0, down = 0;
-    MPI_Initialized(&up);
-    MPI_Finalized(&down);
-    if (up && !down) MPI_Abort(MPI_COMM_WORLD, 1);
-    return 1;
-  }
+  return gradsync_bench::RunBenchmark("gradsync_bench_models", gradsync_bench::Run, argc, argv);
 }
