@@ -65,7 +65,7 @@ bool BackgroundLoop::RunOneCycle() {
     FailEverything(negotiated);
     return false;
   }
-  unproductive_cycles_ = outcome.responses.empty() ? unproductive_cycles_ + 1 : 0;
+  unproductive_cycles_ = outcome.responses.empty() ? std::min(unproductive_cycles_ + 1, 64) : 0;
   const Status executed = Execute(outcome.responses);
   if (!executed.ok()) {
     FailEverything(executed);

@@ -44,8 +44,6 @@ class Negotiator {
   // the caller fails everything and stops.
   Status RunCycle(std::vector<Request> fresh, bool want_shutdown, CycleOutcome* out);
 
-  size_t pending_count() const { return pending_.size(); }
-  const ResponseCache& cache() const { return cache_; }
 
  private:
   enum class PendingState { kUncached, kCached, kSent };

@@ -57,8 +57,9 @@ bool StallInspector::InspectionDue(const ReadinessTable& table, double now) cons
   return !table.empty() && now - last_inspection_ >= inspection_interval();
 }
 
-Status StallInspector::Inspect(const ReadinessTable& table, double now) {
+Status StallInspector::Inspect(const ReadinessTable& table, double now, std::string* warning) {
   last_inspection_ = now;
+  if (warning != nullptr) warning->clear();
   const auto waiting = table.WaitingNames();
   if (waiting.empty()) {
     last_warned_.clear();
@@ -72,20 +73,26 @@ Status StallInspector::Inspect(const ReadinessTable& table, double now) {
         DescribeStalled(waiting, now, shutdown_seconds_) +
         ". Every pending operation is failed and gradsync shuts down instead of hanging.");
   }
+  // Remember when each still-waiting name was last reported; names that completed are forgotten.
+  std::unordered_map<std::string, double> last_warned;
   bool warn = false;
   for (const auto& w : waiting) {
-    if (now - w.first_seen < warning_seconds_) continue;
-    double& last = last_warned_.try_emplace(w.name, -1e300).first->second;
-    if (now - last >= warning_seconds_) {
+    auto it = last_warned_.find(w.name);
+    double last = it == last_warned_.end() ? -1e300 : it->second;
+    if (now - w.first_seen >= warning_seconds_ && now - last >= warning_seconds_) {
       last = now;
       warn = true;
     }
+    if (last > -1e300) last_warned.emplace(w.name, last);
   }
+  last_warned_ = std::move(last_warned);
   if (warn) {
-    Log().warn(
-        "stall: ranks are waiting on collectives that other ranks have not submitted for "
-        "more than {:.1f} s: {}",
-        warning_seconds_, DescribeStalled(waiting, now, warning_seconds_));
+    const std::string text =
+        "stall: ranks are waiting on collectives that other ranks have not submitted for more "
+        "than " +
+        Seconds(warning_seconds_) + ": " + DescribeStalled(waiting, now, warning_seconds_);
+    Log().warn("{}", text);
+    if (warning != nullptr) *warning = text;
   }
   return Status::OK();
 }

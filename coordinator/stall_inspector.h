@@ -22,9 +22,10 @@ class StallInspector {
   // True when rank 0 should ask for a full negotiation round so Inspect can run: the table has
   // waiting names and the last inspection is older than the inspection interval.
   bool InspectionDue(const ReadinessTable& table, double now) const;
-  // Logs stall warnings; returns a Stalled status naming every stalled tensor and its missing
-  // ranks once the oldest has waited past the shutdown time, OK otherwise.
-  Status Inspect(const ReadinessTable& table, double now);
+  // Logs stall warnings (and returns the text in *warning when given; empty when none was due);
+  // returns a Stalled status naming every stalled tensor and its missing ranks once the oldest has
+  // waited past the shutdown time, OK otherwise.
+  Status Inspect(const ReadinessTable& table, double now, std::string* warning = nullptr);
 
   double inspection_interval() const;
 
