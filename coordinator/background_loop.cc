@@ -72,7 +72,7 @@ bool BackgroundLoop::RunOneCycle() {
     return false;
   }
   if (outcome.shutdown) {
-    FailEverything(Status::Shutdown("gradsync was shut down before this operation completed"));
+    FailEverything(Status::Shutdown("gradsync was shut down (shutdown() was called on a rank)"));
     return false;
   }
   return true;
@@ -92,6 +92,18 @@ std::vector<Request> BackgroundLoop::TakeFreshEntries() {
 
 Status BackgroundLoop::Execute(const std::vector<ResponsePtr>& responses) {
   // Each response's entry is looked up once; buckets and completions use these pointers.
+  // A fatal response comes last: what was agreed before it still runs, then everything fails.
+  Status fatal;
+  std::vector<ResponsePtr> runnable = responses;
+  if (!runnable.empty() && runnable.back()->type == ResponseType::kStallShutdown) {
+    fatal = Status::Stalled(runnable.back()->error);
+    runnable.pop_back();
+  }
+  GRADSYNC_RETURN_IF_ERROR(ExecuteAgreed(runnable));
+  return fatal;
+}
+
+Status BackgroundLoop::ExecuteAgreed(const std::vector<ResponsePtr>& responses) {
   std::vector<TensorEntry*> entries(responses.size());
   for (size_t i = 0; i < responses.size(); ++i) {
     const Response& r = *responses[i];

@@ -1,7 +1,7 @@
 // BackgroundLoop: the one background thread of a gradsync process. Each cycle it drains the tensor
 // queue, negotiates with the other ranks, plans fusion, runs the buckets on the data plane and
-// completes the handles. It sleeps between cycles (at most the cycle time) and wakes early when
-// work arrives, so an idle process costs almost nothing.
+// completes the handles. An idle process sleeps up to the cycle time between cycles (one small
+// control allreduce per cycle) and wakes early when work arrives.
 //
 // Owns the negotiator, the data planes and every entry drained from the queue. Start and Shutdown
 // are called by init()/shutdown() on one caller thread; everything else runs on the loop's thread.
@@ -43,6 +43,8 @@ class BackgroundLoop {
   std::vector<Request> TakeFreshEntries();
   // Runs the cycle's responses in order; a non-OK result is fatal (stall shutdown).
   Status Execute(const std::vector<ResponsePtr>& responses);
+  // Execute() without a trailing fatal response.
+  Status ExecuteAgreed(const std::vector<ResponsePtr>& responses);
   // Runs one bucket: `response` is its first response, `members` this rank's entries for all.
   Status ExecuteBucket(const ResponsePtr& response, const std::vector<TensorEntry*>& members);
   DataPlane* PlaneFor(const Device& device);

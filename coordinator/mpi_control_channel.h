@@ -1,7 +1,7 @@
 // MpiControlChannel: the negotiation exchanges over gradsync's control communicator.
 //
-// Each exchange is a non-blocking MPI collective completed by polling with backoff: it spins for a
-// few microseconds (the common case, peers arrive together), then sleeps in growing steps. A rank
+// Each exchange is a non-blocking MPI collective completed by polling with backoff: it spins for 50
+// microseconds (the common case, peers arrive together), then sleeps in growing steps. A rank
 // waiting on a stalled peer therefore sleeps instead of burning a core in MPI's busy-wait.
 //
 // Used by the background thread only.

@@ -212,16 +212,17 @@ Status Negotiator::FullRound(double now, CycleOutcome* out) {
   return Status::OK();
 }
 
-Status Negotiator::CoordinatorRespond(const std::vector<std::string>& gathered, double now,
-                                      ResponseList* responses) {
+void Negotiator::CoordinatorRespond(const std::vector<std::string>& gathered, double now,
+                                    ResponseList* responses) {
   std::vector<std::string> ready;
   for (int r = 0; r < size_; ++r) {
     RequestList list;
     const Status parsed = ParseRequestList(gathered[r].data(), gathered[r].size(), &list);
     if (!parsed.ok()) {
+      // Every rank must hear about it, so it travels as a fatal response, not a local error.
       responses->responses = {FatalResponse("corrupt negotiation message from rank " +
                                             std::to_string(r) + ": " + parsed.message())};
-      return parsed;
+      return;
     }
     for (Request& request : list.requests) {
       request.rank = r;  // the sender is who the transport says, whatever the bytes claim
@@ -237,7 +238,6 @@ Status Negotiator::CoordinatorRespond(const std::vector<std::string>& gathered, 
       table_ = std::make_unique<ReadinessTable>(size_);  // reported once; every rank stops now
     }
   }
-  return Status::OK();
 }
 
 void Negotiator::Retire(const std::string& name) { pending_.erase(name); }

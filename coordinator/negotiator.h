@@ -40,10 +40,9 @@ class Negotiator {
   Negotiator(ControlChannel* channel, const Config& config, Clock clock = nullptr);
 
   // One cycle. `fresh` holds requests first seen since the last cycle (their names are not
-  // pending). A non-OK Status means the control plane itself failed (MPI error, corrupt message):
-  // the caller fails everything and stops.
+  // pending). A non-OK Status means this rank's control plane failed (an MPI error, or a response
+  // list that does not parse): the caller fails everything and stops.
   Status RunCycle(std::vector<Request> fresh, bool want_shutdown, CycleOutcome* out);
-
 
  private:
   enum class PendingState { kUncached, kCached, kSent };
@@ -69,8 +68,10 @@ class Negotiator {
   void ApplyInvalidBits(const std::vector<uint64_t>& words);
   void TakeCachedReady(const std::vector<uint64_t>& words, CycleOutcome* out);
   Status FullRound(double now, CycleOutcome* out);
-  Status CoordinatorRespond(const std::vector<std::string>& gathered, double now,
-                            ResponseList* responses);
+  // Rank 0: feeds the gathered requests to the table and lists the responses (a corrupt message
+  // becomes a fatal response every rank receives).
+  void CoordinatorRespond(const std::vector<std::string>& gathered, double now,
+                          ResponseList* responses);
   void Retire(const std::string& name);
 
   ControlChannel* channel_;

@@ -36,7 +36,8 @@ class StallInspector {
   std::unordered_map<std::string, double> last_warned_;
 };
 
-// "tensor 'a' (waiting 12.0 s) is missing on ranks 1, 3" style summary of waiting names, capped.
+// "tensor 'a' waited 12.0 s, missing on ranks 1, 3 (ready on 0, 2)" for each name waiting at least
+// `min_wait`, oldest first, capped at ten names.
 std::string DescribeStalled(const std::vector<ReadinessTable::Waiting>& waiting, double now,
                             double min_wait);
 

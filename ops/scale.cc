@@ -1,5 +1,8 @@
 #include "ops/scale.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -70,10 +73,19 @@ T TruncateToInteger(double v) {
   }
 }
 
+// A factor like 1/49 is inexact in binary, so 49 * (1/49) lands just below 1. A product within
+// rounding error of an integer is taken as that integer before truncating, so an average of
+// integers is exact whenever the true quotient is whole.
+inline double SnapToInteger(double v) {
+  const double nearest = std::nearbyint(v);
+  return std::abs(v - nearest) <= 1e-12 * std::max(1.0, std::abs(v)) ? nearest : v;
+}
+
 template <typename T>
 void ScaleIntegers(const void* src, void* dst, int64_t n, double factor) {
-  MapBlocks(static_cast<const T*>(src), static_cast<T*>(dst), n,
-            [factor](T x) { return TruncateToInteger<T>(static_cast<double>(x) * factor); });
+  MapBlocks(static_cast<const T*>(src), static_cast<T*>(dst), n, [factor](T x) {
+    return TruncateToInteger<T>(SnapToInteger(static_cast<double>(x) * factor));
+  });
 }
 
 template <typename T>

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 
 namespace gradsync {
 
@@ -17,7 +18,15 @@ void OpState::RunCallback(const Status& status) {
     std::lock_guard<std::mutex> lock(mu_);
     callback = std::move(callback_);
   }
-  if (callback) callback(status);
+  if (!callback) return;
+  // An exception must not escape onto the background thread, which would end the process.
+  try {
+    callback(status);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gradsync: a completion callback threw: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "gradsync: a completion callback threw a non-standard exception\n");
+  }
 }
 
 void OpState::Record(const Status& status) {

@@ -283,5 +283,14 @@ INSTANTIATE_TEST_SUITE_P(HalfTypes, ReduceHalfTest,
                            return DataTypeName(info.param);
                          });
 
+TEST(ScaledCopyTest, IntegerAverageIsExactWhenTheQuotientIsWhole) {
+  // 49 * (1.0 / 49) is 0.99999999999999989 in binary; the average of 49 ranks' 1s must still be 1.
+  for (int size : {3, 7, 49, 98, 1000}) {
+    std::vector<int32_t> sums = {size, 2 * size, size - 1, 0};
+    ScaledCopy(sums.data(), sums.data(), 4, DataType::kInt32, 1.0 / size);
+    EXPECT_EQ(sums, (std::vector<int32_t>{1, 2, 0, 0})) << size;
+  }
+}
+
 }  // namespace
 }  // namespace gradsync

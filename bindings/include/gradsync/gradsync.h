@@ -7,7 +7,8 @@
 //
 // Thread safety: init() and shutdown() must not race with each other or with enqueues; everything
 // else may be called from any thread. Completion callbacks run on the background thread, before the
-// handle reports completion: keep them short and never wait on a handle inside one.
+// handle reports completion: keep them short, never wait on a handle inside one; an exception a
+// callback throws is logged and dropped.
 #pragma once
 
 #include <mpi.h>
@@ -51,8 +52,10 @@ int rank();
 int size();
 int local_rank();  // rank among the processes on this node
 int local_size();
-int cross_rank();  // index of this node
-int cross_size();  // number of nodes
+// Rank among the processes that share this local rank, and their number: the node index and the
+// node count when every node runs the same number of processes.
+int cross_rank();
+int cross_size();
 
 using CompletionCallback = std::function<void(const Status&)>;
 
