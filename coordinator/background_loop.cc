@@ -46,7 +46,7 @@ void BackgroundLoop::Run() {
 std::chrono::nanoseconds BackgroundLoop::NextWait() const {
   const auto cycle_time = std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
-  if (entries_.empty()) return cycle_time;  // idle: a push wakes us early
+  if (held_ == 0) return cycle_time;  // idle: a push wakes us early
   // Work is waiting on other ranks. Go again at once while cycles make progress (the control
   // collective itself is the rendezvous), and back off towards the cycle time while they do not,
   // so a rank waiting on a stalled peer sleeps.
@@ -58,15 +58,17 @@ std::chrono::nanoseconds BackgroundLoop::NextWait() const {
 bool BackgroundLoop::RunOneCycle() {
   queue_->WaitForWork(NextWait());
   CycleOutcome outcome;
+  std::vector<TensorEntry*> fresh_entries;
+  std::vector<Request> fresh = TakeFreshEntries(&fresh_entries);
   const Status negotiated =
-      negotiator_->RunCycle(TakeFreshEntries(), shutdown_requested_.load(), &outcome);
+      negotiator_->RunCycle(std::move(fresh), fresh_entries, shutdown_requested_.load(), &outcome);
   if (!negotiated.ok()) {
     Log().error("negotiation failed, shutting down: {}", negotiated.ToString());
     FailEverything(negotiated);
     return false;
   }
   unproductive_cycles_ = outcome.responses.empty() ? std::min(unproductive_cycles_ + 1, 64) : 0;
-  const Status executed = Execute(outcome.responses);
+  const Status executed = Execute(outcome);
   if (!executed.ok()) {
     FailEverything(executed);
     return false;
@@ -78,42 +80,36 @@ bool BackgroundLoop::RunOneCycle() {
   return true;
 }
 
-std::vector<Request> BackgroundLoop::TakeFreshEntries() {
-  std::vector<std::unique_ptr<TensorEntry>> drained = queue_->Drain();
+std::vector<Request> BackgroundLoop::TakeFreshEntries(std::vector<TensorEntry*>* entries) {
+  *entries = queue_->Drain();
+  held_ += entries->size();
   std::vector<Request> fresh;
-  fresh.reserve(drained.size());
-  for (auto& entry : drained) {
-    fresh.push_back(RequestFromEntry(*entry, rank_, 0.0));
-    std::string name = entry->name;
-    entries_.emplace(std::move(name), std::move(entry));
-  }
+  fresh.reserve(entries->size());
+  for (const TensorEntry* entry : *entries) fresh.push_back(RequestFromEntry(*entry, rank_, 0.0));
   return fresh;
 }
 
-Status BackgroundLoop::Execute(const std::vector<ResponsePtr>& responses) {
-  // Each response's entry is looked up once; buckets and completions use these pointers.
+Status BackgroundLoop::Execute(const CycleOutcome& outcome) {
   // A fatal response comes last: what was agreed before it still runs, then everything fails.
+  std::vector<ResponsePtr> responses = outcome.responses;
+  std::vector<TensorEntry*> entries = outcome.entries;
   Status fatal;
-  std::vector<ResponsePtr> runnable = responses;
-  if (!runnable.empty() && runnable.back()->type == ResponseType::kStallShutdown) {
-    fatal = Status::Stalled(runnable.back()->error);
-    runnable.pop_back();
+  if (!responses.empty() && responses.back()->type == ResponseType::kStallShutdown) {
+    fatal = Status::Stalled(responses.back()->error);
+    responses.pop_back();
+    entries.pop_back();
   }
-  GRADSYNC_RETURN_IF_ERROR(ExecuteAgreed(runnable));
+  GRADSYNC_RETURN_IF_ERROR(ExecuteAgreed(responses, entries));
   return fatal;
 }
 
-Status BackgroundLoop::ExecuteAgreed(const std::vector<ResponsePtr>& responses) {
-  std::vector<TensorEntry*> entries(responses.size());
+Status BackgroundLoop::ExecuteAgreed(const std::vector<ResponsePtr>& responses,
+                                     const std::vector<TensorEntry*>& entries) {
   for (size_t i = 0; i < responses.size(); ++i) {
-    const Response& r = *responses[i];
-    if (r.type == ResponseType::kStallShutdown) return Status::Stalled(r.error);
-    auto it = entries_.find(r.name);
-    if (it == entries_.end()) {
+    if (entries[i] == nullptr) {
       return Status::Internal("rank " + std::to_string(rank_) + " was told to run tensor '" +
-                              r.name + "' that it never submitted");
+                              responses[i]->name + "' that it never submitted");
     }
-    entries[i] = it->second.get();
   }
   for (size_t i = 0; i < responses.size(); ++i) {
     if (responses[i]->type == ResponseType::kError) {
@@ -159,13 +155,11 @@ DataPlane* BackgroundLoop::PlaneFor(const Device& device) {
 
 void BackgroundLoop::Complete(const std::vector<TensorEntry*>& members, const Status& status) {
   // Names are released first so a caller woken by its handle may reuse the name at once.
-  queue_->Release(members);
   std::vector<std::shared_ptr<OpState>> states;
   states.reserve(members.size());
-  for (TensorEntry* entry : members) {
-    states.push_back(std::move(entry->state));
-    entries_.erase(entry->name);  // destroys *entry
-  }
+  for (TensorEntry* entry : members) states.push_back(std::move(entry->state));
+  queue_->Release(members);  // frees the entries
+  held_ -= members.size();
   for (const auto& state : states) state->RunCallback(status);
   for (const auto& state : states) state->Record(status);
   for (const auto& state : states) state->Announce();
@@ -173,11 +167,9 @@ void BackgroundLoop::Complete(const std::vector<TensorEntry*>& members, const St
 
 void BackgroundLoop::FailEverything(const Status& reason) {
   queue_->Close(reason);
-  TakeFreshEntries();
-  std::vector<TensorEntry*> remaining;
-  remaining.reserve(entries_.size());
-  for (const auto& [name, entry] : entries_) remaining.push_back(entry.get());
-  Complete(remaining, reason);
+  std::vector<TensorEntry*> drained;
+  TakeFreshEntries(&drained);
+  Complete(queue_->InFlight(), reason);
 }
 
 }  // namespace gradsync

@@ -3,8 +3,9 @@
 // completes the handles. An idle process sleeps up to the cycle time between cycles (one small
 // control allreduce per cycle) and wakes early when work arrives.
 //
-// Owns the negotiator, the data planes and every entry drained from the queue. Start and Shutdown
-// are called by init()/shutdown() on one caller thread; everything else runs on the loop's thread.
+// Owns the negotiator and the data planes; uses the entries it drains until it releases them to the
+// queue, which owns them. Start and Shutdown are called by init()/shutdown() on one caller thread;
+// everything else runs on the loop's thread.
 #pragma once
 
 #include <atomic>
@@ -40,11 +41,13 @@ class BackgroundLoop {
   std::chrono::nanoseconds NextWait() const;
   // One cycle; false once the loop must end.
   bool RunOneCycle();
-  std::vector<Request> TakeFreshEntries();
+  // Drains the queue into *entries and returns their requests.
+  std::vector<Request> TakeFreshEntries(std::vector<TensorEntry*>* entries);
   // Runs the cycle's responses in order; a non-OK result is fatal (stall shutdown).
-  Status Execute(const std::vector<ResponsePtr>& responses);
-  // Execute() without a trailing fatal response.
-  Status ExecuteAgreed(const std::vector<ResponsePtr>& responses);
+  Status Execute(const CycleOutcome& outcome);
+  // Execute() without a trailing fatal response; entries[i] is this rank's for responses[i].
+  Status ExecuteAgreed(const std::vector<ResponsePtr>& responses,
+                       const std::vector<TensorEntry*>& entries);
   // Runs one bucket: `response` is its first response, `members` this rank's entries for all.
   Status ExecuteBucket(const ResponsePtr& response, const std::vector<TensorEntry*>& members);
   DataPlane* PlaneFor(const Device& device);
@@ -60,7 +63,7 @@ class BackgroundLoop {
   std::unique_ptr<ControlChannel> channel_;
   std::unique_ptr<Negotiator> negotiator_;
   std::unique_ptr<DataPlane> host_plane_;
-  std::unordered_map<std::string, std::unique_ptr<TensorEntry>> entries_;
+  size_t held_ = 0;              // entries drained from the queue and not yet completed
   int unproductive_cycles_ = 0;  // consecutive cycles that executed nothing
   std::atomic<bool> shutdown_requested_{false};
   std::thread thread_;

@@ -50,11 +50,13 @@ Negotiator::Negotiator(ControlChannel* channel, const Config& config, Clock cloc
   }
 }
 
-Status Negotiator::RunCycle(std::vector<Request> fresh, bool want_shutdown, CycleOutcome* out) {
+Status Negotiator::RunCycle(std::vector<Request> fresh,
+                            const std::vector<TensorEntry*>& fresh_entries, bool want_shutdown,
+                            CycleOutcome* out) {
   *out = CycleOutcome();
   const double now = clock_();
   std::vector<uint32_t> invalid;
-  AddFresh(std::move(fresh), now, &invalid);
+  AddFresh(std::move(fresh), fresh_entries, now, &invalid);
   RefreshCachedState(now, &invalid);
   const bool has_uncached = std::any_of(pending_.begin(), pending_.end(), [](const auto& p) {
     return p.second.state == PendingState::kUncached;
@@ -77,9 +79,13 @@ Status Negotiator::RunCycle(std::vector<Request> fresh, bool want_shutdown, Cycl
   return Status::OK();
 }
 
-void Negotiator::AddFresh(std::vector<Request> fresh, double now, std::vector<uint32_t>* invalid) {
-  for (Request& request : fresh) {
+void Negotiator::AddFresh(std::vector<Request> fresh,
+                          const std::vector<TensorEntry*>& fresh_entries, double now,
+                          std::vector<uint32_t>* invalid) {
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    Request& request = fresh[i];
     Pending p;
+    if (!fresh_entries.empty()) p.entry = fresh_entries[i];
     p.first_seen = now;
     p.sequence = next_sequence_++;
     uint32_t bit = 0;
@@ -166,7 +172,7 @@ void Negotiator::TakeCachedReady(const std::vector<uint64_t>& words, CycleOutcom
       if (!cache_.Contains(bit)) continue;
       const ResponsePtr& response = cache_.Get(bit);
       cache_.Touch(bit);
-      Retire(response->name);
+      out->entries.push_back(Retire(response->name));
       out->responses.push_back(response);
       ++out->cache_hits;
     }
@@ -203,10 +209,12 @@ Status Negotiator::FullRound(double now, CycleOutcome* out) {
 
   for (Response& parsed : list.responses) {
     auto response = std::make_shared<const Response>(std::move(parsed));
+    TensorEntry* entry = nullptr;
     if (response->type != ResponseType::kStallShutdown) {
       cache_.Put(response);
-      Retire(response->name);
+      entry = Retire(response->name);
     }
+    out->entries.push_back(entry);
     out->responses.push_back(std::move(response));
   }
   return Status::OK();
@@ -240,6 +248,12 @@ void Negotiator::CoordinatorRespond(const std::vector<std::string>& gathered, do
   }
 }
 
-void Negotiator::Retire(const std::string& name) { pending_.erase(name); }
+TensorEntry* Negotiator::Retire(const std::string& name) {
+  auto it = pending_.find(name);
+  if (it == pending_.end()) return nullptr;
+  TensorEntry* entry = it->second.entry;
+  pending_.erase(it);
+  return entry;
+}
 
 }  // namespace gradsync

@@ -26,6 +26,9 @@ namespace gradsync {
 struct CycleOutcome {
   // To execute in this order. A kStallShutdown response, if any, is last.
   std::vector<ResponsePtr> responses;
+  // This rank's entry for each response, as given to RunCycle (null for a fatal response, or
+  // when none was given).
+  std::vector<TensorEntry*> entries;
   // Some rank asked to shut down: after this cycle's responses, every pending operation fails.
   bool shutdown = false;
   // Diagnostics for tests and the timeline.
@@ -42,7 +45,10 @@ class Negotiator {
   // One cycle. `fresh` holds requests first seen since the last cycle (their names are not
   // pending). A non-OK Status means this rank's control plane failed (an MPI error, or a response
   // list that does not parse): the caller fails everything and stops.
-  Status RunCycle(std::vector<Request> fresh, bool want_shutdown, CycleOutcome* out);
+  // `fresh_entries`, when not empty, holds the entry behind each fresh request; it comes back
+  // beside the request's response.
+  Status RunCycle(std::vector<Request> fresh, const std::vector<TensorEntry*>& fresh_entries,
+                  bool want_shutdown, CycleOutcome* out);
 
  private:
   enum class PendingState { kUncached, kCached, kSent };
@@ -52,6 +58,7 @@ class Negotiator {
     uint32_t bit = 0;
     double first_seen = 0.0;
     uint64_t sequence = 0;
+    TensorEntry* entry = nullptr;
   };
   // Bit-vector layout: word 0 holds flags, then the ready bits, then the invalid bits. Flags and
   // invalid bits are stored inverted so one bitwise AND yields the OR of them across ranks.
@@ -61,7 +68,8 @@ class Negotiator {
     kFlagInspect = 1u << 2,   // rank 0 wants a full round to run the stall inspector
   };
 
-  void AddFresh(std::vector<Request> fresh, double now, std::vector<uint32_t>* invalid);
+  void AddFresh(std::vector<Request> fresh, const std::vector<TensorEntry*>& fresh_entries,
+                double now, std::vector<uint32_t>* invalid);
   void RefreshCachedState(double now, std::vector<uint32_t>* invalid);
   std::vector<uint64_t> BuildBitVector(bool want_shutdown, bool has_uncached,
                                        const std::vector<uint32_t>& invalid, double now) const;
@@ -72,7 +80,8 @@ class Negotiator {
   // becomes a fatal response every rank receives).
   void CoordinatorRespond(const std::vector<std::string>& gathered, double now,
                           ResponseList* responses);
-  void Retire(const std::string& name);
+  // Forgets a pending name; returns its entry.
+  TensorEntry* Retire(const std::string& name);
 
   ControlChannel* channel_;
   Config config_;

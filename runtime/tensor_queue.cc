@@ -1,5 +1,7 @@
 #include "runtime/tensor_queue.h"
 
+#include <unordered_set>
+
 #include <utility>
 
 namespace gradsync {
@@ -29,8 +31,10 @@ Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_flag_) return closed_;
-    if (!in_flight_.insert(entry->name).second) return DuplicateName(entry->name);
-    pending_.push_back(std::move(entry));
+    auto [it, inserted] = in_flight_.try_emplace(entry->name);
+    if (!inserted) return DuplicateName(entry->name);
+    it->second = std::move(entry);
+    pending_.push_back(it->second.get());
     notify = std::exchange(waiter_sleeping_, false);
   }
   if (notify) cv_.notify_one();
@@ -52,8 +56,9 @@ Status TensorQueue::PushAll(std::vector<std::unique_ptr<TensorEntry>> entries) {
       if (!batch.insert(entry->name).second) return DuplicateName(entry->name);
     }
     for (auto& entry : entries) {
-      in_flight_.insert(entry->name);
-      pending_.push_back(std::move(entry));
+      TensorEntry* raw = entry.get();
+      in_flight_.emplace(raw->name, std::move(entry));
+      pending_.push_back(raw);
     }
     notify = !entries.empty() && std::exchange(waiter_sleeping_, false);
   }
@@ -81,8 +86,8 @@ void TensorQueue::Wake() {
   cv_.notify_all();
 }
 
-std::vector<std::unique_ptr<TensorEntry>> TensorQueue::Drain() {
-  std::vector<std::unique_ptr<TensorEntry>> drained;
+std::vector<TensorEntry*> TensorQueue::Drain() {
+  std::vector<TensorEntry*> drained;
   std::lock_guard<std::mutex> lock(mu_);
   drained.swap(pending_);
   // The next burst is likely as large as this one: one allocation instead of regrowing.
@@ -97,7 +102,19 @@ void TensorQueue::Release(const std::string& name) {
 
 void TensorQueue::Release(const std::vector<TensorEntry*>& entries) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const TensorEntry* entry : entries) in_flight_.erase(entry->name);
+  // entry->name lives in the element being erased: find it, then erase by iterator.
+  for (const TensorEntry* entry : entries) {
+    auto it = in_flight_.find(entry->name);
+    if (it != in_flight_.end()) in_flight_.erase(it);
+  }
+}
+
+std::vector<TensorEntry*> TensorQueue::InFlight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<TensorEntry*> all;
+  all.reserve(in_flight_.size());
+  for (const auto& [name, entry] : in_flight_) all.push_back(entry.get());
+  return all;
 }
 
 // The first reason wins: it is the root cause (say a stall), later ones are consequences. An OK

@@ -1,8 +1,9 @@
-// TensorQueue: hands entries from caller threads to the background thread, and owns the set of
-// names in flight (from Push until Release) so that a duplicate name fails at enqueue.
+// TensorQueue: hands entries from caller threads to the background thread, and owns every entry
+// in flight (from Push until Release), by name, so that a duplicate name fails at enqueue.
 //
-// Push and Close may be called from any thread; WaitForWork, Drain and Release only from the
-// background thread. Every member takes one mutex; no member blocks except WaitForWork.
+// Push and Close may be called from any thread; WaitForWork, Drain, Release and InFlight only from
+// the background thread, which may use a drained entry until it releases it. Every member takes
+// one mutex; no member blocks except WaitForWork.
 #pragma once
 
 #include <chrono>
@@ -10,7 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "gradsync/status.h"
@@ -30,13 +31,15 @@ class TensorQueue {
   void WaitForWork(std::chrono::nanoseconds max_wait);
   // Wakes a WaitForWork early (used for shutdown requests).
   void Wake();
-  // Entries pushed since the last Drain, in push order. Their names stay in flight.
-  std::vector<std::unique_ptr<TensorEntry>> Drain();
-  // Takes `name` out of flight; call before completing the entry's handle so the caller may reuse
-  // the name at once.
+  // Entries pushed since the last Drain, in push order. They stay owned by the queue, in flight.
+  std::vector<TensorEntry*> Drain();
+  // Takes `name` out of flight and frees its entry; call before completing the entry's handle so
+  // the caller may reuse the name at once.
   void Release(const std::string& name);
   // Release for several entries under one lock.
   void Release(const std::vector<TensorEntry*>& entries);
+  // Every entry in flight, drained or not.
+  std::vector<TensorEntry*> InFlight() const;
   // Later pushes fail with `reason`.
   void Close(Status reason);
   // Status the queue was closed with; OK while open.
@@ -47,8 +50,8 @@ class TensorQueue {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::unique_ptr<TensorEntry>> pending_;
-  std::unordered_set<std::string> in_flight_;
+  std::vector<TensorEntry*> pending_;
+  std::unordered_map<std::string, std::unique_ptr<TensorEntry>> in_flight_;
   Status closed_;
   bool closed_flag_ = false;
   bool wake_requested_ = false;

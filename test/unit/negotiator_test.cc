@@ -49,7 +49,7 @@ std::vector<RankLog> RunRanks(int size, int cycles, const Config& config, const 
       for (; cycle < cycles; ++cycle) {
         CycleOutcome outcome;
         const bool shutdown = want_shutdown && want_shutdown(rank, cycle);
-        const Status s = negotiator.RunCycle(submit(rank, cycle), shutdown, &outcome);
+        const Status s = negotiator.RunCycle(submit(rank, cycle), {}, shutdown, &outcome);
         ASSERT_TRUE(s.ok()) << s.ToString();
         for (const ResponsePtr& r : outcome.responses) logs[rank].responses.push_back(*r);
         logs[rank].cycles.push_back(std::move(outcome));

@@ -27,7 +27,7 @@ std::vector<std::unique_ptr<TensorEntry>> Entries(const std::vector<std::string>
   return entries;
 }
 
-std::vector<std::string> Names(const std::vector<std::unique_ptr<TensorEntry>>& entries) {
+std::vector<std::string> Names(const std::vector<TensorEntry*>& entries) {
   std::vector<std::string> names;
   for (const auto& entry : entries) names.push_back(entry->name);
   return names;
@@ -187,7 +187,7 @@ TEST(TensorQueueTest, EveryPushAfterADrainWakesTheWaiterAgain) {
   constexpr int kRounds = 50;
   std::thread waiter([&] {
     for (int i = 0; i < kRounds; ++i) {
-      std::vector<std::unique_ptr<TensorEntry>> got;
+      std::vector<TensorEntry*> got;
       while (got.empty()) {
         queue.WaitForWork(kLongWait);
         got = queue.Drain();
