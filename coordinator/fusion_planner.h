@@ -14,7 +14,7 @@ namespace gradsync {
 
 struct FusionSettings {
   int64_t fusion_threshold_bytes = 64ll << 20;  // most bytes one fused bucket packs; 0 = no fusion
-  int64_t inplace_threshold_bytes = 1ll << 20;  // tensors this large run alone, in place
+  int64_t inplace_threshold_bytes = 256ll << 10;  // tensors this large run alone, in place
 };
 
 struct Bucket {

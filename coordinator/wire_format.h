@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "coordinator/crc32.h"
 #include "coordinator/message.h"
 #include "gradsync/status.h"
 
@@ -34,7 +35,5 @@ Status ParseRequestList(const void* data, size_t size, RequestList* out);
 
 std::string SerializeResponseList(const ResponseList& list);
 Status ParseResponseList(const void* data, size_t size, ResponseList* out);
-
-uint32_t Crc32(const void* data, size_t size);
 
 }  // namespace gradsync

@@ -18,7 +18,7 @@ struct Config {
   int64_t fusion_threshold_bytes = 64ll << 20;
   // GRADSYNC_INPLACE_THRESHOLD: a tensor at least this large is reduced on its own, in place,
   // rather than copied into a fusion buffer (copies cost as much as the reduction in host memory).
-  int64_t inplace_threshold_bytes = 1ll << 20;
+  int64_t inplace_threshold_bytes = 256ll << 10;
   // GRADSYNC_CYCLE_TIME_MS: the longest the background thread sleeps between cycles when idle.
   double cycle_time_ms = 1.0;
   // GRADSYNC_CACHE_CAPACITY: response cache entries; 0 disables the cache.

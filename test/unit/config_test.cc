@@ -42,7 +42,7 @@ TEST(ConfigTest, DefaultsWhenNothingIsSet) {
   Config config = ParseOk({});
   Config defaults;
   EXPECT_EQ(config.fusion_threshold_bytes, 64ll << 20);
-  EXPECT_EQ(config.inplace_threshold_bytes, 1ll << 20);
+  EXPECT_EQ(config.inplace_threshold_bytes, 256ll << 10);
   EXPECT_DOUBLE_EQ(config.cycle_time_ms, 1.0);
   EXPECT_EQ(config.cache_capacity, 1024);
   EXPECT_DOUBLE_EQ(config.stall_warning_seconds, 60.0);
