@@ -90,28 +90,19 @@ std::vector<Request> BackgroundLoop::TakeFreshEntries(std::vector<TensorEntry*>*
 }
 
 Status BackgroundLoop::Execute(const CycleOutcome& outcome) {
-  // A fatal response comes last: what was agreed before it still runs, then everything fails.
-  std::vector<ResponsePtr> responses = outcome.responses;
-  std::vector<TensorEntry*> entries = outcome.entries;
+  const std::vector<ResponsePtr>& responses = outcome.responses;
+  const std::vector<TensorEntry*>& entries = outcome.entries;
+  // A fatal response comes last: what was agreed before it still runs (the planner skips the fatal
+  // one), then everything fails.
   Status fatal;
   if (!responses.empty() && responses.back()->type == ResponseType::kStallShutdown) {
     fatal = Status::Stalled(responses.back()->error);
-    responses.pop_back();
-    entries.pop_back();
   }
-  GRADSYNC_RETURN_IF_ERROR(ExecuteAgreed(responses, entries));
-  return fatal;
-}
-
-Status BackgroundLoop::ExecuteAgreed(const std::vector<ResponsePtr>& responses,
-                                     const std::vector<TensorEntry*>& entries) {
   for (size_t i = 0; i < responses.size(); ++i) {
-    if (entries[i] == nullptr) {
+    if (entries[i] == nullptr && responses[i]->type != ResponseType::kStallShutdown) {
       return Status::Internal("rank " + std::to_string(rank_) + " was told to run tensor '" +
                               responses[i]->name + "' that it never submitted");
     }
-  }
-  for (size_t i = 0; i < responses.size(); ++i) {
     if (responses[i]->type == ResponseType::kError) {
       Complete({entries[i]}, Status::Mismatch(responses[i]->error));
     }
@@ -122,7 +113,7 @@ Status BackgroundLoop::ExecuteAgreed(const std::vector<ResponsePtr>& responses,
     for (size_t i : bucket.responses) members.push_back(entries[i]);
     Complete(members, ExecuteBucket(responses[bucket.responses.front()], members));
   }
-  return Status::OK();
+  return fatal;
 }
 
 Status BackgroundLoop::ExecuteBucket(const ResponsePtr& response,

@@ -45,9 +45,6 @@ class BackgroundLoop {
   std::vector<Request> TakeFreshEntries(std::vector<TensorEntry*>* entries);
   // Runs the cycle's responses in order; a non-OK result is fatal (stall shutdown).
   Status Execute(const CycleOutcome& outcome);
-  // Execute() without a trailing fatal response; entries[i] is this rank's for responses[i].
-  Status ExecuteAgreed(const std::vector<ResponsePtr>& responses,
-                       const std::vector<TensorEntry*>& entries);
   // Runs one bucket: `response` is its first response, `members` this rank's entries for all.
   Status ExecuteBucket(const ResponsePtr& response, const std::vector<TensorEntry*>& members);
   DataPlane* PlaneFor(const Device& device);

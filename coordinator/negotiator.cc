@@ -57,10 +57,7 @@ Status Negotiator::RunCycle(std::vector<Request> fresh,
   const double now = clock_();
   std::vector<uint32_t> invalid;
   AddFresh(std::move(fresh), fresh_entries, now, &invalid);
-  RefreshCachedState(now, &invalid);
-  const bool has_uncached = std::any_of(pending_.begin(), pending_.end(), [](const auto& p) {
-    return p.second.state == PendingState::kUncached;
-  });
+  const bool has_uncached = RefreshCachedState(now, &invalid);
 
   std::vector<uint64_t> words = BuildBitVector(want_shutdown, has_uncached, invalid, now);
   GRADSYNC_RETURN_IF_ERROR(channel_->AllreduceAnd(&words));
@@ -112,8 +109,10 @@ void Negotiator::AddFresh(std::vector<Request> fresh,
   }
 }
 
-void Negotiator::RefreshCachedState(double now, std::vector<uint32_t>* invalid) {
+bool Negotiator::RefreshCachedState(double now, std::vector<uint32_t>* invalid) {
+  bool has_uncached = false;
   for (auto& [name, p] : pending_) {
+    has_uncached = has_uncached || p.state == PendingState::kUncached;
     if (p.state != PendingState::kCached) continue;
     if (!cache_.Contains(p.bit) || cache_.Get(p.bit)->name != name) {
       p.state = PendingState::kUncached;  // evicted since it was looked up
@@ -123,7 +122,9 @@ void Negotiator::RefreshCachedState(double now, std::vector<uint32_t>* invalid) 
       invalid->push_back(p.bit);
       p.state = PendingState::kUncached;
     }
+    has_uncached = has_uncached || p.state == PendingState::kUncached;
   }
+  return has_uncached;
 }
 
 std::vector<uint64_t> Negotiator::BuildBitVector(bool want_shutdown, bool has_uncached,

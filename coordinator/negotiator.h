@@ -70,7 +70,9 @@ class Negotiator {
 
   void AddFresh(std::vector<Request> fresh, const std::vector<TensorEntry*>& fresh_entries,
                 double now, std::vector<uint32_t>* invalid);
-  void RefreshCachedState(double now, std::vector<uint32_t>* invalid);
+  // Demotes cached requests that were evicted or have waited past the stall warning; returns
+  // whether any pending request now needs the full round.
+  bool RefreshCachedState(double now, std::vector<uint32_t>* invalid);
   std::vector<uint64_t> BuildBitVector(bool want_shutdown, bool has_uncached,
                                        const std::vector<uint32_t>& invalid, double now) const;
   void ApplyInvalidBits(const std::vector<uint64_t>& words);

@@ -6,12 +6,6 @@
 
 namespace gradsync {
 
-void OpState::Complete(const Status& status) {
-  RunCallback(status);
-  Record(status);
-  Announce();
-}
-
 void OpState::RunCallback(const Status& status) {
   Callback callback;
   {

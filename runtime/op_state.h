@@ -1,8 +1,8 @@
 // OpState: the shared completion record behind a public Handle.
 //
-// Owns the final Status, the completion flag and an optional callback. Complete() is called once,
-// by the background thread; Wait*/done/status may be called from any thread at any time. The
-// callback has returned before waiters see the operation done.
+// Owns the final Status, the completion flag and an optional callback. The background thread
+// completes it once, in three steps (below); Wait*/done/status may be called from any thread at any
+// time. The callback has returned before waiters see the operation done.
 #pragma once
 
 #include <chrono>
@@ -21,26 +21,22 @@ class OpState {
 
   explicit OpState(Callback callback = nullptr) : callback_(std::move(callback)) {}
 
-  // Runs the callback on the calling thread, records the result and wakes waiters. A second call
-  // is an invariant violation and aborts.
-  void Complete(const Status& status);
-
-  // Complete() in steps, for completing many operations at once: RunCallback() and Record() every
-  // one first, then Announce() each. A thread waiting on the first then finds the rest already
-  // done instead of sleeping and being woken once per operation.
+  // Completion in steps, so many operations complete at once: RunCallback() and Record() every one
+  // first, then Announce() each. A thread waiting on the first then finds the rest already done
+  // instead of sleeping and being woken once per operation. A second Record() aborts.
   void RunCallback(const Status& status);
   void Record(const Status& status);
   void Announce();
 
   bool done() const;
-  // Blocks until Complete(); returns the final status.
+  // Blocks until Record(); returns the final status.
   Status Wait();
   // Returns false if `timeout` passes first; otherwise true and *status holds the result.
   bool WaitFor(std::chrono::nanoseconds timeout, Status* status);
   // The final status once done; OK while pending.
   Status status() const;
 
-  // Allgather: the output shape, set by the background thread before Complete().
+  // Allgather: the output shape, set by the background thread before Record().
   std::vector<int64_t> output_shape;
 
  private:
