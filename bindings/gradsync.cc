@@ -92,9 +92,9 @@ Status ValidateScale(double factor, const char* what) {
   return Status::OK();
 }
 
-std::unique_ptr<TensorEntry> NewEntry(OpType op, const std::string& name,
+std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string& name,
                                       CompletionCallback on_complete) {
-  auto entry = std::make_unique<TensorEntry>();
+  std::unique_ptr<TensorEntry> entry = rt.queue.NewEntry();
   entry->op = op;
   entry->name = name;
   entry->state = std::make_shared<OpState>(std::move(on_complete));
@@ -175,7 +175,7 @@ Handle allreduce(const TensorView& tensor, const AllreduceOptions& options) {
 Handle allreduce(const TensorView& input, const TensorView& output,
                  const AllreduceOptions& options) {
   Runtime& rt = ActiveRuntime("allreduce");
-  auto entry = NewEntry(OpType::kAllreduce, options.name, options.on_complete);
+  auto entry = NewEntry(rt, OpType::kAllreduce, options.name, options.on_complete);
   Status status = ValidateTensor(input, "");
   if (status.ok() && (input.data != output.data || input.shape != output.shape ||
                       input.dtype != output.dtype || input.device != output.device)) {
@@ -203,7 +203,7 @@ Handle allreduce(const TensorView& input, const TensorView& output,
 
 Handle allgather(const TensorView& input, Allocator allocate, const AllgatherOptions& options) {
   Runtime& rt = ActiveRuntime("allgather");
-  auto entry = NewEntry(OpType::kAllgather, options.name, options.on_complete);
+  auto entry = NewEntry(rt, OpType::kAllgather, options.name, options.on_complete);
   Status status = ValidateTensor(input, "");
   if (status.ok() && !allocate) status = Status::InvalidArgument("no output allocator");
   entry->input = input;
@@ -213,7 +213,7 @@ Handle allgather(const TensorView& input, Allocator allocate, const AllgatherOpt
 
 Handle broadcast(const TensorView& tensor, int root, const BroadcastOptions& options) {
   Runtime& rt = ActiveRuntime("broadcast");
-  auto entry = NewEntry(OpType::kBroadcast, options.name, options.on_complete);
+  auto entry = NewEntry(rt, OpType::kBroadcast, options.name, options.on_complete);
   Status status = ValidateTensor(tensor, "");
   if (status.ok() && (root < 0 || root >= rt.mpi->size())) {
     status = Status::InvalidArgument("root rank " + std::to_string(root) + " is outside [0, " +
@@ -227,7 +227,7 @@ Handle broadcast(const TensorView& tensor, int root, const BroadcastOptions& opt
 
 Handle barrier(const std::string& name) {
   Runtime& rt = ActiveRuntime("barrier");
-  auto entry = NewEntry(OpType::kBarrier, name, nullptr);
+  auto entry = NewEntry(rt, OpType::kBarrier, name, nullptr);
   return Submit(rt, std::move(entry), Status::OK());
 }
 

@@ -58,10 +58,8 @@ std::chrono::nanoseconds BackgroundLoop::NextWait() const {
 bool BackgroundLoop::RunOneCycle() {
   queue_->WaitForWork(NextWait());
   CycleOutcome outcome;
-  std::vector<TensorEntry*> fresh_entries;
-  std::vector<Request> fresh = TakeFreshEntries(&fresh_entries);
   const Status negotiated =
-      negotiator_->RunCycle(std::move(fresh), fresh_entries, shutdown_requested_.load(), &outcome);
+      negotiator_->RunCycle(TakeFreshEntries(), shutdown_requested_.load(), &outcome);
   if (!negotiated.ok()) {
     Log().error("negotiation failed, shutting down: {}", negotiated.ToString());
     FailEverything(negotiated);
@@ -80,13 +78,10 @@ bool BackgroundLoop::RunOneCycle() {
   return true;
 }
 
-std::vector<Request> BackgroundLoop::TakeFreshEntries(std::vector<TensorEntry*>* entries) {
-  *entries = queue_->Drain();
-  held_ += entries->size();
-  std::vector<Request> fresh;
-  fresh.reserve(entries->size());
-  for (const TensorEntry* entry : *entries) fresh.push_back(RequestFromEntry(*entry, rank_, 0.0));
-  return fresh;
+std::vector<TensorEntry*> BackgroundLoop::TakeFreshEntries() {
+  std::vector<TensorEntry*> entries = queue_->Drain();
+  held_ += entries.size();
+  return entries;
 }
 
 Status BackgroundLoop::Execute(const CycleOutcome& outcome) {
@@ -146,20 +141,19 @@ DataPlane* BackgroundLoop::PlaneFor(const Device& device) {
 
 void BackgroundLoop::Complete(const std::vector<TensorEntry*>& members, const Status& status) {
   // Names are released first so a caller woken by its handle may reuse the name at once.
-  std::vector<std::shared_ptr<OpState>> states;
-  states.reserve(members.size());
-  for (TensorEntry* entry : members) states.push_back(std::move(entry->state));
-  queue_->Release(members);  // frees the entries
+  completing_.clear();
+  for (TensorEntry* entry : members) completing_.push_back(std::move(entry->state));
+  queue_->Release(members);
   held_ -= members.size();
-  for (const auto& state : states) state->RunCallback(status);
-  for (const auto& state : states) state->Record(status);
-  for (const auto& state : states) state->Announce();
+  for (const auto& state : completing_) state->RunCallback(status);
+  for (const auto& state : completing_) state->Record(status);
+  for (const auto& state : completing_) state->Announce();
+  completing_.clear();
 }
 
 void BackgroundLoop::FailEverything(const Status& reason) {
   queue_->Close(reason);
-  std::vector<TensorEntry*> drained;
-  TakeFreshEntries(&drained);
+  TakeFreshEntries();
   Complete(queue_->InFlight(), reason);
 }
 

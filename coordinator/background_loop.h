@@ -41,14 +41,14 @@ class BackgroundLoop {
   std::chrono::nanoseconds NextWait() const;
   // One cycle; false once the loop must end.
   bool RunOneCycle();
-  // Drains the queue into *entries and returns their requests.
-  std::vector<Request> TakeFreshEntries(std::vector<TensorEntry*>* entries);
+  // Drains the queue; the entries are held until completed.
+  std::vector<TensorEntry*> TakeFreshEntries();
   // Runs the cycle's responses in order; a non-OK result is fatal (stall shutdown).
   Status Execute(const CycleOutcome& outcome);
   // Runs one bucket: `response` is its first response, `members` this rank's entries for all.
   Status ExecuteBucket(const ResponsePtr& response, const std::vector<TensorEntry*>& members);
   DataPlane* PlaneFor(const Device& device);
-  // Releases the names, frees the entries, then completes their handles.
+  // Releases the names and entries, then completes their handles.
   void Complete(const std::vector<TensorEntry*>& members, const Status& status);
   // Closes the queue with `reason` and fails every operation this process still holds.
   void FailEverything(const Status& reason);
@@ -60,6 +60,7 @@ class BackgroundLoop {
   std::unique_ptr<ControlChannel> channel_;
   std::unique_ptr<Negotiator> negotiator_;
   std::unique_ptr<DataPlane> host_plane_;
+  std::vector<std::shared_ptr<OpState>> completing_;  // Complete's scratch
   size_t held_ = 0;              // entries drained from the queue and not yet completed
   int unproductive_cycles_ = 0;  // consecutive cycles that executed nothing
   std::atomic<bool> shutdown_requested_{false};

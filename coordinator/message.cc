@@ -50,20 +50,18 @@ Response ResponseFromRequest(const Request& request) {
   return response;
 }
 
-Request RequestFromEntry(const TensorEntry& entry, int rank, double waited_seconds) {
-  Request request;
-  request.name = entry.name;
-  request.op = entry.op;
-  request.dtype = entry.input.dtype;
-  request.shape = entry.input.shape;
-  request.device = entry.input.device;
-  request.reduce_op = entry.reduce_op;
-  request.prescale = entry.prescale;
-  request.postscale = entry.postscale;
-  request.root = entry.root;
-  request.rank = rank;
-  request.waited_seconds = waited_seconds;
-  return request;
+void RequestFromEntry(const TensorEntry& entry, int rank, double waited_seconds, Request* request) {
+  request->name = entry.name;
+  request->op = entry.op;
+  request->dtype = entry.input.dtype;
+  request->shape = entry.input.shape;
+  request->device = entry.input.device;
+  request->reduce_op = entry.reduce_op;
+  request->prescale = entry.prescale;
+  request->postscale = entry.postscale;
+  request->root = entry.root;
+  request->rank = rank;
+  request->waited_seconds = waited_seconds;
 }
 
 namespace {

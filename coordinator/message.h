@@ -72,8 +72,9 @@ using ResponsePtr = std::shared_ptr<const Response>;
 ResponseType ResponseTypeFor(OpType op);
 // The response that executes `request` (its agreed parameters); first_dims left empty.
 Response ResponseFromRequest(const Request& request);
-// Builds the Request this rank sends for `entry`.
-Request RequestFromEntry(const TensorEntry& entry, int rank, double waited_seconds);
+// Fills *request with what this rank sends for `entry`. Assigning into a reused Request keeps its
+// storage, so the hot path does not allocate.
+void RequestFromEntry(const TensorEntry& entry, int rank, double waited_seconds, Request* request);
 // True when a cached response still describes `request` exactly (the cache-hit test).
 bool ResponseMatchesRequest(const Response& response, const Request& request);
 

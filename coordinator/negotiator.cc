@@ -50,13 +50,12 @@ Negotiator::Negotiator(ControlChannel* channel, const Config& config, Clock cloc
   }
 }
 
-Status Negotiator::RunCycle(std::vector<Request> fresh,
-                            const std::vector<TensorEntry*>& fresh_entries, bool want_shutdown,
+Status Negotiator::RunCycle(const std::vector<TensorEntry*>& fresh, bool want_shutdown,
                             CycleOutcome* out) {
   *out = CycleOutcome();
   const double now = clock_();
   std::vector<uint32_t> invalid;
-  AddFresh(std::move(fresh), fresh_entries, now, &invalid);
+  AddFresh(fresh, now, &invalid);
   const bool has_uncached = RefreshCachedState(now, &invalid);
 
   std::vector<uint64_t> words = BuildBitVector(want_shutdown, has_uncached, invalid, now);
@@ -76,17 +75,16 @@ Status Negotiator::RunCycle(std::vector<Request> fresh,
   return Status::OK();
 }
 
-void Negotiator::AddFresh(std::vector<Request> fresh,
-                          const std::vector<TensorEntry*>& fresh_entries, double now,
+void Negotiator::AddFresh(const std::vector<TensorEntry*>& fresh, double now,
                           std::vector<uint32_t>* invalid) {
-  for (size_t i = 0; i < fresh.size(); ++i) {
-    Request& request = fresh[i];
+  for (TensorEntry* entry : fresh) {
     Pending p;
-    if (!fresh_entries.empty()) p.entry = fresh_entries[i];
+    p.entry = entry;
     p.first_seen = now;
     p.sequence = next_sequence_++;
+    RequestFromEntry(*entry, rank_, 0.0, &lookup_scratch_);
     uint32_t bit = 0;
-    switch (cache_.Find(request, &bit)) {
+    switch (cache_.Find(lookup_scratch_, &bit)) {
       case ResponseCache::Lookup::kHit:
         p.state = PendingState::kCached;
         p.bit = bit;
@@ -99,11 +97,9 @@ void Negotiator::AddFresh(std::vector<Request> fresh,
       case ResponseCache::Lookup::kMiss:
         break;
     }
-    p.request = std::move(request);
-    const std::string name = p.request.name;
-    if (!pending_.emplace(name, std::move(p)).second) {
+    if (!pending_.Insert(entry->name, std::move(p))) {
       std::fprintf(stderr, "gradsync: internal error: tensor '%s' negotiated twice\n",
-                   name.c_str());
+                   entry->name.c_str());
       std::abort();
     }
   }
@@ -189,11 +185,10 @@ Status Negotiator::FullRound(double now, CycleOutcome* out) {
             [](const Pending* a, const Pending* b) { return a->sequence < b->sequence; });
   RequestList mine;
   mine.requests.reserve(to_send.size());
-  for (Pending* p : to_send) {
-    p->state = PendingState::kSent;
-    mine.requests.push_back(p->request);
-    mine.requests.back().rank = rank_;
-    mine.requests.back().waited_seconds = now - p->first_seen;
+  mine.requests.resize(to_send.size());
+  for (size_t i = 0; i < to_send.size(); ++i) {
+    to_send[i]->state = PendingState::kSent;
+    RequestFromEntry(*to_send[i]->entry, rank_, now - to_send[i]->first_seen, &mine.requests[i]);
   }
 
   std::vector<std::string> gathered;
@@ -249,12 +244,9 @@ void Negotiator::CoordinatorRespond(const std::vector<std::string>& gathered, do
   }
 }
 
-TensorEntry* Negotiator::Retire(const std::string& name) {
-  auto it = pending_.find(name);
-  if (it == pending_.end()) return nullptr;
-  TensorEntry* entry = it->second.entry;
-  pending_.erase(it);
-  return entry;
+TensorEntry* Negotiator::Retire(std::string_view name) {
+  std::optional<Pending> retired = pending_.Take(name);
+  return retired ? retired->entry : nullptr;
 }
 
 }  // namespace gradsync

@@ -11,7 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <unordered_map>
+#include <string_view>
 #include <vector>
 
 #include "coordinator/control_channel.h"
@@ -20,6 +20,7 @@
 #include "coordinator/response_cache.h"
 #include "coordinator/stall_inspector.h"
 #include "runtime/config.h"
+#include "runtime/recycling_map.h"
 
 namespace gradsync {
 
@@ -42,23 +43,20 @@ class Negotiator {
 
   Negotiator(ControlChannel* channel, const Config& config, Clock clock = nullptr);
 
-  // One cycle. `fresh` holds requests first seen since the last cycle (their names are not
-  // pending). A non-OK Status means this rank's control plane failed (an MPI error, or a response
-  // list that does not parse): the caller fails everything and stops.
-  // `fresh_entries`, when not empty, holds the entry behind each fresh request; it comes back
-  // beside the request's response.
-  Status RunCycle(std::vector<Request> fresh, const std::vector<TensorEntry*>& fresh_entries,
-                  bool want_shutdown, CycleOutcome* out);
+  // One cycle. `fresh` holds the entries that became ready on this rank since the last cycle (their
+  // names are not pending); each stays valid, unchanged, until it comes back in an outcome. A
+  // non-OK Status means this rank's control plane failed (an MPI error, or a response list that
+  // does not parse): the caller fails everything and stops.
+  Status RunCycle(const std::vector<TensorEntry*>& fresh, bool want_shutdown, CycleOutcome* out);
 
  private:
   enum class PendingState { kUncached, kCached, kSent };
   struct Pending {
-    Request request;
+    TensorEntry* entry = nullptr;
     PendingState state = PendingState::kUncached;
     uint32_t bit = 0;
     double first_seen = 0.0;
     uint64_t sequence = 0;
-    TensorEntry* entry = nullptr;
   };
   // Bit-vector layout: word 0 holds flags, then the ready bits, then the invalid bits. Flags and
   // invalid bits are stored inverted so one bitwise AND yields the OR of them across ranks.
@@ -68,8 +66,7 @@ class Negotiator {
     kFlagInspect = 1u << 2,   // rank 0 wants a full round to run the stall inspector
   };
 
-  void AddFresh(std::vector<Request> fresh, const std::vector<TensorEntry*>& fresh_entries,
-                double now, std::vector<uint32_t>* invalid);
+  void AddFresh(const std::vector<TensorEntry*>& fresh, double now, std::vector<uint32_t>* invalid);
   // Demotes cached requests that were evicted or have waited past the stall warning; returns
   // whether any pending request now needs the full round.
   bool RefreshCachedState(double now, std::vector<uint32_t>* invalid);
@@ -82,8 +79,8 @@ class Negotiator {
   // becomes a fatal response every rank receives).
   void CoordinatorRespond(const std::vector<std::string>& gathered, double now,
                           ResponseList* responses);
-  // Forgets a pending name; returns its entry.
-  TensorEntry* Retire(const std::string& name);
+  // Forgets a pending name; returns its entry (null if the name was not pending).
+  TensorEntry* Retire(std::string_view name);
 
   ControlChannel* channel_;
   Config config_;
@@ -91,7 +88,10 @@ class Negotiator {
   int rank_;
   int size_;
   ResponseCache cache_;
-  std::unordered_map<std::string, Pending> pending_;
+  // Keyed by a view of the entry's name, valid while the entry is pending.
+  RecyclingMap<std::string_view, Pending> pending_;
+  // Reused for each cache lookup so that a lookup does not allocate.
+  Request lookup_scratch_;
   uint64_t next_sequence_ = 0;
   // Rank 0 only.
   std::unique_ptr<ReadinessTable> table_;

@@ -16,4 +16,17 @@ std::string OpTypeName(OpType op) {
   return "invalid(" + std::to_string(static_cast<int>(op)) + ")";
 }
 
+void TensorEntry::Clear() {
+  std::string kept_name = std::move(name);
+  std::vector<int64_t> kept_input_shape = std::move(input.shape);
+  std::vector<int64_t> kept_output_shape = std::move(output.shape);
+  *this = TensorEntry();
+  kept_name.clear();
+  kept_input_shape.clear();
+  kept_output_shape.clear();
+  name = std::move(kept_name);
+  input.shape = std::move(kept_input_shape);
+  output.shape = std::move(kept_output_shape);
+}
+
 }  // namespace gradsync

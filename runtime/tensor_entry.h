@@ -1,7 +1,7 @@
 // TensorEntry: one enqueued collective on one rank, from enqueue until its handle completes.
 //
-// Created by a caller thread, handed to the background thread through the TensorQueue, and owned
-// by the background thread from then on.
+// Taken from the TensorQueue's pool by a caller thread, filled, pushed back into the queue, and
+// used by the background thread until it releases the entry to the pool.
 #pragma once
 
 #include <chrono>
@@ -45,6 +45,10 @@ struct TensorEntry {
   OutputAllocator allocator;
   std::shared_ptr<OpState> state;
   std::chrono::steady_clock::time_point enqueued_at;
+
+  // Back to a default entry, keeping the name's and shapes' storage so that a recycled entry is
+  // filled without allocating.
+  void Clear();
 };
 
 }  // namespace gradsync

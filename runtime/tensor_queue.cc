@@ -15,6 +15,18 @@ Status DuplicateName(const std::string& name) {
 
 }  // namespace
 
+std::unique_ptr<TensorEntry> TensorQueue::NewEntry() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!pool_.empty()) {
+      std::unique_ptr<TensorEntry> entry = std::move(pool_.back());
+      pool_.pop_back();
+      return entry;
+    }
+  }
+  return std::make_unique<TensorEntry>();
+}
+
 Status TensorQueue::CheckAcceptingLocked(const std::string& name) const {
   if (closed_flag_) return closed_;
   if (in_flight_.count(name) != 0) return DuplicateName(name);
@@ -31,10 +43,9 @@ Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_flag_) return closed_;
-    auto [it, inserted] = in_flight_.try_emplace(entry->name);
-    if (!inserted) return DuplicateName(entry->name);
-    it->second = std::move(entry);
-    pending_.push_back(it->second.get());
+    TensorEntry* raw = entry.get();
+    if (!in_flight_.Insert(raw->name, std::move(entry))) return DuplicateName(raw->name);
+    pending_.push_back(raw);
     notify = std::exchange(waiter_sleeping_, false);
   }
   if (notify) cv_.notify_one();
@@ -50,14 +61,14 @@ Status TensorQueue::PushAll(std::vector<std::unique_ptr<TensorEntry>> entries) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_flag_) return closed_;  // an empty batch must fail too once closed
-    std::unordered_set<std::string> batch;
+    std::unordered_set<std::string_view> batch;
     for (const auto& entry : entries) {
       GRADSYNC_RETURN_IF_ERROR(CheckAcceptingLocked(entry->name));
       if (!batch.insert(entry->name).second) return DuplicateName(entry->name);
     }
     for (auto& entry : entries) {
       TensorEntry* raw = entry.get();
-      in_flight_.emplace(raw->name, std::move(entry));
+      in_flight_.Insert(raw->name, std::move(entry));
       pending_.push_back(raw);
     }
     notify = !entries.empty() && std::exchange(waiter_sleeping_, false);
@@ -95,18 +106,20 @@ std::vector<TensorEntry*> TensorQueue::Drain() {
   return drained;
 }
 
-void TensorQueue::Release(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  in_flight_.erase(name);
-}
-
+// Entries are cleared outside the lock: clearing runs the destructors of whatever a caller's
+// allocator captured, which must not run under a lock that enqueueing threads take.
 void TensorQueue::Release(const std::vector<TensorEntry*>& entries) {
-  std::lock_guard<std::mutex> lock(mu_);
-  // entry->name lives in the element being erased: find it, then erase by iterator.
-  for (const TensorEntry* entry : entries) {
-    auto it = in_flight_.find(entry->name);
-    if (it != in_flight_.end()) in_flight_.erase(it);
+  released_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const TensorEntry* entry : entries) {
+      auto it = in_flight_.find(entry->name);
+      if (it != in_flight_.end()) released_.push_back(in_flight_.Take(it));
+    }
   }
+  for (auto& entry : released_) entry->Clear();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& entry : released_) pool_.push_back(std::move(entry));
 }
 
 std::vector<TensorEntry*> TensorQueue::InFlight() const {

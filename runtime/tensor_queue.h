@@ -1,9 +1,11 @@
 // TensorQueue: hands entries from caller threads to the background thread, and owns every entry
 // in flight (from Push until Release), by name, so that a duplicate name fails at enqueue.
+// Released entries are kept in a pool that NewEntry draws from: once a training loop has run a
+// step, enqueueing allocates nothing here.
 //
-// Push and Close may be called from any thread; WaitForWork, Drain, Release and InFlight only from
-// the background thread, which may use a drained entry until it releases it. Every member takes
-// one mutex; no member blocks except WaitForWork.
+// NewEntry, Push and Close may be called from any thread; WaitForWork, Drain, Release and InFlight
+// only from the background thread, which may use a drained entry until it releases it. Every member
+// takes one mutex; no member blocks except WaitForWork.
 #pragma once
 
 #include <chrono>
@@ -11,16 +13,19 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
+#include <string_view>
 #include <vector>
 
 #include "gradsync/status.h"
+#include "runtime/recycling_map.h"
 #include "runtime/tensor_entry.h"
 
 namespace gradsync {
 
 class TensorQueue {
  public:
+  // A cleared entry (see TensorEntry::Clear) to fill and push.
+  std::unique_ptr<TensorEntry> NewEntry();
   // Fails with InvalidArgument if the name is in flight, or with the Close() status once closed.
   Status Push(std::unique_ptr<TensorEntry> entry);
   // Pushes several entries atomically: all are accepted or none is.
@@ -33,10 +38,8 @@ class TensorQueue {
   void Wake();
   // Entries pushed since the last Drain, in push order. They stay owned by the queue, in flight.
   std::vector<TensorEntry*> Drain();
-  // Takes `name` out of flight and frees its entry; call before completing the entry's handle so
-  // the caller may reuse the name at once.
-  void Release(const std::string& name);
-  // Release for several entries under one lock.
+  // Takes the entries out of flight and returns them to the pool; call before completing their
+  // handles so that callers may reuse the names at once. The pointers are invalid afterwards.
   void Release(const std::vector<TensorEntry*>& entries);
   // Every entry in flight, drained or not.
   std::vector<TensorEntry*> InFlight() const;
@@ -51,7 +54,10 @@ class TensorQueue {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<TensorEntry*> pending_;
-  std::unordered_map<std::string, std::unique_ptr<TensorEntry>> in_flight_;
+  // Keyed by a view of the entry's own name, which stays unchanged while the entry is in flight.
+  RecyclingMap<std::string_view, std::unique_ptr<TensorEntry>> in_flight_;
+  std::vector<std::unique_ptr<TensorEntry>> pool_;
+  std::vector<std::unique_ptr<TensorEntry>> released_;  // Release's scratch; background thread only
   Status closed_;
   bool closed_flag_ = false;
   bool wake_requested_ = false;

@@ -25,6 +25,19 @@ Request MakeRequest(const std::string& name, std::vector<int64_t> shape = {4},
   return r;
 }
 
+// The negotiator reads a tensor's parameters from its entry, as the background loop hands it.
+std::unique_ptr<TensorEntry> EntryFor(const Request& request) {
+  auto entry = std::make_unique<TensorEntry>();
+  entry->name = request.name;
+  entry->op = request.op;
+  entry->input = TensorView(nullptr, request.dtype, request.shape, request.device);
+  entry->reduce_op = request.reduce_op;
+  entry->prescale = request.prescale;
+  entry->postscale = request.postscale;
+  entry->root = request.root;
+  return entry;
+}
+
 struct RankLog {
   std::vector<Response> responses;
   std::vector<CycleOutcome> cycles;
@@ -46,11 +59,25 @@ std::vector<RankLog> RunRanks(int size, int cycles, const Config& config, const 
       auto channel = hub->Channel(rank);
       int cycle = 0;
       Negotiator negotiator(channel.get(), config, [&] { return cycle * seconds_per_cycle; });
+      std::vector<std::unique_ptr<TensorEntry>> entries;  // alive until the run ends
       for (; cycle < cycles; ++cycle) {
+        std::vector<TensorEntry*> fresh;
+        for (const Request& request : submit(rank, cycle)) {
+          entries.push_back(EntryFor(request));
+          fresh.push_back(entries.back().get());
+        }
         CycleOutcome outcome;
         const bool shutdown = want_shutdown && want_shutdown(rank, cycle);
-        const Status s = negotiator.RunCycle(submit(rank, cycle), {}, shutdown, &outcome);
+        const Status s = negotiator.RunCycle(fresh, shutdown, &outcome);
         ASSERT_TRUE(s.ok()) << s.ToString();
+        ASSERT_EQ(outcome.entries.size(), outcome.responses.size());
+        for (size_t i = 0; i < outcome.responses.size(); ++i) {
+          const Response& r = *outcome.responses[i];
+          // Each response comes back with the entry this rank submitted under that name.
+          if (r.type == ResponseType::kStallShutdown) continue;
+          ASSERT_NE(outcome.entries[i], nullptr) << r.name;
+          EXPECT_EQ(outcome.entries[i]->name, r.name);
+        }
         for (const ResponsePtr& r : outcome.responses) logs[rank].responses.push_back(*r);
         logs[rank].cycles.push_back(std::move(outcome));
       }

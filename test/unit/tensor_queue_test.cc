@@ -73,16 +73,39 @@ TEST(TensorQueueTest, DuplicateNameIsRejectedWhileInFlight) {
 TEST(TensorQueueTest, NameIsAcceptedAgainAfterRelease) {
   TensorQueue queue;
   ASSERT_TRUE(queue.Push(Entry("grad.w")).ok());
-  queue.Drain();
-  queue.Release("grad.w");
+  queue.Release(queue.Drain());
   EXPECT_TRUE(queue.Push(Entry("grad.w")).ok());
   EXPECT_EQ(Names(queue.Drain()), (std::vector<std::string>{"grad.w"}));
 }
 
-TEST(TensorQueueTest, ReleasingAnUnknownNameIsHarmless) {
+TEST(TensorQueueTest, ReleasingAnEntryNotInFlightIsHarmless) {
   TensorQueue queue;
-  queue.Release("never-pushed");
+  auto stranger = Entry("never-pushed");
+  queue.Release({stranger.get()});
   EXPECT_TRUE(queue.Push(Entry("never-pushed")).ok());
+}
+
+TEST(TensorQueueTest, ReleasedEntriesAreReusedCleared) {
+  TensorQueue queue;
+  auto entry = queue.NewEntry();
+  entry->name = "a.rather.long.gradient.name.that.does.not.fit.inline";
+  entry->input.shape = {3, 4, 5};
+  entry->root = 3;
+  entry->allocator = [](const std::vector<int64_t>&, DataType) { return nullptr; };
+  const TensorEntry* address = entry.get();
+  const size_t name_capacity = entry->name.capacity();
+  ASSERT_TRUE(queue.Push(std::move(entry)).ok());
+  queue.Release(queue.Drain());
+
+  auto reused = queue.NewEntry();
+  EXPECT_EQ(reused.get(), address);
+  EXPECT_TRUE(reused->name.empty());
+  EXPECT_GE(reused->name.capacity(), name_capacity);  // kept, so refilling does not allocate
+  EXPECT_TRUE(reused->input.shape.empty());
+  EXPECT_EQ(reused->root, 0);
+  EXPECT_FALSE(reused->allocator);
+  EXPECT_EQ(reused->state, nullptr);
+  EXPECT_NE(queue.NewEntry().get(), address);  // the pool is empty again: a new one
 }
 
 TEST(TensorQueueTest, PushAllAcceptsABatchInOrder) {
@@ -192,7 +215,7 @@ TEST(TensorQueueTest, EveryPushAfterADrainWakesTheWaiterAgain) {
         queue.WaitForWork(kLongWait);
         got = queue.Drain();
       }
-      for (const auto& entry : got) queue.Release(entry->name);
+      queue.Release(got);
     }
   });
   auto start = steady_clock::now();

@@ -708,7 +708,10 @@ TEST(MessageTest, RequestFromEntry) {
   e.prescale = 4.0;
   e.postscale = 0.125;
   e.root = 3;
-  const Request q = RequestFromEntry(e, 5, 1.5);
+  Request q;
+  q.name = "a stale name from the request's last use";
+  q.shape = {1, 2, 3, 4};
+  RequestFromEntry(e, 5, 1.5, &q);
   EXPECT_EQ(q.name, "conv.bias");
   EXPECT_EQ(q.op, OpType::kAllgather);
   EXPECT_EQ(q.dtype, DataType::kInt64);
