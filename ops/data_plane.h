@@ -13,6 +13,10 @@
 
 namespace gradsync {
 
+// `rows` divided into `parts` as evenly as possible, lower parts taking the remainder: 10 rows in
+// 4 parts are {3, 3, 2, 2}. How reducescatter divides its result, and alltoall's default splits.
+std::vector<int64_t> EvenSplits(int64_t rows, int parts);
+
 // What every entry of an allreduce bucket has in common.
 struct ReduceSpec {
   DataType dtype = DataType::kFloat32;
@@ -36,6 +40,20 @@ class DataPlane {
 
   // Overwrites entry->input on every rank with the root's.
   virtual Status Broadcast(TensorEntry* entry, int root) = 0;
+
+  // Reduces every entry's input across ranks and leaves this rank's share of the result in the
+  // entry's output: the first dimension is divided by EvenSplits (lower ranks take the remainder),
+  // the other dimensions are kept. Outputs are allocated through entry->allocator (entry->output
+  // and entry->state->output_shape are set). Several entries are packed into the fusion buffer so
+  // that one collective serves them all. Scale factors and kAverage as for Allreduce.
+  virtual Status Reducescatter(const std::vector<TensorEntry*>& entries,
+                               const ReduceSpec& spec) = 0;
+
+  // Sends entry->splits[r] rows of the input's first dimension to rank r, in rank order (EvenSplits
+  // when splits is empty), and receives every rank's rows for this rank, concatenated in rank order.
+  // The output is allocated through entry->allocator; entry->output, entry->state->output_shape and
+  // entry->state->received_splits are set.
+  virtual Status Alltoall(TensorEntry* entry) = 0;
 };
 
 }  // namespace gradsync

@@ -36,8 +36,11 @@ class OpState {
   // The final status once done; OK while pending.
   Status status() const;
 
-  // Allgather: the output shape, set by the background thread before Record().
+  // Allgather, reducescatter, alltoall: the output shape, set by the background thread before
+  // Record().
   std::vector<int64_t> output_shape;
+  // Alltoall: rows received from each rank, in rank order; set before Record().
+  std::vector<int64_t> received_splits;
 
  private:
   mutable std::mutex mu_;

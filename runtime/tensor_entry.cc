@@ -12,6 +12,10 @@ std::string OpTypeName(OpType op) {
       return "broadcast";
     case OpType::kBarrier:
       return "barrier";
+    case OpType::kReducescatter:
+      return "reducescatter";
+    case OpType::kAlltoall:
+      return "alltoall";
   }
   return "invalid(" + std::to_string(static_cast<int>(op)) + ")";
 }
@@ -20,13 +24,16 @@ void TensorEntry::Clear() {
   std::string kept_name = std::move(name);
   std::vector<int64_t> kept_input_shape = std::move(input.shape);
   std::vector<int64_t> kept_output_shape = std::move(output.shape);
+  std::vector<int64_t> kept_splits = std::move(splits);
   *this = TensorEntry();
   kept_name.clear();
   kept_input_shape.clear();
   kept_output_shape.clear();
+  kept_splits.clear();
   name = std::move(kept_name);
   input.shape = std::move(kept_input_shape);
   output.shape = std::move(kept_output_shape);
+  splits = std::move(kept_splits);
 }
 
 }  // namespace gradsync

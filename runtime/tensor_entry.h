@@ -22,11 +22,14 @@ enum class OpType : uint8_t {
   kAllgather = 1,
   kBroadcast = 2,
   kBarrier = 3,
+  kReducescatter = 4,
+  kAlltoall = 5,
 };
-constexpr int kNumOpTypes = 4;
+constexpr int kNumOpTypes = 6;
 std::string OpTypeName(OpType op);
 
-// Called on the background thread once an allgather's output shape is known; returns where to
+// Called on the background thread once an allgather's, reducescatter's or alltoall's output shape
+// is known; returns where to
 // write it (shape's product x dtype size bytes, valid until the handle completes), or nullptr to
 // fail the operation.
 using OutputAllocator = std::function<void*(const std::vector<int64_t>& shape, DataType dtype)>;
@@ -35,13 +38,15 @@ struct TensorEntry {
   std::string name;
   OpType op = OpType::kAllreduce;
   TensorView input;
-  // Allreduce: where the result goes (the input itself when in place). Allgather: set once the
-  // allocator has run. Broadcast: the input. Barrier: unused.
+  // Allreduce: where the result goes (the input itself when in place). Allgather, reducescatter,
+  // alltoall: set once the allocator has run. Broadcast: the input. Barrier: unused.
   TensorView output;
   ReduceOp reduce_op = ReduceOp::kSum;
   double prescale = 1.0;
   double postscale = 1.0;
   int root = 0;
+  // Alltoall: rows of the first dimension sent to each rank, in rank order; empty for even splits.
+  std::vector<int64_t> splits;
   OutputAllocator allocator;
   std::shared_ptr<OpState> state;
   std::chrono::steady_clock::time_point enqueued_at;

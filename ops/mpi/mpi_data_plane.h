@@ -1,5 +1,5 @@
 // MpiDataPlane: host-memory collectives over MPI on gradsync's data communicator. Each collective
-// lives in its own file (allreduce.cc, allgather.cc, broadcast.cc).
+// lives in its own file (allreduce.cc, allgather.cc, broadcast.cc, reducescatter.cc, alltoall.cc).
 //
 // Owns the host fusion buffer. Used by the background thread only.
 #pragma once
@@ -21,6 +21,8 @@ class MpiDataPlane : public DataPlane {
   Status Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) override;
   Status Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims) override;
   Status Broadcast(TensorEntry* entry, int root) override;
+  Status Reducescatter(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) override;
+  Status Alltoall(TensorEntry* entry) override;
 
  private:
   Status AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MPI_Datatype type, MPI_Op op);
