@@ -92,6 +92,31 @@ Status ValidateScale(double factor, const char* what) {
   return Status::OK();
 }
 
+Status ValidateSplits(const std::vector<int64_t>& splits, int64_t rows, int size) {
+  if (splits.empty()) return Status::OK();
+  if (splits.size() != static_cast<size_t>(size)) {
+    return Status::InvalidArgument(std::to_string(splits.size()) + " splits for " +
+                                   std::to_string(size) + " ranks; give one per rank");
+  }
+  int64_t total = 0;
+  for (size_t r = 0; r < splits.size(); ++r) {
+    if (splits[r] < 0) {
+      return Status::InvalidArgument("split for rank " + std::to_string(r) + " is negative (" +
+                                     std::to_string(splits[r]) + ")");
+    }
+    if (splits[r] > rows - total) {
+      return Status::InvalidArgument("splits add up to more than the first dimension " +
+                                     std::to_string(rows));
+    }
+    total += splits[r];
+  }
+  if (total != rows) {
+    return Status::InvalidArgument("splits add up to " + std::to_string(total) +
+                                   ", not to the first dimension " + std::to_string(rows));
+  }
+  return Status::OK();
+}
+
 std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string& name,
                                       CompletionCallback on_complete) {
   std::unique_ptr<TensorEntry> entry = rt.queue.NewEntry();
@@ -225,6 +250,43 @@ Handle broadcast(const TensorView& tensor, int root, const BroadcastOptions& opt
   return Submit(rt, std::move(entry), status);
 }
 
+Handle reducescatter(const TensorView& input, Allocator allocate,
+                     const ReducescatterOptions& options) {
+  Runtime& rt = ActiveRuntime("reducescatter");
+  auto entry = NewEntry(rt, OpType::kReducescatter, options.name, options.on_complete);
+  Status status = ValidateTensor(input, "");
+  if (status.ok() && input.shape.empty()) {
+    status = Status::InvalidArgument("a scalar cannot be scattered; the input needs a dimension");
+  }
+  if (status.ok() && !allocate) status = Status::InvalidArgument("no output allocator");
+  if (status.ok() && !IsValidReduceOp(options.op)) {
+    status = Status::InvalidArgument("unknown reduce op " + ReduceOpName(options.op));
+  }
+  if (status.ok()) status = ValidateScale(options.prescale, "prescale");
+  if (status.ok()) status = ValidateScale(options.postscale, "postscale");
+  entry->input = input;
+  entry->allocator = std::move(allocate);
+  entry->reduce_op = options.op;
+  entry->prescale = options.prescale;
+  entry->postscale = options.postscale;
+  return Submit(rt, std::move(entry), status);
+}
+
+Handle alltoall(const TensorView& input, Allocator allocate, const AlltoallOptions& options) {
+  Runtime& rt = ActiveRuntime("alltoall");
+  auto entry = NewEntry(rt, OpType::kAlltoall, options.name, options.on_complete);
+  Status status = ValidateTensor(input, "");
+  if (status.ok() && input.shape.empty()) {
+    status = Status::InvalidArgument("a scalar cannot be split; the input needs a dimension");
+  }
+  if (status.ok() && !allocate) status = Status::InvalidArgument("no output allocator");
+  if (status.ok()) status = ValidateSplits(options.splits, input.shape[0], rt.mpi->size());
+  entry->input = input;
+  entry->allocator = std::move(allocate);
+  entry->splits = options.splits;
+  return Submit(rt, std::move(entry), status);
+}
+
 Handle barrier(const std::string& name) {
   Runtime& rt = ActiveRuntime("barrier");
   auto entry = NewEntry(rt, OpType::kBarrier, name, nullptr);
@@ -252,6 +314,11 @@ Status Handle::status() const { return state_ ? state_->status() : Status::OK();
 std::vector<int64_t> Handle::output_shape() const {
   if (!state_ || !state_->done()) return {};
   return state_->output_shape;
+}
+
+std::vector<int64_t> Handle::received_splits() const {
+  if (!state_ || !state_->done()) return {};
+  return state_->received_splits;
 }
 
 }  // namespace gradsync

@@ -127,6 +127,11 @@ Status BackgroundLoop::ExecuteBucket(const ResponsePtr& response,
       return plane->Allgather(first_entry, first.first_dims);
     case ResponseType::kBroadcast:
       return plane->Broadcast(first_entry, first.root);
+    case ResponseType::kReducescatter:
+      return plane->Reducescatter(members,
+                                  {first.dtype, first.reduce_op, first.prescale, first.postscale});
+    case ResponseType::kAlltoall:
+      return plane->Alltoall(first_entry);
     case ResponseType::kBarrier:
       // Negotiation already proved every rank reached the barrier.
       return Status::OK();

@@ -7,8 +7,8 @@ namespace gradsync {
 namespace {
 
 bool Fusible(const Response& a, const Response& b) {
-  return a.dtype == b.dtype && a.device == b.device && a.reduce_op == b.reduce_op &&
-         a.prescale == b.prescale && a.postscale == b.postscale;
+  return a.type == b.type && a.dtype == b.dtype && a.device == b.device &&
+         a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale;
 }
 
 bool Planned(const Response& r) {
@@ -36,8 +36,9 @@ std::vector<Bucket> PlanFusion(const std::vector<ResponsePtr>& responses,
     const Response& r = *responses[i];
     if (!Planned(r)) continue;
     const int64_t bytes = ResponseBytes(r);
-    const bool alone = r.type != ResponseType::kAllreduce ||
-                       bytes >= settings.inplace_threshold_bytes ||
+    const bool reduction =
+        r.type == ResponseType::kAllreduce || r.type == ResponseType::kReducescatter;
+    const bool alone = !reduction || bytes >= settings.inplace_threshold_bytes ||
                        bytes > settings.fusion_threshold_bytes;
     if (alone) {
       buckets.push_back({{i}});

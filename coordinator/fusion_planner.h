@@ -22,8 +22,9 @@ struct Bucket {
 };
 
 // Allreduce responses that agree on dtype, device, reduce op and scale factors share a bucket while
-// their aligned sizes fit the threshold; an allreduce of at least the in-place threshold, and every
-// other collective, gets a bucket of its own. Buckets are ordered by their first response, so work
+// their aligned sizes fit the threshold, and so do reducescatter responses among themselves; a
+// reduction of at least the in-place threshold, and every other collective, gets a bucket of its
+// own. Buckets are ordered by their first response, so work
 // starts in the order the responses were agreed. Error and shutdown responses are not planned.
 std::vector<Bucket> PlanFusion(const std::vector<ResponsePtr>& responses,
                                const FusionSettings& settings);

@@ -9,14 +9,14 @@ bool Request::operator==(const Request& o) const {
   return name == o.name && op == o.op && dtype == o.dtype && shape == o.shape &&
          device == o.device && reduce_op == o.reduce_op && prescale == o.prescale &&
          postscale == o.postscale && root == o.root && rank == o.rank &&
-         waited_seconds == o.waited_seconds;
+         waited_seconds == o.waited_seconds && group == o.group && group_size == o.group_size;
 }
 
 bool Response::operator==(const Response& o) const {
   return type == o.type && name == o.name && dtype == o.dtype && shape == o.shape &&
          device == o.device && reduce_op == o.reduce_op && prescale == o.prescale &&
          postscale == o.postscale && root == o.root && first_dims == o.first_dims &&
-         error == o.error;
+         error == o.error && group == o.group && group_size == o.group_size;
 }
 
 ResponseType ResponseTypeFor(OpType op) {
@@ -29,6 +29,10 @@ ResponseType ResponseTypeFor(OpType op) {
       return ResponseType::kBroadcast;
     case OpType::kBarrier:
       return ResponseType::kBarrier;
+    case OpType::kReducescatter:
+      return ResponseType::kReducescatter;
+    case OpType::kAlltoall:
+      return ResponseType::kAlltoall;
   }
   // Enqueue and the wire parser both reject unknown ops, so reaching here is a gradsync bug.
   std::fprintf(stderr, "gradsync: internal error: no response type for op value %d\n",
@@ -47,6 +51,8 @@ Response ResponseFromRequest(const Request& request) {
   response.prescale = request.prescale;
   response.postscale = request.postscale;
   response.root = request.root;
+  response.group = request.group;
+  response.group_size = request.group_size;
   return response;
 }
 
@@ -62,6 +68,8 @@ void RequestFromEntry(const TensorEntry& entry, int rank, double waited_seconds,
   request->root = entry.root;
   request->rank = rank;
   request->waited_seconds = waited_seconds;
+  request->group = entry.group;
+  request->group_size = entry.group_size;
 }
 
 namespace {
@@ -91,6 +99,8 @@ bool ResponseMatchesRequest(const Response& response, const Request& request) {
     case ResponseType::kAllgather:
     case ResponseType::kBroadcast:
     case ResponseType::kBarrier:
+    case ResponseType::kReducescatter:
+    case ResponseType::kAlltoall:
       break;
     default:
       return false;  // error and shutdown responses never stand for a live request
@@ -101,7 +111,8 @@ bool ResponseMatchesRequest(const Response& response, const Request& request) {
                                  : response.shape == request.shape;
   return shape_matches && response.dtype == request.dtype && response.device == request.device &&
          response.reduce_op == request.reduce_op && response.prescale == request.prescale &&
-         response.postscale == request.postscale && response.root == request.root;
+         response.postscale == request.postscale && response.root == request.root &&
+         response.group == request.group && response.group_size == request.group_size;
 }
 
 }  // namespace gradsync

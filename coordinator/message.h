@@ -27,6 +27,9 @@ struct Request {
   int32_t root = 0;
   int32_t rank = 0;             // the sender
   double waited_seconds = 0.0;  // how long the sender has held it, for the stall inspector
+  // Grouped operations: the group's name and number of tensors; empty and 0 for a lone tensor.
+  std::string group;
+  int32_t group_size = 0;
 
   bool operator==(const Request& o) const;
 };
@@ -43,8 +46,10 @@ enum class ResponseType : uint8_t {
   kBarrier = 3,
   kError = 4,          // the named tensor fails on every rank with `error`; the runtime goes on
   kStallShutdown = 5,  // every pending operation fails with `error`; the runtime shuts down
+  kReducescatter = 6,
+  kAlltoall = 7,
 };
-constexpr int kNumResponseTypes = 6;
+constexpr int kNumResponseTypes = 8;
 
 struct Response {
   ResponseType type = ResponseType::kAllreduce;
@@ -58,6 +63,8 @@ struct Response {
   int32_t root = 0;
   std::vector<int64_t> first_dims;  // allgather: every rank's first dimension, by rank
   std::string error;                // kError, kStallShutdown
+  std::string group;                // as in Request: a group's responses run in one cycle
+  int32_t group_size = 0;
 
   bool operator==(const Response& o) const;
 };

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <unordered_set>
 
 #include "coordinator/wire_format.h"
 #include "runtime/logging.h"
@@ -102,7 +103,31 @@ void Negotiator::AddFresh(const std::vector<TensorEntry*>& fresh, double now,
                    entry->name.c_str());
       std::abort();
     }
+    if (entry->group_size > 1) ++grouped_pending_;
   }
+  // A group is enqueued atomically, so all of it is fresh in the same cycle.
+  if (grouped_pending_ > 0) KeepGroupsTogether();
+}
+
+// A group runs in one cycle: through the cache only if every member is cached, otherwise every
+// member goes through the full round, where rank 0 holds them until the whole group is ready. The
+// state of a member's siblings is the same on every rank (caches are identical), so every rank
+// reaches the same decision.
+bool Negotiator::KeepGroupsTogether() {
+  std::unordered_set<std::string_view> split;
+  for (const auto& [name, p] : pending_) {
+    if (p.entry->group_size > 1 && p.state != PendingState::kCached) split.insert(p.entry->group);
+  }
+  if (split.empty()) return false;
+  bool demoted = false;
+  for (auto& [name, p] : pending_) {
+    if (p.state == PendingState::kCached && p.entry->group_size > 1 &&
+        split.count(p.entry->group) != 0) {
+      p.state = PendingState::kUncached;
+      demoted = true;
+    }
+  }
+  return demoted;
 }
 
 bool Negotiator::RefreshCachedState(double now, std::vector<uint32_t>* invalid) {
@@ -120,6 +145,7 @@ bool Negotiator::RefreshCachedState(double now, std::vector<uint32_t>* invalid) 
     }
     has_uncached = has_uncached || p.state == PendingState::kUncached;
   }
+  if (grouped_pending_ > 0 && KeepGroupsTogether()) has_uncached = true;
   return has_uncached;
 }
 
@@ -146,11 +172,20 @@ void Negotiator::ApplyInvalidBits(const std::vector<uint64_t>& words) {
   const size_t invalid_base = 1 + BitWords(bits);
   std::vector<uint32_t> erased;
   for (size_t bit = 0; bit < bits; ++bit) {
-    if (TestBit(words, invalid_base, bit)) continue;
-    cache_.Erase(static_cast<uint32_t>(bit));
-    erased.push_back(static_cast<uint32_t>(bit));
+    if (!TestBit(words, invalid_base, bit)) erased.push_back(static_cast<uint32_t>(bit));
   }
   if (erased.empty()) return;
+  // Invalidating one member of a group invalidates the whole group, on every rank alike, so that no
+  // rank can run part of a group from the cache while the rest goes through the full round.
+  const size_t invalidated = erased.size();
+  for (size_t i = 0; i < invalidated; ++i) {
+    if (!cache_.Contains(erased[i])) continue;
+    const Response& response = *cache_.Get(erased[i]);
+    if (response.group_size > 1) cache_.AppendGroupBits(response.group, &erased);
+  }
+  std::sort(erased.begin(), erased.end());
+  erased.erase(std::unique(erased.begin(), erased.end()), erased.end());
+  for (uint32_t bit : erased) cache_.Erase(bit);
   for (auto& [name, p] : pending_) {
     if (p.state == PendingState::kCached &&
         std::binary_search(erased.begin(), erased.end(), p.bit)) {
@@ -230,7 +265,7 @@ void Negotiator::CoordinatorRespond(const std::vector<std::string>& gathered, do
     }
     for (Request& request : list.requests) {
       request.rank = r;  // the sender is who the transport says, whatever the bytes claim
-      if (table_->Add(request, now)) ready.push_back(request.name);
+      if (table_->Add(request, now)) table_->Release(request.name, &ready);
     }
   }
   for (const std::string& name : ready) responses->responses.push_back(table_->TakeReady(name));
@@ -246,7 +281,9 @@ void Negotiator::CoordinatorRespond(const std::vector<std::string>& gathered, do
 
 TensorEntry* Negotiator::Retire(std::string_view name) {
   std::optional<Pending> retired = pending_.Take(name);
-  return retired ? retired->entry : nullptr;
+  if (!retired) return nullptr;
+  if (retired->entry->group_size > 1) --grouped_pending_;
+  return retired->entry;
 }
 
 }  // namespace gradsync

@@ -67,6 +67,9 @@ class Negotiator {
   };
 
   void AddFresh(const std::vector<TensorEntry*>& fresh, double now, std::vector<uint32_t>* invalid);
+  // Sends every member of a group through the full round when any member must go there; returns
+  // whether it demoted any cached member.
+  bool KeepGroupsTogether();
   // Demotes cached requests that were evicted or have waited past the stall warning; returns
   // whether any pending request now needs the full round.
   bool RefreshCachedState(double now, std::vector<uint32_t>* invalid);
@@ -93,6 +96,7 @@ class Negotiator {
   // Reused for each cache lookup so that a lookup does not allocate.
   Request lookup_scratch_;
   uint64_t next_sequence_ = 0;
+  size_t grouped_pending_ = 0;  // pending entries that belong to a group
   // Rank 0 only.
   std::unique_ptr<ReadinessTable> table_;
   std::unique_ptr<StallInspector> stall_;

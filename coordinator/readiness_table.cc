@@ -22,6 +22,7 @@ std::string ToText(double v) { return FormatDouble(v); }
 std::string ToText(int32_t v) { return std::to_string(v); }
 std::string ToText(size_t v) { return std::to_string(v); }
 std::string ToText(const std::vector<int64_t>& v) { return ShapeString(v); }
+std::string ToText(const std::string& v) { return v.empty() ? "none" : "'" + v + "'"; }
 
 // "rank 0 has float32; ranks 1, 3 have int32": ranks grouped by value, in order of appearance.
 template <typename Get>
@@ -72,13 +73,16 @@ Status ValidateRequests(const std::vector<Request>& requests, Response* response
   GRADSYNC_RETURN_IF_ERROR(
       CheckAgree(requests, "operation", [](const Request& r) { return r.op; }));
   const OpType op = requests[0].op;
+  GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "group", [](const Request& r) { return r.group; }));
+  GRADSYNC_RETURN_IF_ERROR(
+      CheckAgree(requests, "group size", [](const Request& r) { return r.group_size; }));
   if (op != OpType::kBarrier) {
     GRADSYNC_RETURN_IF_ERROR(
         CheckAgree(requests, "device kind", [](const Request& r) { return r.device.kind; }));
     GRADSYNC_RETURN_IF_ERROR(
         CheckAgree(requests, "dtype", [](const Request& r) { return r.dtype; }));
   }
-  if (op == OpType::kAllgather) {
+  if (op == OpType::kAllgather || op == OpType::kAlltoall) {
     GRADSYNC_RETURN_IF_ERROR(
         CheckAgree(requests, "rank (number of dimensions)",
                    [](const Request& r) { return std::max<size_t>(r.shape.size(), 1); }));
@@ -88,7 +92,7 @@ Status ValidateRequests(const std::vector<Request>& requests, Response* response
     GRADSYNC_RETURN_IF_ERROR(
         CheckAgree(requests, "shape", [](const Request& r) { return r.shape; }));
   }
-  if (op == OpType::kAllreduce) {
+  if (op == OpType::kAllreduce || op == OpType::kReducescatter) {
     GRADSYNC_RETURN_IF_ERROR(
         CheckAgree(requests, "reduce op", [](const Request& r) { return r.reduce_op; }));
     GRADSYNC_RETURN_IF_ERROR(
@@ -137,6 +141,19 @@ bool ReadinessTable::Add(const Request& request, double now) {
   return row.count == size_;
 }
 
+void ReadinessTable::Release(const std::string& name, std::vector<std::string>* runnable) {
+  const Request& first = rows_.at(name).by_rank[0];
+  if (first.group_size <= 1) {
+    runnable->push_back(name);
+    return;
+  }
+  std::vector<std::string>& held = held_groups_[first.group];
+  held.push_back(name);
+  if (held.size() < static_cast<size_t>(first.group_size)) return;
+  runnable->insert(runnable->end(), held.begin(), held.end());
+  held_groups_.erase(first.group);
+}
+
 Response ReadinessTable::TakeReady(const std::string& name) {
   auto it = rows_.find(name);
   Response response;
@@ -155,6 +172,7 @@ std::vector<ReadinessTable::Waiting> ReadinessTable::WaitingNames() const {
   std::vector<Waiting> out;
   out.reserve(rows_.size());
   for (const auto& [name, row] : rows_) {
+    if (row.count == size_) continue;  // held for its group
     Waiting w;
     w.name = name;
     w.first_seen = row.first_seen;

@@ -21,6 +21,11 @@ class ReadinessTable {
   // waited_seconds backdates when the name was first seen. Returns true when the name has just
   // become ready on every rank. A second request for a name from the same rank replaces the first.
   bool Add(const Request& request, double now);
+  // Call once Add() has returned true for `name`. Appends to *runnable the names that may run now:
+  // `name` itself; nothing while the rest of its group is not ready on every rank; or, when `name`
+  // completes its group, every name of the group, in the order they became ready. A group is known
+  // by rank 0's request; ranks that disagree about it get a mismatch error from TakeReady.
+  void Release(const std::string& name, std::vector<std::string>* runnable);
   // Removes a ready name and returns the response every rank executes: the agreed parameters, or
   // a kError response whose message names the ranks and their differing values.
   Response TakeReady(const std::string& name);
@@ -31,7 +36,8 @@ class ReadinessTable {
     std::vector<int> ready_ranks;
     std::vector<int> missing_ranks;
   };
-  // Every name still waiting for some ranks, oldest first.
+  // Every name still waiting for some ranks, oldest first. Names that every rank has sent but that
+  // wait for the rest of their group are left out: the members holding them up are listed.
   std::vector<Waiting> WaitingNames() const;
   bool empty() const { return rows_.empty(); }
   size_t size() const { return rows_.size(); }
@@ -46,6 +52,8 @@ class ReadinessTable {
 
   int size_;
   std::unordered_map<std::string, Row> rows_;
+  // Group name -> its members ready on every rank so far.
+  std::unordered_map<std::string, std::vector<std::string>> held_groups_;
 };
 
 // Checks that every rank's request for one name agrees; fills *response on success. On mismatch

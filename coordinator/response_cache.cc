@@ -8,7 +8,8 @@ namespace gradsync {
 ResponseCache::ResponseCache(size_t capacity) : capacity_(capacity) {}
 
 bool ResponseCache::IsCacheable(const Response& response) {
-  return response.type == ResponseType::kAllreduce || response.type == ResponseType::kBroadcast;
+  return response.type == ResponseType::kAllreduce || response.type == ResponseType::kBroadcast ||
+         response.type == ResponseType::kReducescatter;
 }
 
 ResponseCache::Lookup ResponseCache::Find(const Request& request, uint32_t* bit) const {
@@ -62,6 +63,15 @@ const ResponsePtr& ResponseCache::Get(uint32_t bit) const {
 }
 
 bool ResponseCache::Contains(uint32_t bit) const { return bit < slots_.size() && slots_[bit].used; }
+
+void ResponseCache::AppendGroupBits(const std::string& group, std::vector<uint32_t>* bits) const {
+  for (size_t bit = 0; bit < slots_.size(); ++bit) {
+    if (slots_[bit].used && slots_[bit].response->group_size > 1 &&
+        slots_[bit].response->group == group) {
+      bits->push_back(static_cast<uint32_t>(bit));
+    }
+  }
+}
 
 uint32_t ResponseCache::TakeFreeBit() {
   if (!free_bits_.empty()) {

@@ -3,8 +3,8 @@
 // Every rank holds an identical cache because it is changed only by Put/Erase/Touch calls made in
 // the same order on every rank (the order of the cycle's responses and invalid bits). Bits are
 // reused smallest-first and the least recently used entry is evicted when full, both deterministic.
-// Only allreduce and broadcast responses are cacheable: their parameters repeat every step, while
-// an allgather's per-rank sizes may change.
+// Only allreduce, reducescatter and broadcast responses are cacheable: their parameters repeat
+// every step, while an allgather's or alltoall's per-rank sizes may change.
 //
 // Owned and used by the background thread only.
 #pragma once
@@ -40,6 +40,8 @@ class ResponseCache {
   void Erase(uint32_t bit);
   const ResponsePtr& Get(uint32_t bit) const;
   bool Contains(uint32_t bit) const;
+  // Appends the bits of every cached response of `group` (scans the whole cache).
+  void AppendGroupBits(const std::string& group, std::vector<uint32_t>* bits) const;
 
   // One past the highest bit ever handed out: the length of every rank's bit vector.
   size_t num_bits() const { return slots_.size(); }

@@ -15,8 +15,8 @@ constexpr uint16_t kKindResponseList = 2;
 
 // Fixed bytes of one entry, everything but string bytes and dimensions. The parser uses them to
 // reject an entry count that the remaining bytes cannot possibly hold before reserving memory.
-constexpr size_t kRequestFixedBytes = 48;
-constexpr size_t kResponseFixedBytes = 44;
+constexpr size_t kRequestFixedBytes = 56;
+constexpr size_t kResponseFixedBytes = 52;
 
 // ---- Serialization
 // -------------------------------------------------------------------------------
@@ -51,14 +51,22 @@ void CheckCommon(const char* list_name, const std::string& name, DataType dtype,
   if (!IsValidReduceOp(reduce_op)) DieUnserializable(list_name, name, "invalid reduce op");
 }
 
+void CheckGroup(const char* list_name, const std::string& name, const std::string& group,
+                int32_t group_size) {
+  if (group.size() > kMaxWireNameBytes) DieUnserializable(list_name, name, "group name too long");
+  if (group_size < 0) DieUnserializable(list_name, name, "negative group size");
+}
+
 void CheckRequest(const Request& r) {
   CheckCommon("request list", r.name, r.dtype, r.shape, r.device, r.reduce_op);
+  CheckGroup("request list", r.name, r.group, r.group_size);
   if (static_cast<int>(r.op) >= kNumOpTypes)
     DieUnserializable("request list", r.name, "invalid op");
 }
 
 void CheckResponse(const Response& r) {
   CheckCommon("response list", r.name, r.dtype, r.shape, r.device, r.reduce_op);
+  CheckGroup("response list", r.name, r.group, r.group_size);
   if (static_cast<int>(r.type) >= kNumResponseTypes) {
     DieUnserializable("response list", r.name, "invalid response type");
   }
@@ -340,6 +348,9 @@ Status ReadRequest(Reader* r, Request* q) {
   GRADSYNC_RETURN_IF_ERROR(r->I32("root", &q->root));
   GRADSYNC_RETURN_IF_ERROR(r->I32("rank", &q->rank));
   GRADSYNC_RETURN_IF_ERROR(r->F64("waited seconds", &q->waited_seconds));
+  GRADSYNC_RETURN_IF_ERROR(r->String("group length", kMaxWireNameBytes, &q->group));
+  GRADSYNC_RETURN_IF_ERROR(r->I32("group size", &q->group_size));
+  if (q->group_size < 0) return r->Fail("negative group size " + std::to_string(q->group_size));
   return Status::OK();
 }
 
@@ -356,6 +367,9 @@ Status ReadResponse(Reader* r, Response* p) {
   GRADSYNC_RETURN_IF_ERROR(
       r->Dims("first_dims count", "first dim", kMaxWireEntries, &p->first_dims));
   GRADSYNC_RETURN_IF_ERROR(r->String("error length", kMaxWireErrorBytes, &p->error));
+  GRADSYNC_RETURN_IF_ERROR(r->String("group length", kMaxWireNameBytes, &p->group));
+  GRADSYNC_RETURN_IF_ERROR(r->I32("group size", &p->group_size));
+  if (p->group_size < 0) return r->Fail("negative group size " + std::to_string(p->group_size));
   return Status::OK();
 }
 
@@ -393,7 +407,7 @@ std::string SerializeRequestList(const RequestList& list) {
   size_t bytes = kWireHeaderBytes + 4;
   for (const Request& q : list.requests) {
     CheckRequest(q);
-    bytes += kRequestFixedBytes + q.name.size() + 8 * q.shape.size();
+    bytes += kRequestFixedBytes + q.name.size() + q.group.size() + 8 * q.shape.size();
   }
   std::string out;
   out.reserve(bytes);
@@ -412,6 +426,8 @@ std::string SerializeRequestList(const RequestList& list) {
     w.I32(q.root);
     w.I32(q.rank);
     w.F64(q.waited_seconds);
+    w.String(q.group);
+    w.I32(q.group_size);
   }
   FinishMessage(kKindRequestList, &out);
   return out;
@@ -426,7 +442,8 @@ std::string SerializeResponseList(const ResponseList& list) {
   size_t bytes = kWireHeaderBytes + 4;
   for (const Response& p : list.responses) {
     CheckResponse(p);
-    bytes += kResponseFixedBytes + p.name.size() + 8 * (p.shape.size() + p.first_dims.size()) +
+    bytes += kResponseFixedBytes + p.name.size() + p.group.size() +
+             8 * (p.shape.size() + p.first_dims.size()) +
              ClampedTextLength(p.error, kMaxWireErrorBytes);
   }
   std::string out;
@@ -446,6 +463,8 @@ std::string SerializeResponseList(const ResponseList& list) {
     w.I32(p.root);
     w.Dims(p.first_dims);
     w.Bytes(p.error.data(), ClampedTextLength(p.error, kMaxWireErrorBytes));
+    w.String(p.group);
+    w.I32(p.group_size);
   }
   FinishMessage(kKindResponseList, &out);
   return out;

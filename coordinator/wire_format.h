@@ -16,7 +16,7 @@
 namespace gradsync {
 
 constexpr uint32_t kWireMagic = 0x4E595347;  // "GSYN" little-endian
-constexpr uint16_t kWireVersion = 1;
+constexpr uint16_t kWireVersion = 2;
 constexpr size_t kWireHeaderBytes = 16;
 // Upper bounds a well-formed message never reaches; larger counts are rejected as corrupt.
 constexpr uint32_t kMaxWireNameBytes = 1 << 16;

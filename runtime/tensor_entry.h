@@ -47,6 +47,9 @@ struct TensorEntry {
   int root = 0;
   // Alltoall: rows of the first dimension sent to each rank, in rank order; empty for even splits.
   std::vector<int64_t> splits;
+  // Grouped operations: the group's name and number of tensors, negotiated and run together.
+  std::string group;
+  int group_size = 0;
   OutputAllocator allocator;
   std::shared_ptr<OpState> state;
   std::chrono::steady_clock::time_point enqueued_at;

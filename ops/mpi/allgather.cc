@@ -60,17 +60,6 @@ Status PlanLayout(const TensorView& input, const std::vector<int64_t>& first_dim
   return Status::OK();
 }
 
-// The allocator comes from a binding and may throw; no exception may cross the core, and a
-// failure here is reported like a null allocation.
-void* Allocate(const TensorEntry& entry, const std::vector<int64_t>& shape) noexcept {
-  if (!entry.allocator) return nullptr;
-  try {
-    return entry.allocator(shape, entry.input.dtype);
-  } catch (...) {
-    return nullptr;
-  }
-}
-
 }  // namespace
 
 Status MpiDataPlane::Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims) {
@@ -87,29 +76,18 @@ Status MpiDataPlane::Allgather(TensorEntry* entry, const std::vector<int64_t>& f
   GatherLayout layout;
   GRADSYNC_RETURN_IF_ERROR(InContext(PlanLayout(input, first_dims, &layout), what));
 
-  void* output = Allocate(*entry, layout.output_shape);
-  // An empty output needs no memory, and frameworks hand out nullptr for empty tensors.
-  const bool allocated = output != nullptr || layout.total_bytes == 0;
-  if (allocated) {
-    entry->output = TensorView(output, input.dtype, layout.output_shape, input.device);
-    if (entry->state) entry->state->output_shape = layout.output_shape;
-  }
+  const Status allocated = AllocateOutput(entry, layout.output_shape);
   if (layout.total_bytes > 0) {
     // A failed allocation is local to this rank; the others are already in the collective, so
     // this rank still takes part, receiving into scratch memory, and fails afterwards.
-    void* receive = allocated ? output : fusion_buffer_.Get(layout.total_bytes);
+    void* receive = allocated.ok() ? entry->output.data : fusion_buffer_.Get(layout.total_bytes);
     GRADSYNC_RETURN_IF_ERROR(InContext(
         MpiResult(MPI_Allgatherv(input.data, layout.counts[rank_], MPI_BYTE, receive,
                                  layout.counts.data(), layout.displs.data(), MPI_BYTE, comm_),
                   "MPI_Allgatherv"),
         what));
   }
-  if (!allocated) {
-    return InContext(Status::InvalidArgument("the output allocator gave no memory for shape " +
-                                             ShapeString(layout.output_shape)),
-                     what);
-  }
-  return Status::OK();
+  return InContext(allocated, what);
 }
 
 }  // namespace gradsync

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "runtime/mpi_context.h"
 
@@ -30,6 +31,26 @@ MpiDataPlane::MpiDataPlane(MPI_Comm comm)
 Status MpiDataPlane::InContext(const Status& status, const std::string& what) {
   if (status.ok()) return status;
   return Status(status.code(), what + ": " + status.message());
+}
+
+Status MpiDataPlane::AllocateOutput(TensorEntry* entry, const std::vector<int64_t>& shape) {
+  void* data = nullptr;
+  // The allocator comes from a binding and may throw; no exception may cross the core, so a throw
+  // is reported like a null allocation.
+  try {
+    if (entry->allocator) data = entry->allocator(shape, entry->input.dtype);
+  } catch (...) {
+    data = nullptr;
+  }
+  TensorView output(data, entry->input.dtype, shape, entry->input.device);
+  // An empty output needs no memory, and frameworks hand out nullptr for empty tensors.
+  if (data == nullptr && output.num_bytes() != 0) {
+    return Status::InvalidArgument("the output allocator gave no memory for shape " +
+                                   ShapeString(shape));
+  }
+  entry->output = std::move(output);
+  if (entry->state) entry->state->output_shape = shape;
+  return Status::OK();
 }
 
 }  // namespace gradsync

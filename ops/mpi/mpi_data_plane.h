@@ -34,6 +34,11 @@ class MpiDataPlane : public DataPlane {
                          MPI_Datatype type, MPI_Op op);
   // `status` with `what` (the collective and its tensors) in front of its message.
   static Status InContext(const Status& status, const std::string& what);
+  // Allocates the output of `shape` (in the input's dtype) through entry->allocator; on success
+  // sets entry->output and entry->state->output_shape. An empty output may be nullptr. A failure
+  // is local to this rank while the others are already committed to the collective, so callers
+  // still take part (receiving into scratch memory) and return the failure afterwards.
+  static Status AllocateOutput(TensorEntry* entry, const std::vector<int64_t>& shape);
 
   MPI_Comm comm_;
   int size_ = 1;

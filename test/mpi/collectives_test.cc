@@ -14,53 +14,6 @@ namespace testing {
 namespace {
 
 const std::vector<int64_t> kCounts = {0, 1, 17, (1 << 20) + 3};
-const std::vector<ReduceOp> kReduceOps = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
-                                          ReduceOp::kMax, ReduceOp::kProduct};
-
-// Small integers every dtype holds exactly, whose sums and products over 4 ranks stay exact.
-double Value(ReduceOp op, int rank, int64_t i) {
-  if (op == ReduceOp::kProduct) return 1 + (i + rank) % 2;
-  return (i * 7 + rank * 3) % 7;
-}
-
-double Expected(ReduceOp op, DataType dtype, int size, int64_t i) {
-  double acc = Value(op, 0, i);
-  for (int r = 1; r < size; ++r) {
-    const double v = Value(op, r, i);
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAverage:
-        acc += v;
-        break;
-      case ReduceOp::kMin:
-        acc = std::min(acc, v);
-        break;
-      case ReduceOp::kMax:
-        acc = std::max(acc, v);
-        break;
-      case ReduceOp::kProduct:
-        acc *= v;
-        break;
-    }
-  }
-  if (op == ReduceOp::kAverage) {
-    acc /= size;
-    if (!IsFloatingPoint(dtype)) acc = std::trunc(acc);
-  }
-  return acc;
-}
-
-double Tolerance(DataType dtype, double expected) {
-  switch (dtype) {
-    case DataType::kFloat16:
-      return std::abs(expected) * 1e-3;
-    case DataType::kBFloat16:
-      return std::abs(expected) * 8e-3;
-    default:
-      return 0;
-  }
-}
-
 struct Pending {
   std::unique_ptr<HostTensor> in, out;
   Handle handle;
@@ -74,7 +27,7 @@ TEST_F(CollectivesTest, AllreduceEveryDtypeOpAndCount) {
   std::vector<Pending> pending;
   int index = 0;
   for (DataType dtype : AllDataTypes()) {
-    for (ReduceOp op : kReduceOps) {
+    for (ReduceOp op : kAllReduceOps) {
       for (int64_t count : kCounts) {
         for (bool in_place : {true, false}) {
           Pending p{std::make_unique<HostTensor>(dtype, std::vector<int64_t>{count}),

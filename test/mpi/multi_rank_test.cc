@@ -1,5 +1,7 @@
 #include "test/mpi/multi_rank_test.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -118,6 +120,52 @@ double HostTensor::Get(int64_t i) const {
 std::vector<DataType> AllDataTypes() {
   return {DataType::kUInt8,   DataType::kInt8,     DataType::kInt32,   DataType::kInt64,
           DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64};
+}
+
+const std::vector<ReduceOp> kAllReduceOps = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
+                                             ReduceOp::kMax, ReduceOp::kProduct};
+
+double Value(ReduceOp op, int rank, int64_t i) {
+  if (op == ReduceOp::kProduct) return 1 + (i + rank) % 2;
+  return (i * 7 + rank * 3) % 7;
+}
+
+double Expected(ReduceOp op, DataType dtype, int size, int64_t i) {
+  double acc = Value(op, 0, i);
+  for (int r = 1; r < size; ++r) {
+    const double v = Value(op, r, i);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAverage:
+        acc += v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      case ReduceOp::kProduct:
+        acc *= v;
+        break;
+    }
+  }
+  if (op == ReduceOp::kAverage) {
+    acc /= size;
+    if (!IsFloatingPoint(dtype)) acc = std::trunc(acc);
+  }
+  return acc;
+}
+
+double Tolerance(DataType dtype, double expected) {
+  switch (dtype) {
+    case DataType::kFloat16:
+      return std::abs(expected) * 1e-3;
+    case DataType::kBFloat16:
+      return std::abs(expected) * 8e-3;
+    default:
+      return 0;
+  }
 }
 
 }  // namespace testing

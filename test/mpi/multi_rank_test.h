@@ -70,5 +70,14 @@ class HostTensor {
 
 std::vector<DataType> AllDataTypes();
 
+extern const std::vector<ReduceOp> kAllReduceOps;
+// Small integers every dtype holds exactly, whose sums and products over 4 ranks stay exact: rank
+// `rank`'s element `i` for a reduction with `op`.
+double Value(ReduceOp op, int rank, int64_t i);
+// Element `i` of the reduction of Value over `size` ranks, as `dtype` holds it.
+double Expected(ReduceOp op, DataType dtype, int size, int64_t i);
+// How far a result of `dtype` may be from `expected` (0: exact).
+double Tolerance(DataType dtype, double expected);
+
 }  // namespace testing
 }  // namespace gradsync

@@ -35,6 +35,8 @@ std::unique_ptr<TensorEntry> EntryFor(const Request& request) {
   entry->prescale = request.prescale;
   entry->postscale = request.postscale;
   entry->root = request.root;
+  entry->group = request.group;
+  entry->group_size = request.group_size;
   return entry;
 }
 
@@ -195,6 +197,89 @@ TEST(NegotiatorTest, AllgatherCollectsFirstDimensionsAndChecksTheRest) {
   ASSERT_EQ(logs[0].responses.size(), 2u);
   EXPECT_EQ(logs[0].responses[0].first_dims, (std::vector<int64_t>{1, 2, 3}));
   EXPECT_EQ(logs[0].responses[1].type, ResponseType::kError);
+}
+
+std::vector<Request> Group(const std::string& group, int members) {
+  std::vector<Request> requests;
+  for (int i = 0; i < members; ++i) {
+    requests.push_back(MakeRequest(group + ".m" + std::to_string(i)));
+    requests.back().group = group;
+    requests.back().group_size = members;
+  }
+  return requests;
+}
+
+// For each cycle, how many responses belong to `group` (by name prefix).
+std::vector<int> GroupMembersPerCycle(const RankLog& log, const std::string& group) {
+  std::vector<int> counts;
+  for (const CycleOutcome& c : log.cycles) {
+    int n = 0;
+    for (const ResponsePtr& r : c.responses) n += r->name.rfind(group + ".m", 0) == 0 ? 1 : 0;
+    counts.push_back(n);
+  }
+  return counts;
+}
+
+TEST(NegotiatorTest, GroupRunsInOneCycleThroughTheFullRoundAndTheCache) {
+  // Rank r submits group G at cycle r, and again at cycle 9 - r; a lone tensor every cycle keeps
+  // other work flowing around it. The second time, every member is cached.
+  constexpr int kMembers = 5;
+  auto logs = RunRanks(4, 12, Config(), [](int rank, int cycle) {
+    std::vector<Request> fresh = {MakeRequest("solo." + std::to_string(cycle))};
+    if (cycle == rank || cycle == 9 - rank) {
+      for (Request& r : Group("G", kMembers)) fresh.push_back(r);
+    }
+    return fresh;
+  });
+  ExpectSameOnEveryRank(logs);
+  for (const RankLog& log : logs) {
+    std::vector<int> expected(12, 0);
+    expected[3] = kMembers;  // the last rank submits at cycle 3
+    expected[9] = kMembers;  // rank 0 submits the second time at cycle 9
+    EXPECT_EQ(GroupMembersPerCycle(log, "G"), expected);
+    EXPECT_GE(log.cycles[9].cache_hits, kMembers);
+  }
+}
+
+TEST(NegotiatorTest, GroupLargerThanTheCacheStillRunsInOneCycle) {
+  Config config;
+  config.cache_capacity = 3;  // some members always evict others
+  constexpr int kMembers = 6;
+  auto logs = RunRanks(3, 8, config, [](int rank, int cycle) {
+    std::vector<Request> fresh;
+    if (cycle == rank || cycle == 4 + (rank + 1) % 3) fresh = Group("big", kMembers);
+    return fresh;
+  });
+  ExpectSameOnEveryRank(logs);
+  for (const RankLog& log : logs) {
+    const std::vector<int> counts = GroupMembersPerCycle(log, "big");
+    EXPECT_EQ(counts[2], kMembers);
+    EXPECT_EQ(counts[6], kMembers);
+    int total = 0;
+    for (int n : counts) total += n;
+    EXPECT_EQ(total, 2 * kMembers);
+  }
+}
+
+TEST(NegotiatorTest, RanksDisagreeingAboutAGroupGetErrorsTogetherNotAHang) {
+  // Rank 1 submits the members as lone tensors, one per cycle; rank 0's view (a group of 3) holds
+  // them until the last arrives, and then all fail together.
+  auto logs = RunRanks(3, 4, Config(), [](int rank, int cycle) {
+    if (cycle == 3) return std::vector<Request>{MakeRequest("after")};
+    if (rank != 1) return cycle == 0 ? Group("G", 3) : std::vector<Request>{};
+    Request lone = MakeRequest("G.m" + std::to_string(cycle));
+    return std::vector<Request>{lone};
+  });
+  ExpectSameOnEveryRank(logs);
+  for (const RankLog& log : logs) {
+    EXPECT_EQ(GroupMembersPerCycle(log, "G"), (std::vector<int>{0, 0, 3, 0}));
+  }
+  ASSERT_EQ(logs[0].responses.size(), 4u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(logs[0].responses[i].type, ResponseType::kError) << i;
+    EXPECT_NE(logs[0].responses[i].error.find("group"), std::string::npos);
+  }
+  EXPECT_EQ(logs[0].responses[3].type, ResponseType::kAllreduce);
 }
 
 TEST(NegotiatorTest, SecondStepIsServedFromTheCache) {

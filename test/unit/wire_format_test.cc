@@ -126,6 +126,10 @@ Bytes HandRequestPayload(const std::vector<Request>& requests) {
     b.I32(r.root);
     b.I32(r.rank);
     b.F64(r.waited_seconds);
+    b.Mark("group length");
+    b.Str(r.group);
+    b.Mark("group size");
+    b.I32(r.group_size);
   }
   return b;
 }
@@ -159,6 +163,10 @@ Bytes HandResponsePayload(const std::vector<Response>& responses) {
     for (int64_t d : p.first_dims) b.I64(d);
     b.Mark("error length");
     b.Str(p.error);
+    b.Mark("group length");
+    b.Str(p.group);
+    b.Mark("group size");
+    b.I32(p.group_size);
   }
   return b;
 }
@@ -199,6 +207,8 @@ std::vector<Request> SomeRequests() {
   v[1].device = Device::Cpu();
   v[2].op = OpType::kAllgather;
   v[2].shape = {0, 7};
+  v[0].group = "layer1.weight";
+  v[0].group_size = 3;
   return v;
 }
 
@@ -211,6 +221,8 @@ std::vector<Response> SomeResponses() {
   v[4].error = "tensor 't4': dtype mismatch: rank 0 has float16, ranks 1, 2 have float32";
   v[5].name.clear();
   v[5].error = "stalled: tensor 'x' (waiting 301.0 s) is missing on ranks 1, 3";
+  v[6].group = "grads.0";
+  v[6].group_size = 2;
   return v;
 }
 
@@ -261,7 +273,7 @@ TEST(WireFormatTest, HeaderBytesAreLittleEndian) {
   const std::string bytes = SerializeRequestList({});
   ASSERT_EQ(bytes.size(), kWireHeaderBytes + 4);
   EXPECT_EQ(bytes.substr(0, 4), "GSYN");
-  EXPECT_EQ(bytes[4], 1);  // version
+  EXPECT_EQ(bytes[4], 2);  // version
   EXPECT_EQ(bytes[5], 0);
   EXPECT_EQ(bytes[6], 1);  // kind: request list
   EXPECT_EQ(bytes[8], 4);  // payload length
@@ -463,7 +475,8 @@ TEST(WireFormatTest, HeaderFieldsAreChecked) {
   const std::string valid = SerializeRequestList({SomeRequests()});
   ASSERT_TRUE(ParseReq(valid).ok());
   EXPECT_TRUE(IsCorrupt(ParseReq(Patched(valid, 0, 0x4E595348, 4)), "bad magic"));
-  EXPECT_TRUE(IsCorrupt(ParseReq(Patched(valid, 4, 2, 2)), "unsupported version 2"));
+  EXPECT_TRUE(IsCorrupt(ParseReq(Patched(valid, 4, 1, 2)), "unsupported version 1"));
+  EXPECT_TRUE(IsCorrupt(ParseReq(Patched(valid, 4, 3, 2)), "unsupported version 3"));
   EXPECT_TRUE(IsCorrupt(ParseReq(valid + "x"), "header says the payload is"));
   EXPECT_TRUE(IsCorrupt(ParseReq(Patched(valid, 8, valid.size(), 4)), "header says the payload"));
   EXPECT_TRUE(IsCorrupt(ParseReq(Patched(valid, 12, 0, 4)), "CRC mismatch"));
@@ -503,7 +516,7 @@ TEST(WireFormatTest, BadRequestEnumsAreRejected) {
   auto parse = [&](const std::string& field, uint64_t value) {
     return ParseReq(Frame(kRequestKind, Patched(b.str(), b.At(field), value, 1)));
   };
-  EXPECT_TRUE(IsCorrupt(parse("op", kNumOpTypes), "invalid op value 4 at byte"));
+  EXPECT_TRUE(IsCorrupt(parse("op", kNumOpTypes), "invalid op value 6 at byte"));
   EXPECT_TRUE(IsCorrupt(parse("op", 255), "invalid op value 255"));
   EXPECT_TRUE(IsCorrupt(parse("dtype", kNumDataTypes), "invalid dtype value 8"));
   EXPECT_TRUE(IsCorrupt(parse("device kind", 2), "invalid device kind value 2"));
@@ -519,7 +532,7 @@ TEST(WireFormatTest, BadResponseEnumsAreRejected) {
   auto parse = [&](const std::string& field, uint64_t value) {
     return ParseResp(Frame(kResponseKind, Patched(b.str(), b.At(field), value, 1)));
   };
-  EXPECT_TRUE(IsCorrupt(parse("type", kNumResponseTypes), "invalid response type value 6"));
+  EXPECT_TRUE(IsCorrupt(parse("type", kNumResponseTypes), "invalid response type value 8"));
   EXPECT_TRUE(IsCorrupt(parse("dtype", 200), "invalid dtype value 200"));
   EXPECT_TRUE(IsCorrupt(parse("device kind", 9), "invalid device kind value 9"));
   EXPECT_TRUE(IsCorrupt(parse("reduce op", 77), "invalid reduce op value 77"));
@@ -550,7 +563,8 @@ TEST(WireFormatTest, OversizedCountsAreRejected) {
   };
   EXPECT_TRUE(
       IsCorrupt(parse_req("count", kMaxWireEntries + 1), "entry count 16777217 at byte 16"));
-  EXPECT_TRUE(IsCorrupt(parse_req("count", 2), "entry count 2 at byte 16 needs at least 96 bytes"));
+  EXPECT_TRUE(
+      IsCorrupt(parse_req("count", 2), "entry count 2 at byte 16 needs at least 112 bytes"));
   EXPECT_TRUE(IsCorrupt(parse_req("count", 0xFFFFFFFFu), "over the limit"));
   EXPECT_TRUE(
       IsCorrupt(parse_req("name length", kMaxWireNameBytes + 1), "over the limit of 65536"));
@@ -569,7 +583,13 @@ TEST(WireFormatTest, OversizedCountsAreRejected) {
   EXPECT_TRUE(IsCorrupt(parse_resp("first_dims count", kMaxWireEntries + 1), "first_dims count"));
   EXPECT_TRUE(IsCorrupt(parse_resp("first_dims count", 3), "first_dims count 3"));
   EXPECT_TRUE(IsCorrupt(parse_resp("error length", kMaxWireErrorBytes + 1), "error length"));
-  EXPECT_TRUE(IsCorrupt(parse_resp("error length", 2), "error length 2"));
+  EXPECT_TRUE(IsCorrupt(parse_resp("error length", 10), "error length 10"));
+  EXPECT_TRUE(IsCorrupt(parse_resp("group length", 5), "group length 5"));
+  EXPECT_TRUE(IsCorrupt(parse_req("group length", kMaxWireNameBytes + 1), "over the limit"));
+  EXPECT_TRUE(
+      IsCorrupt(parse_req("group size", static_cast<uint32_t>(-2)), "negative group size -2"));
+  EXPECT_TRUE(
+      IsCorrupt(parse_resp("group size", static_cast<uint32_t>(-1)), "negative group size -1"));
 }
 
 TEST(WireFormatTest, TrailingBytesAreRejected) {

@@ -72,8 +72,10 @@ class Handle {
   bool poll() const;
   // The final status once finished; OK while pending.
   Status status() const;
-  // Allgather: the output's shape, once finished.
+  // Allgather, reducescatter, alltoall: the output's shape, once finished.
   std::vector<int64_t> output_shape() const;
+  // Alltoall: the rows received from each rank, in rank order, once finished.
+  std::vector<int64_t> received_splits() const;
   bool valid() const { return state_ != nullptr; }
 
  private:
@@ -95,9 +97,9 @@ Handle allreduce(const TensorView& tensor, const AllreduceOptions& options = {})
 Handle allreduce(const TensorView& input, const TensorView& output,
                  const AllreduceOptions& options = {});
 
-// Receives the output shape (rank dims summed along the first dimension) and dtype on the
-// background thread; returns memory for the result that stays valid until the handle completes,
-// or nullptr to fail the operation.
+// Receives the output's shape and dtype on the background thread once they are known; returns
+// memory for the result that stays valid until the handle completes, or nullptr to fail the
+// operation. May return nullptr for an output of zero bytes.
 using Allocator = std::function<void*(const std::vector<int64_t>& shape, DataType dtype)>;
 
 struct AllgatherOptions {
@@ -116,6 +118,37 @@ struct BroadcastOptions {
 
 // Overwrites `tensor` on every rank with the root's.
 Handle broadcast(const TensorView& tensor, int root, const BroadcastOptions& options = {});
+
+struct ReducescatterOptions {
+  std::string name;
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  CompletionCallback on_complete;
+};
+
+// Reduces `input` (same shape on every rank, at least one dimension) across ranks and leaves each
+// rank a slice of the result along the first dimension: rows are divided as evenly as possible,
+// lower ranks taking the remainder (10 rows on 4 ranks: 3, 3, 2, 2). The output, of shape
+// [this rank's rows, input dims after the first], is placed in memory from `allocate`. Fused with
+// other reducescatters like allreduce.
+Handle reducescatter(const TensorView& input, Allocator allocate,
+                     const ReducescatterOptions& options = {});
+
+struct AlltoallOptions {
+  std::string name;
+  // Rows of the first dimension sent to each rank, in rank order: size() entries, non-negative,
+  // adding up to the first dimension. Empty: divided as evenly as possible, lower ranks taking the
+  // remainder.
+  std::vector<int64_t> splits;
+  CompletionCallback on_complete;
+};
+
+// Sends consecutive slices of `input` (at least one dimension) along the first dimension to each
+// rank and receives each rank's slice for this one, concatenated in rank order. Ranks may differ in
+// the first dimension only. The output is placed in memory from `allocate`; the handle's
+// received_splits() says how many rows came from each rank.
+Handle alltoall(const TensorView& input, Allocator allocate, const AlltoallOptions& options = {});
 
 // Completes once every rank has entered the barrier.
 Handle barrier(const std::string& name = "");
