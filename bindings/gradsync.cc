@@ -127,7 +127,9 @@ std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string&
   return entry;
 }
 
-Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, Status validation) {
+// Throws `validation` (or a name too long for the wire) with the operation, tensor and rank in
+// front.
+void ThrowIfRefused(const Runtime& rt, TensorEntry* entry, Status validation) {
   if (validation.ok() && entry->name.size() > kMaxWireNameBytes) {
     validation = Status::InvalidArgument("tensor name of " + std::to_string(entry->name.size()) +
                                          " bytes; at most " + std::to_string(kMaxWireNameBytes) +
@@ -138,16 +140,110 @@ Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, Status validation
     const std::string name = entry->name.empty() ? "<unnamed>" : entry->name;
     Throw(Status(validation.code(), Describe(rt, entry->op, name) + ": " + validation.message()));
   }
-  if (entry->name.empty()) {
-    // Generated only for accepted operations, so every rank's counter stays in step even when
-    // one rank's enqueue is refused.
-    const auto op = static_cast<int>(entry->op);
-    entry->name = OpTypeName(entry->op) + ".noname." + std::to_string(rt.unnamed_counters[op]++);
-  }
+}
+
+// Called only for accepted operations, so every rank's counter stays in step even when one rank's
+// enqueue is refused.
+void NameIfUnnamed(Runtime& rt, TensorEntry* entry) {
+  if (!entry->name.empty()) return;
+  const auto op = static_cast<int>(entry->op);
+  entry->name = OpTypeName(entry->op) + ".noname." + std::to_string(rt.unnamed_counters[op]++);
+}
+
+Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, Status validation) {
+  ThrowIfRefused(rt, entry.get(), std::move(validation));
+  NameIfUnnamed(rt, entry.get());
   std::shared_ptr<OpState> state = entry->state;
   const Status pushed = rt.queue.Push(std::move(entry));
   if (!pushed.ok()) Throw(pushed);
   return MakeHandle(std::move(state));
+}
+
+// Enqueues a group atomically: every member is accepted or the call throws and none is enqueued.
+// The group is known by its first member's name, which is unique while in flight.
+std::vector<Handle> SubmitGroup(Runtime& rt, std::vector<std::unique_ptr<TensorEntry>> entries,
+                                const std::vector<Status>& validations) {
+  for (size_t i = 0; i < entries.size(); ++i) ThrowIfRefused(rt, entries[i].get(), validations[i]);
+  if (entries.empty()) return {};
+  for (auto& entry : entries) NameIfUnnamed(rt, entry.get());
+  std::vector<Handle> handles;
+  handles.reserve(entries.size());
+  for (auto& entry : entries) {
+    entry->group = entries.front()->name;
+    entry->group_size = static_cast<int>(entries.size());
+    handles.push_back(MakeHandle(entry->state));
+  }
+  const Status pushed = rt.queue.PushAll(std::move(entries));
+  if (!pushed.ok()) Throw(pushed);
+  return handles;
+}
+
+Status FillAllreduce(const TensorView& input, const TensorView& output,
+                     const AllreduceOptions& options, TensorEntry* entry) {
+  Status status = ValidateTensor(input, "");
+  if (status.ok() && (input.data != output.data || input.shape != output.shape ||
+                      input.dtype != output.dtype || input.device != output.device)) {
+    status = ValidateTensor(output, "output: ");
+    if (status.ok() && (output.dtype != input.dtype || output.shape != input.shape ||
+                        output.device != input.device)) {
+      status = Status::InvalidArgument(
+          "output (" + DataTypeName(output.dtype) + " " + ShapeString(output.shape) + " on " +
+          DeviceName(output.device) + ") differs from input (" + DataTypeName(input.dtype) + " " +
+          ShapeString(input.shape) + " on " + DeviceName(input.device) + ")");
+    }
+  }
+  if (status.ok() && !IsValidReduceOp(options.op)) {
+    status = Status::InvalidArgument("unknown reduce op " + ReduceOpName(options.op));
+  }
+  if (status.ok()) status = ValidateScale(options.prescale, "prescale");
+  if (status.ok()) status = ValidateScale(options.postscale, "postscale");
+  entry->input = input;
+  entry->output = output;
+  entry->reduce_op = options.op;
+  entry->prescale = options.prescale;
+  entry->postscale = options.postscale;
+  return status;
+}
+
+Status FillAllgather(const TensorView& input, Allocator allocate, TensorEntry* entry) {
+  Status status = ValidateTensor(input, "");
+  if (status.ok() && !allocate) status = Status::InvalidArgument("no output allocator");
+  entry->input = input;
+  entry->allocator = std::move(allocate);
+  return status;
+}
+
+Status FillReducescatter(const TensorView& input, Allocator allocate,
+                         const ReducescatterOptions& options, TensorEntry* entry) {
+  Status status = ValidateTensor(input, "");
+  if (status.ok() && input.shape.empty()) {
+    status = Status::InvalidArgument("a scalar cannot be scattered; the input needs a dimension");
+  }
+  if (status.ok() && !allocate) status = Status::InvalidArgument("no output allocator");
+  if (status.ok() && !IsValidReduceOp(options.op)) {
+    status = Status::InvalidArgument("unknown reduce op " + ReduceOpName(options.op));
+  }
+  if (status.ok()) status = ValidateScale(options.prescale, "prescale");
+  if (status.ok()) status = ValidateScale(options.postscale, "postscale");
+  entry->input = input;
+  entry->allocator = std::move(allocate);
+  entry->reduce_op = options.op;
+  entry->prescale = options.prescale;
+  entry->postscale = options.postscale;
+  return status;
+}
+
+// The per-member parts shared by every grouped call.
+Status CheckGroupArguments(size_t tensors, size_t names, size_t allocators, bool needs_allocators) {
+  if (names != 0 && names != tensors) {
+    return Status::InvalidArgument(std::to_string(names) + " names for " +
+                                   std::to_string(tensors) + " tensors; give one each or none");
+  }
+  if (needs_allocators && allocators != tensors) {
+    return Status::InvalidArgument(std::to_string(allocators) + " allocators for " +
+                                   std::to_string(tensors) + " tensors; give one each");
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -201,39 +297,83 @@ Handle allreduce(const TensorView& input, const TensorView& output,
                  const AllreduceOptions& options) {
   Runtime& rt = ActiveRuntime("allreduce");
   auto entry = NewEntry(rt, OpType::kAllreduce, options.name, options.on_complete);
-  Status status = ValidateTensor(input, "");
-  if (status.ok() && (input.data != output.data || input.shape != output.shape ||
-                      input.dtype != output.dtype || input.device != output.device)) {
-    status = ValidateTensor(output, "output: ");
-    if (status.ok() && (output.dtype != input.dtype || output.shape != input.shape ||
-                        output.device != input.device)) {
-      status = Status::InvalidArgument(
-          "output (" + DataTypeName(output.dtype) + " " + ShapeString(output.shape) + " on " +
-          DeviceName(output.device) + ") differs from input (" + DataTypeName(input.dtype) + " " +
-          ShapeString(input.shape) + " on " + DeviceName(input.device) + ")");
-    }
-  }
-  if (status.ok() && !IsValidReduceOp(options.op)) {
-    status = Status::InvalidArgument("unknown reduce op " + ReduceOpName(options.op));
-  }
-  if (status.ok()) status = ValidateScale(options.prescale, "prescale");
-  if (status.ok()) status = ValidateScale(options.postscale, "postscale");
-  entry->input = input;
-  entry->output = output;
-  entry->reduce_op = options.op;
-  entry->prescale = options.prescale;
-  entry->postscale = options.postscale;
+  const Status status = FillAllreduce(input, output, options, entry.get());
   return Submit(rt, std::move(entry), status);
 }
 
 Handle allgather(const TensorView& input, Allocator allocate, const AllgatherOptions& options) {
   Runtime& rt = ActiveRuntime("allgather");
   auto entry = NewEntry(rt, OpType::kAllgather, options.name, options.on_complete);
-  Status status = ValidateTensor(input, "");
-  if (status.ok() && !allocate) status = Status::InvalidArgument("no output allocator");
-  entry->input = input;
-  entry->allocator = std::move(allocate);
+  const Status status = FillAllgather(input, std::move(allocate), entry.get());
   return Submit(rt, std::move(entry), status);
+}
+
+Handle reducescatter(const TensorView& input, Allocator allocate,
+                     const ReducescatterOptions& options) {
+  Runtime& rt = ActiveRuntime("reducescatter");
+  auto entry = NewEntry(rt, OpType::kReducescatter, options.name, options.on_complete);
+  const Status status = FillReducescatter(input, std::move(allocate), options, entry.get());
+  return Submit(rt, std::move(entry), status);
+}
+
+std::vector<Handle> grouped_allreduce(const std::vector<TensorView>& tensors,
+                                      const GroupedAllreduceOptions& options) {
+  Runtime& rt = ActiveRuntime("grouped_allreduce");
+  const Status arguments = CheckGroupArguments(tensors.size(), options.names.size(), 0, false);
+  if (!arguments.ok()) Throw(Status(arguments.code(), "grouped_allreduce: " + arguments.message()));
+  std::vector<std::unique_ptr<TensorEntry>> entries;
+  std::vector<Status> validations;
+  AllreduceOptions member;
+  member.op = options.op;
+  member.prescale = options.prescale;
+  member.postscale = options.postscale;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    member.name = options.names.empty() ? std::string() : options.names[i];
+    entries.push_back(NewEntry(rt, OpType::kAllreduce, member.name, nullptr));
+    validations.push_back(FillAllreduce(tensors[i], tensors[i], member, entries.back().get()));
+  }
+  return SubmitGroup(rt, std::move(entries), validations);
+}
+
+std::vector<Handle> grouped_allgather(const std::vector<TensorView>& inputs,
+                                      std::vector<Allocator> allocators,
+                                      const GroupedAllgatherOptions& options) {
+  Runtime& rt = ActiveRuntime("grouped_allgather");
+  const Status arguments =
+      CheckGroupArguments(inputs.size(), options.names.size(), allocators.size(), true);
+  if (!arguments.ok()) Throw(Status(arguments.code(), "grouped_allgather: " + arguments.message()));
+  std::vector<std::unique_ptr<TensorEntry>> entries;
+  std::vector<Status> validations;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    entries.push_back(NewEntry(rt, OpType::kAllgather,
+                               options.names.empty() ? std::string() : options.names[i], nullptr));
+    validations.push_back(FillAllgather(inputs[i], std::move(allocators[i]), entries.back().get()));
+  }
+  return SubmitGroup(rt, std::move(entries), validations);
+}
+
+std::vector<Handle> grouped_reducescatter(const std::vector<TensorView>& inputs,
+                                          std::vector<Allocator> allocators,
+                                          const GroupedReducescatterOptions& options) {
+  Runtime& rt = ActiveRuntime("grouped_reducescatter");
+  const Status arguments =
+      CheckGroupArguments(inputs.size(), options.names.size(), allocators.size(), true);
+  if (!arguments.ok()) {
+    Throw(Status(arguments.code(), "grouped_reducescatter: " + arguments.message()));
+  }
+  std::vector<std::unique_ptr<TensorEntry>> entries;
+  std::vector<Status> validations;
+  ReducescatterOptions member;
+  member.op = options.op;
+  member.prescale = options.prescale;
+  member.postscale = options.postscale;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    member.name = options.names.empty() ? std::string() : options.names[i];
+    entries.push_back(NewEntry(rt, OpType::kReducescatter, member.name, nullptr));
+    validations.push_back(
+        FillReducescatter(inputs[i], std::move(allocators[i]), member, entries.back().get()));
+  }
+  return SubmitGroup(rt, std::move(entries), validations);
 }
 
 Handle broadcast(const TensorView& tensor, int root, const BroadcastOptions& options) {
@@ -247,28 +387,6 @@ Handle broadcast(const TensorView& tensor, int root, const BroadcastOptions& opt
   entry->input = tensor;
   entry->output = tensor;
   entry->root = root;
-  return Submit(rt, std::move(entry), status);
-}
-
-Handle reducescatter(const TensorView& input, Allocator allocate,
-                     const ReducescatterOptions& options) {
-  Runtime& rt = ActiveRuntime("reducescatter");
-  auto entry = NewEntry(rt, OpType::kReducescatter, options.name, options.on_complete);
-  Status status = ValidateTensor(input, "");
-  if (status.ok() && input.shape.empty()) {
-    status = Status::InvalidArgument("a scalar cannot be scattered; the input needs a dimension");
-  }
-  if (status.ok() && !allocate) status = Status::InvalidArgument("no output allocator");
-  if (status.ok() && !IsValidReduceOp(options.op)) {
-    status = Status::InvalidArgument("unknown reduce op " + ReduceOpName(options.op));
-  }
-  if (status.ok()) status = ValidateScale(options.prescale, "prescale");
-  if (status.ok()) status = ValidateScale(options.postscale, "postscale");
-  entry->input = input;
-  entry->allocator = std::move(allocate);
-  entry->reduce_op = options.op;
-  entry->prescale = options.prescale;
-  entry->postscale = options.postscale;
   return Submit(rt, std::move(entry), status);
 }
 

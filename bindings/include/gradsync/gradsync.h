@@ -150,6 +150,39 @@ struct AlltoallOptions {
 // received_splits() says how many rows came from each rank.
 Handle alltoall(const TensorView& input, Allocator allocate, const AlltoallOptions& options = {});
 
+// Grouped variants: the tensors of one call are enqueued atomically (all accepted or none),
+// negotiated together and executed in the same cycle, never split across cycles; they fuse as the
+// single-tensor calls do. `names` holds one name per tensor, or is empty for generated names. One
+// handle per tensor, in order. An empty group enqueues nothing.
+struct GroupedAllreduceOptions {
+  std::vector<std::string> names;
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+};
+// Reduces every tensor in place.
+std::vector<Handle> grouped_allreduce(const std::vector<TensorView>& tensors,
+                                      const GroupedAllreduceOptions& options = {});
+
+struct GroupedAllgatherOptions {
+  std::vector<std::string> names;
+};
+// allgather() of every input; allocators[i] provides input i's output.
+std::vector<Handle> grouped_allgather(const std::vector<TensorView>& inputs,
+                                      std::vector<Allocator> allocators,
+                                      const GroupedAllgatherOptions& options = {});
+
+struct GroupedReducescatterOptions {
+  std::vector<std::string> names;
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+};
+// reducescatter() of every input; allocators[i] provides input i's output.
+std::vector<Handle> grouped_reducescatter(const std::vector<TensorView>& inputs,
+                                          std::vector<Allocator> allocators,
+                                          const GroupedReducescatterOptions& options = {});
+
 // Completes once every rank has entered the barrier.
 Handle barrier(const std::string& name = "");
 
