@@ -25,6 +25,7 @@ struct Runtime {
   Config config;
   std::unique_ptr<MpiContext> mpi;
   TensorQueue queue;
+  Timeline timeline;  // written on rank 0 only; outlives the loop that records into it
   std::unique_ptr<BackgroundLoop> loop;
   std::atomic<uint64_t> unnamed_counters[kNumOpTypes] = {};
 };
@@ -154,8 +155,16 @@ Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, Status validation
   ThrowIfRefused(rt, entry.get(), std::move(validation));
   NameIfUnnamed(rt, entry.get());
   std::shared_ptr<OpState> state = entry->state;
+  const bool traced = rt.timeline.active();
+  // Started before the push: once pushed, the background thread may end it at any moment.
+  if (traced) rt.timeline.ActivityStart(entry->name, "QUEUE");
+  std::string refused_name;
+  if (traced) refused_name = entry->name;
   const Status pushed = rt.queue.Push(std::move(entry));
-  if (!pushed.ok()) Throw(pushed);
+  if (!pushed.ok()) {
+    if (traced) rt.timeline.ActivityEnd(refused_name);
+    Throw(pushed);
+  }
   return MakeHandle(std::move(state));
 }
 
@@ -173,8 +182,19 @@ std::vector<Handle> SubmitGroup(Runtime& rt, std::vector<std::unique_ptr<TensorE
     entry->group_size = static_cast<int>(entries.size());
     handles.push_back(MakeHandle(entry->state));
   }
+  const bool traced = rt.timeline.active();
+  std::vector<std::string> traced_names;
+  if (traced) {
+    for (const auto& entry : entries) {
+      traced_names.push_back(entry->name);
+      rt.timeline.ActivityStart(entry->name, "QUEUE");
+    }
+  }
   const Status pushed = rt.queue.PushAll(std::move(entries));
-  if (!pushed.ok()) Throw(pushed);
+  if (!pushed.ok()) {
+    for (const std::string& name : traced_names) rt.timeline.ActivityEnd(name);
+    Throw(pushed);
+  }
   return handles;
 }
 
@@ -236,8 +256,8 @@ Status FillReducescatter(const TensorView& input, Allocator allocate,
 // The per-member parts shared by every grouped call.
 Status CheckGroupArguments(size_t tensors, size_t names, size_t allocators, bool needs_allocators) {
   if (names != 0 && names != tensors) {
-    return Status::InvalidArgument(std::to_string(names) + " names for " +
-                                   std::to_string(tensors) + " tensors; give one each or none");
+    return Status::InvalidArgument(std::to_string(names) + " names for " + std::to_string(tensors) +
+                                   " tensors; give one each or none");
   }
   if (needs_allocators && allocators != tensors) {
     return Status::InvalidArgument(std::to_string(allocators) + " allocators for " +
@@ -264,7 +284,13 @@ void init(MPI_Comm comm) {
   if (!status.ok()) Throw(status);
   InitLogging(rt->mpi->rank(), rt->config.log_level);
   Log().debug("gradsync starting on {} ranks: {}", rt->mpi->size(), rt->config.ToString());
-  rt->loop = std::make_unique<BackgroundLoop>(rt->config, *rt->mpi, &rt->queue);
+  if (!rt->config.timeline_path.empty() && rt->mpi->rank() == 0) {
+    // Not fatal: the other ranks cannot learn of it without another collective, and training
+    // without a trace beats a job that stops over one.
+    const Status started = rt->timeline.Start(rt->config.timeline_path);
+    if (!started.ok()) Log().error("GRADSYNC_TIMELINE: {}; no timeline", started.message());
+  }
+  rt->loop = std::make_unique<BackgroundLoop>(rt->config, *rt->mpi, &rt->queue, &rt->timeline);
   rt->loop->Start();
   g_active.store(rt.get(), std::memory_order_release);
   g_runtime = std::move(rt);
@@ -276,8 +302,23 @@ void shutdown() {
   g_active.store(nullptr, std::memory_order_release);
   g_runtime->loop->Shutdown();
   g_runtime->loop.reset();
+  const Status stopped = g_runtime->timeline.Stop();
+  if (!stopped.ok()) Log().error("timeline: {}", stopped.message());
   g_runtime.reset();  // frees the communicators, finalizes MPI if init() started it
   g_was_shut_down = true;
+}
+
+void start_timeline(const std::string& path) {
+  Runtime& rt = ActiveRuntime("start_timeline");
+  if (rt.mpi->rank() != 0) return;
+  const Status started = rt.timeline.Start(path);
+  if (!started.ok()) Throw(started);
+}
+
+void stop_timeline() {
+  Runtime& rt = ActiveRuntime("stop_timeline");
+  const Status stopped = rt.timeline.Stop();
+  if (!stopped.ok()) Throw(stopped);
 }
 
 bool is_initialized() { return g_active.load(std::memory_order_acquire) != nullptr; }

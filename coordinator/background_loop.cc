@@ -1,6 +1,7 @@
 #include "coordinator/background_loop.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 
 #include "coordinator/mpi_control_channel.h"
@@ -15,14 +16,16 @@ constexpr std::chrono::nanoseconds kFirstBackoff = std::chrono::microseconds(20)
 
 }  // namespace
 
-BackgroundLoop::BackgroundLoop(const Config& config, const MpiContext& mpi, TensorQueue* queue)
+BackgroundLoop::BackgroundLoop(const Config& config, const MpiContext& mpi, TensorQueue* queue,
+                               Timeline* timeline)
     : config_(config),
       fusion_{config.fusion_threshold_bytes, config.inplace_threshold_bytes},
       rank_(mpi.rank()),
       queue_(queue),
       channel_(std::make_unique<MpiControlChannel>(mpi.control_comm())),
-      negotiator_(std::make_unique<Negotiator>(channel_.get(), config)),
-      host_plane_(std::make_unique<MpiDataPlane>(mpi.data_comm())) {}
+      timeline_(timeline),
+      negotiator_(std::make_unique<Negotiator>(channel_.get(), config, nullptr, timeline)),
+      host_plane_(std::make_unique<MpiDataPlane>(mpi.data_comm(), timeline)) {}
 
 BackgroundLoop::~BackgroundLoop() {
   if (thread_.joinable()) Shutdown();
@@ -65,6 +68,7 @@ bool BackgroundLoop::RunOneCycle() {
     FailEverything(negotiated);
     return false;
   }
+  if (timeline_->active()) MarkNegotiated(outcome);
   unproductive_cycles_ = outcome.responses.empty() ? std::min(unproductive_cycles_ + 1, 64) : 0;
   const Status executed = Execute(outcome);
   if (!executed.ok()) {
@@ -80,8 +84,23 @@ bool BackgroundLoop::RunOneCycle() {
 
 std::vector<TensorEntry*> BackgroundLoop::TakeFreshEntries() {
   std::vector<TensorEntry*> entries = queue_->Drain();
+  if ((held_ > 0 || !entries.empty()) && timeline_->active()) {
+    timeline_->CycleMark();
+    for (const TensorEntry* entry : entries) {
+      timeline_->ActivityEnd(entry->name);  // the QUEUE activity the enqueue started
+      std::string label = OpTypeName(entry->op);
+      for (char& c : label) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      timeline_->NegotiateStart(entry->name, label);  // NEGOTIATE_ALLREDUCE, ...
+    }
+  }
   held_ += entries.size();
   return entries;
+}
+
+void BackgroundLoop::MarkNegotiated(const CycleOutcome& outcome) {
+  for (size_t i = 0; i < outcome.responses.size(); ++i) {
+    if (outcome.entries[i] != nullptr) timeline_->NegotiateEnd(outcome.entries[i]->name);
+  }
 }
 
 Status BackgroundLoop::Execute(const CycleOutcome& outcome) {

@@ -23,12 +23,15 @@
 #include "runtime/config.h"
 #include "runtime/mpi_context.h"
 #include "runtime/tensor_queue.h"
+#include "runtime/timeline.h"
 
 namespace gradsync {
 
 class BackgroundLoop {
  public:
-  BackgroundLoop(const Config& config, const MpiContext& mpi, TensorQueue* queue);
+  // `timeline` (not null; active on rank 0 only, when started) must outlive the loop.
+  BackgroundLoop(const Config& config, const MpiContext& mpi, TensorQueue* queue,
+                 Timeline* timeline);
   ~BackgroundLoop();
 
   void Start();
@@ -43,6 +46,8 @@ class BackgroundLoop {
   bool RunOneCycle();
   // Drains the queue; the entries are held until completed.
   std::vector<TensorEntry*> TakeFreshEntries();
+  // Timeline marks for a cycle's outcome: negotiation ends for every response.
+  void MarkNegotiated(const CycleOutcome& outcome);
   // Runs the cycle's responses in order; a non-OK result is fatal (stall shutdown).
   Status Execute(const CycleOutcome& outcome);
   // Runs one bucket: `response` is its first response, `members` this rank's entries for all.
@@ -58,6 +63,7 @@ class BackgroundLoop {
   int rank_;
   TensorQueue* queue_;
   std::unique_ptr<ControlChannel> channel_;
+  Timeline* timeline_;
   std::unique_ptr<Negotiator> negotiator_;
   std::unique_ptr<DataPlane> host_plane_;
   std::vector<std::shared_ptr<OpState>> completing_;  // Complete's scratch

@@ -37,8 +37,10 @@ Response FatalResponse(std::string message) {
 
 }  // namespace
 
-Negotiator::Negotiator(ControlChannel* channel, const Config& config, Clock clock)
+Negotiator::Negotiator(ControlChannel* channel, const Config& config, Clock clock,
+                       Timeline* timeline)
     : channel_(channel),
+      timeline_(timeline),
       config_(config),
       clock_(clock ? std::move(clock) : Clock(SteadySeconds)),
       rank_(channel->rank()),
@@ -265,6 +267,7 @@ void Negotiator::CoordinatorRespond(const std::vector<std::string>& gathered, do
     }
     for (Request& request : list.requests) {
       request.rank = r;  // the sender is who the transport says, whatever the bytes claim
+      if (timeline_ != nullptr && timeline_->active()) timeline_->RankReady(request.name, r);
       if (table_->Add(request, now)) table_->Release(request.name, &ready);
     }
   }

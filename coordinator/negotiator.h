@@ -21,6 +21,7 @@
 #include "coordinator/stall_inspector.h"
 #include "runtime/config.h"
 #include "runtime/recycling_map.h"
+#include "runtime/timeline.h"
 
 namespace gradsync {
 
@@ -41,7 +42,9 @@ class Negotiator {
  public:
   using Clock = std::function<double()>;  // seconds, monotonic
 
-  Negotiator(ControlChannel* channel, const Config& config, Clock clock = nullptr);
+  // `timeline`, when not null, gets a mark on rank 0 as each rank's request for a tensor arrives.
+  Negotiator(ControlChannel* channel, const Config& config, Clock clock = nullptr,
+             Timeline* timeline = nullptr);
 
   // One cycle. `fresh` holds the entries that became ready on this rank since the last cycle (their
   // names are not pending); each stays valid, unchanged, until it comes back in an outcome. A
@@ -86,6 +89,7 @@ class Negotiator {
   TensorEntry* Retire(std::string_view name);
 
   ControlChannel* channel_;
+  Timeline* timeline_;
   Config config_;
   Clock clock_;
   int rank_;

@@ -158,6 +158,7 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kStallShutdown, &c.stall_shutdown_seconds));
   GRADSYNC_RETURN_IF_ERROR(CheckStallOrder(c));
   GRADSYNC_RETURN_IF_ERROR(ParseLogLevelVar(getenv, "GRADSYNC_LOG_LEVEL", &c.log_level));
+  c.timeline_path = std::string(Lookup(getenv, "GRADSYNC_TIMELINE"));
   *out = c;
   return Status::OK();
 }
@@ -169,7 +170,8 @@ std::string Config::ToString() const {
          " GRADSYNC_CACHE_CAPACITY=" + std::to_string(cache_capacity) +
          " GRADSYNC_STALL_WARNING_SECONDS=" + FormatDouble(stall_warning_seconds) +
          " GRADSYNC_STALL_SHUTDOWN_SECONDS=" + FormatDouble(stall_shutdown_seconds) +
-         " GRADSYNC_LOG_LEVEL=" + LogLevelName(log_level);
+         " GRADSYNC_LOG_LEVEL=" + LogLevelName(log_level) +
+         " GRADSYNC_TIMELINE=" + (timeline_path.empty() ? "(off)" : timeline_path);
 }
 
 const char* LogLevelName(LogLevel level) {

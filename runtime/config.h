@@ -29,6 +29,8 @@ struct Config {
   double stall_shutdown_seconds = 300.0;
   // GRADSYNC_LOG_LEVEL: trace, debug, info, warning, error, off.
   LogLevel log_level = LogLevel::kWarn;
+  // GRADSYNC_TIMELINE: file rank 0 writes a Chrome trace / Perfetto timeline to; empty = off.
+  std::string timeline_path;
 
   using Getenv = std::function<const char*(const char*)>;
   // Reads every variable through `getenv` (std::getenv by default). An unset or empty variable

@@ -5,6 +5,7 @@
 
 #include "ops/mpi/mpi_data_plane.h"
 #include "runtime/mpi_context.h"
+#include "runtime/timeline_activity.h"
 
 namespace gradsync {
 namespace {
@@ -63,6 +64,7 @@ Status PlanLayout(const TensorView& input, const std::vector<int64_t>& first_dim
 }  // namespace
 
 Status MpiDataPlane::Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims) {
+  TimelineActivity activity(timeline_, entry, "MPI_ALLGATHER");
   const std::string what = "allgather of tensor '" + entry->name + "'";
   const TensorView& input = entry->input;
   if (input.device.kind != DeviceKind::kCpu) {

@@ -9,6 +9,7 @@
 #include "ops/mpi/mpi_types.h"
 #include "ops/scale.h"
 #include "runtime/mpi_context.h"
+#include "runtime/timeline_activity.h"
 
 namespace gradsync {
 namespace {
@@ -78,6 +79,7 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
   const size_t elem_size = DataTypeSize(spec.dtype);
   void* out = entry->output.data;
   const void* in = entry->input.data;
+  TimelineActivity activity(timeline_, entry, "MPI_ALLREDUCE");
   if (in != out && spec.prescale == 1.0) {
     GRADSYNC_RETURN_IF_ERROR(AllreduceChunks(in, out, n, elem_size, type, op));
   } else {
@@ -105,20 +107,26 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
   if (total == 0) return Status::OK();
 
   auto* buffer = static_cast<char*>(fusion_buffer_.Get(total));
-  size_t packed_end = 0;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    // Padding is reduced with the data; zeros keep that arithmetic on harmless values.
-    std::memset(buffer + packed_end, 0, offsets[i] - packed_end);
-    const TensorView& input = entries[i]->input;
-    ScaledCopy(input.data, buffer + offsets[i], input.num_elements(), spec.dtype, spec.prescale);
-    packed_end = offsets[i] + static_cast<size_t>(input.num_bytes());
+  {
+    TimelineActivity activity(timeline_, entries, "MEMCPY_IN_FUSION_BUFFER");
+    size_t packed_end = 0;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      // Padding is reduced with the data; zeros keep that arithmetic on harmless values.
+      std::memset(buffer + packed_end, 0, offsets[i] - packed_end);
+      const TensorView& input = entries[i]->input;
+      ScaledCopy(input.data, buffer + offsets[i], input.num_elements(), spec.dtype, spec.prescale);
+      packed_end = offsets[i] + static_cast<size_t>(input.num_bytes());
+    }
   }
 
   // Offsets are multiples of 64, hence of every element size: the span is whole elements.
   const size_t elem_size = DataTypeSize(spec.dtype);
   const auto count = static_cast<int64_t>(total / elem_size);
-  GRADSYNC_RETURN_IF_ERROR(AllreduceChunks(MPI_IN_PLACE, buffer, count, elem_size, type, op));
-
+  {
+    TimelineActivity activity(timeline_, entries, "MPI_ALLREDUCE");
+    GRADSYNC_RETURN_IF_ERROR(AllreduceChunks(MPI_IN_PLACE, buffer, count, elem_size, type, op));
+  }
+  TimelineActivity activity(timeline_, entries, "MEMCPY_OUT_FUSION_BUFFER");
   for (size_t i = 0; i < entries.size(); ++i) {
     const TensorView& output = entries[i]->output;
     ScaledCopy(buffer + offsets[i], output.data, output.num_elements(), spec.dtype, spec.postscale);

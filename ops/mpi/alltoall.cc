@@ -6,6 +6,7 @@
 
 #include "ops/mpi/mpi_data_plane.h"
 #include "runtime/mpi_context.h"
+#include "runtime/timeline_activity.h"
 
 namespace gradsync {
 namespace {
@@ -113,6 +114,7 @@ Status CheckPeers(const std::vector<int64_t>& received) {
 }  // namespace
 
 Status MpiDataPlane::Alltoall(TensorEntry* entry) {
+  TimelineActivity activity(timeline_, entry, "MPI_ALLTOALL");
   const std::string what = "alltoall of tensor '" + entry->name + "'";
   const TensorView& input = entry->input;
   // The device kind is negotiated, so every rank returns here together.

@@ -4,10 +4,12 @@
 
 #include "ops/mpi/mpi_data_plane.h"
 #include "runtime/mpi_context.h"
+#include "runtime/timeline_activity.h"
 
 namespace gradsync {
 
 Status MpiDataPlane::Broadcast(TensorEntry* entry, int root) {
+  TimelineActivity activity(timeline_, entry, "MPI_BCAST");
   const std::string what = "broadcast of tensor '" + entry->name + "'";
   const TensorView& input = entry->input;
   if (root < 0 || root >= size_) {

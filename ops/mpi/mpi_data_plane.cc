@@ -23,10 +23,11 @@ int CommAttributeOrDie(int (*query)(MPI_Comm, int*), MPI_Comm comm, const char* 
 
 }  // namespace
 
-MpiDataPlane::MpiDataPlane(MPI_Comm comm)
+MpiDataPlane::MpiDataPlane(MPI_Comm comm, Timeline* timeline)
     : comm_(comm),
       size_(CommAttributeOrDie(MPI_Comm_size, comm, "MPI_Comm_size")),
-      rank_(CommAttributeOrDie(MPI_Comm_rank, comm, "MPI_Comm_rank")) {}
+      rank_(CommAttributeOrDie(MPI_Comm_rank, comm, "MPI_Comm_rank")),
+      timeline_(timeline) {}
 
 Status MpiDataPlane::InContext(const Status& status, const std::string& what) {
   if (status.ok()) return status;

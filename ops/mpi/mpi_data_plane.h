@@ -11,12 +11,15 @@
 
 #include "ops/data_plane.h"
 #include "runtime/fusion_buffer.h"
+#include "runtime/timeline.h"
 
 namespace gradsync {
 
 class MpiDataPlane : public DataPlane {
  public:
-  explicit MpiDataPlane(MPI_Comm comm);
+  // `timeline`, when not null, receives each tensor's copies and collectives; it must outlive
+  // the plane.
+  explicit MpiDataPlane(MPI_Comm comm, Timeline* timeline = nullptr);
 
   Status Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) override;
   Status Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims) override;
@@ -44,6 +47,7 @@ class MpiDataPlane : public DataPlane {
   int size_ = 1;
   int rank_ = 0;
   FusionBuffer fusion_buffer_;
+  Timeline* timeline_;
 };
 
 }  // namespace gradsync

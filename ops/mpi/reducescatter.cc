@@ -9,6 +9,7 @@
 #include "ops/mpi/mpi_types.h"
 #include "ops/scale.h"
 #include "runtime/mpi_context.h"
+#include "runtime/timeline_activity.h"
 
 namespace gradsync {
 namespace {
@@ -177,19 +178,26 @@ Status MpiDataPlane::Reducescatter(const std::vector<TensorEntry*>& entries,
   char* buffer = send_bytes + receive_bytes > 0
                      ? static_cast<char*>(fusion_buffer_.Get(send_bytes + receive_bytes))
                      : nullptr;
-  if (pack) Pack(entries, layout, spec.dtype, effective.prescale, buffer);
+  if (pack) {
+    TimelineActivity activity(timeline_, entries, "MEMCPY_IN_FUSION_BUFFER");
+    Pack(entries, layout, spec.dtype, effective.prescale, buffer);
+  }
   const void* send = pack ? buffer : entries[0]->input.data;
   void* receive = receive_in_buffer ? buffer + send_bytes : entries[0]->output.data;
-  GRADSYNC_RETURN_IF_ERROR(
-      InContext(MpiResult(MPI_Reduce_scatter(send, receive, layout.counts.data(),
-                                             MpiDatatypeOf(spec.dtype), op, comm_),
-                          "MPI_Reduce_scatter"),
-                DescribeEntries(entries)));
+  {
+    TimelineActivity activity(timeline_, entries, "MPI_REDUCESCATTER");
+    GRADSYNC_RETURN_IF_ERROR(
+        InContext(MpiResult(MPI_Reduce_scatter(send, receive, layout.counts.data(),
+                                               MpiDatatypeOf(spec.dtype), op, comm_),
+                            "MPI_Reduce_scatter"),
+                  DescribeEntries(entries)));
+  }
   if (!allocated.ok()) return allocated;
 
   if (single) {
     ScaledCopy(receive, receive, layout.counts[rank_], spec.dtype, effective.postscale);
   } else {
+    TimelineActivity activity(timeline_, entries, "MEMCPY_OUT_FUSION_BUFFER");
     Unpack(static_cast<const char*>(receive), layout, rank_, spec.dtype, effective.postscale,
            entries);
   }

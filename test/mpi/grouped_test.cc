@@ -42,8 +42,8 @@ TEST_F(GroupedTest, ManyTensorsCompleteInOneCycleAndSumCorrectly) {
     std::vector<std::unique_ptr<HostTensor>> tensors;
     std::vector<TensorView> views;
     for (int t = 0; t < kMembers; ++t) {
-      tensors.push_back(std::make_unique<HostTensor>(DataType::kFloat32,
-                                                     std::vector<int64_t>{1 + t % 13}));
+      tensors.push_back(
+          std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{1 + t % 13}));
       for (int64_t i = 0; i < tensors.back()->size(); ++i) {
         tensors.back()->Set(i, Value(ReduceOp::kSum, rank_, i + t));
       }
@@ -82,8 +82,8 @@ TEST_F(GroupedTest, AllgatherAndReducescatterGroups) {
   std::vector<Allocator> allocators;
   for (int t = 0; t < kMembers; ++t) {
     // Member t has rank_ + t rows on this rank, each of 2 elements tagged with rank and member.
-    inputs.push_back(std::make_unique<HostTensor>(DataType::kInt32,
-                                                  std::vector<int64_t>{rank_ + t, 2}));
+    inputs.push_back(
+        std::make_unique<HostTensor>(DataType::kInt32, std::vector<int64_t>{rank_ + t, 2}));
     for (int64_t i = 0; i < inputs.back()->size(); ++i) inputs.back()->Set(i, rank_ * 10 + t);
     views.push_back(inputs.back()->view());
     allocators.push_back([outputs, t](const std::vector<int64_t>& shape, DataType dtype) {
@@ -132,16 +132,22 @@ TEST_F(GroupedTest, AGroupWithABadMemberIsRefusedWhole) {
   TensorView bad(nullptr, DataType::kFloat32, {4});
   GroupedAllreduceOptions options;
   options.names = {"whole.a", "whole.b"};
-  EXPECT_TRUE(ThrowsWith([&] { grouped_allreduce({good.view(), bad}, options); },
-                         StatusCode::kInvalidArgument, "whole.b"));
+  EXPECT_TRUE(ThrowsWith(
+      [&] {
+        grouped_allreduce({good.view(), bad}, options);
+      },
+      StatusCode::kInvalidArgument, "whole.b"));
   // Nothing was enqueued: the names are free, and every rank can run the group.
   HostTensor other(DataType::kFloat32, {4});
   std::vector<Handle> handles = grouped_allreduce({good.view(), other.view()}, options);
   EXPECT_TRUE(CompletedTogether(handles));
 
   options.names = {"only.one"};
-  EXPECT_TRUE(ThrowsWith([&] { grouped_allreduce({good.view(), other.view()}, options); },
-                         StatusCode::kInvalidArgument, "1 names for 2 tensors"));
+  EXPECT_TRUE(ThrowsWith(
+      [&] {
+        grouped_allreduce({good.view(), other.view()}, options);
+      },
+      StatusCode::kInvalidArgument, "1 names for 2 tensors"));
   EXPECT_TRUE(ThrowsWith([&] { grouped_allgather({good.view()}, {}); },
                          StatusCode::kInvalidArgument, "0 allocators for 1 tensors"));
   EXPECT_TRUE(grouped_allreduce({}).empty());

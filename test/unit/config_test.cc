@@ -217,12 +217,14 @@ TEST(ConfigTest, ToStringListsEveryKnob) {
                            {"GRADSYNC_CACHE_CAPACITY", "0"},
                            {"GRADSYNC_STALL_WARNING_SECONDS", "1.5"},
                            {"GRADSYNC_STALL_SHUTDOWN_SECONDS", "1000000"},
-                           {"GRADSYNC_LOG_LEVEL", "debug"}});
+                           {"GRADSYNC_LOG_LEVEL", "debug"},
+                           {"GRADSYNC_TIMELINE", "trace.json"}});
   EXPECT_EQ(config.ToString(),
             "GRADSYNC_FUSION_THRESHOLD=1024 GRADSYNC_INPLACE_THRESHOLD=0 "
             "GRADSYNC_CYCLE_TIME_MS=0.05 GRADSYNC_CACHE_CAPACITY=0 "
             "GRADSYNC_STALL_WARNING_SECONDS=1.5 GRADSYNC_STALL_SHUTDOWN_SECONDS=1000000 "
-            "GRADSYNC_LOG_LEVEL=debug");
+            "GRADSYNC_LOG_LEVEL=debug GRADSYNC_TIMELINE=trace.json");
+  EXPECT_NE(Config().ToString().find("GRADSYNC_TIMELINE=(off)"), std::string::npos);
 }
 
 TEST(ConfigTest, FirstBadVariableIsReportedAndNothingIsApplied) {

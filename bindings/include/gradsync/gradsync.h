@@ -57,6 +57,14 @@ int local_size();
 int cross_rank();
 int cross_size();
 
+// Timeline: rank 0 writes a Chrome trace / Perfetto JSON file with a row per tensor (queueing,
+// negotiation with a mark as each rank's request arrives, copies into and out of the fusion buffer,
+// the collective) and a marker per background cycle. GRADSYNC_TIMELINE=<file> starts one at init();
+// these start and stop one at run time. The file is valid JSON once stopped (shutdown() stops it).
+// Starting while one is written throws; on ranks other than 0 both calls do nothing.
+void start_timeline(const std::string& path);
+void stop_timeline();
+
 using CompletionCallback = std::function<void(const Status&)>;
 
 // The result of one enqueued collective. Copyable; copies share the same operation.

@@ -1,0 +1,167 @@
+// The timeline end to end: started at run time and through GRADSYNC_TIMELINE, rank 0's file is
+// valid JSON with each tensor's queueing, negotiation (a mark per rank), copies and collective, and
+// cycle markers; a group's collectives fall in one cycle; results are unchanged while it records.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+
+#include "test/mpi/multi_rank_test.h"
+#include "test/trace_reader.h"
+
+namespace gradsync {
+namespace testing {
+namespace {
+
+class TimelineTest : public MultiRankTest {
+ protected:
+  fs::path TracePath(const std::string& stem) {
+    return fs::temp_directory_path() /
+           ("gradsync_" + stem + "_" + std::to_string(getpid()) + ".json");
+  }
+
+  // Sums of Value over ranks: the data path is the same with the timeline on.
+  void ExpectSums(const std::vector<std::unique_ptr<HostTensor>>& tensors, int offset) {
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      for (int64_t i = 0; i < tensors[t]->size(); ++i) {
+        ASSERT_EQ(tensors[t]->Get(i),
+                  Expected(ReduceOp::kSum, DataType::kFloat32, size_, i + offset + t));
+      }
+    }
+  }
+
+  std::unique_ptr<HostTensor> Filled(int64_t n, int offset) {
+    auto t = std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{n});
+    for (int64_t i = 0; i < n; ++i) t->Set(i, Value(ReduceOp::kSum, rank_, i + offset));
+    return t;
+  }
+};
+
+// The events of `name`'s row in order ("B MPI_ALLREDUCE", "E", "i RANK_READY 2", ...).
+std::vector<std::string> RowOf(const Trace& trace, const std::string& name) {
+  const int64_t tid = trace.RowOf(name);
+  EXPECT_GE(tid, 0) << "no row for " << name;
+  return tid < 0 ? std::vector<std::string>{} : trace.Sequence(tid);
+}
+
+bool Contains(const std::vector<std::string>& sequence, const std::string& event) {
+  return std::find(sequence.begin(), sequence.end(), event) != sequence.end();
+}
+
+// Index of the cycle (count of CYCLE_START markers before it) in which `name`'s first event
+// `event` happens; -1 if none.
+int CycleOf(const Trace& trace, const std::string& name, const std::string& event) {
+  const int64_t tid = trace.RowOf(name);
+  int cycles = 0;
+  for (const Json& e : trace.events) {
+    if (StringField(e, "name") == "CYCLE_START") ++cycles;
+    if (IntField(e, "tid") == tid && StringField(e, "ph") == "B" &&
+        StringField(e, "name") == event) {
+      return cycles;
+    }
+  }
+  return -1;
+}
+
+TEST_F(TimelineTest, StartedAtRunTimeRecordsEveryPhase) {
+  const fs::path path = TracePath("timeline_runtime");
+  start_timeline(path.string());
+  std::vector<std::unique_ptr<HostTensor>> small, group;
+  for (int t = 0; t < 20; ++t) small.push_back(Filled(16, t));
+  auto large = Filled(1 << 17, 0);  // 512 KiB: reduced alone, in place
+  for (int t = 0; t < 8; ++t) group.push_back(Filled(4, 100 + t));
+  std::vector<Handle> handles;
+  for (int t = 0; t < 20; ++t) {
+    AllreduceOptions options;
+    options.name = "tl.small." + std::to_string(t);
+    handles.push_back(allreduce(small[t]->view(), options));
+  }
+  AllreduceOptions large_options;
+  large_options.name = "tl.large";
+  handles.push_back(allreduce(large->view(), large_options));
+  std::vector<TensorView> group_views;
+  GroupedAllreduceOptions group_options;
+  for (int t = 0; t < 8; ++t) {
+    group_views.push_back(group[t]->view());
+    group_options.names.push_back("tl.group." + std::to_string(t));
+  }
+  for (const Handle& h : grouped_allreduce(group_views, group_options)) handles.push_back(h);
+  HostTensor bcast(DataType::kFloat32, {3});
+  BroadcastOptions bcast_options;
+  bcast_options.name = "tl.bcast";
+  handles.push_back(broadcast(bcast.view(), 0, bcast_options));
+  for (const Handle& h : handles) ASSERT_TRUE(Succeeds(h));
+  ExpectSums(small, 0);
+  ExpectSums(group, 100);
+  stop_timeline();
+  EXPECT_NO_THROW(stop_timeline());  // stopping twice is harmless
+  if (rank_ != 0) {
+    EXPECT_FALSE(fs::exists(path)) << "only rank 0 writes";
+    return;
+  }
+
+  const Trace trace = LoadTrace(path);
+  fs::remove(path);
+  ASSERT_TRUE(trace.ok);
+  ExpectAllClosed(trace);
+  EXPECT_GE(trace.Count("i", "CYCLE_START"), 1u);
+
+  const std::vector<std::string> fused = RowOf(trace, "tl.small.3");
+  for (const char* event : {"B QUEUE", "B NEGOTIATE_ALLREDUCE", "B MEMCPY_IN_FUSION_BUFFER",
+                            "B MPI_ALLREDUCE", "B MEMCPY_OUT_FUSION_BUFFER"}) {
+    EXPECT_TRUE(Contains(fused, event)) << event;
+  }
+  for (int r = 0; r < size_; ++r) {
+    EXPECT_TRUE(Contains(fused, "i RANK_READY " + std::to_string(r))) << "rank " << r;
+  }
+  // The phases in order: queued, negotiated, copied in, reduced, copied out.
+  std::vector<std::string> starts;
+  for (const std::string& e : fused) {
+    if (e[0] == 'B') starts.push_back(e);
+  }
+  EXPECT_EQ(starts, (std::vector<std::string>{"B QUEUE", "B NEGOTIATE_ALLREDUCE",
+                                              "B MEMCPY_IN_FUSION_BUFFER", "B MPI_ALLREDUCE",
+                                              "B MEMCPY_OUT_FUSION_BUFFER"}));
+
+  const std::vector<std::string> alone = RowOf(trace, "tl.large");
+  EXPECT_TRUE(Contains(alone, "B MPI_ALLREDUCE"));
+  EXPECT_FALSE(Contains(alone, "B MEMCPY_IN_FUSION_BUFFER"));
+  EXPECT_TRUE(Contains(RowOf(trace, "tl.bcast"), "B MPI_BCAST"));
+
+  const int group_cycle = CycleOf(trace, "tl.group.0", "MPI_ALLREDUCE");
+  EXPECT_GE(group_cycle, 1);
+  for (int t = 1; t < 8; ++t) {
+    EXPECT_EQ(CycleOf(trace, "tl.group." + std::to_string(t), "MPI_ALLREDUCE"), group_cycle)
+        << "member " << t;
+  }
+}
+
+TEST_F(TimelineTest, EnvironmentVariableStartsOneAtInit) {
+  const fs::path path = TracePath("timeline_env");
+  shutdown();
+  setenv("GRADSYNC_TIMELINE", path.c_str(), 1);
+  init();
+  unsetenv("GRADSYNC_TIMELINE");
+  auto tensor = Filled(8, 7);
+  AllreduceOptions options;
+  options.name = "tl.env";
+  ASSERT_TRUE(Succeeds(allreduce(tensor->view(), options)));
+  if (rank_ == 0) {
+    EXPECT_THROW(start_timeline(path.string() + ".second"), Error) << "one is already running";
+  } else {
+    EXPECT_NO_THROW(start_timeline(path.string() + ".second")) << "a no-op off rank 0";
+  }
+  shutdown();  // finishes the file
+  init();      // for the fixture's TearDown
+  if (rank_ != 0) return;
+  const Trace trace = LoadTrace(path);
+  fs::remove(path);
+  ASSERT_TRUE(trace.ok);
+  ExpectAllClosed(trace);
+  EXPECT_TRUE(Contains(RowOf(trace, "tl.env"), "B MPI_ALLREDUCE"));
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsync
