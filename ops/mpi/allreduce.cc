@@ -14,18 +14,6 @@
 namespace gradsync {
 namespace {
 
-std::string DescribeEntries(const std::vector<TensorEntry*>& entries) {
-  constexpr size_t kMaxNamed = 4;
-  std::string s = entries.size() == 1 ? "allreduce of tensor " : "allreduce of tensors ";
-  for (size_t i = 0; i < entries.size() && i < kMaxNamed; ++i) {
-    s += (i ? ", '" : "'") + entries[i]->name + "'";
-  }
-  if (entries.size() > kMaxNamed) {
-    s += " and " + std::to_string(entries.size() - kMaxNamed) + " more";
-  }
-  return s;
-}
-
 // Only negotiated properties are checked with a Status: they are equal on every rank, so every
 // rank fails the bucket together. A broken local invariant (a buffer the enqueue check should have
 // refused) would leave the other ranks waiting in the collective, so it aborts instead.
@@ -68,7 +56,7 @@ Status MpiDataPlane::Allreduce(const std::vector<TensorEntry*>& entries, const R
     status = entries.size() == 1 ? AllreduceOne(entries[0], effective, type, op)
                                  : AllreduceFused(entries, effective, type, op);
   }
-  return status.ok() ? status : InContext(status, DescribeEntries(entries));
+  return status.ok() ? status : InContext(status, DescribeEntries("allreduce", entries));
 }
 
 Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MPI_Datatype type,

@@ -18,19 +18,6 @@ std::string Describe(const TensorEntry& entry) {
   return "reducescatter of tensor '" + entry.name + "'";
 }
 
-std::string DescribeEntries(const std::vector<TensorEntry*>& entries) {
-  if (entries.size() == 1) return Describe(*entries[0]);
-  constexpr size_t kMaxNamed = 4;
-  std::string s = "reducescatter of tensors ";
-  for (size_t i = 0; i < entries.size() && i < kMaxNamed; ++i) {
-    s += (i ? ", '" : "'") + entries[i]->name + "'";
-  }
-  if (entries.size() > kMaxNamed) {
-    s += " and " + std::to_string(entries.size() - kMaxNamed) + " more";
-  }
-  return s;
-}
-
 // As for allreduce: negotiated properties fail with a Status on every rank together, while a
 // broken local invariant aborts, since returning would leave the other ranks in the collective.
 Status ValidateEntry(const TensorEntry& entry, const ReduceSpec& spec) {
@@ -148,7 +135,7 @@ Status MpiDataPlane::Reducescatter(const std::vector<TensorEntry*>& entries,
   Status status = MpiReduceOpOf(spec.dtype, spec.op, &op);
   ScatterLayout layout;
   if (status.ok()) status = PlanLayout(entries, size_, &layout);
-  if (!status.ok()) return InContext(status, DescribeEntries(entries));
+  if (!status.ok()) return InContext(status, DescribeEntries("reducescatter", entries));
 
   // Every output is allocated before the collective, so that a single entry can receive its
   // share directly. The first failure is reported once this rank has taken part.
@@ -190,7 +177,7 @@ Status MpiDataPlane::Reducescatter(const std::vector<TensorEntry*>& entries,
         InContext(MpiResult(MPI_Reduce_scatter(send, receive, layout.counts.data(),
                                                MpiDatatypeOf(spec.dtype), op, comm_),
                             "MPI_Reduce_scatter"),
-                  DescribeEntries(entries)));
+                  DescribeEntries("reducescatter", entries)));
   }
   if (!allocated.ok()) return allocated;
 
