@@ -9,6 +9,7 @@
 
 #include "coordinator/background_loop.h"
 #include "coordinator/wire_format.h"
+#include "ops/data_plane.h"
 #include "runtime/config.h"
 #include "runtime/logging.h"
 #include "runtime/mpi_context.h"
@@ -89,31 +90,6 @@ Status ValidateTensor(const TensorView& t, const char* what) {
 Status ValidateScale(double factor, const char* what) {
   if (!std::isfinite(factor)) {
     return Status::InvalidArgument(std::string(what) + " factor must be finite");
-  }
-  return Status::OK();
-}
-
-Status ValidateSplits(const std::vector<int64_t>& splits, int64_t rows, int size) {
-  if (splits.empty()) return Status::OK();
-  if (splits.size() != static_cast<size_t>(size)) {
-    return Status::InvalidArgument(std::to_string(splits.size()) + " splits for " +
-                                   std::to_string(size) + " ranks; give one per rank");
-  }
-  int64_t total = 0;
-  for (size_t r = 0; r < splits.size(); ++r) {
-    if (splits[r] < 0) {
-      return Status::InvalidArgument("split for rank " + std::to_string(r) + " is negative (" +
-                                     std::to_string(splits[r]) + ")");
-    }
-    if (splits[r] > rows - total) {
-      return Status::InvalidArgument("splits add up to more than the first dimension " +
-                                     std::to_string(rows));
-    }
-    total += splits[r];
-  }
-  if (total != rows) {
-    return Status::InvalidArgument("splits add up to " + std::to_string(total) +
-                                   ", not to the first dimension " + std::to_string(rows));
   }
   return Status::OK();
 }
@@ -439,7 +415,9 @@ Handle alltoall(const TensorView& input, Allocator allocate, const AlltoallOptio
     status = Status::InvalidArgument("a scalar cannot be split; the input needs a dimension");
   }
   if (status.ok() && !allocate) status = Status::InvalidArgument("no output allocator");
-  if (status.ok()) status = ValidateSplits(options.splits, input.shape[0], rt.mpi->size());
+  if (status.ok() && !options.splits.empty()) {
+    status = CheckSplits(options.splits, input.shape[0], rt.mpi->size());
+  }
   entry->input = input;
   entry->allocator = std::move(allocate);
   entry->splits = options.splits;

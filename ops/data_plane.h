@@ -16,6 +16,9 @@ namespace gradsync {
 // `rows` divided into `parts` as evenly as possible, lower parts taking the remainder: 10 rows in
 // 4 parts are {3, 3, 2, 2}. How reducescatter divides its result, and alltoall's default splits.
 std::vector<int64_t> EvenSplits(int64_t rows, int parts);
+// Alltoall splits for `rows` over `size` ranks: one per rank, none negative, adding up to `rows`.
+// The enqueue refuses bad splits with this; the data plane checks again before its collectives.
+Status CheckSplits(const std::vector<int64_t>& splits, int64_t rows, int size);
 
 // What every entry of an allreduce bucket has in common.
 struct ReduceSpec {
@@ -50,9 +53,9 @@ class DataPlane {
                                const ReduceSpec& spec) = 0;
 
   // Sends entry->splits[r] rows of the input's first dimension to rank r, in rank order (EvenSplits
-  // when splits is empty), and receives every rank's rows for this rank, concatenated in rank order.
-  // The output is allocated through entry->allocator; entry->output, entry->state->output_shape and
-  // entry->state->received_splits are set.
+  // when splits is empty), and receives every rank's rows for this rank, concatenated in rank
+  // order. The output is allocated through entry->allocator; entry->output,
+  // entry->state->output_shape and entry->state->received_splits are set.
   virtual Status Alltoall(TensorEntry* entry) = 0;
 };
 

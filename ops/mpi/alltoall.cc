@@ -27,30 +27,6 @@ struct ExchangeSide {
   int64_t total_bytes = 0;
 };
 
-Status CheckSplits(const std::vector<int64_t>& splits, int64_t rows, int size) {
-  if (splits.size() != static_cast<size_t>(size)) {
-    return Status::InvalidArgument("got " + std::to_string(splits.size()) + " splits for " +
-                                   std::to_string(size) + " ranks");
-  }
-  int64_t total = 0;
-  for (size_t r = 0; r < splits.size(); ++r) {
-    if (splits[r] < 0) {
-      return Status::InvalidArgument("negative split " + std::to_string(splits[r]) + " for rank " +
-                                     std::to_string(r));
-    }
-    if (splits[r] > rows - total) {
-      return Status::InvalidArgument("splits add up to more than the first dimension " +
-                                     std::to_string(rows));
-    }
-    total += splits[r];
-  }
-  if (total != rows) {
-    return Status::InvalidArgument("splits add up to " + std::to_string(total) +
-                                   ", not to the first dimension " + std::to_string(rows));
-  }
-  return Status::OK();
-}
-
 // Fills in the counts, displacements and totals of side->rows (none negative).
 Status PlanSide(int64_t row_bytes, const char* toward, ExchangeSide* side) {
   side->counts.reserve(side->rows.size());
