@@ -229,17 +229,19 @@ Status FillReducescatter(const TensorView& input, Allocator allocate,
   return status;
 }
 
-// The per-member parts shared by every grouped call.
-Status CheckGroupArguments(size_t tensors, size_t names, size_t allocators, bool needs_allocators) {
+// Throws unless a grouped call got one name per tensor (or none) and, when it needs them, one
+// allocator per tensor. `allocators` is null for calls without allocators.
+void RequireGroupArguments(const char* call, size_t tensors, size_t names,
+                           const size_t* allocators) {
+  Status status;
   if (names != 0 && names != tensors) {
-    return Status::InvalidArgument(std::to_string(names) + " names for " + std::to_string(tensors) +
-                                   " tensors; give one each or none");
+    status = Status::InvalidArgument(std::to_string(names) + " names for " +
+                                     std::to_string(tensors) + " tensors; give one each or none");
+  } else if (allocators != nullptr && *allocators != tensors) {
+    status = Status::InvalidArgument(std::to_string(*allocators) + " allocators for " +
+                                     std::to_string(tensors) + " tensors; give one each");
   }
-  if (needs_allocators && allocators != tensors) {
-    return Status::InvalidArgument(std::to_string(allocators) + " allocators for " +
-                                   std::to_string(tensors) + " tensors; give one each");
-  }
-  return Status::OK();
+  if (!status.ok()) Throw(Status(status.code(), std::string(call) + ": " + status.message()));
 }
 
 }  // namespace
@@ -336,8 +338,7 @@ Handle reducescatter(const TensorView& input, Allocator allocate,
 std::vector<Handle> grouped_allreduce(const std::vector<TensorView>& tensors,
                                       const GroupedAllreduceOptions& options) {
   Runtime& rt = ActiveRuntime("grouped_allreduce");
-  const Status arguments = CheckGroupArguments(tensors.size(), options.names.size(), 0, false);
-  if (!arguments.ok()) Throw(Status(arguments.code(), "grouped_allreduce: " + arguments.message()));
+  RequireGroupArguments("grouped_allreduce", tensors.size(), options.names.size(), nullptr);
   std::vector<std::unique_ptr<TensorEntry>> entries;
   std::vector<Status> validations;
   AllreduceOptions member;
@@ -356,9 +357,8 @@ std::vector<Handle> grouped_allgather(const std::vector<TensorView>& inputs,
                                       std::vector<Allocator> allocators,
                                       const GroupedAllgatherOptions& options) {
   Runtime& rt = ActiveRuntime("grouped_allgather");
-  const Status arguments =
-      CheckGroupArguments(inputs.size(), options.names.size(), allocators.size(), true);
-  if (!arguments.ok()) Throw(Status(arguments.code(), "grouped_allgather: " + arguments.message()));
+  const size_t allocator_count = allocators.size();
+  RequireGroupArguments("grouped_allgather", inputs.size(), options.names.size(), &allocator_count);
   std::vector<std::unique_ptr<TensorEntry>> entries;
   std::vector<Status> validations;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -373,11 +373,9 @@ std::vector<Handle> grouped_reducescatter(const std::vector<TensorView>& inputs,
                                           std::vector<Allocator> allocators,
                                           const GroupedReducescatterOptions& options) {
   Runtime& rt = ActiveRuntime("grouped_reducescatter");
-  const Status arguments =
-      CheckGroupArguments(inputs.size(), options.names.size(), allocators.size(), true);
-  if (!arguments.ok()) {
-    Throw(Status(arguments.code(), "grouped_reducescatter: " + arguments.message()));
-  }
+  const size_t allocator_count = allocators.size();
+  RequireGroupArguments("grouped_reducescatter", inputs.size(), options.names.size(),
+                        &allocator_count);
   std::vector<std::unique_ptr<TensorEntry>> entries;
   std::vector<Status> validations;
   ReducescatterOptions member;
