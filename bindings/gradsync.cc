@@ -8,17 +8,25 @@
 #include <mutex>
 
 #include "coordinator/background_loop.h"
+#include "coordinator/process_sets.h"
 #include "coordinator/wire_format.h"
 #include "ops/data_plane.h"
 #include "runtime/config.h"
 #include "runtime/logging.h"
 #include "runtime/mpi_context.h"
 #include "runtime/op_state.h"
+#include "runtime/process_set_registry.h"
 #include "runtime/tensor_queue.h"
 
 namespace gradsync {
 
 Handle MakeHandle(std::shared_ptr<OpState> state);
+
+ProcessSet MakeProcessSet(int id) {
+  ProcessSet set;
+  set.id_ = id;
+  return set;
+}
 
 namespace {
 
@@ -27,8 +35,11 @@ struct Runtime {
   std::unique_ptr<MpiContext> mpi;
   TensorQueue queue;
   Timeline timeline;  // written on rank 0 only; outlives the loop that records into it
+  ProcessSetRegistry registry;
   std::unique_ptr<BackgroundLoop> loop;
   std::atomic<uint64_t> unnamed_counters[kNumOpTypes] = {};
+  // add_process_set and remove_process_set calls so far; collective, so the same on every rank.
+  std::atomic<uint64_t> process_set_calls{0};
 };
 
 // Set by init(), cleared by shutdown(); neither may race with enqueues (see the header).
@@ -92,6 +103,28 @@ Status ValidateScale(double factor, const char* what) {
     return Status::InvalidArgument(std::string(what) + " factor must be finite");
   }
   return Status::OK();
+}
+
+// This rank's rank in `set` and the set's size; the global set costs no lock.
+Status Membership(const Runtime& rt, const ProcessSet& set, int* set_rank, int* set_size) {
+  if (set.id() == 0) {
+    *set_rank = rt.mpi->rank();
+    *set_size = rt.mpi->size();
+    return Status::OK();
+  }
+  return rt.registry.Membership(set.id(), set_rank, set_size);
+}
+
+// Records the entry's process set and returns why this rank cannot use it, if it cannot. When
+// `set_size` is given it receives the set's size.
+Status UseProcessSet(const Runtime& rt, const ProcessSet& set, TensorEntry* entry,
+                     int* set_size = nullptr) {
+  entry->process_set = set.id();
+  int set_rank = 0;
+  int size = 0;
+  const Status status = Membership(rt, set, &set_rank, &size);
+  if (set_size != nullptr) *set_size = size;
+  return status;
 }
 
 std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string& name,
@@ -253,12 +286,45 @@ Handle MakeHandle(std::shared_ptr<OpState> state) {
 }
 
 void init(MPI_Comm comm) {
+  InitOptions options;
+  options.comm = comm;
+  init(options);
+}
+
+namespace {
+
+// Creates the process sets declared at init, after checking that every rank declared the same.
+// Collective over every rank; fails identically everywhere.
+Status AddDeclaredProcessSets(Runtime& rt, const std::vector<std::vector<int>>& declared) {
+  std::vector<int64_t> flat = {static_cast<int64_t>(declared.size())};
+  for (const std::vector<int>& ranks : declared) {
+    flat.push_back(static_cast<int64_t>(ranks.size()));
+    flat.insert(flat.end(), ranks.begin(), ranks.end());
+  }
+  GRADSYNC_RETURN_IF_ERROR(
+      CheckSameOnEveryRank(rt.mpi->control_comm(), flat, "init: InitOptions::process_sets"));
+  for (size_t i = 0; i < declared.size(); ++i) {
+    std::vector<int> sorted;
+    Status status = NormalizeProcessSetRanks(declared[i], rt.mpi->size(), &sorted);
+    int32_t id = 0;
+    if (status.ok()) status = rt.loop->AddProcessSet(sorted, &id);
+    if (!status.ok()) {
+      return Status(status.code(), "init: process set " + std::to_string(i) +
+                                       " of InitOptions::process_sets: " + status.message());
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+void init(const InitOptions& options) {
   std::lock_guard<std::mutex> lock(g_lifecycle_mu);
   if (g_runtime) return;
   auto rt = std::make_unique<Runtime>();
   Status status = Config::FromEnvironment(&rt->config);
   if (!status.ok()) Throw(status);
-  status = MpiContext::Create(comm, &rt->mpi);
+  status = MpiContext::Create(options.comm, &rt->mpi);
   if (!status.ok()) Throw(status);
   InitLogging(rt->mpi->rank(), rt->config.log_level);
   Log().debug("gradsync starting on {} ranks: {}", rt->mpi->size(), rt->config.ToString());
@@ -268,7 +334,10 @@ void init(MPI_Comm comm) {
     const Status started = rt->timeline.Start(rt->config.timeline_path);
     if (!started.ok()) Log().error("GRADSYNC_TIMELINE: {}; no timeline", started.message());
   }
-  rt->loop = std::make_unique<BackgroundLoop>(rt->config, *rt->mpi, &rt->queue, &rt->timeline);
+  rt->loop = std::make_unique<BackgroundLoop>(rt->config, *rt->mpi, &rt->queue, &rt->timeline,
+                                              &rt->registry);
+  status = AddDeclaredProcessSets(*rt, options.process_sets);
+  if (!status.ok()) Throw(status);
   rt->loop->Start();
   g_active.store(rt.get(), std::memory_order_release);
   g_runtime = std::move(rt);
@@ -316,14 +385,18 @@ Handle allreduce(const TensorView& input, const TensorView& output,
                  const AllreduceOptions& options) {
   Runtime& rt = ActiveRuntime("allreduce");
   auto entry = NewEntry(rt, OpType::kAllreduce, options.name, options.on_complete);
-  const Status status = FillAllreduce(input, output, options, entry.get());
+  Status status = UseProcessSet(rt, options.process_set, entry.get());
+  const Status filled = FillAllreduce(input, output, options, entry.get());
+  if (status.ok()) status = filled;
   return Submit(rt, std::move(entry), status);
 }
 
 Handle allgather(const TensorView& input, Allocator allocate, const AllgatherOptions& options) {
   Runtime& rt = ActiveRuntime("allgather");
   auto entry = NewEntry(rt, OpType::kAllgather, options.name, options.on_complete);
-  const Status status = FillAllgather(input, std::move(allocate), entry.get());
+  Status status = UseProcessSet(rt, options.process_set, entry.get());
+  const Status filled = FillAllgather(input, std::move(allocate), entry.get());
+  if (status.ok()) status = filled;
   return Submit(rt, std::move(entry), status);
 }
 
@@ -331,7 +404,9 @@ Handle reducescatter(const TensorView& input, Allocator allocate,
                      const ReducescatterOptions& options) {
   Runtime& rt = ActiveRuntime("reducescatter");
   auto entry = NewEntry(rt, OpType::kReducescatter, options.name, options.on_complete);
-  const Status status = FillReducescatter(input, std::move(allocate), options, entry.get());
+  Status status = UseProcessSet(rt, options.process_set, entry.get());
+  const Status filled = FillReducescatter(input, std::move(allocate), options, entry.get());
+  if (status.ok()) status = filled;
   return Submit(rt, std::move(entry), status);
 }
 
@@ -348,7 +423,9 @@ std::vector<Handle> grouped_allreduce(const std::vector<TensorView>& tensors,
   for (size_t i = 0; i < tensors.size(); ++i) {
     member.name = options.names.empty() ? std::string() : options.names[i];
     entries.push_back(NewEntry(rt, OpType::kAllreduce, member.name, nullptr));
-    validations.push_back(FillAllreduce(tensors[i], tensors[i], member, entries.back().get()));
+    Status status = UseProcessSet(rt, options.process_set, entries.back().get());
+    const Status filled = FillAllreduce(tensors[i], tensors[i], member, entries.back().get());
+    validations.push_back(status.ok() ? filled : status);
   }
   return SubmitGroup(rt, std::move(entries), validations);
 }
@@ -364,7 +441,9 @@ std::vector<Handle> grouped_allgather(const std::vector<TensorView>& inputs,
   for (size_t i = 0; i < inputs.size(); ++i) {
     entries.push_back(NewEntry(rt, OpType::kAllgather,
                                options.names.empty() ? std::string() : options.names[i], nullptr));
-    validations.push_back(FillAllgather(inputs[i], std::move(allocators[i]), entries.back().get()));
+    Status status = UseProcessSet(rt, options.process_set, entries.back().get());
+    const Status filled = FillAllgather(inputs[i], std::move(allocators[i]), entries.back().get());
+    validations.push_back(status.ok() ? filled : status);
   }
   return SubmitGroup(rt, std::move(entries), validations);
 }
@@ -385,8 +464,10 @@ std::vector<Handle> grouped_reducescatter(const std::vector<TensorView>& inputs,
   for (size_t i = 0; i < inputs.size(); ++i) {
     member.name = options.names.empty() ? std::string() : options.names[i];
     entries.push_back(NewEntry(rt, OpType::kReducescatter, member.name, nullptr));
-    validations.push_back(
-        FillReducescatter(inputs[i], std::move(allocators[i]), member, entries.back().get()));
+    Status status = UseProcessSet(rt, options.process_set, entries.back().get());
+    const Status filled =
+        FillReducescatter(inputs[i], std::move(allocators[i]), member, entries.back().get());
+    validations.push_back(status.ok() ? filled : status);
   }
   return SubmitGroup(rt, std::move(entries), validations);
 }
@@ -394,10 +475,14 @@ std::vector<Handle> grouped_reducescatter(const std::vector<TensorView>& inputs,
 Handle broadcast(const TensorView& tensor, int root, const BroadcastOptions& options) {
   Runtime& rt = ActiveRuntime("broadcast");
   auto entry = NewEntry(rt, OpType::kBroadcast, options.name, options.on_complete);
-  Status status = ValidateTensor(tensor, "");
-  if (status.ok() && (root < 0 || root >= rt.mpi->size())) {
-    status = Status::InvalidArgument("root rank " + std::to_string(root) + " is outside [0, " +
-                                     std::to_string(rt.mpi->size()) + ")");
+  int set_size = 0;
+  Status status = UseProcessSet(rt, options.process_set, entry.get(), &set_size);
+  if (status.ok()) status = ValidateTensor(tensor, "");
+  if (status.ok() && (root < 0 || root >= set_size)) {
+    status = Status::InvalidArgument(
+        "root rank " + std::to_string(root) + " is outside [0, " + std::to_string(set_size) + ")" +
+        (options.process_set.id() == 0 ? std::string()
+                                       : " (roots are ranks within the process set)"));
   }
   entry->input = tensor;
   entry->output = tensor;
@@ -408,13 +493,15 @@ Handle broadcast(const TensorView& tensor, int root, const BroadcastOptions& opt
 Handle alltoall(const TensorView& input, Allocator allocate, const AlltoallOptions& options) {
   Runtime& rt = ActiveRuntime("alltoall");
   auto entry = NewEntry(rt, OpType::kAlltoall, options.name, options.on_complete);
-  Status status = ValidateTensor(input, "");
+  int set_size = 0;
+  Status status = UseProcessSet(rt, options.process_set, entry.get(), &set_size);
+  if (status.ok()) status = ValidateTensor(input, "");
   if (status.ok() && input.shape.empty()) {
     status = Status::InvalidArgument("a scalar cannot be split; the input needs a dimension");
   }
   if (status.ok() && !allocate) status = Status::InvalidArgument("no output allocator");
   if (status.ok() && !options.splits.empty()) {
-    status = CheckSplits(options.splits, input.shape[0], rt.mpi->size());
+    status = CheckSplits(options.splits, input.shape[0], set_size);
   }
   entry->input = input;
   entry->allocator = std::move(allocate);
@@ -422,11 +509,78 @@ Handle alltoall(const TensorView& input, Allocator allocate, const AlltoallOptio
   return Submit(rt, std::move(entry), status);
 }
 
-Handle barrier(const std::string& name) {
+Handle barrier(const std::string& name) { return barrier(name, ProcessSet()); }
+
+Handle barrier(const std::string& name, const ProcessSet& process_set) {
   Runtime& rt = ActiveRuntime("barrier");
   auto entry = NewEntry(rt, OpType::kBarrier, name, nullptr);
-  return Submit(rt, std::move(entry), Status::OK());
+  const Status status = UseProcessSet(rt, process_set, entry.get());
+  return Submit(rt, std::move(entry), status);
 }
+
+int join() {
+  Runtime& rt = ActiveRuntime("join");
+  // One join per rank at a time, so a fixed name pairs up every rank's join.
+  auto entry = NewEntry(rt, OpType::kJoin, "gradsync.join", nullptr);
+  std::shared_ptr<OpState> state = entry->state;
+  Submit(rt, std::move(entry), Status::OK()).wait();
+  return state->result;
+}
+
+namespace {
+
+// Enqueues an add or remove of a process set on the global set, carrying `values` for the
+// agreement check, and waits for it. Returns the operation's result.
+int32_t ChangeProcessSets(const char* call, OpType op, std::vector<int64_t> values) {
+  Runtime& rt = ActiveRuntime(call);
+  const std::string name =
+      "gradsync." + OpTypeName(op) + "." + std::to_string(rt.process_set_calls++);
+  auto entry = NewEntry(rt, op, name, nullptr);
+  entry->splits = std::move(values);
+  std::shared_ptr<OpState> state = entry->state;
+  Submit(rt, std::move(entry), Status::OK()).wait();
+  return state->result;
+}
+
+}  // namespace
+
+ProcessSet add_process_set(const std::vector<int>& ranks) {
+  Runtime& rt = ActiveRuntime("add_process_set");
+  std::vector<int> sorted;
+  const Status valid = NormalizeProcessSetRanks(ranks, rt.mpi->size(), &sorted);
+  if (!valid.ok()) Throw(Status(valid.code(), "add_process_set: " + valid.message()));
+  return MakeProcessSet(ChangeProcessSets("add_process_set", OpType::kAddProcessSet,
+                                          std::vector<int64_t>(sorted.begin(), sorted.end())));
+}
+
+void remove_process_set(const ProcessSet& process_set) {
+  ChangeProcessSets("remove_process_set", OpType::kRemoveProcessSet, {process_set.id()});
+}
+
+std::vector<ProcessSet> process_sets() {
+  std::vector<ProcessSet> out;
+  for (const ProcessSetInfo& info : ActiveRuntime("process_sets").registry.All()) {
+    out.push_back(MakeProcessSet(info.id));
+  }
+  return out;
+}
+
+namespace {
+
+ProcessSetInfo FindProcessSet(int id) {
+  ProcessSetInfo info;
+  if (!ActiveRuntime("ProcessSet").registry.Find(id, &info)) {
+    Throw(Status::InvalidArgument("process set " + std::to_string(id) +
+                                  " does not exist (never added, or removed)"));
+  }
+  return info;
+}
+
+}  // namespace
+
+std::vector<int> ProcessSet::ranks() const { return FindProcessSet(id_).ranks; }
+int ProcessSet::size() const { return static_cast<int>(FindProcessSet(id_).ranks.size()); }
+int ProcessSet::rank() const { return FindProcessSet(id_).set_rank; }
 
 void Handle::wait() const {
   if (!state_) Throw(Status::InvalidArgument("wait() on an empty handle"));

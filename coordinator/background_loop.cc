@@ -4,8 +4,7 @@
 #include <cctype>
 #include <chrono>
 
-#include "coordinator/mpi_control_channel.h"
-#include "ops/mpi/mpi_data_plane.h"
+#include "ops/scale.h"
 #include "runtime/logging.h"
 
 namespace gradsync {
@@ -17,18 +16,20 @@ constexpr std::chrono::nanoseconds kFirstBackoff = std::chrono::microseconds(20)
 }  // namespace
 
 BackgroundLoop::BackgroundLoop(const Config& config, const MpiContext& mpi, TensorQueue* queue,
-                               Timeline* timeline)
+                               Timeline* timeline, ProcessSetRegistry* registry)
     : config_(config),
       fusion_{config.fusion_threshold_bytes, config.inplace_threshold_bytes},
-      rank_(mpi.rank()),
+      mpi_(mpi),
       queue_(queue),
-      channel_(std::make_unique<MpiControlChannel>(mpi.control_comm())),
       timeline_(timeline),
-      negotiator_(std::make_unique<Negotiator>(channel_.get(), config, nullptr, timeline)),
-      host_plane_(std::make_unique<MpiDataPlane>(mpi.data_comm(), timeline)) {}
+      sets_(mpi, config, timeline, registry) {}
 
 BackgroundLoop::~BackgroundLoop() {
   if (thread_.joinable()) Shutdown();
+}
+
+Status BackgroundLoop::AddProcessSet(const std::vector<int>& ranks, int32_t* id) {
+  return sets_.Add(ranks, id);
 }
 
 void BackgroundLoop::Start() {
@@ -60,20 +61,45 @@ std::chrono::nanoseconds BackgroundLoop::NextWait() const {
 
 bool BackgroundLoop::RunOneCycle() {
   queue_->WaitForWork(NextWait());
+  Distribute(TakeFreshEntries());
+  bool productive = false;
+  // By id, so that sets added or removed by the global set's responses are picked up (or skipped)
+  // in this same cycle on every rank alike.
+  for (ProcessSetRuntime* set = sets_.Next(-1); set != nullptr;) {
+    const int32_t id = set->id();
+    if (!RunSetCycle(set, &productive)) return false;
+    set = sets_.Next(id);
+  }
+  unproductive_cycles_ = productive ? 0 : std::min(unproductive_cycles_ + 1, 64);
+  return true;
+}
+
+bool BackgroundLoop::RunSetCycle(ProcessSetRuntime* set, bool* productive) {
+  const int32_t id = set->id();
+  const bool global = id == 0;
   CycleOutcome outcome;
   const Status negotiated =
-      negotiator_->RunCycle(TakeFreshEntries(), shutdown_requested_.load(), &outcome);
+      set->negotiator().RunCycle(set->fresh(), global && shutdown_requested_.load(), &outcome);
+  set->fresh().clear();
   if (!negotiated.ok()) {
-    Log().error("negotiation failed, shutting down: {}", negotiated.ToString());
-    FailEverything(negotiated);
-    return false;
+    Log().error("negotiation in process set {} failed: {}", id, negotiated.ToString());
+    if (global) {
+      FailEverything(negotiated);
+      return false;
+    }
+    CloseSet(id, negotiated);
+    return true;
   }
   if (timeline_->active()) MarkNegotiated(outcome);
-  unproductive_cycles_ = outcome.responses.empty() ? std::min(unproductive_cycles_ + 1, 64) : 0;
-  const Status executed = Execute(outcome);
+  if (!outcome.responses.empty()) *productive = true;
+  const Status executed = Execute(set, outcome);
   if (!executed.ok()) {
-    FailEverything(executed);
-    return false;
+    if (global) {
+      FailEverything(executed);
+      return false;
+    }
+    CloseSet(id, executed);
+    return true;
   }
   if (outcome.shutdown) {
     FailEverything(Status::Shutdown("gradsync was shut down (shutdown() was called on a rank)"));
@@ -97,13 +123,28 @@ std::vector<TensorEntry*> BackgroundLoop::TakeFreshEntries() {
   return entries;
 }
 
+void BackgroundLoop::Distribute(const std::vector<TensorEntry*>& entries) {
+  for (TensorEntry* entry : entries) {
+    ProcessSetRuntime* set = sets_.Find(entry->process_set);
+    if (set != nullptr) {
+      set->fresh().push_back(entry);
+      continue;
+    }
+    // The set was removed or failed after this entry was enqueued.
+    const Status why = sets_.Unavailable(entry->process_set);
+    Complete({entry}, Status(why.code(), OpTypeName(entry->op) + " of tensor '" + entry->name +
+                                             "' on rank " + std::to_string(mpi_.rank()) + ": " +
+                                             why.message()));
+  }
+}
+
 void BackgroundLoop::MarkNegotiated(const CycleOutcome& outcome) {
   for (size_t i = 0; i < outcome.responses.size(); ++i) {
     if (outcome.entries[i] != nullptr) timeline_->NegotiateEnd(outcome.entries[i]->name);
   }
 }
 
-Status BackgroundLoop::Execute(const CycleOutcome& outcome) {
+Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outcome) {
   const std::vector<ResponsePtr>& responses = outcome.responses;
   const std::vector<TensorEntry*>& entries = outcome.entries;
   // A fatal response comes last: what was agreed before it still runs (the planner skips the fatal
@@ -113,29 +154,46 @@ Status BackgroundLoop::Execute(const CycleOutcome& outcome) {
     fatal = Status::Stalled(responses.back()->error);
   }
   for (size_t i = 0; i < responses.size(); ++i) {
-    if (entries[i] == nullptr && responses[i]->type != ResponseType::kStallShutdown) {
-      return Status::Internal("rank " + std::to_string(rank_) + " was told to run tensor '" +
+    const ResponseType type = responses[i]->type;
+    if (entries[i] == nullptr && type != ResponseType::kStallShutdown) {
+      // A joined rank takes part in allreduces and barriers it never submitted and ignores the
+      // errors of collectives it never submitted.
+      const bool joinable = type == ResponseType::kAllreduce || type == ResponseType::kBarrier ||
+                            type == ResponseType::kError;
+      if (outcome.joined && joinable) continue;
+      return Status::Internal("rank " + std::to_string(mpi_.rank()) + " was told to run tensor '" +
                               responses[i]->name + "' that it never submitted");
     }
-    if (responses[i]->type == ResponseType::kError) {
+    if (type == ResponseType::kError) {
       Complete({entries[i]}, Status::Mismatch(responses[i]->error));
     }
   }
-  std::vector<TensorEntry*> members;
+  stand_ins_used_ = 0;
   for (const Bucket& bucket : PlanFusion(responses, fusion_)) {
-    members.clear();
-    for (size_t i : bucket.responses) members.push_back(entries[i]);
-    Complete(members, ExecuteBucket(responses[bucket.responses.front()], members));
+    members_.clear();
+    for (size_t i : bucket.responses) {
+      if (entries[i] != nullptr) {
+        members_.push_back(entries[i]);
+      } else if (responses[i]->type == ResponseType::kAllreduce) {
+        members_.push_back(StandIn(*responses[i]));
+      }
+    }
+    if (members_.empty()) continue;  // a joined rank's barrier: nothing to do
+    Complete(members_, ExecuteBucket(set, responses[bucket.responses.front()], members_));
   }
   return fatal;
 }
 
-Status BackgroundLoop::ExecuteBucket(const ResponsePtr& response,
+Status BackgroundLoop::ExecuteBucket(ProcessSetRuntime* set, const ResponsePtr& response,
                                      const std::vector<TensorEntry*>& members) {
   const Response& first = *response;
   TensorEntry* first_entry = members.front();
-  DataPlane* plane = PlaneFor(first.device);
-  if (plane == nullptr && first.type != ResponseType::kBarrier) {
+  DataPlane* plane = set->PlaneFor(first.device);
+  const bool needs_plane =
+      first.type == ResponseType::kAllreduce || first.type == ResponseType::kAllgather ||
+      first.type == ResponseType::kBroadcast || first.type == ResponseType::kReducescatter ||
+      first.type == ResponseType::kAlltoall;
+  if (plane == nullptr && needs_plane) {
     return Status::Unsupported("no data plane for " + DeviceName(first.device) + " tensors");
   }
   switch (first.type) {
@@ -154,25 +212,83 @@ Status BackgroundLoop::ExecuteBucket(const ResponsePtr& response,
     case ResponseType::kBarrier:
       // Negotiation already proved every rank reached the barrier.
       return Status::OK();
+    case ResponseType::kJoin:
+      first_entry->state->result = first.root;
+      return Status::OK();
+    case ResponseType::kAddProcessSet:
+      return ExecuteAddProcessSet(first_entry);
+    case ResponseType::kRemoveProcessSet:
+      return ExecuteRemoveProcessSet(first_entry);
     default:
       return Status::Internal("unplannable response type for '" + first.name + "'");
   }
 }
 
-DataPlane* BackgroundLoop::PlaneFor(const Device& device) {
-  return device.kind == DeviceKind::kCpu ? host_plane_.get() : nullptr;
+Status BackgroundLoop::ExecuteAddProcessSet(TensorEntry* entry) {
+  GRADSYNC_RETURN_IF_ERROR(
+      CheckSameOnEveryRank(mpi_.data_comm(), entry->splits, "add_process_set"));
+  const std::vector<int> ranks(entry->splits.begin(), entry->splits.end());
+  int32_t id = 0;
+  GRADSYNC_RETURN_IF_ERROR(sets_.Add(ranks, &id));
+  entry->state->result = id;
+  return Status::OK();
+}
+
+Status BackgroundLoop::ExecuteRemoveProcessSet(TensorEntry* entry) {
+  GRADSYNC_RETURN_IF_ERROR(
+      CheckSameOnEveryRank(mpi_.data_comm(), entry->splits, "remove_process_set"));
+  const auto id = static_cast<int32_t>(entry->splits.at(0));
+  std::vector<TensorEntry*> orphaned;
+  GRADSYNC_RETURN_IF_ERROR(sets_.Remove(id, &orphaned));
+  if (!orphaned.empty()) {
+    Complete(orphaned, Status::Shutdown("process set " + std::to_string(id) +
+                                        " was removed while this operation was pending"));
+  }
+  return Status::OK();
+}
+
+TensorEntry* BackgroundLoop::StandIn(const Response& response) {
+  if (stand_ins_used_ == stand_ins_.size()) stand_ins_.push_back(std::make_unique<StandInEntry>());
+  StandInEntry& stand_in = *stand_ins_[stand_ins_used_++];
+  TensorEntry& entry = stand_in.entry;
+  entry.Clear();
+  entry.name = response.name;
+  entry.op = OpType::kAllreduce;
+  entry.input.dtype = response.dtype;
+  entry.input.shape = response.shape;
+  entry.input.device = response.device;
+  const int64_t count = entry.input.num_elements();
+  stand_in.buffer.resize(static_cast<size_t>(entry.input.num_bytes()));
+  FillReductionIdentity(stand_in.buffer.data(), count, response.dtype, response.reduce_op);
+  entry.input.data = stand_in.buffer.data();
+  entry.output = entry.input;
+  entry.reduce_op = response.reduce_op;
+  entry.prescale = response.prescale;
+  entry.postscale = response.postscale;
+  return &entry;
 }
 
 void BackgroundLoop::Complete(const std::vector<TensorEntry*>& members, const Status& status) {
   // Names are released first so a caller woken by its handle may reuse the name at once.
   completing_.clear();
-  for (TensorEntry* entry : members) completing_.push_back(std::move(entry->state));
-  queue_->Release(members);
-  held_ -= members.size();
+  releasing_.clear();
+  for (TensorEntry* entry : members) {
+    if (entry->state == nullptr) continue;  // a stand-in: not the queue's, no handle
+    completing_.push_back(std::move(entry->state));
+    releasing_.push_back(entry);
+  }
+  queue_->Release(releasing_);
+  held_ -= releasing_.size();
   for (const auto& state : completing_) state->RunCallback(status);
   for (const auto& state : completing_) state->Record(status);
   for (const auto& state : completing_) state->Announce();
   completing_.clear();
+}
+
+void BackgroundLoop::CloseSet(int32_t id, const Status& reason) {
+  std::vector<TensorEntry*> orphaned;
+  sets_.Close(id, reason, &orphaned);
+  Complete(orphaned, reason);
 }
 
 void BackgroundLoop::FailEverything(const Status& reason) {

@@ -1,11 +1,13 @@
 // BackgroundLoop: the one background thread of a gradsync process. Each cycle it drains the tensor
-// queue, negotiates with the other ranks, plans fusion, runs the buckets on the data plane and
-// completes the handles. An idle process sleeps up to the cycle time between cycles (one small
-// control allreduce per cycle) and wakes early when work arrives.
+// queue and hands each entry to its process set; then, for every set this rank belongs to, in id
+// order (the same on every rank), it negotiates with the set's other ranks, plans fusion, runs the
+// buckets on the set's data plane and completes the handles. An idle process sleeps up to the
+// cycle time between cycles (one small control allreduce per set per cycle) and wakes early when
+// work arrives.
 //
-// Owns the negotiator and the data planes; uses the entries it drains until it releases them to the
-// queue, which owns them. Start and Shutdown are called by init()/shutdown() on one caller thread;
-// everything else runs on the loop's thread.
+// Owns the process sets (their negotiators and data planes); uses the entries it drains until it
+// releases them to the queue, which owns them. The constructor, AddProcessSet, Start and Shutdown
+// are called by init()/shutdown() on one caller thread; everything else runs on the loop's thread.
 #pragma once
 
 #include <atomic>
@@ -13,15 +15,15 @@
 #include <memory>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
-#include "coordinator/control_channel.h"
 #include "coordinator/fusion_planner.h"
 #include "coordinator/negotiator.h"
+#include "coordinator/process_sets.h"
 #include "ops/data_plane.h"
 #include "runtime/config.h"
 #include "runtime/mpi_context.h"
+#include "runtime/process_set_registry.h"
 #include "runtime/tensor_queue.h"
 #include "runtime/timeline.h"
 
@@ -29,11 +31,14 @@ namespace gradsync {
 
 class BackgroundLoop {
  public:
-  // `timeline` (not null; active on rank 0 only, when started) must outlive the loop.
+  // `timeline` (active on rank 0 only, when started), `mpi`, `queue` and `registry` must outlive
+  // the loop.
   BackgroundLoop(const Config& config, const MpiContext& mpi, TensorQueue* queue,
-                 Timeline* timeline);
+                 Timeline* timeline, ProcessSetRegistry* registry);
   ~BackgroundLoop();
 
+  // Before Start, collective over every rank: a process set declared at init.
+  Status AddProcessSet(const std::vector<int>& ranks, int32_t* id);
   void Start();
   // Asks every rank to stop (pending operations fail with a Shutdown error) and joins the thread.
   void Shutdown();
@@ -42,31 +47,50 @@ class BackgroundLoop {
   void Run();
   // How long to wait for new work before the next cycle.
   std::chrono::nanoseconds NextWait() const;
-  // One cycle; false once the loop must end.
+  // One cycle over every process set; false once the loop must end.
   bool RunOneCycle();
+  // One set's share of a cycle; false once the loop must end (only the global set ends it: a
+  // failing process set is closed and the rest go on). Sets *productive if anything ran.
+  bool RunSetCycle(ProcessSetRuntime* set, bool* productive);
   // Drains the queue; the entries are held until completed.
   std::vector<TensorEntry*> TakeFreshEntries();
+  // Hands each entry to its set's next cycle, failing those whose set this rank does not run.
+  void Distribute(const std::vector<TensorEntry*>& entries);
   // Timeline marks for a cycle's outcome: negotiation ends for every response.
   void MarkNegotiated(const CycleOutcome& outcome);
-  // Runs the cycle's responses in order; a non-OK result is fatal (stall shutdown).
-  Status Execute(const CycleOutcome& outcome);
+  // Runs the cycle's responses in order; a non-OK result is fatal to the set (a stall shutdown).
+  Status Execute(ProcessSetRuntime* set, const CycleOutcome& outcome);
   // Runs one bucket: `response` is its first response, `members` this rank's entries for all.
-  Status ExecuteBucket(const ResponsePtr& response, const std::vector<TensorEntry*>& members);
-  DataPlane* PlaneFor(const Device& device);
-  // Releases the names and entries, then completes their handles.
+  Status ExecuteBucket(ProcessSetRuntime* set, const ResponsePtr& response,
+                       const std::vector<TensorEntry*>& members);
+  Status ExecuteAddProcessSet(TensorEntry* entry);
+  Status ExecuteRemoveProcessSet(TensorEntry* entry);
+  // On a joined rank: an allreduce input of the response's shape holding the identity of its
+  // reduce op, so the rank takes part without changing the result. Valid until the next Execute.
+  TensorEntry* StandIn(const Response& response);
+  // Releases the names and entries, then completes their handles. Stand-ins are skipped.
   void Complete(const std::vector<TensorEntry*>& members, const Status& status);
+  // Stops running process set `id` and fails what it held with `reason`.
+  void CloseSet(int32_t id, const Status& reason);
   // Closes the queue with `reason` and fails every operation this process still holds.
   void FailEverything(const Status& reason);
 
+  struct StandInEntry {
+    TensorEntry entry;
+    std::vector<unsigned char> buffer;
+  };
+
   Config config_;
   FusionSettings fusion_;
-  int rank_;
+  const MpiContext& mpi_;
   TensorQueue* queue_;
-  std::unique_ptr<ControlChannel> channel_;
   Timeline* timeline_;
-  std::unique_ptr<Negotiator> negotiator_;
-  std::unique_ptr<DataPlane> host_plane_;
+  ProcessSets sets_;
   std::vector<std::shared_ptr<OpState>> completing_;  // Complete's scratch
+  std::vector<TensorEntry*> releasing_;               // Complete's scratch
+  std::vector<TensorEntry*> members_;                 // Execute's scratch
+  std::vector<std::unique_ptr<StandInEntry>> stand_ins_;
+  size_t stand_ins_used_ = 0;
   size_t held_ = 0;              // entries drained from the queue and not yet completed
   int unproductive_cycles_ = 0;  // consecutive cycles that executed nothing
   std::atomic<bool> shutdown_requested_{false};

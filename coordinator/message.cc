@@ -33,6 +33,12 @@ ResponseType ResponseTypeFor(OpType op) {
       return ResponseType::kReducescatter;
     case OpType::kAlltoall:
       return ResponseType::kAlltoall;
+    case OpType::kJoin:
+      return ResponseType::kJoin;
+    case OpType::kAddProcessSet:
+      return ResponseType::kAddProcessSet;
+    case OpType::kRemoveProcessSet:
+      return ResponseType::kRemoveProcessSet;
   }
   // Enqueue and the wire parser both reject unknown ops, so reaching here is a gradsync bug.
   std::fprintf(stderr, "gradsync: internal error: no response type for op value %d\n",

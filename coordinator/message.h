@@ -25,7 +25,7 @@ struct Request {
   double prescale = 1.0;
   double postscale = 1.0;
   int32_t root = 0;
-  int32_t rank = 0;             // the sender
+  int32_t rank = 0;             // the sender (rank 0's table relabels it with the global rank)
   double waited_seconds = 0.0;  // how long the sender has held it, for the stall inspector
   // Grouped operations: the group's name and number of tensors; empty and 0 for a lone tensor.
   std::string group;
@@ -48,8 +48,11 @@ enum class ResponseType : uint8_t {
   kStallShutdown = 5,  // every pending operation fails with `error`; the runtime shuts down
   kReducescatter = 6,
   kAlltoall = 7,
+  kJoin = 8,  // every rank has joined; `root` is the last rank to join
+  kAddProcessSet = 9,
+  kRemoveProcessSet = 10,
 };
-constexpr int kNumResponseTypes = 8;
+constexpr int kNumResponseTypes = 11;
 
 struct Response {
   ResponseType type = ResponseType::kAllreduce;

@@ -38,16 +38,17 @@ Response FatalResponse(std::string message) {
 }  // namespace
 
 Negotiator::Negotiator(ControlChannel* channel, const Config& config, Clock clock,
-                       Timeline* timeline)
+                       Timeline* timeline, std::vector<int> rank_labels)
     : channel_(channel),
       timeline_(timeline),
       config_(config),
       clock_(clock ? std::move(clock) : Clock(SteadySeconds)),
       rank_(channel->rank()),
       size_(channel->size()),
-      cache_(static_cast<size_t>(config.cache_capacity)) {
+      cache_(static_cast<size_t>(config.cache_capacity)),
+      rank_labels_(std::move(rank_labels)) {
   if (rank_ == 0) {
-    table_ = std::make_unique<ReadinessTable>(size_);
+    table_ = std::make_unique<ReadinessTable>(size_, rank_labels_);
     stall_ = std::make_unique<StallInspector>(config.stall_warning_seconds,
                                               config.stall_shutdown_seconds);
   }
@@ -56,6 +57,7 @@ Negotiator::Negotiator(ControlChannel* channel, const Config& config, Clock cloc
 Status Negotiator::RunCycle(const std::vector<TensorEntry*>& fresh, bool want_shutdown,
                             CycleOutcome* out) {
   *out = CycleOutcome();
+  out->joined = joins_pending_ > 0;
   const double now = clock_();
   std::vector<uint32_t> invalid;
   AddFresh(fresh, now, &invalid);
@@ -71,7 +73,12 @@ Status Negotiator::RunCycle(const std::vector<TensorEntry*>& fresh, bool want_sh
                                        [](uint64_t w) { return w != ~uint64_t{0}; });
   ApplyInvalidBits(words);
   TakeCachedReady(words, out);
-  if ((flags & (kFlagUncached | kFlagInspect)) != 0 || any_invalid) {
+  if ((flags & kFlagJoined) != 0) {
+    for (auto& [name, p] : pending_) {
+      if (p.state == PendingState::kCached) p.state = PendingState::kUncached;
+    }
+  }
+  if ((flags & (kFlagUncached | kFlagInspect | kFlagJoined)) != 0 || any_invalid) {
     out->full_round = true;
     GRADSYNC_RETURN_IF_ERROR(FullRound(now, out));
   }
@@ -106,6 +113,7 @@ void Negotiator::AddFresh(const std::vector<TensorEntry*>& fresh, double now,
       std::abort();
     }
     if (entry->group_size > 1) ++grouped_pending_;
+    if (entry->op == OpType::kJoin) ++joins_pending_;
   }
   // A group is enqueued atomically, so all of it is fresh in the same cycle.
   if (grouped_pending_ > 0) KeepGroupsTogether();
@@ -159,6 +167,7 @@ std::vector<uint64_t> Negotiator::BuildBitVector(bool want_shutdown, bool has_un
   uint64_t flags = 0;
   if (want_shutdown) flags |= kFlagShutdown;
   if (has_uncached) flags |= kFlagUncached;
+  if (joins_pending_ > 0) flags |= kFlagJoined;
   if (rank_ == 0 && stall_->InspectionDue(*table_, now)) flags |= kFlagInspect;
   words[0] = ~flags;
   for (const auto& [name, p] : pending_) {
@@ -268,16 +277,18 @@ void Negotiator::CoordinatorRespond(const std::vector<std::string>& gathered, do
     for (Request& request : list.requests) {
       request.rank = r;  // the sender is who the transport says, whatever the bytes claim
       if (timeline_ != nullptr && timeline_->active()) timeline_->RankReady(request.name, r);
-      if (table_->Add(request, now)) table_->Release(request.name, &ready);
+      table_->Add(request, now);
     }
   }
+  table_->TakeRunnable(&ready);
   for (const std::string& name : ready) responses->responses.push_back(table_->TakeReady(name));
   if (stall_->InspectionDue(*table_, now)) {
     const Status stalled = stall_->Inspect(*table_, now);
     if (!stalled.ok()) {
       Log().error("{}", stalled.message());
       responses->responses.push_back(FatalResponse(stalled.message()));
-      table_ = std::make_unique<ReadinessTable>(size_);  // reported once; every rank stops now
+      // Reported once; every rank stops now.
+      table_ = std::make_unique<ReadinessTable>(size_, rank_labels_);
     }
   }
 }
@@ -286,7 +297,15 @@ TensorEntry* Negotiator::Retire(std::string_view name) {
   std::optional<Pending> retired = pending_.Take(name);
   if (!retired) return nullptr;
   if (retired->entry->group_size > 1) --grouped_pending_;
+  if (retired->entry->op == OpType::kJoin) --joins_pending_;
   return retired->entry;
+}
+
+std::vector<TensorEntry*> Negotiator::TakeAllPending() {
+  std::vector<TensorEntry*> entries;
+  for (const auto& [name, p] : pending_) entries.push_back(p.entry);
+  for (TensorEntry* entry : entries) Retire(entry->name);
+  return entries;
 }
 
 }  // namespace gradsync

@@ -33,6 +33,9 @@ struct CycleOutcome {
   std::vector<TensorEntry*> entries;
   // Some rank asked to shut down: after this cycle's responses, every pending operation fails.
   bool shutdown = false;
+  // This rank had joined when the cycle began: allreduces and barriers it never submitted may be
+  // among the responses (with a null entry), and it takes part in them without data of its own.
+  bool joined = false;
   // Diagnostics for tests and the timeline.
   int cache_hits = 0;
   bool full_round = false;
@@ -43,14 +46,18 @@ class Negotiator {
   using Clock = std::function<double()>;  // seconds, monotonic
 
   // `timeline`, when not null, gets a mark on rank 0 as each rank's request for a tensor arrives.
+  // Messages name channel rank r as rank_labels[r] (a process set's global ranks) when given.
   Negotiator(ControlChannel* channel, const Config& config, Clock clock = nullptr,
-             Timeline* timeline = nullptr);
+             Timeline* timeline = nullptr, std::vector<int> rank_labels = {});
 
   // One cycle. `fresh` holds the entries that became ready on this rank since the last cycle (their
   // names are not pending); each stays valid, unchanged, until it comes back in an outcome. A
   // non-OK Status means this rank's control plane failed (an MPI error, or a response list that
   // does not parse): the caller fails everything and stops.
   Status RunCycle(const std::vector<TensorEntry*>& fresh, bool want_shutdown, CycleOutcome* out);
+  // Forgets every pending entry and returns them, for a caller that fails them (its process set
+  // was removed or failed). The negotiator must not run again.
+  std::vector<TensorEntry*> TakeAllPending();
 
  private:
   enum class PendingState { kUncached, kCached, kSent };
@@ -67,6 +74,9 @@ class Negotiator {
     kFlagShutdown = 1u << 0,
     kFlagUncached = 1u << 1,  // some rank has requests to send through the full round
     kFlagInspect = 1u << 2,   // rank 0 wants a full round to run the stall inspector
+    // Some rank has joined: it sets no cache bits, so every request goes through the full round,
+    // where rank 0 counts joined ranks as ready.
+    kFlagJoined = 1u << 3,
   };
 
   void AddFresh(const std::vector<TensorEntry*>& fresh, double now, std::vector<uint32_t>* invalid);
@@ -101,6 +111,8 @@ class Negotiator {
   Request lookup_scratch_;
   uint64_t next_sequence_ = 0;
   size_t grouped_pending_ = 0;  // pending entries that belong to a group
+  size_t joins_pending_ = 0;    // pending join entries (0 or 1)
+  std::vector<int> rank_labels_;
   // Rank 0 only.
   std::unique_ptr<ReadinessTable> table_;
   std::unique_ptr<StallInspector> stall_;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include "runtime/logging.h"
+
 namespace gradsync {
 
 namespace {
@@ -28,21 +30,20 @@ std::string ToText(const std::string& v) { return v.empty() ? "none" : "'" + v +
 template <typename Get>
 std::string DescribeValues(const std::vector<Request>& requests, Get value_of) {
   std::vector<std::pair<std::string, std::vector<int>>> groups;
-  for (size_t r = 0; r < requests.size(); ++r) {
-    const std::string v = ToText(value_of(requests[r]));
+  for (const Request& request : requests) {
+    const std::string v = ToText(value_of(request));
     auto it =
         std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == v; });
     if (it == groups.end()) {
-      groups.push_back({v, {static_cast<int>(r)}});
+      groups.push_back({v, {request.rank}});
     } else {
-      it->second.push_back(static_cast<int>(r));
+      it->second.push_back(request.rank);
     }
   }
   std::string out;
   for (const auto& [value, ranks] : groups) {
     if (!out.empty()) out += "; ";
-    out += ranks.size() == 1 ? "rank " : "ranks ";
-    for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+    out += (ranks.size() == 1 ? "rank " : "ranks ") + RankListString(ranks);
     out += (ranks.size() == 1 ? " has " : " have ") + value;
   }
   return out;
@@ -67,16 +68,22 @@ std::vector<int64_t> TrailingDims(const std::vector<int64_t>& shape) {
   return std::vector<int64_t>(shape.begin() + 1, shape.end());
 }
 
+// Join and process-set changes carry no tensor: only the operation and group are compared.
+bool CarriesTensor(OpType op) {
+  return op != OpType::kBarrier && op != OpType::kJoin && op != OpType::kAddProcessSet &&
+         op != OpType::kRemoveProcessSet;
+}
+
 }  // namespace
 
-Status ValidateRequests(const std::vector<Request>& requests, Response* response) {
+Status ValidateRequests(const std::vector<Request>& requests, int size, Response* response) {
   GRADSYNC_RETURN_IF_ERROR(
       CheckAgree(requests, "operation", [](const Request& r) { return r.op; }));
   const OpType op = requests[0].op;
   GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "group", [](const Request& r) { return r.group; }));
   GRADSYNC_RETURN_IF_ERROR(
       CheckAgree(requests, "group size", [](const Request& r) { return r.group_size; }));
-  if (op != OpType::kBarrier) {
+  if (CarriesTensor(op)) {
     GRADSYNC_RETURN_IF_ERROR(
         CheckAgree(requests, "device kind", [](const Request& r) { return r.device.kind; }));
     GRADSYNC_RETURN_IF_ERROR(
@@ -88,7 +95,7 @@ Status ValidateRequests(const std::vector<Request>& requests, Response* response
                    [](const Request& r) { return std::max<size_t>(r.shape.size(), 1); }));
     GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "shape (after the first dimension)",
                                         [](const Request& r) { return TrailingDims(r.shape); }));
-  } else if (op != OpType::kBarrier) {
+  } else if (CarriesTensor(op)) {
     GRADSYNC_RETURN_IF_ERROR(
         CheckAgree(requests, "shape", [](const Request& r) { return r.shape; }));
   }
@@ -104,10 +111,10 @@ Status ValidateRequests(const std::vector<Request>& requests, Response* response
     GRADSYNC_RETURN_IF_ERROR(
         CheckAgree(requests, "root rank", [](const Request& r) { return r.root; }));
     const int root = requests[0].root;
-    if (root < 0 || root >= static_cast<int>(requests.size())) {
+    if (root < 0 || root >= size) {
       return Status::InvalidArgument("broadcast of tensor '" + requests[0].name + "': root rank " +
                                      std::to_string(root) + " is outside [0, " +
-                                     std::to_string(requests.size()) + ")");
+                                     std::to_string(size) + ")");
     }
   }
   *response = ResponseFromRequest(requests[0]);
@@ -120,7 +127,28 @@ Status ValidateRequests(const std::vector<Request>& requests, Response* response
   return Status::OK();
 }
 
-ReadinessTable::ReadinessTable(int size) : size_(size) {}
+ReadinessTable::ReadinessTable(int size, std::vector<int> rank_labels)
+    : size_(size), rank_labels_(std::move(rank_labels)), joined_(size, false) {}
+
+bool ReadinessTable::IsComplete(const Row& row) const {
+  if (joined_count_ == 0) return row.count == size_;
+  for (int r = 0; r < size_; ++r) {
+    if (!row.present[r] && !joined_[r]) return false;
+  }
+  return true;
+}
+
+int ReadinessTable::FirstPresent(const Row& row) const {
+  int r = 0;
+  while (!row.present[r]) ++r;  // a row exists because some rank sent the name
+  return r;
+}
+
+void ReadinessTable::MarkIfComplete(const std::string& name, Row* row) {
+  if (row->complete || !IsComplete(*row)) return;
+  row->complete = true;
+  completed_.push_back(name);
+}
 
 bool ReadinessTable::Add(const Request& request, double now) {
   auto [it, inserted] = rows_.try_emplace(request.name);
@@ -138,31 +166,70 @@ bool ReadinessTable::Add(const Request& request, double now) {
     ++row.count;
   }
   row.by_rank[request.rank] = request;
-  return row.count == size_;
+  row.by_rank[request.rank].rank = Label(request.rank);
+  const bool was_complete = row.complete;
+  if (request.op == OpType::kJoin && !joined_[request.rank]) {
+    joined_[request.rank] = true;
+    ++joined_count_;
+    last_joined_ = request.rank;
+    // Names that waited only for this rank can run now; they complete before the join itself.
+    for (auto& [name, other] : rows_) {
+      if (&other != &row) MarkIfComplete(name, &other);
+    }
+  }
+  MarkIfComplete(request.name, &row);
+  return !was_complete && row.complete;
 }
 
-void ReadinessTable::Release(const std::string& name, std::vector<std::string>* runnable) {
-  const Request& first = rows_.at(name).by_rank[0];
-  if (first.group_size <= 1) {
-    runnable->push_back(name);
-    return;
+void ReadinessTable::TakeRunnable(std::vector<std::string>* runnable) {
+  for (const std::string& name : completed_) {
+    const Row& row = rows_.at(name);
+    const Request* first = &row.by_rank[FirstPresent(row)];
+    if (first->group_size <= 1) {
+      runnable->push_back(name);
+      continue;
+    }
+    std::vector<std::string>& held = held_groups_[first->group];
+    held.push_back(name);
+    if (held.size() < static_cast<size_t>(first->group_size)) continue;
+    runnable->insert(runnable->end(), held.begin(), held.end());
+    held_groups_.erase(first->group);
   }
-  std::vector<std::string>& held = held_groups_[first.group];
-  held.push_back(name);
-  if (held.size() < static_cast<size_t>(first.group_size)) return;
-  runnable->insert(runnable->end(), held.begin(), held.end());
-  held_groups_.erase(first.group);
+  completed_.clear();
 }
 
 Response ReadinessTable::TakeReady(const std::string& name) {
   auto it = rows_.find(name);
+  const Row& row = it->second;
+  std::vector<Request> present;
+  std::vector<int> absent;  // joined ranks that did not send the name
+  present.reserve(row.count);
+  for (int r = 0; r < size_; ++r) {
+    if (row.present[r]) {
+      present.push_back(row.by_rank[r]);
+    } else {
+      absent.push_back(Label(r));
+    }
+  }
   Response response;
-  const Status status = ValidateRequests(it->second.by_rank, &response);
+  Status status = ValidateRequests(present, size_, &response);
+  const OpType op = present.front().op;
+  if (status.ok() && !absent.empty() && op != OpType::kAllreduce && op != OpType::kBarrier) {
+    status = Status::Unsupported(
+        OpTypeName(op) + " of tensor '" + name + "' cannot run while " +
+        (absent.size() == 1 ? "rank " : "ranks ") + RankListString(absent) +
+        (absent.size() == 1 ? " has" : " have") +
+        " joined without submitting it; only allreduce and barrier run alongside join()");
+  }
   if (!status.ok()) {
     response = Response();
     response.type = ResponseType::kError;
     response.name = name;
     response.error = status.message();
+  } else if (op == OpType::kJoin) {
+    response.root = Label(last_joined_);
+    joined_.assign(size_, false);
+    joined_count_ = 0;
   }
   rows_.erase(it);
   return response;
@@ -172,16 +239,32 @@ std::vector<ReadinessTable::Waiting> ReadinessTable::WaitingNames() const {
   std::vector<Waiting> out;
   out.reserve(rows_.size());
   for (const auto& [name, row] : rows_) {
-    if (row.count == size_) continue;  // held for its group
+    if (row.complete) continue;  // held for its group
+    // A joined rank waits for the others as long as they train; that is no stall.
+    if (row.by_rank[FirstPresent(row)].op == OpType::kJoin) continue;
     Waiting w;
     w.name = name;
     w.first_seen = row.first_seen;
-    for (int r = 0; r < size_; ++r) (row.present[r] ? w.ready_ranks : w.missing_ranks).push_back(r);
+    for (int r = 0; r < size_; ++r) {
+      if (row.present[r]) {
+        w.ready_ranks.push_back(Label(r));
+      } else if (!joined_[r]) {
+        w.missing_ranks.push_back(Label(r));
+      }
+    }
     out.push_back(std::move(w));
   }
   std::sort(out.begin(), out.end(), [](const Waiting& a, const Waiting& b) {
     return a.first_seen != b.first_seen ? a.first_seen < b.first_seen : a.name < b.name;
   });
+  return out;
+}
+
+std::vector<int> ReadinessTable::JoinedRanks() const {
+  std::vector<int> out;
+  for (int r = 0; r < size_; ++r) {
+    if (joined_[r]) out.push_back(Label(r));
+  }
   return out;
 }
 

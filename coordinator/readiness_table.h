@@ -15,32 +15,40 @@ namespace gradsync {
 
 class ReadinessTable {
  public:
-  explicit ReadinessTable(int size);
+  // `size` ranks, numbered 0..size-1 in requests. Messages name rank r as rank_labels[r] (its
+  // global rank, for a process set); empty labels name ranks as they are numbered.
+  explicit ReadinessTable(int size, std::vector<int> rank_labels = {});
 
   // Records `request` (request.rank says whose). `now` is seconds on rank 0's clock; the request's
-  // waited_seconds backdates when the name was first seen. Returns true when the name has just
-  // become ready on every rank. A second request for a name from the same rank replaces the first.
+  // waited_seconds backdates when the name was first seen. A second request for a name from the
+  // same rank replaces the first. A join request marks its rank joined: from then on no name
+  // waits for that rank, which may complete other names at once. Returns true when the request's
+  // own name has just become complete.
   bool Add(const Request& request, double now);
-  // Call once Add() has returned true for `name`. Appends to *runnable the names that may run now:
-  // `name` itself; nothing while the rest of its group is not ready on every rank; or, when `name`
-  // completes its group, every name of the group, in the order they became ready. A group is known
-  // by rank 0's request; ranks that disagree about it get a mismatch error from TakeReady.
-  void Release(const std::string& name, std::vector<std::string>* runnable);
-  // Removes a ready name and returns the response every rank executes: the agreed parameters, or
-  // a kError response whose message names the ranks and their differing values.
+  // Appends to *runnable the names that may run now, of those completed since the last call, in
+  // the order they completed: a lone name at once; a group's names once all of them are complete,
+  // all together. A group is known by its first request; ranks that disagree about it get a
+  // mismatch error from TakeReady.
+  void TakeRunnable(std::vector<std::string>* runnable);
+  // Removes a runnable name and returns the response every rank executes: the agreed parameters,
+  // or a kError response whose message names the ranks and their differing values (or the joined
+  // ranks that keep a collective from running). Taking the join response ends the join: every
+  // rank is unjoined again.
   Response TakeReady(const std::string& name);
 
   struct Waiting {
     std::string name;
     double first_seen = 0.0;
-    std::vector<int> ready_ranks;
-    std::vector<int> missing_ranks;
+    std::vector<int> ready_ranks;    // labels
+    std::vector<int> missing_ranks;  // labels; joined ranks are not missing
   };
-  // Every name still waiting for some ranks, oldest first. Names that every rank has sent but that
-  // wait for the rest of their group are left out: the members holding them up are listed.
+  // Every name still waiting for some ranks, oldest first. Names complete on every rank but waiting
+  // for the rest of their group are left out: the members holding them up are listed.
   std::vector<Waiting> WaitingNames() const;
   bool empty() const { return rows_.empty(); }
   size_t size() const { return rows_.size(); }
+  // Ranks (labels) that have joined and wait for the others.
+  std::vector<int> JoinedRanks() const;
 
  private:
   struct Row {
@@ -48,17 +56,29 @@ class ReadinessTable {
     std::vector<bool> present;
     int count = 0;
     double first_seen = 0.0;
+    bool complete = false;
   };
+  // Every rank has sent the name or has joined.
+  bool IsComplete(const Row& row) const;
+  int FirstPresent(const Row& row) const;
+  void MarkIfComplete(const std::string& name, Row* row);
+  int Label(int rank) const { return rank_labels_.empty() ? rank : rank_labels_[rank]; }
 
   int size_;
+  std::vector<int> rank_labels_;
   std::unordered_map<std::string, Row> rows_;
-  // Group name -> its members ready on every rank so far.
+  std::vector<std::string> completed_;  // complete names not yet given out by TakeRunnable
+  // Group name -> its members complete so far.
   std::unordered_map<std::string, std::vector<std::string>> held_groups_;
+  std::vector<bool> joined_;
+  int joined_count_ = 0;
+  int last_joined_ = 0;
 };
 
 // Checks that every rank's request for one name agrees; fills *response on success. On mismatch
 // returns a Mismatch status whose message names the tensor, the field, and which ranks hold which
-// value. `requests` is indexed by rank.
-Status ValidateRequests(const std::vector<Request>& requests, Response* response);
+// value. `requests` holds one request per rank taking part (in rank order); messages name each by
+// its `rank` field. `size` is the number of ranks in the set, for the broadcast root's range.
+Status ValidateRequests(const std::vector<Request>& requests, int size, Response* response);
 
 }  // namespace gradsync

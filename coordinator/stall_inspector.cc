@@ -11,12 +11,6 @@ namespace {
 
 constexpr size_t kMaxTensorsDescribed = 10;
 
-std::string RankList(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
-
 std::string Seconds(double s) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.1f s", s);
@@ -36,8 +30,8 @@ std::string DescribeStalled(const std::vector<ReadinessTable::Waiting>& waiting,
     ++described;
     if (!out.empty()) out += "; ";
     out += "tensor '" + w.name + "' waited " + Seconds(now - w.first_seen) + ", missing on rank" +
-           (w.missing_ranks.size() == 1 ? " " : "s ") + RankList(w.missing_ranks) + " (ready on " +
-           RankList(w.ready_ranks) + ")";
+           (w.missing_ranks.size() == 1 ? " " : "s ") + RankListString(w.missing_ranks) +
+           " (ready on " + RankListString(w.ready_ranks) + ")";
   }
   if (stalled > described) out += "; and " + std::to_string(stalled - described) + " more";
   return out;

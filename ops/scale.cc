@@ -173,4 +173,49 @@ GRADSYNC_KERNEL void ReduceHalfPrecision(const void* in, void* inout, int64_t co
   if (!handled) DieOnBadArgument("ReduceHalfPrecision", dtype, op);
 }
 
+namespace {
+
+template <typename T>
+T IdentityOf(ReduceOp op) {
+  using Limits = std::numeric_limits<T>;
+  switch (op) {
+    case ReduceOp::kProduct:
+      return T(1);
+    case ReduceOp::kMin:
+      return Limits::has_infinity ? Limits::infinity() : Limits::max();
+    case ReduceOp::kMax:
+      return Limits::has_infinity ? -Limits::infinity() : Limits::lowest();
+    default:
+      return T(0);
+  }
+}
+
+template <typename T>
+void FillWith(void* dst, int64_t count, T value) {
+  std::fill_n(static_cast<T*>(dst), count, value);
+}
+
+}  // namespace
+
+void FillReductionIdentity(void* dst, int64_t count, DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kUInt8:
+      return FillWith(dst, count, IdentityOf<uint8_t>(op));
+    case DataType::kInt8:
+      return FillWith(dst, count, IdentityOf<int8_t>(op));
+    case DataType::kInt32:
+      return FillWith(dst, count, IdentityOf<int32_t>(op));
+    case DataType::kInt64:
+      return FillWith(dst, count, IdentityOf<int64_t>(op));
+    case DataType::kFloat16:
+      return FillWith(dst, count, FloatToHalf(IdentityOf<float>(op)));
+    case DataType::kBFloat16:
+      return FillWith(dst, count, FloatToBFloat16(IdentityOf<float>(op)));
+    case DataType::kFloat32:
+      return FillWith(dst, count, IdentityOf<float>(op));
+    case DataType::kFloat64:
+      return FillWith(dst, count, IdentityOf<double>(op));
+  }
+}
+
 }  // namespace gradsync

@@ -16,6 +16,11 @@ namespace gradsync {
 // exactly 1 is a plain copy (or nothing, when src == dst).
 void ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype, double factor);
 
+// Fills `count` elements of `dtype` with the identity of `op`, the value that leaves every other
+// rank's contribution unchanged: 0 for sum and average, 1 for product, and for min and max the
+// type's largest and lowest value (+inf and -inf for floating types).
+void FillReductionIdentity(void* dst, int64_t count, DataType dtype, ReduceOp op);
+
 // inout[i] = inout[i] (op) in[i], for float16/bfloat16 with float32 arithmetic. `op` is sum, min,
 // max or product.
 void ReduceHalfPrecision(const void* in, void* inout, int64_t count, DataType dtype, ReduceOp op);

@@ -58,4 +58,10 @@ void InitLogging(int rank, LogLevel level) {
 
 spdlog::logger& Log() { return ProcessLogger(); }
 
+std::string RankListString(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  return out;
+}
+
 }  // namespace gradsync

@@ -6,6 +6,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <string>
+#include <vector>
+
 #include "runtime/config.h"
 
 namespace gradsync {
@@ -14,5 +17,8 @@ namespace gradsync {
 void InitLogging(int rank, LogLevel level);
 // The process logger; before InitLogging, a default one at warning level.
 spdlog::logger& Log();
+
+// "0, 2, 3": ranks as messages list them.
+std::string RankListString(const std::vector<int>& ranks);
 
 }  // namespace gradsync

@@ -1,5 +1,6 @@
 #include "runtime/mpi_context.h"
 
+#include <algorithm>
 #include <string>
 
 #include "runtime/logging.h"
@@ -164,6 +165,23 @@ MpiContext::~MpiContext() {
   if (control_comm_ != MPI_COMM_NULL) MPI_Comm_free(&control_comm_);
   if (data_comm_ != MPI_COMM_NULL) MPI_Comm_free(&data_comm_);
   if (owns_mpi_) MPI_Finalize();
+}
+
+Status SubsetCommunicators::Split(const MpiContext& mpi, const std::vector<int>& ranks,
+                                  std::unique_ptr<SubsetCommunicators>* out) {
+  std::unique_ptr<SubsetCommunicators> comms(new SubsetCommunicators());
+  const bool member = std::binary_search(ranks.begin(), ranks.end(), mpi.rank());
+  const int color = member ? 0 : MPI_UNDEFINED;
+  GRADSYNC_MPI_CALL(MPI_Comm_split(mpi.control_comm(), color, mpi.rank(), &comms->control_));
+  GRADSYNC_MPI_CALL(MPI_Comm_split(mpi.data_comm(), color, mpi.rank(), &comms->data_));
+  *out = std::move(comms);
+  return Status::OK();
+}
+
+SubsetCommunicators::~SubsetCommunicators() {
+  if (!MpiUsable()) return;
+  if (control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
+  if (data_ != MPI_COMM_NULL) MPI_Comm_free(&data_);
 }
 
 }  // namespace gradsync

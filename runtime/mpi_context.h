@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gradsync/status.h"
 
@@ -50,6 +51,30 @@ class MpiContext {
   int rank_ = 0, size_ = 1;
   int local_rank_ = 0, local_size_ = 1;
   int cross_rank_ = 0, cross_size_ = 1;
+};
+
+// The negotiation and data communicators of one process set, split from an MpiContext's own (so
+// MPI errors on them come back as return codes too); freed on destruction.
+class SubsetCommunicators {
+ public:
+  // Collective over every rank of `mpi`, in the same order as gradsync's other collectives on it.
+  // `ranks` are ascending global ranks; a member's rank in the new communicators is its index
+  // there. On other ranks both communicators are MPI_COMM_NULL.
+  static Status Split(const MpiContext& mpi, const std::vector<int>& ranks,
+                      std::unique_ptr<SubsetCommunicators>* out);
+  ~SubsetCommunicators();
+
+  SubsetCommunicators(const SubsetCommunicators&) = delete;
+  SubsetCommunicators& operator=(const SubsetCommunicators&) = delete;
+
+  MPI_Comm control() const { return control_; }
+  MPI_Comm data() const { return data_; }
+
+ private:
+  SubsetCommunicators() = default;
+
+  MPI_Comm control_ = MPI_COMM_NULL;
+  MPI_Comm data_ = MPI_COMM_NULL;
 };
 
 }  // namespace gradsync

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <vector>
@@ -41,6 +42,8 @@ class OpState {
   std::vector<int64_t> output_shape;
   // Alltoall: rows received from each rank, in rank order; set before Record().
   std::vector<int64_t> received_splits;
+  // Join: the last rank to join. Add process set: the new set's id. Set before Record().
+  int32_t result = 0;
 
  private:
   mutable std::mutex mu_;

@@ -16,6 +16,12 @@ std::string OpTypeName(OpType op) {
       return "reducescatter";
     case OpType::kAlltoall:
       return "alltoall";
+    case OpType::kJoin:
+      return "join";
+    case OpType::kAddProcessSet:
+      return "add_process_set";
+    case OpType::kRemoveProcessSet:
+      return "remove_process_set";
   }
   return "invalid(" + std::to_string(static_cast<int>(op)) + ")";
 }

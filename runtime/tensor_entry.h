@@ -24,8 +24,11 @@ enum class OpType : uint8_t {
   kBarrier = 3,
   kReducescatter = 4,
   kAlltoall = 5,
+  kJoin = 6,
+  kAddProcessSet = 7,
+  kRemoveProcessSet = 8,
 };
-constexpr int kNumOpTypes = 6;
+constexpr int kNumOpTypes = 9;
 std::string OpTypeName(OpType op);
 
 // Called on the background thread once an allgather's, reducescatter's or alltoall's output shape
@@ -50,6 +53,9 @@ struct TensorEntry {
   // Grouped operations: the group's name and number of tensors, negotiated and run together.
   std::string group;
   int group_size = 0;
+  // The process set it runs in (0: every rank). Add/remove process set: the agreed-on values
+  // (the sorted member ranks, or the id to remove) travel in `splits`.
+  int32_t process_set = 0;
   OutputAllocator allocator;
   std::shared_ptr<OpState> state;
   std::chrono::steady_clock::time_point enqueued_at;

@@ -64,8 +64,8 @@ TEST_F(ErrorsTest, MismatchedPostscale) {
 TEST_F(ErrorsTest, MismatchedOperation) {
   if (size_ < 2) GTEST_SKIP() << "needs two ranks";
   HostTensor t(DataType::kFloat32, {4});
-  Handle h = rank_ == 0 ? broadcast(t.view(), 0, {"op.x", nullptr})
-                        : allreduce(t.view(), {"op.x", ReduceOp::kSum, 1.0, 1.0, nullptr});
+  Handle h = rank_ == 0 ? broadcast(t.view(), 0, {"op.x", nullptr, {}})
+                        : allreduce(t.view(), {"op.x", ReduceOp::kSum, 1.0, 1.0, nullptr, {}});
   EXPECT_TRUE(FailsWith(h, StatusCode::kMismatch, "operation"));
   ExpectLaterAllreduceWorks("after.op");
 }
@@ -73,7 +73,7 @@ TEST_F(ErrorsTest, MismatchedOperation) {
 TEST_F(ErrorsTest, MismatchedRoot) {
   if (size_ < 2) GTEST_SKIP() << "needs two ranks";
   HostTensor t(DataType::kFloat32, {4});
-  Handle h = broadcast(t.view(), rank_ == 0 ? 0 : 1, {"root.x", nullptr});
+  Handle h = broadcast(t.view(), rank_ == 0 ? 0 : 1, {"root.x", nullptr, {}});
   EXPECT_TRUE(FailsWith(h, StatusCode::kMismatch, "root rank"));
   ExpectLaterAllreduceWorks("after.root");
 }

@@ -40,9 +40,43 @@ class Error : public std::runtime_error {
   Status status_;
 };
 
+// A process set: a subset of the ranks that runs collectives among itself, with its own
+// communicators, negotiation, response cache, stall inspector and fusion buffer, all served by the
+// one background thread. Inside a set, ranks are numbered 0..size()-1 in ascending global rank:
+// broadcast roots, alltoall splits and the order of allgather and reducescatter results use these
+// numbers. The global set (id 0, every rank) always exists and is what every collective uses by
+// default. A ProcessSet is a small value naming a set by id; it stays valid to copy after the set
+// is removed, but collectives on it then fail.
+class ProcessSet {
+ public:
+  ProcessSet() = default;  // the global set
+  int id() const { return id_; }
+  // The members' global ranks, ascending. Throws Error if the set does not exist (any more).
+  std::vector<int> ranks() const;
+  int size() const;
+  // This process's rank within the set, or -1 when it is not a member.
+  int rank() const;
+  bool included() const { return rank() >= 0; }
+  bool operator==(const ProcessSet& other) const { return id_ == other.id_; }
+  bool operator!=(const ProcessSet& other) const { return id_ != other.id_; }
+
+ private:
+  friend ProcessSet MakeProcessSet(int id);
+  int id_ = 0;
+};
+
+struct InitOptions {
+  MPI_Comm comm = MPI_COMM_WORLD;
+  // Process sets to create at init, each a list of global ranks; they get ids 1, 2, ... in this
+  // order. Every rank must pass the same lists.
+  std::vector<std::vector<int>> process_sets;
+};
+
 // Starts gradsync on `comm` (MPI_COMM_WORLD by default), initializing MPI if the application has
 // not (and then finalizing it at shutdown). Collective over `comm`. Reads GRADSYNC_* variables.
 void init(MPI_Comm comm = MPI_COMM_WORLD);
+// As above, and creates the listed process sets.
+void init(const InitOptions& options);
 // Fails every pending operation with a Shutdown error, stops the background thread and frees
 // gradsync's communicators. Every rank should call it; a no-op when not initialized.
 void shutdown();
@@ -64,6 +98,25 @@ int cross_size();
 // Starting while one is written throws; on ranks other than 0 both calls do nothing.
 void start_timeline(const std::string& path);
 void stop_timeline();
+
+// Process sets at run time. Both calls are collective over every rank (members or not), must be
+// made in the same order everywhere with the same arguments, and block until done. Adding returns
+// the new set; a list that is empty, holds a rank twice or out of range, or equals an existing
+// set's is refused. Removing fails the set's pending operations with a Shutdown error; the global
+// set cannot be removed.
+ProcessSet add_process_set(const std::vector<int>& ranks);
+void remove_process_set(const ProcessSet& process_set);
+// Every existing set, the global one first.
+std::vector<ProcessSet> process_sets();
+
+// Join, for ranks with uneven amounts of data: a rank that has run out calls join(), which blocks
+// until every rank has joined and returns the rank that joined last. Until then the joined rank
+// takes part in the other ranks' allreduces with the identity of their reduce op (zeros for sum
+// and average; average still divides by the number of all ranks) and in their barriers, so they
+// neither hang nor get wrong sums. Allgather, broadcast, alltoall and reducescatter cannot run
+// while a rank that did not submit them has joined: they fail on every rank with an error naming
+// the joined ranks. Join works on the global set; collective over every rank.
+int join();
 
 using CompletionCallback = std::function<void(const Status&)>;
 
@@ -97,6 +150,7 @@ struct AllreduceOptions {
   double prescale = 1.0;   // applied to the input before reducing
   double postscale = 1.0;  // applied to the result (average folds 1/size in as well)
   CompletionCallback on_complete;
+  ProcessSet process_set;  // the global set by default
 };
 
 // Reduces `tensor` across ranks in place.
@@ -113,6 +167,7 @@ using Allocator = std::function<void*(const std::vector<int64_t>& shape, DataTyp
 struct AllgatherOptions {
   std::string name;
   CompletionCallback on_complete;
+  ProcessSet process_set;  // the global set by default
 };
 
 // Concatenates every rank's `input` along the first dimension, in rank order. Ranks may differ in
@@ -122,6 +177,7 @@ Handle allgather(const TensorView& input, Allocator allocate, const AllgatherOpt
 struct BroadcastOptions {
   std::string name;
   CompletionCallback on_complete;
+  ProcessSet process_set;  // the global set by default
 };
 
 // Overwrites `tensor` on every rank with the root's.
@@ -133,6 +189,7 @@ struct ReducescatterOptions {
   double prescale = 1.0;
   double postscale = 1.0;
   CompletionCallback on_complete;
+  ProcessSet process_set;  // the global set by default
 };
 
 // Reduces `input` (same shape on every rank, at least one dimension) across ranks and leaves each
@@ -150,6 +207,7 @@ struct AlltoallOptions {
   // remainder.
   std::vector<int64_t> splits;
   CompletionCallback on_complete;
+  ProcessSet process_set;  // the global set by default
 };
 
 // Sends consecutive slices of `input` (at least one dimension) along the first dimension to each
@@ -167,6 +225,7 @@ struct GroupedAllreduceOptions {
   ReduceOp op = ReduceOp::kSum;
   double prescale = 1.0;
   double postscale = 1.0;
+  ProcessSet process_set;
 };
 // Reduces every tensor in place.
 std::vector<Handle> grouped_allreduce(const std::vector<TensorView>& tensors,
@@ -174,6 +233,7 @@ std::vector<Handle> grouped_allreduce(const std::vector<TensorView>& tensors,
 
 struct GroupedAllgatherOptions {
   std::vector<std::string> names;
+  ProcessSet process_set;
 };
 // allgather() of every input; allocators[i] provides input i's output.
 std::vector<Handle> grouped_allgather(const std::vector<TensorView>& inputs,
@@ -185,13 +245,15 @@ struct GroupedReducescatterOptions {
   ReduceOp op = ReduceOp::kSum;
   double prescale = 1.0;
   double postscale = 1.0;
+  ProcessSet process_set;
 };
 // reducescatter() of every input; allocators[i] provides input i's output.
 std::vector<Handle> grouped_reducescatter(const std::vector<TensorView>& inputs,
                                           std::vector<Allocator> allocators,
                                           const GroupedReducescatterOptions& options = {});
 
-// Completes once every rank has entered the barrier.
+// Completes once every rank (of the process set) has entered the barrier.
 Handle barrier(const std::string& name = "");
+Handle barrier(const std::string& name, const ProcessSet& process_set);
 
 }  // namespace gradsync

@@ -1,0 +1,159 @@
+#include "coordinator/process_sets.h"
+
+#include <utility>
+
+#include "coordinator/mpi_control_channel.h"
+#include "ops/mpi/mpi_data_plane.h"
+#include "runtime/logging.h"
+
+namespace gradsync {
+
+namespace {
+
+void TakeEntries(ProcessSetRuntime* set, std::vector<TensorEntry*>* orphaned) {
+  for (TensorEntry* entry : set->negotiator().TakeAllPending()) orphaned->push_back(entry);
+  orphaned->insert(orphaned->end(), set->fresh().begin(), set->fresh().end());
+  set->fresh().clear();
+}
+
+// "[0, 2, 3]"
+std::string ValuesString(const std::vector<int64_t>& values) {
+  std::string out = "[";
+  for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Comm control,
+                                     MPI_Comm data, std::unique_ptr<SubsetCommunicators> owned,
+                                     const Config& config, Timeline* timeline)
+    : id_(id),
+      ranks_(std::move(ranks)),
+      owned_comms_(std::move(owned)),
+      channel_(std::make_unique<MpiControlChannel>(control)),
+      // The global set's ranks are their own labels; a subset's messages name global ranks.
+      negotiator_(std::make_unique<Negotiator>(channel_.get(), config, nullptr, timeline,
+                                               id_ == 0 ? std::vector<int>() : ranks_)),
+      host_plane_(std::make_unique<MpiDataPlane>(data, timeline)) {}
+
+DataPlane* ProcessSetRuntime::PlaneFor(const Device& device) {
+  return device.kind == DeviceKind::kCpu ? host_plane_.get() : nullptr;
+}
+
+ProcessSets::ProcessSets(const MpiContext& mpi, const Config& config, Timeline* timeline,
+                         ProcessSetRegistry* registry)
+    : mpi_(mpi), config_(config), timeline_(timeline), registry_(registry) {
+  ProcessSetInfo info;
+  info.id = 0;
+  for (int r = 0; r < mpi.size(); ++r) info.ranks.push_back(r);
+  info.set_rank = mpi.rank();
+  sets_[0] = std::make_unique<ProcessSetRuntime>(0, info.ranks, mpi.control_comm(), mpi.data_comm(),
+                                                 nullptr, config_, timeline_);
+  registry_->Add(std::move(info));
+}
+
+Status ProcessSets::Add(const std::vector<int>& ranks, int32_t* id) {
+  // The registry is the same on every rank here, so every rank refuses alike.
+  const int32_t existing = registry_->FindByRanks(ranks);
+  if (existing >= 0) {
+    return Status::InvalidArgument("process set " + std::to_string(existing) +
+                                   " already has exactly ranks " + RankListString(ranks));
+  }
+  std::unique_ptr<SubsetCommunicators> comms;
+  GRADSYNC_RETURN_IF_ERROR(SubsetCommunicators::Split(mpi_, ranks, &comms));
+  ProcessSetInfo info;
+  info.id = next_id_++;
+  info.ranks = ranks;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] == mpi_.rank()) info.set_rank = static_cast<int>(i);
+  }
+  if (info.set_rank >= 0) {
+    const MPI_Comm control = comms->control();
+    const MPI_Comm data = comms->data();
+    sets_[info.id] = std::make_unique<ProcessSetRuntime>(info.id, ranks, control, data,
+                                                         std::move(comms), config_, timeline_);
+  }
+  *id = info.id;
+  Log().debug("process set {} added: ranks {}", info.id, RankListString(ranks));
+  registry_->Add(std::move(info));
+  return Status::OK();
+}
+
+Status ProcessSets::Remove(int32_t id, std::vector<TensorEntry*>* orphaned) {
+  if (id == 0) return Status::InvalidArgument("the global process set (id 0) cannot be removed");
+  ProcessSetInfo info;
+  if (!registry_->Find(id, &info)) {
+    return Status::InvalidArgument("process set " + std::to_string(id) +
+                                   " does not exist (never added, or removed already)");
+  }
+  auto it = sets_.find(id);
+  if (it != sets_.end()) {
+    TakeEntries(it->second.get(), orphaned);
+    sets_.erase(it);  // frees the set's communicators on every member at the same point
+  }
+  registry_->Remove(id);
+  Log().debug("process set {} removed", id);
+  return Status::OK();
+}
+
+void ProcessSets::Close(int32_t id, const Status& reason, std::vector<TensorEntry*>* orphaned) {
+  auto it = sets_.find(id);
+  if (it == sets_.end()) return;
+  TakeEntries(it->second.get(), orphaned);
+  sets_.erase(it);
+  registry_->Close(id, reason);
+}
+
+ProcessSetRuntime* ProcessSets::Next(int32_t after) {
+  auto it = sets_.upper_bound(after);
+  return it == sets_.end() ? nullptr : it->second.get();
+}
+
+ProcessSetRuntime* ProcessSets::Find(int32_t id) {
+  auto it = sets_.find(id);
+  return it == sets_.end() ? nullptr : it->second.get();
+}
+
+Status ProcessSets::Unavailable(int32_t id) const {
+  int set_rank = 0;
+  int set_size = 0;
+  const Status membership = registry_->Membership(id, &set_rank, &set_size);
+  if (!membership.ok()) return membership;
+  return Status::Internal("process set " + std::to_string(id) + " is not running on this rank");
+}
+
+Status CheckSameOnEveryRank(MPI_Comm comm, const std::vector<int64_t>& values,
+                            const std::string& what) {
+  int size = 0;
+  GRADSYNC_MPI_CALL(MPI_Comm_size(comm, &size));
+  const int count = static_cast<int>(values.size());
+  std::vector<int> counts(size);
+  GRADSYNC_MPI_CALL(MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, comm));
+  std::vector<int> displacements(size, 0);
+  for (int r = 1; r < size; ++r) displacements[r] = displacements[r - 1] + counts[r - 1];
+  std::vector<int64_t> all(static_cast<size_t>(displacements.back() + counts.back()));
+  GRADSYNC_MPI_CALL(MPI_Allgatherv(values.data(), count, MPI_INT64_T, all.data(), counts.data(),
+                                   displacements.data(), MPI_INT64_T, comm));
+  std::vector<std::pair<std::vector<int64_t>, std::vector<int>>> groups;  // value -> ranks
+  for (int r = 0; r < size; ++r) {
+    std::vector<int64_t> v(all.begin() + displacements[r],
+                           all.begin() + displacements[r] + counts[r]);
+    auto it = groups.begin();
+    while (it != groups.end() && it->first != v) ++it;
+    if (it == groups.end()) {
+      groups.push_back({std::move(v), {r}});
+    } else {
+      it->second.push_back(r);
+    }
+  }
+  if (groups.size() == 1) return Status::OK();
+  std::string message = what + ": ranks disagree: ";
+  for (size_t g = 0; g < groups.size(); ++g) {
+    message += (g ? "; " : "") + std::string(groups[g].second.size() == 1 ? "rank " : "ranks ") +
+               RankListString(groups[g].second) + " passed " + ValuesString(groups[g].first);
+  }
+  return Status::Mismatch(message);
+}
+
+}  // namespace gradsync

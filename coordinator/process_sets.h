@@ -1,0 +1,101 @@
+// Process sets as the background thread runs them.
+//
+// ProcessSetRuntime: one set this rank belongs to: its communicators (the global set uses
+// MpiContext's own), its negotiator (with the set's response cache, readiness table and stall
+// inspector), its host data plane (with the set's fusion buffer), and the entries drained for it
+// that it has not negotiated yet.
+//
+// ProcessSets: every set this rank belongs to, by id, and the adding and removing of sets. Adding
+// and removing are collective over every rank and change every rank's view identically (ids are
+// handed out in call order), so the per-set cycles stay in step.
+//
+// Both are created by init() on its thread before the background thread starts, then used by the
+// background thread only; the registry they update is the caller threads' view.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/control_channel.h"
+#include "coordinator/negotiator.h"
+#include "ops/data_plane.h"
+#include "runtime/config.h"
+#include "runtime/mpi_context.h"
+#include "runtime/process_set_registry.h"
+#include "runtime/timeline.h"
+
+namespace gradsync {
+
+class ProcessSetRuntime {
+ public:
+  // `owned` (null for the global set) holds `control` and `data` and is freed last.
+  ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Comm control, MPI_Comm data,
+                    std::unique_ptr<SubsetCommunicators> owned, const Config& config,
+                    Timeline* timeline);
+
+  int32_t id() const { return id_; }
+  const std::vector<int>& ranks() const { return ranks_; }
+  Negotiator& negotiator() { return *negotiator_; }
+  // The plane for tensors on `device`, or null when this build has none.
+  DataPlane* PlaneFor(const Device& device);
+  // Entries drained for this set since its last cycle.
+  std::vector<TensorEntry*>& fresh() { return fresh_; }
+
+ private:
+  int32_t id_;
+  std::vector<int> ranks_;
+  std::unique_ptr<SubsetCommunicators> owned_comms_;
+  std::unique_ptr<ControlChannel> channel_;
+  std::unique_ptr<Negotiator> negotiator_;
+  std::unique_ptr<DataPlane> host_plane_;
+  std::vector<TensorEntry*> fresh_;
+};
+
+class ProcessSets {
+ public:
+  // Registers and runs the global set (id 0) over `mpi`'s communicators. All pointers must outlive
+  // this object.
+  ProcessSets(const MpiContext& mpi, const Config& config, Timeline* timeline,
+              ProcessSetRegistry* registry);
+
+  // Collective over every rank, with the same ascending `ranks` everywhere (check that first):
+  // creates the next set, registers it and, on members, runs it. Fails identically on every rank
+  // when a set with these ranks exists.
+  Status Add(const std::vector<int>& ranks, int32_t* id);
+  // Collective over every rank: forgets set `id` and frees its communicators. The entries it still
+  // held are appended to *orphaned for the caller to fail. Fails identically on every rank for the
+  // global set or an unknown id.
+  Status Remove(int32_t id, std::vector<TensorEntry*>* orphaned);
+  // A set whose negotiation failed (a stall, or a broken control plane) stops running here and
+  // takes no more operations; its entries are appended to *orphaned. It stays registered, closed
+  // with `reason`, until removed.
+  void Close(int32_t id, const Status& reason, std::vector<TensorEntry*>* orphaned);
+
+  // The set with the smallest id greater than `after` that this rank runs, or null: iteration
+  // that stays valid while a cycle adds or removes sets.
+  ProcessSetRuntime* Next(int32_t after);
+  ProcessSetRuntime* Find(int32_t id);
+  ProcessSetRuntime& global() { return *sets_.at(0); }
+  // Why an entry for set `id`, which this rank does not run, cannot run.
+  Status Unavailable(int32_t id) const;
+
+ private:
+  const MpiContext& mpi_;
+  Config config_;
+  Timeline* timeline_;
+  ProcessSetRegistry* registry_;
+  std::map<int32_t, std::unique_ptr<ProcessSetRuntime>> sets_;
+  int32_t next_id_ = 1;
+};
+
+// Fails unless every rank of `comm` passed the same `values`; the Mismatch says what each rank
+// passed and is the same on every rank. Collective over `comm`. `what` names the call.
+Status CheckSameOnEveryRank(MPI_Comm comm, const std::vector<int64_t>& values,
+                            const std::string& what);
+
+}  // namespace gradsync
