@@ -57,10 +57,12 @@ Negotiator::Negotiator(ControlChannel* channel, const Config& config, Clock cloc
 Status Negotiator::RunCycle(const std::vector<TensorEntry*>& fresh, bool want_shutdown,
                             CycleOutcome* out) {
   *out = CycleOutcome();
-  out->joined = joins_pending_ > 0;
   const double now = clock_();
   std::vector<uint32_t> invalid;
   AddFresh(fresh, now, &invalid);
+  // Before any response retires the join: a join enqueued this cycle may already let the others'
+  // tensors run in this cycle's full round.
+  out->joined = joins_pending_ > 0;
   const bool has_uncached = RefreshCachedState(now, &invalid);
 
   std::vector<uint64_t> words = BuildBitVector(want_shutdown, has_uncached, invalid, now);

@@ -33,7 +33,7 @@ struct CycleOutcome {
   std::vector<TensorEntry*> entries;
   // Some rank asked to shut down: after this cycle's responses, every pending operation fails.
   bool shutdown = false;
-  // This rank had joined when the cycle began: allreduces and barriers it never submitted may be
+  // This rank had joined by the time it negotiated: allreduces and barriers it never submitted may be
   // among the responses (with a null entry), and it takes part in them without data of its own.
   bool joined = false;
   // Diagnostics for tests and the timeline.

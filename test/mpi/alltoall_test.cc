@@ -15,13 +15,6 @@ constexpr int64_t kWidth = 2;  // elements per row
 // Small enough for int8 at 4 ranks.
 double Tag(int sender, int receiver, int64_t row) { return sender * 16 + receiver * 4 + row % 4; }
 
-Allocator Into(std::unique_ptr<HostTensor>* out) {
-  return [out](const std::vector<int64_t>& shape, DataType dtype) {
-    *out = std::make_unique<HostTensor>(dtype, shape);
-    return (*out)->data();
-  };
-}
-
 AlltoallOptions Named(const std::string& name) {
   AlltoallOptions options;
   options.name = name;

@@ -51,6 +51,13 @@ HostTensor::HostTensor(DataType dtype, std::vector<int64_t> shape)
 
 TensorView HostTensor::view() { return TensorView(bytes_.data(), dtype_, shape_); }
 
+Allocator Into(std::unique_ptr<HostTensor>* out) {
+  return [out](const std::vector<int64_t>& shape, DataType dtype) {
+    *out = std::make_unique<HostTensor>(dtype, shape);
+    return (*out)->data();
+  };
+}
+
 namespace {
 
 template <typename T>

@@ -10,6 +10,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,9 @@ class HostTensor {
   int64_t elements_;
   std::vector<unsigned char> bytes_;
 };
+
+// An allocator that places the output in a new HostTensor at *out (which must outlive the handle).
+Allocator Into(std::unique_ptr<HostTensor>* out);
 
 std::vector<DataType> AllDataTypes();
 

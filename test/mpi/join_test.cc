@@ -1,0 +1,148 @@
+// join(): ranks with uneven step counts. Joined ranks take part in the others' allreduces with the
+// identity of the reduce op (through the full round even for cached tensors), barriers still
+// complete, the collectives that cannot be joined fail on every rank, and join() returns the last
+// rank to join, the same everywhere.
+#include <memory>
+#include <thread>
+
+#include "test/mpi/multi_rank_test.h"
+
+namespace gradsync {
+namespace testing {
+namespace {
+
+class JoinTest : public MultiRankTest {
+ protected:
+  // The same join result on every rank.
+  void ExpectAgreedOnEveryRank(int last) {
+    int low = 0, high = 0;
+    MPI_Allreduce(&last, &low, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&last, &high, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(low, high);
+  }
+};
+
+AllreduceOptions Named(const std::string& name, ReduceOp op) {
+  AllreduceOptions options;
+  options.name = name;
+  options.op = op;
+  return options;
+}
+
+// Rank r runs 2 + 2r steps, then joins. At each step, the ranks still running reduce their values
+// (rank + 1) with every op and dtype; the joined ranks must change nothing but the average's
+// divisor, which stays the number of all ranks.
+TEST_F(JoinTest, UnevenStepsReduceOverTheRanksStillRunning) {
+  const int my_steps = 2 + 2 * rank_;
+  const std::vector<DataType> dtypes = {DataType::kFloat32,  DataType::kInt32,   DataType::kFloat16,
+                                        DataType::kBFloat16, DataType::kFloat64, DataType::kInt64};
+  for (int step = 0; step < my_steps; ++step) {
+    std::vector<int> running;
+    for (int r = 0; r < size_; ++r) {
+      if (2 + 2 * r > step) running.push_back(r);
+    }
+    std::vector<std::unique_ptr<HostTensor>> tensors;
+    std::vector<Handle> handles;
+    std::vector<std::pair<ReduceOp, DataType>> cases;
+    for (ReduceOp op : kAllReduceOps) {
+      for (DataType dtype : dtypes) {
+        tensors.push_back(std::make_unique<HostTensor>(dtype, std::vector<int64_t>{5}));
+        for (int i = 0; i < 5; ++i) tensors.back()->Set(i, rank_ + 1);
+        // The same names every step: from step 1 they are cached, and a joined rank sets no
+        // cache bits, so they must go through the full round.
+        const std::string name =
+            "join." + ReduceOpName(op) + "." + DataTypeName(dtype) + "." + std::to_string(step % 2);
+        handles.push_back(allreduce(tensors.back()->view(), Named(name, op)));
+        cases.push_back({op, dtype});
+      }
+    }
+    for (size_t c = 0; c < cases.size(); ++c) {
+      ASSERT_TRUE(Succeeds(handles[c])) << "step " << step;
+      double want = 0;
+      switch (cases[c].first) {
+        case ReduceOp::kSum:
+          for (int r : running) want += r + 1;
+          break;
+        case ReduceOp::kAverage:
+          for (int r : running) want += r + 1;
+          want /= size_;
+          break;
+        case ReduceOp::kMin:
+          want = running.front() + 1;
+          break;
+        case ReduceOp::kMax:
+          want = running.back() + 1;
+          break;
+        case ReduceOp::kProduct:
+          want = 1;
+          for (int r : running) want *= r + 1;
+          break;
+      }
+      if (cases[c].second == DataType::kInt32 || cases[c].second == DataType::kInt64) {
+        want = static_cast<double>(static_cast<int64_t>(want));  // integer average truncates
+      }
+      for (int i = 0; i < 5; ++i) {
+        EXPECT_NEAR(tensors[c]->Get(i), want, Tolerance(cases[c].second, want))
+            << ReduceOpName(cases[c].first) << " " << DataTypeName(cases[c].second) << " step "
+            << step;
+      }
+    }
+  }
+  const int last = join();
+  EXPECT_EQ(last, size_ - 1);  // the rank with the most steps
+  ExpectAgreedOnEveryRank(last);
+  // Everyone is back: a normal allreduce over all ranks, and a second join round.
+  HostTensor t(DataType::kFloat32, {1});
+  t.Set(0, 1);
+  ASSERT_TRUE(Succeeds(allreduce(t.view(), Named("join.after", ReduceOp::kSum))));
+  EXPECT_EQ(t.Get(0), size_);
+  ExpectAgreedOnEveryRank(join());
+}
+
+TEST_F(JoinTest, CollectivesThatCannotJoinFailWhileARankHasJoined) {
+  if (size_ < 2) GTEST_SKIP() << "needs two ranks";
+  int last = -1;
+  if (rank_ == 0) {
+    last = join();
+  } else {
+    HostTensor t(DataType::kFloat32, {2, 1});
+    std::unique_ptr<HostTensor> out;
+    AllgatherOptions gather;
+    gather.name = "join.gather";
+    EXPECT_TRUE(FailsWith(allgather(t.view(), Into(&out), gather), StatusCode::kMismatch,
+                          "cannot run while rank 0 has joined"));
+    BroadcastOptions bcast;
+    bcast.name = "join.bcast";
+    EXPECT_TRUE(FailsWith(broadcast(t.view(), 1, bcast), StatusCode::kMismatch,
+                          "broadcast of tensor 'join.bcast' cannot run"));
+    ReducescatterOptions rs;
+    rs.name = "join.rs";
+    EXPECT_TRUE(FailsWith(reducescatter(t.view(), Into(&out), rs), StatusCode::kMismatch,
+                          "cannot run while rank 0 has joined"));
+    AlltoallOptions a2a;
+    a2a.name = "join.a2a";
+    HostTensor rows(DataType::kFloat32, {size_ - 1});
+    a2a.splits.assign(size_, 1);
+    a2a.splits[0] = 0;
+    EXPECT_TRUE(FailsWith(alltoall(rows.view(), Into(&out), a2a), StatusCode::kMismatch,
+                          "only allreduce and barrier run alongside join()"));
+    ASSERT_TRUE(Succeeds(barrier("join.barrier")));
+    t.Set(0, 2);
+    ASSERT_TRUE(Succeeds(allreduce(t.view(), Named("join.sum", ReduceOp::kSum))));
+    EXPECT_EQ(t.Get(0), 2 * (size_ - 1));
+    last = join();
+  }
+  EXPECT_GE(last, 1);
+  ExpectAgreedOnEveryRank(last);
+}
+
+TEST_F(JoinTest, EveryRankJoiningAtOnce) {
+  const int last = join();
+  EXPECT_GE(last, 0);
+  EXPECT_LT(last, size_);
+  ExpectAgreedOnEveryRank(last);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsync
