@@ -58,6 +58,32 @@ TEST_F(StallTest, MissingRankFailsEveryPendingHandleWithoutSpinning) {
                          StatusCode::kStalled, "stalled"));
 }
 
+// A stall inside a process set fails that set's operations, naming global ranks, and closes the
+// set; the global set and the other ranks go on.
+TEST_F(StallTest, StallInAProcessSetClosesOnlyThatSet) {
+  if (size_ < 3) GTEST_SKIP() << "needs two set members and a rank outside";
+  const ProcessSet set = add_process_set({1, 2});
+  float x[4] = {};
+  AllreduceOptions in_set;
+  in_set.name = "set.stall.x";
+  in_set.process_set = set;
+  if (rank_ == 1) {
+    EXPECT_TRUE(FailsWith(allreduce(TensorView(x, DataType::kFloat32, {4}), in_set),
+                          StatusCode::kStalled, "missing on rank 2 (ready on 1)"));
+  }
+  // Meet outside gradsync (a gradsync barrier would itself stall while rank 1 waits), then on the
+  // global set: its cycle comes after the set's on every member, so both have closed the set.
+  MPI_Barrier(MPI_COMM_WORLD);
+  int value = 1;
+  ASSERT_TRUE(Succeeds(allreduce(TensorView(&value, DataType::kInt32, {1}))));
+  EXPECT_EQ(value, size_);
+  if (set.included()) {
+    EXPECT_TRUE(ThrowsWith([&] { allreduce(TensorView(x, DataType::kFloat32, {4}), in_set); },
+                           StatusCode::kStalled, "failed earlier and takes no more operations"));
+  }
+  remove_process_set(set);
+}
+
 TEST_F(StallTest, RuntimeWorksAgainAfterReinit) {
   int value = 1;
   ASSERT_TRUE(Succeeds(allreduce(TensorView(&value, DataType::kInt32, {1}))));

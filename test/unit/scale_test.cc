@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -289,6 +290,38 @@ TEST(ScaledCopyTest, IntegerAverageIsExactWhenTheQuotientIsWhole) {
     std::vector<int32_t> sums = {size, 2 * size, size - 1, 0};
     ScaledCopy(sums.data(), sums.data(), 4, DataType::kInt32, 1.0 / size);
     EXPECT_EQ(sums, (std::vector<int32_t>{1, 2, 0, 0})) << size;
+  }
+}
+
+// Combining any value with the identity under its op gives the value back, for every dtype.
+TEST(FillReductionIdentityTest, IdentityLeavesEveryValueUnchanged) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<uint8_t> bytes(16 * 3);
+  FillReductionIdentity(bytes.data(), 3, DataType::kFloat32, ReduceOp::kMin);
+  EXPECT_EQ(Load<float>(bytes, 2), inf);
+  FillReductionIdentity(bytes.data(), 3, DataType::kFloat64, ReduceOp::kMax);
+  EXPECT_EQ(Load<double>(bytes, 1), -std::numeric_limits<double>::infinity());
+  FillReductionIdentity(bytes.data(), 3, DataType::kInt32, ReduceOp::kMin);
+  EXPECT_EQ(Load<int32_t>(bytes, 0), std::numeric_limits<int32_t>::max());
+  FillReductionIdentity(bytes.data(), 3, DataType::kInt8, ReduceOp::kMax);
+  EXPECT_EQ(Load<int8_t>(bytes, 2), std::numeric_limits<int8_t>::lowest());
+  FillReductionIdentity(bytes.data(), 3, DataType::kUInt8, ReduceOp::kMax);
+  EXPECT_EQ(Load<uint8_t>(bytes, 2), 0);
+  FillReductionIdentity(bytes.data(), 3, DataType::kInt64, ReduceOp::kProduct);
+  EXPECT_EQ(Load<int64_t>(bytes, 2), 1);
+  FillReductionIdentity(bytes.data(), 3, DataType::kFloat16, ReduceOp::kMin);
+  EXPECT_EQ(HalfToFloat(Load<uint16_t>(bytes, 2)), inf);
+  FillReductionIdentity(bytes.data(), 3, DataType::kBFloat16, ReduceOp::kMax);
+  EXPECT_EQ(BFloat16ToFloat(Load<uint16_t>(bytes, 2)), -inf);
+  FillReductionIdentity(bytes.data(), 3, DataType::kBFloat16, ReduceOp::kProduct);
+  EXPECT_EQ(BFloat16ToFloat(Load<uint16_t>(bytes, 0)), 1.0f);
+  for (DataType dtype : kAllTypes) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+      std::fill(bytes.begin(), bytes.end(), 0xAB);
+      FillReductionIdentity(bytes.data(), 3, dtype, op);
+      for (size_t i = 0; i < 3 * DataTypeSize(dtype); ++i) EXPECT_EQ(bytes[i], 0) << i;
+      EXPECT_EQ(bytes[3 * DataTypeSize(dtype)], 0xAB) << "wrote past the count";
+    }
   }
 }
 
