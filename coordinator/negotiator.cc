@@ -278,7 +278,8 @@ void Negotiator::CoordinatorRespond(const std::vector<std::string>& gathered, do
     }
     for (Request& request : list.requests) {
       request.rank = r;  // the sender is who the transport says, whatever the bytes claim
-      if (timeline_ != nullptr && timeline_->active()) timeline_->RankReady(request.name, r);
+      if (timeline_ != nullptr && timeline_->active())
+        timeline_->RankReady(request.name, rank_labels_.empty() ? r : rank_labels_[r]);
       table_->Add(request, now);
     }
   }
