@@ -140,6 +140,11 @@ std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string&
 // Throws `validation` (or a name too long for the wire) with the operation, tensor and rank in
 // front.
 void ThrowIfRefused(const Runtime& rt, TensorEntry* entry, Status validation) {
+  const bool internal = entry->op == OpType::kJoin || entry->op == OpType::kAddProcessSet ||
+                        entry->op == OpType::kRemoveProcessSet;
+  if (validation.ok() && !internal && entry->name.compare(0, 9, "gradsync.") == 0) {
+    validation = Status::InvalidArgument("names starting with 'gradsync.' are reserved");
+  }
   if (validation.ok() && entry->name.size() > kMaxWireNameBytes) {
     validation = Status::InvalidArgument("tensor name of " + std::to_string(entry->name.size()) +
                                          " bytes; at most " + std::to_string(kMaxWireNameBytes) +
@@ -545,12 +550,10 @@ int32_t ChangeProcessSets(const char* call, OpType op, std::vector<int64_t> valu
 }  // namespace
 
 ProcessSet add_process_set(const std::vector<int>& ranks) {
-  Runtime& rt = ActiveRuntime("add_process_set");
-  std::vector<int> sorted;
-  const Status valid = NormalizeProcessSetRanks(ranks, rt.mpi->size(), &sorted);
-  if (!valid.ok()) Throw(Status(valid.code(), "add_process_set: " + valid.message()));
+  // Checked on the background thread once every rank is known to have passed the same list, so
+  // that a bad list fails on every rank alike instead of stalling the ones that passed a good one.
   return MakeProcessSet(ChangeProcessSets("add_process_set", OpType::kAddProcessSet,
-                                          std::vector<int64_t>(sorted.begin(), sorted.end())));
+                                          std::vector<int64_t>(ranks.begin(), ranks.end())));
 }
 
 void remove_process_set(const ProcessSet& process_set) {

@@ -87,7 +87,7 @@ bool BackgroundLoop::RunSetCycle(ProcessSetRuntime* set, bool* productive) {
       FailEverything(negotiated);
       return false;
     }
-    CloseSet(id, negotiated);
+    CloseSet(id, negotiated, outcome.entries);  // some may have left the negotiator already
     return true;
   }
   if (timeline_->active()) MarkNegotiated(outcome);
@@ -98,7 +98,9 @@ bool BackgroundLoop::RunSetCycle(ProcessSetRuntime* set, bool* productive) {
       FailEverything(executed);
       return false;
     }
-    CloseSet(id, executed);
+    // A stall has run everything before it; an Internal error has completed nothing.
+    const bool stalled = executed.code() == StatusCode::kStalled;
+    CloseSet(id, executed, stalled ? std::vector<TensorEntry*>() : outcome.entries);
     return true;
   }
   if (outcome.shutdown) {
@@ -153,6 +155,8 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
   if (!responses.empty() && responses.back()->type == ResponseType::kStallShutdown) {
     fatal = Status::Stalled(responses.back()->error);
   }
+  // Checked before anything completes, so that on failure every entry of the outcome is still
+  // the caller's to fail.
   for (size_t i = 0; i < responses.size(); ++i) {
     const ResponseType type = responses[i]->type;
     if (entries[i] == nullptr && type != ResponseType::kStallShutdown) {
@@ -164,7 +168,9 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
       return Status::Internal("rank " + std::to_string(mpi_.rank()) + " was told to run tensor '" +
                               responses[i]->name + "' that it never submitted");
     }
-    if (type == ResponseType::kError) {
+  }
+  for (size_t i = 0; i < responses.size(); ++i) {
+    if (responses[i]->type == ResponseType::kError && entries[i] != nullptr) {
       Complete({entries[i]}, Status::Mismatch(responses[i]->error));
     }
   }
@@ -214,6 +220,10 @@ Status BackgroundLoop::ExecuteBucket(ProcessSetRuntime* set, const ResponsePtr& 
       return Status::OK();
     case ResponseType::kJoin:
       first_entry->state->result = first.root;
+      // Every rank is back: the stand-ins (as large as the gradients) are not needed any more.
+      // The join runs alone, after every bucket that used them has completed.
+      stand_ins_.clear();
+      stand_ins_used_ = 0;
       return Status::OK();
     case ResponseType::kAddProcessSet:
       return ExecuteAddProcessSet(first_entry);
@@ -227,7 +237,9 @@ Status BackgroundLoop::ExecuteBucket(ProcessSetRuntime* set, const ResponsePtr& 
 Status BackgroundLoop::ExecuteAddProcessSet(TensorEntry* entry) {
   GRADSYNC_RETURN_IF_ERROR(
       CheckSameOnEveryRank(mpi_.data_comm(), entry->splits, "add_process_set"));
-  const std::vector<int> ranks(entry->splits.begin(), entry->splits.end());
+  std::vector<int> ranks(entry->splits.begin(), entry->splits.end());  // ints at the call
+  const Status valid = NormalizeProcessSetRanks(ranks, mpi_.size(), &ranks);
+  if (!valid.ok()) return Status(valid.code(), "add_process_set: " + valid.message());
   int32_t id = 0;
   GRADSYNC_RETURN_IF_ERROR(sets_.Add(ranks, &id));
   entry->state->result = id;
@@ -285,8 +297,12 @@ void BackgroundLoop::Complete(const std::vector<TensorEntry*>& members, const St
   completing_.clear();
 }
 
-void BackgroundLoop::CloseSet(int32_t id, const Status& reason) {
+void BackgroundLoop::CloseSet(int32_t id, const Status& reason,
+                              const std::vector<TensorEntry*>& taken) {
   std::vector<TensorEntry*> orphaned;
+  for (TensorEntry* entry : taken) {
+    if (entry != nullptr) orphaned.push_back(entry);
+  }
   sets_.Close(id, reason, &orphaned);
   Complete(orphaned, reason);
 }

@@ -70,8 +70,9 @@ class BackgroundLoop {
   TensorEntry* StandIn(const Response& response);
   // Releases the names and entries, then completes their handles. Stand-ins are skipped.
   void Complete(const std::vector<TensorEntry*>& members, const Status& status);
-  // Stops running process set `id` and fails what it held with `reason`.
-  void CloseSet(int32_t id, const Status& reason);
+  // Stops running process set `id` and fails with `reason` what it held and the entries in
+  // `taken` (those of its last outcome that did not complete).
+  void CloseSet(int32_t id, const Status& reason, const std::vector<TensorEntry*>& taken);
   // Closes the queue with `reason` and fails every operation this process still holds.
   void FailEverything(const Status& reason);
 

@@ -272,8 +272,9 @@ void Negotiator::CoordinatorRespond(const std::vector<std::string>& gathered, do
     const Status parsed = ParseRequestList(gathered[r].data(), gathered[r].size(), &list);
     if (!parsed.ok()) {
       // Every rank must hear about it, so it travels as a fatal response, not a local error.
+      const int label = rank_labels_.empty() ? r : rank_labels_[r];
       responses->responses = {FatalResponse("corrupt negotiation message from rank " +
-                                            std::to_string(r) + ": " + parsed.message())};
+                                            std::to_string(label) + ": " + parsed.message())};
       return;
     }
     for (Request& request : list.requests) {

@@ -33,8 +33,8 @@ struct CycleOutcome {
   std::vector<TensorEntry*> entries;
   // Some rank asked to shut down: after this cycle's responses, every pending operation fails.
   bool shutdown = false;
-  // This rank had joined by the time it negotiated: allreduces and barriers it never submitted may be
-  // among the responses (with a null entry), and it takes part in them without data of its own.
+  // This rank had joined by the time it negotiated: allreduces and barriers it never submitted may
+  // be among the responses (with a null entry), and it takes part in them without data of its own.
   bool joined = false;
   // Diagnostics for tests and the timeline.
   int cache_hits = 0;
@@ -53,7 +53,8 @@ class Negotiator {
   // One cycle. `fresh` holds the entries that became ready on this rank since the last cycle (their
   // names are not pending); each stays valid, unchanged, until it comes back in an outcome. A
   // non-OK Status means this rank's control plane failed (an MPI error, or a response list that
-  // does not parse): the caller fails everything and stops.
+  // does not parse): the caller fails what this negotiator holds (the entries already in *out, and
+  // TakeAllPending) and does not run it again.
   Status RunCycle(const std::vector<TensorEntry*>& fresh, bool want_shutdown, CycleOutcome* out);
   // Forgets every pending entry and returns them, for a caller that fails them (its process set
   // was removed or failed). The negotiator must not run again.

@@ -93,6 +93,7 @@ Status ProcessSets::Remove(int32_t id, std::vector<TensorEntry*>* orphaned) {
     sets_.erase(it);  // frees the set's communicators on every member at the same point
   }
   registry_->Remove(id);
+  removed_.insert(id);
   Log().debug("process set {} removed", id);
   return Status::OK();
 }
@@ -116,6 +117,10 @@ ProcessSetRuntime* ProcessSets::Find(int32_t id) {
 }
 
 Status ProcessSets::Unavailable(int32_t id) const {
+  if (removed_.count(id) != 0) {
+    return Status::Shutdown("process set " + std::to_string(id) +
+                            " was removed while this operation was pending");
+  }
   int set_rank = 0;
   int set_size = 0;
   const Status membership = registry_->Membership(id, &set_rank, &set_size);

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,7 @@ class ProcessSets {
   ProcessSetRegistry* registry_;
   std::map<int32_t, std::unique_ptr<ProcessSetRuntime>> sets_;
   int32_t next_id_ = 1;
+  std::set<int32_t> removed_;
 };
 
 // Fails unless every rank of `comm` passed the same `values`; the Mismatch says what each rank

@@ -228,8 +228,14 @@ Response ReadinessTable::TakeReady(const std::string& name) {
     response.error = status.message();
   } else if (op == OpType::kJoin) {
     response.root = Label(last_joined_);
-    joined_.assign(size_, false);
-    joined_count_ = 0;
+  }
+  // A join ends when its row is taken, even a failed one (say a tensor of the same name met it),
+  // so that no rank stays counted as ready for names it never sends.
+  for (int r = 0; r < size_; ++r) {
+    if (row.present[r] && row.by_rank[r].op == OpType::kJoin && joined_[r]) {
+      joined_[r] = false;
+      --joined_count_;
+    }
   }
   rows_.erase(it);
   return response;

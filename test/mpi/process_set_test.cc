@@ -144,6 +144,20 @@ TEST_F(ProcessSetTest, EveryCollectiveUsesRanksWithinTheSet) {
   Handle ha = alltoall(a_in.view(), Into(&a_out), a2a);
   Handle hbar = barrier("ps.barrier", set);
 
+  // A grouped allreduce in the set: sums over the set's members only.
+  std::vector<std::unique_ptr<HostTensor>> members;
+  std::vector<TensorView> member_views;
+  GroupedAllreduceOptions grouped;
+  grouped.process_set = set;
+  for (int t = 0; t < 5; ++t) {
+    members.push_back(std::make_unique<HostTensor>(DataType::kInt32, std::vector<int64_t>{2}));
+    members.back()->Set(0, rank_);
+    members.back()->Set(1, t);
+    member_views.push_back(members.back()->view());
+    grouped.names.push_back("ps.group." + std::to_string(t));
+  }
+  const std::vector<Handle> group_handles = grouped_allreduce(member_views, grouped);
+
   ASSERT_TRUE(Succeeds(hg));
   std::vector<double> want_gather;
   for (int i = 0; i < n; ++i) want_gather.insert(want_gather.end(), i + 1, i);
@@ -164,6 +178,13 @@ TEST_F(ProcessSetTest, EveryCollectiveUsesRanksWithinTheSet) {
   for (int s = 0; s < n; ++s) EXPECT_EQ(a_out->Get(s), s * 10 + me);
   EXPECT_EQ(ha.received_splits(), std::vector<int64_t>(n, 1));
   ASSERT_TRUE(Succeeds(hbar));
+  int rank_sum = 0;
+  for (int r : set.ranks()) rank_sum += r;
+  for (int t = 0; t < 5; ++t) {
+    ASSERT_TRUE(Succeeds(group_handles[t]));
+    EXPECT_EQ(members[t]->Get(0), rank_sum);
+    EXPECT_EQ(members[t]->Get(1), t * n);
+  }
 
   // Roots and splits are checked against the set's size, not the world's.
   HostTensor t(DataType::kFloat32, {1});
@@ -222,7 +243,7 @@ TEST_F(ProcessSetTest, AddedAndRemovedAtRunTime) {
   remove_process_set(again);
 }
 
-TEST_F(ProcessSetTest, MemberListsAreCheckedAtTheCall) {
+TEST_F(ProcessSetTest, BadMemberListsFailOnEveryRank) {
   EXPECT_TRUE(
       ThrowsWith([] { add_process_set({}); }, StatusCode::kInvalidArgument, "at least one rank"));
   EXPECT_TRUE(ThrowsWith([&] { add_process_set({size_}); }, StatusCode::kInvalidArgument,
@@ -232,6 +253,18 @@ TEST_F(ProcessSetTest, MemberListsAreCheckedAtTheCall) {
         add_process_set({0, 0});
       },
       StatusCode::kInvalidArgument, "rank 0 is listed twice"));
+  EXPECT_EQ(process_sets().size(), 1u);
+  // gradsync's own operations are named "gradsync.*"; a tensor may not pose as one.
+  HostTensor t(DataType::kFloat32, {1});
+  EXPECT_TRUE(ThrowsWith([&] { allreduce(t.view(), InSet("gradsync.join", ProcessSet())); },
+                         StatusCode::kInvalidArgument, "reserved"));
+  if (size_ < 2) return;
+  // A bad list on one rank only fails on every rank instead of stalling the others.
+  std::vector<int> mine = {0};
+  if (rank_ == 1) mine.push_back(size_);
+  EXPECT_TRUE(ThrowsWith([&] { add_process_set(mine); }, StatusCode::kMismatch, "ranks disagree"));
+  // The calls stay paired up afterwards.
+  remove_process_set(add_process_set({0}));
 }
 
 TEST_F(ProcessSetTest, RanksThatDisagreeAllFail) {

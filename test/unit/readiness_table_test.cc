@@ -70,6 +70,16 @@ TEST(ReadinessTableTest, JoinRunsOnceEveryRankJoinedAndNamesTheLast) {
   EXPECT_FALSE(table.Add(From("d", 0), 0.0));
 }
 
+TEST(ReadinessTableTest, AFailedJoinStillEndsTheJoin) {
+  ReadinessTable table(2);
+  table.Add(From("gradsync.join", 0, OpType::kJoin), 0.0);
+  table.Add(From("gradsync.join", 1), 0.0);  // an allreduce of the same name: a mismatch
+  EXPECT_EQ(Runnable(&table), std::vector<std::string>{"gradsync.join"});
+  EXPECT_EQ(table.TakeReady("gradsync.join").type, ResponseType::kError);
+  EXPECT_TRUE(table.JoinedRanks().empty());
+  EXPECT_FALSE(table.Add(From("e", 1), 0.0)) << "rank 0 must be waited for again";
+}
+
 TEST(ReadinessTableTest, CollectivesThatCannotJoinFailNamingTheJoinedRanks) {
   ReadinessTable table(3);
   table.Add(From("gradsync.join", 0, OpType::kJoin), 0.0);
