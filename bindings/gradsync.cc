@@ -1,66 +1,18 @@
-// The public C++ API: argument validation on the caller's thread, then a TensorEntry into the
-// queue.
+// The public C++ API's collectives and handles: argument validation on the caller's thread, then a
+// TensorEntry into the queue.
 #include "gradsync/gradsync.h"
 
-#include <atomic>
 #include <cmath>
 #include <memory>
-#include <mutex>
 
-#include "coordinator/background_loop.h"
-#include "coordinator/process_sets.h"
+#include "bindings/runtime.h"
 #include "coordinator/wire_format.h"
 #include "ops/data_plane.h"
-#include "runtime/config.h"
-#include "runtime/logging.h"
-#include "runtime/mpi_context.h"
 #include "runtime/op_state.h"
-#include "runtime/process_set_registry.h"
-#include "runtime/tensor_queue.h"
 
 namespace gradsync {
 
-Handle MakeHandle(std::shared_ptr<OpState> state);
-
-ProcessSet MakeProcessSet(int id) {
-  ProcessSet set;
-  set.id_ = id;
-  return set;
-}
-
 namespace {
-
-struct Runtime {
-  Config config;
-  std::unique_ptr<MpiContext> mpi;
-  TensorQueue queue;
-  Timeline timeline;  // written on rank 0 only; outlives the loop that records into it
-  ProcessSetRegistry registry;
-  std::unique_ptr<BackgroundLoop> loop;
-  std::atomic<uint64_t> unnamed_counters[kNumOpTypes] = {};
-  // add_process_set and remove_process_set calls so far; collective, so the same on every rank.
-  std::atomic<uint64_t> process_set_calls{0};
-};
-
-// Set by init(), cleared by shutdown(); neither may race with enqueues (see the header).
-std::mutex g_lifecycle_mu;
-std::unique_ptr<Runtime> g_runtime;
-std::atomic<Runtime*> g_active{nullptr};
-std::atomic<bool> g_was_shut_down{false};
-
-[[noreturn]] void Throw(Status status) { throw Error(std::move(status)); }
-
-Runtime& ActiveRuntime(const char* call) {
-  Runtime* rt = g_active.load(std::memory_order_acquire);
-  if (rt == nullptr) {
-    Throw(Status::NotInitialized(
-        std::string(call) + (g_was_shut_down ? ": gradsync was shut down; call gradsync::init() "
-                                               "to start it again"
-                                             : ": gradsync is not initialized; call "
-                                               "gradsync::init() first")));
-  }
-  return *rt;
-}
 
 std::string Describe(const Runtime& rt, OpType op, const std::string& name) {
   return OpTypeName(op) + " of tensor '" + name + "' on rank " + std::to_string(rt.mpi->rank());
@@ -127,16 +79,6 @@ Status UseProcessSet(const Runtime& rt, const ProcessSet& set, TensorEntry* entr
   return status;
 }
 
-std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string& name,
-                                      CompletionCallback on_complete) {
-  std::unique_ptr<TensorEntry> entry = rt.queue.NewEntry();
-  entry->op = op;
-  entry->name = name;
-  entry->state = std::make_shared<OpState>(std::move(on_complete));
-  entry->enqueued_at = std::chrono::steady_clock::now();
-  return entry;
-}
-
 // Throws `validation` (or a name too long for the wire) with the operation, tensor and rank in
 // front.
 void ThrowIfRefused(const Runtime& rt, TensorEntry* entry, Status validation) {
@@ -163,23 +105,6 @@ void NameIfUnnamed(Runtime& rt, TensorEntry* entry) {
   if (!entry->name.empty()) return;
   const auto op = static_cast<int>(entry->op);
   entry->name = OpTypeName(entry->op) + ".noname." + std::to_string(rt.unnamed_counters[op]++);
-}
-
-Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, Status validation) {
-  ThrowIfRefused(rt, entry.get(), std::move(validation));
-  NameIfUnnamed(rt, entry.get());
-  std::shared_ptr<OpState> state = entry->state;
-  const bool traced = rt.timeline.active();
-  // Started before the push: once pushed, the background thread may end it at any moment.
-  if (traced) rt.timeline.ActivityStart(entry->name, "QUEUE");
-  std::string refused_name;
-  if (traced) refused_name = entry->name;
-  const Status pushed = rt.queue.Push(std::move(entry));
-  if (!pushed.ok()) {
-    if (traced) rt.timeline.ActivityEnd(refused_name);
-    Throw(pushed);
-  }
-  return MakeHandle(std::move(state));
 }
 
 // Enqueues a group atomically: every member is accepted or the call throws and none is enqueued.
@@ -284,103 +209,38 @@ void RequireGroupArguments(const char* call, size_t tensors, size_t names,
 
 }  // namespace
 
+std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string& name,
+                                      CompletionCallback on_complete) {
+  std::unique_ptr<TensorEntry> entry = rt.queue.NewEntry();
+  entry->op = op;
+  entry->name = name;
+  entry->state = std::make_shared<OpState>(std::move(on_complete));
+  entry->enqueued_at = std::chrono::steady_clock::now();
+  return entry;
+}
+
+Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, Status validation) {
+  ThrowIfRefused(rt, entry.get(), std::move(validation));
+  NameIfUnnamed(rt, entry.get());
+  std::shared_ptr<OpState> state = entry->state;
+  const bool traced = rt.timeline.active();
+  // Started before the push: once pushed, the background thread may end it at any moment.
+  if (traced) rt.timeline.ActivityStart(entry->name, "QUEUE");
+  std::string refused_name;
+  if (traced) refused_name = entry->name;
+  const Status pushed = rt.queue.Push(std::move(entry));
+  if (!pushed.ok()) {
+    if (traced) rt.timeline.ActivityEnd(refused_name);
+    Throw(pushed);
+  }
+  return MakeHandle(std::move(state));
+}
+
 Handle MakeHandle(std::shared_ptr<OpState> state) {
   Handle h;
   h.state_ = std::move(state);
   return h;
 }
-
-void init(MPI_Comm comm) {
-  InitOptions options;
-  options.comm = comm;
-  init(options);
-}
-
-namespace {
-
-// Creates the process sets declared at init, after checking that every rank declared the same.
-// Collective over every rank; fails identically everywhere.
-Status AddDeclaredProcessSets(Runtime& rt, const std::vector<std::vector<int>>& declared) {
-  std::vector<int64_t> flat = {static_cast<int64_t>(declared.size())};
-  for (const std::vector<int>& ranks : declared) {
-    flat.push_back(static_cast<int64_t>(ranks.size()));
-    flat.insert(flat.end(), ranks.begin(), ranks.end());
-  }
-  GRADSYNC_RETURN_IF_ERROR(
-      CheckSameOnEveryRank(rt.mpi->control_comm(), flat, "init: InitOptions::process_sets"));
-  for (size_t i = 0; i < declared.size(); ++i) {
-    std::vector<int> sorted;
-    Status status = NormalizeProcessSetRanks(declared[i], rt.mpi->size(), &sorted);
-    int32_t id = 0;
-    if (status.ok()) status = rt.loop->AddProcessSet(sorted, &id);
-    if (!status.ok()) {
-      return Status(status.code(), "init: process set " + std::to_string(i) +
-                                       " of InitOptions::process_sets: " + status.message());
-    }
-  }
-  return Status::OK();
-}
-
-}  // namespace
-
-void init(const InitOptions& options) {
-  std::lock_guard<std::mutex> lock(g_lifecycle_mu);
-  if (g_runtime) return;
-  auto rt = std::make_unique<Runtime>();
-  Status status = Config::FromEnvironment(&rt->config);
-  if (!status.ok()) Throw(status);
-  status = MpiContext::Create(options.comm, &rt->mpi);
-  if (!status.ok()) Throw(status);
-  InitLogging(rt->mpi->rank(), rt->config.log_level);
-  Log().debug("gradsync starting on {} ranks: {}", rt->mpi->size(), rt->config.ToString());
-  if (!rt->config.timeline_path.empty() && rt->mpi->rank() == 0) {
-    // Not fatal: the other ranks cannot learn of it without another collective, and training
-    // without a trace beats a job that stops over one.
-    const Status started = rt->timeline.Start(rt->config.timeline_path);
-    if (!started.ok()) Log().error("GRADSYNC_TIMELINE: {}; no timeline", started.message());
-  }
-  rt->loop = std::make_unique<BackgroundLoop>(rt->config, *rt->mpi, &rt->queue, &rt->timeline,
-                                              &rt->registry);
-  status = AddDeclaredProcessSets(*rt, options.process_sets);
-  if (!status.ok()) Throw(status);
-  rt->loop->Start();
-  g_active.store(rt.get(), std::memory_order_release);
-  g_runtime = std::move(rt);
-}
-
-void shutdown() {
-  std::lock_guard<std::mutex> lock(g_lifecycle_mu);
-  if (!g_runtime) return;
-  g_active.store(nullptr, std::memory_order_release);
-  g_runtime->loop->Shutdown();
-  g_runtime->loop.reset();
-  const Status stopped = g_runtime->timeline.Stop();
-  if (!stopped.ok()) Log().error("timeline: {}", stopped.message());
-  g_runtime.reset();  // frees the communicators, finalizes MPI if init() started it
-  g_was_shut_down = true;
-}
-
-void start_timeline(const std::string& path) {
-  Runtime& rt = ActiveRuntime("start_timeline");
-  if (rt.mpi->rank() != 0) return;
-  const Status started = rt.timeline.Start(path);
-  if (!started.ok()) Throw(started);
-}
-
-void stop_timeline() {
-  Runtime& rt = ActiveRuntime("stop_timeline");
-  const Status stopped = rt.timeline.Stop();
-  if (!stopped.ok()) Throw(stopped);
-}
-
-bool is_initialized() { return g_active.load(std::memory_order_acquire) != nullptr; }
-
-int rank() { return ActiveRuntime("rank").mpi->rank(); }
-int size() { return ActiveRuntime("size").mpi->size(); }
-int local_rank() { return ActiveRuntime("local_rank").mpi->local_rank(); }
-int local_size() { return ActiveRuntime("local_size").mpi->local_size(); }
-int cross_rank() { return ActiveRuntime("cross_rank").mpi->cross_rank(); }
-int cross_size() { return ActiveRuntime("cross_size").mpi->cross_size(); }
 
 Handle allreduce(const TensorView& tensor, const AllreduceOptions& options) {
   return allreduce(tensor, tensor, options);
@@ -522,68 +382,6 @@ Handle barrier(const std::string& name, const ProcessSet& process_set) {
   const Status status = UseProcessSet(rt, process_set, entry.get());
   return Submit(rt, std::move(entry), status);
 }
-
-int join() {
-  Runtime& rt = ActiveRuntime("join");
-  // One join per rank at a time, so a fixed name pairs up every rank's join.
-  auto entry = NewEntry(rt, OpType::kJoin, "gradsync.join", nullptr);
-  std::shared_ptr<OpState> state = entry->state;
-  Submit(rt, std::move(entry), Status::OK()).wait();
-  return state->result;
-}
-
-namespace {
-
-// Enqueues an add or remove of a process set on the global set, carrying `values` for the
-// agreement check, and waits for it. Returns the operation's result.
-int32_t ChangeProcessSets(const char* call, OpType op, std::vector<int64_t> values) {
-  Runtime& rt = ActiveRuntime(call);
-  const std::string name =
-      "gradsync." + OpTypeName(op) + "." + std::to_string(rt.process_set_calls++);
-  auto entry = NewEntry(rt, op, name, nullptr);
-  entry->splits = std::move(values);
-  std::shared_ptr<OpState> state = entry->state;
-  Submit(rt, std::move(entry), Status::OK()).wait();
-  return state->result;
-}
-
-}  // namespace
-
-ProcessSet add_process_set(const std::vector<int>& ranks) {
-  // Checked on the background thread once every rank is known to have passed the same list, so
-  // that a bad list fails on every rank alike instead of stalling the ones that passed a good one.
-  return MakeProcessSet(ChangeProcessSets("add_process_set", OpType::kAddProcessSet,
-                                          std::vector<int64_t>(ranks.begin(), ranks.end())));
-}
-
-void remove_process_set(const ProcessSet& process_set) {
-  ChangeProcessSets("remove_process_set", OpType::kRemoveProcessSet, {process_set.id()});
-}
-
-std::vector<ProcessSet> process_sets() {
-  std::vector<ProcessSet> out;
-  for (const ProcessSetInfo& info : ActiveRuntime("process_sets").registry.All()) {
-    out.push_back(MakeProcessSet(info.id));
-  }
-  return out;
-}
-
-namespace {
-
-ProcessSetInfo FindProcessSet(int id) {
-  ProcessSetInfo info;
-  if (!ActiveRuntime("ProcessSet").registry.Find(id, &info)) {
-    Throw(Status::InvalidArgument("process set " + std::to_string(id) +
-                                  " does not exist (never added, or removed)"));
-  }
-  return info;
-}
-
-}  // namespace
-
-std::vector<int> ProcessSet::ranks() const { return FindProcessSet(id_).ranks; }
-int ProcessSet::size() const { return static_cast<int>(FindProcessSet(id_).ranks.size()); }
-int ProcessSet::rank() const { return FindProcessSet(id_).set_rank; }
 
 void Handle::wait() const {
   if (!state_) Throw(Status::InvalidArgument("wait() on an empty handle"));

@@ -1,0 +1,99 @@
+// The public C++ API's process sets and join: operations that change which ranks take part.
+#include <memory>
+
+#include "bindings/runtime.h"
+#include "coordinator/process_sets.h"
+#include "runtime/op_state.h"
+
+namespace gradsync {
+
+Status AddDeclaredProcessSets(Runtime& rt, const std::vector<std::vector<int>>& declared) {
+  std::vector<int64_t> flat = {static_cast<int64_t>(declared.size())};
+  for (const std::vector<int>& ranks : declared) {
+    flat.push_back(static_cast<int64_t>(ranks.size()));
+    flat.insert(flat.end(), ranks.begin(), ranks.end());
+  }
+  GRADSYNC_RETURN_IF_ERROR(
+      CheckSameOnEveryRank(rt.mpi->control_comm(), flat, "init: InitOptions::process_sets"));
+  for (size_t i = 0; i < declared.size(); ++i) {
+    std::vector<int> sorted;
+    Status status = NormalizeProcessSetRanks(declared[i], rt.mpi->size(), &sorted);
+    int32_t id = 0;
+    if (status.ok()) status = rt.loop->AddProcessSet(sorted, &id);
+    if (!status.ok()) {
+      return Status(status.code(), "init: process set " + std::to_string(i) +
+                                       " of InitOptions::process_sets: " + status.message());
+    }
+  }
+  return Status::OK();
+}
+
+ProcessSet MakeProcessSet(int id) {
+  ProcessSet set;
+  set.id_ = id;
+  return set;
+}
+
+int join() {
+  Runtime& rt = ActiveRuntime("join");
+  // One join per rank at a time, so a fixed name pairs up every rank's join.
+  auto entry = NewEntry(rt, OpType::kJoin, "gradsync.join", nullptr);
+  std::shared_ptr<OpState> state = entry->state;
+  Submit(rt, std::move(entry), Status::OK()).wait();
+  return state->result;
+}
+
+namespace {
+
+// Enqueues an add or remove of a process set on the global set, carrying `values` for the
+// agreement check, and waits for it. Returns the operation's result.
+int32_t ChangeProcessSets(const char* call, OpType op, std::vector<int64_t> values) {
+  Runtime& rt = ActiveRuntime(call);
+  const std::string name =
+      "gradsync." + OpTypeName(op) + "." + std::to_string(rt.process_set_calls++);
+  auto entry = NewEntry(rt, op, name, nullptr);
+  entry->splits = std::move(values);
+  std::shared_ptr<OpState> state = entry->state;
+  Submit(rt, std::move(entry), Status::OK()).wait();
+  return state->result;
+}
+
+}  // namespace
+
+ProcessSet add_process_set(const std::vector<int>& ranks) {
+  // Checked on the background thread once every rank is known to have passed the same list, so
+  // that a bad list fails on every rank alike instead of stalling the ones that passed a good one.
+  return MakeProcessSet(ChangeProcessSets("add_process_set", OpType::kAddProcessSet,
+                                          std::vector<int64_t>(ranks.begin(), ranks.end())));
+}
+
+void remove_process_set(const ProcessSet& process_set) {
+  ChangeProcessSets("remove_process_set", OpType::kRemoveProcessSet, {process_set.id()});
+}
+
+std::vector<ProcessSet> process_sets() {
+  std::vector<ProcessSet> out;
+  for (const ProcessSetInfo& info : ActiveRuntime("process_sets").registry.All()) {
+    out.push_back(MakeProcessSet(info.id));
+  }
+  return out;
+}
+
+namespace {
+
+ProcessSetInfo FindProcessSet(int id) {
+  ProcessSetInfo info;
+  if (!ActiveRuntime("ProcessSet").registry.Find(id, &info)) {
+    Throw(Status::InvalidArgument("process set " + std::to_string(id) +
+                                  " does not exist (never added, or removed)"));
+  }
+  return info;
+}
+
+}  // namespace
+
+std::vector<int> ProcessSet::ranks() const { return FindProcessSet(id_).ranks; }
+int ProcessSet::size() const { return static_cast<int>(FindProcessSet(id_).ranks.size()); }
+int ProcessSet::rank() const { return FindProcessSet(id_).set_rank; }
+
+}  // namespace gradsync

@@ -1,0 +1,100 @@
+// The public C++ API's lifecycle and topology: init(), shutdown(), the timeline switches, and
+// the one runtime they create and destroy.
+#include <memory>
+#include <mutex>
+
+#include "bindings/runtime.h"
+#include "runtime/logging.h"
+
+namespace gradsync {
+
+namespace {
+
+// Set by init(), cleared by shutdown(); neither may race with enqueues (see the header).
+std::mutex g_lifecycle_mu;
+std::unique_ptr<Runtime> g_runtime;
+std::atomic<Runtime*> g_active{nullptr};
+std::atomic<bool> g_was_shut_down{false};
+
+}  // namespace
+
+[[noreturn]] void Throw(Status status) { throw Error(std::move(status)); }
+
+Runtime& ActiveRuntime(const char* call) {
+  Runtime* rt = g_active.load(std::memory_order_acquire);
+  if (rt == nullptr) {
+    Throw(Status::NotInitialized(
+        std::string(call) + (g_was_shut_down ? ": gradsync was shut down; call gradsync::init() "
+                                               "to start it again"
+                                             : ": gradsync is not initialized; call "
+                                               "gradsync::init() first")));
+  }
+  return *rt;
+}
+
+void init(MPI_Comm comm) {
+  InitOptions options;
+  options.comm = comm;
+  init(options);
+}
+
+void init(const InitOptions& options) {
+  std::lock_guard<std::mutex> lock(g_lifecycle_mu);
+  if (g_runtime) return;
+  auto rt = std::make_unique<Runtime>();
+  Status status = Config::FromEnvironment(&rt->config);
+  if (!status.ok()) Throw(status);
+  status = MpiContext::Create(options.comm, &rt->mpi);
+  if (!status.ok()) Throw(status);
+  InitLogging(rt->mpi->rank(), rt->config.log_level);
+  Log().debug("gradsync starting on {} ranks: {}", rt->mpi->size(), rt->config.ToString());
+  if (!rt->config.timeline_path.empty() && rt->mpi->rank() == 0) {
+    // Not fatal: the other ranks cannot learn of it without another collective, and training
+    // without a trace beats a job that stops over one.
+    const Status started = rt->timeline.Start(rt->config.timeline_path);
+    if (!started.ok()) Log().error("GRADSYNC_TIMELINE: {}; no timeline", started.message());
+  }
+  rt->loop = std::make_unique<BackgroundLoop>(rt->config, *rt->mpi, &rt->queue, &rt->timeline,
+                                              &rt->registry);
+  status = AddDeclaredProcessSets(*rt, options.process_sets);
+  if (!status.ok()) Throw(status);
+  rt->loop->Start();
+  g_active.store(rt.get(), std::memory_order_release);
+  g_runtime = std::move(rt);
+}
+
+void shutdown() {
+  std::lock_guard<std::mutex> lock(g_lifecycle_mu);
+  if (!g_runtime) return;
+  g_active.store(nullptr, std::memory_order_release);
+  g_runtime->loop->Shutdown();
+  g_runtime->loop.reset();
+  const Status stopped = g_runtime->timeline.Stop();
+  if (!stopped.ok()) Log().error("timeline: {}", stopped.message());
+  g_runtime.reset();  // frees the communicators, finalizes MPI if init() started it
+  g_was_shut_down = true;
+}
+
+void start_timeline(const std::string& path) {
+  Runtime& rt = ActiveRuntime("start_timeline");
+  if (rt.mpi->rank() != 0) return;
+  const Status started = rt.timeline.Start(path);
+  if (!started.ok()) Throw(started);
+}
+
+void stop_timeline() {
+  Runtime& rt = ActiveRuntime("stop_timeline");
+  const Status stopped = rt.timeline.Stop();
+  if (!stopped.ok()) Throw(stopped);
+}
+
+bool is_initialized() { return g_active.load(std::memory_order_acquire) != nullptr; }
+
+int rank() { return ActiveRuntime("rank").mpi->rank(); }
+int size() { return ActiveRuntime("size").mpi->size(); }
+int local_rank() { return ActiveRuntime("local_rank").mpi->local_rank(); }
+int local_size() { return ActiveRuntime("local_size").mpi->local_size(); }
+int cross_rank() { return ActiveRuntime("cross_rank").mpi->cross_rank(); }
+int cross_size() { return ActiveRuntime("cross_size").mpi->cross_size(); }
+
+}  // namespace gradsync

@@ -1,0 +1,53 @@
+// Internals shared by the files of the C++ API: the runtime that init() creates, and the enqueue
+// path every operation takes.
+//
+// Thread safety: as the public header says. ActiveRuntime, NewEntry and Submit may be called from
+// any thread while gradsync runs; the runtime's members document their own rules.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/background_loop.h"
+#include "gradsync/gradsync.h"
+#include "runtime/config.h"
+#include "runtime/mpi_context.h"
+#include "runtime/process_set_registry.h"
+#include "runtime/tensor_queue.h"
+#include "runtime/timeline.h"
+
+namespace gradsync {
+
+struct Runtime {
+  Config config;
+  std::unique_ptr<MpiContext> mpi;
+  TensorQueue queue;
+  Timeline timeline;  // written on rank 0 only; outlives the loop that records into it
+  ProcessSetRegistry registry;
+  std::unique_ptr<BackgroundLoop> loop;
+  std::atomic<uint64_t> unnamed_counters[kNumOpTypes] = {};
+  // add_process_set and remove_process_set calls so far; collective, so the same on every rank.
+  std::atomic<uint64_t> process_set_calls{0};
+};
+
+[[noreturn]] void Throw(Status status);
+// The running runtime; throws NotInitialized, naming `call`, when there is none.
+Runtime& ActiveRuntime(const char* call);
+
+Handle MakeHandle(std::shared_ptr<OpState> state);
+ProcessSet MakeProcessSet(int id);
+
+// A cleared entry from the queue's pool, for `op` on `name` (empty: generated at submit).
+std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string& name,
+                                      CompletionCallback on_complete);
+// Throws `validation` (with the operation, tensor and rank in front) unless it is OK; otherwise
+// names the entry if needed, pushes it and returns its handle.
+Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, Status validation);
+
+// Creates the process sets declared at init, after checking that every rank declared the same.
+// Collective over every rank; fails identically everywhere.
+Status AddDeclaredProcessSets(Runtime& rt, const std::vector<std::vector<int>>& declared);
+
+}  // namespace gradsync
