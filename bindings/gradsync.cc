@@ -137,9 +137,10 @@ std::vector<Handle> SubmitGroup(Runtime& rt, std::vector<std::unique_ptr<TensorE
   return handles;
 }
 
-Status FillAllreduce(const TensorView& input, const TensorView& output,
+Status FillAllreduce(const Runtime& rt, const TensorView& input, const TensorView& output,
                      const AllreduceOptions& options, TensorEntry* entry) {
-  Status status = ValidateTensor(input, "");
+  Status status = UseProcessSet(rt, options.process_set, entry);
+  if (status.ok()) status = ValidateTensor(input, "");
   if (status.ok() && (input.data != output.data || input.shape != output.shape ||
                       input.dtype != output.dtype || input.device != output.device)) {
     status = ValidateTensor(output, "output: ");
@@ -164,17 +165,20 @@ Status FillAllreduce(const TensorView& input, const TensorView& output,
   return status;
 }
 
-Status FillAllgather(const TensorView& input, Allocator allocate, TensorEntry* entry) {
-  Status status = ValidateTensor(input, "");
+Status FillAllgather(const Runtime& rt, const TensorView& input, Allocator allocate,
+                     const ProcessSet& process_set, TensorEntry* entry) {
+  Status status = UseProcessSet(rt, process_set, entry);
+  if (status.ok()) status = ValidateTensor(input, "");
   if (status.ok() && !allocate) status = Status::InvalidArgument("no output allocator");
   entry->input = input;
   entry->allocator = std::move(allocate);
   return status;
 }
 
-Status FillReducescatter(const TensorView& input, Allocator allocate,
+Status FillReducescatter(const Runtime& rt, const TensorView& input, Allocator allocate,
                          const ReducescatterOptions& options, TensorEntry* entry) {
-  Status status = ValidateTensor(input, "");
+  Status status = UseProcessSet(rt, options.process_set, entry);
+  if (status.ok()) status = ValidateTensor(input, "");
   if (status.ok() && input.shape.empty()) {
     status = Status::InvalidArgument("a scalar cannot be scattered; the input needs a dimension");
   }
@@ -250,18 +254,15 @@ Handle allreduce(const TensorView& input, const TensorView& output,
                  const AllreduceOptions& options) {
   Runtime& rt = ActiveRuntime("allreduce");
   auto entry = NewEntry(rt, OpType::kAllreduce, options.name, options.on_complete);
-  Status status = UseProcessSet(rt, options.process_set, entry.get());
-  const Status filled = FillAllreduce(input, output, options, entry.get());
-  if (status.ok()) status = filled;
+  const Status status = FillAllreduce(rt, input, output, options, entry.get());
   return Submit(rt, std::move(entry), status);
 }
 
 Handle allgather(const TensorView& input, Allocator allocate, const AllgatherOptions& options) {
   Runtime& rt = ActiveRuntime("allgather");
   auto entry = NewEntry(rt, OpType::kAllgather, options.name, options.on_complete);
-  Status status = UseProcessSet(rt, options.process_set, entry.get());
-  const Status filled = FillAllgather(input, std::move(allocate), entry.get());
-  if (status.ok()) status = filled;
+  const Status status =
+      FillAllgather(rt, input, std::move(allocate), options.process_set, entry.get());
   return Submit(rt, std::move(entry), status);
 }
 
@@ -269,9 +270,7 @@ Handle reducescatter(const TensorView& input, Allocator allocate,
                      const ReducescatterOptions& options) {
   Runtime& rt = ActiveRuntime("reducescatter");
   auto entry = NewEntry(rt, OpType::kReducescatter, options.name, options.on_complete);
-  Status status = UseProcessSet(rt, options.process_set, entry.get());
-  const Status filled = FillReducescatter(input, std::move(allocate), options, entry.get());
-  if (status.ok()) status = filled;
+  const Status status = FillReducescatter(rt, input, std::move(allocate), options, entry.get());
   return Submit(rt, std::move(entry), status);
 }
 
@@ -285,12 +284,11 @@ std::vector<Handle> grouped_allreduce(const std::vector<TensorView>& tensors,
   member.op = options.op;
   member.prescale = options.prescale;
   member.postscale = options.postscale;
+  member.process_set = options.process_set;
   for (size_t i = 0; i < tensors.size(); ++i) {
     member.name = options.names.empty() ? std::string() : options.names[i];
     entries.push_back(NewEntry(rt, OpType::kAllreduce, member.name, nullptr));
-    Status status = UseProcessSet(rt, options.process_set, entries.back().get());
-    const Status filled = FillAllreduce(tensors[i], tensors[i], member, entries.back().get());
-    validations.push_back(status.ok() ? filled : status);
+    validations.push_back(FillAllreduce(rt, tensors[i], tensors[i], member, entries.back().get()));
   }
   return SubmitGroup(rt, std::move(entries), validations);
 }
@@ -306,9 +304,8 @@ std::vector<Handle> grouped_allgather(const std::vector<TensorView>& inputs,
   for (size_t i = 0; i < inputs.size(); ++i) {
     entries.push_back(NewEntry(rt, OpType::kAllgather,
                                options.names.empty() ? std::string() : options.names[i], nullptr));
-    Status status = UseProcessSet(rt, options.process_set, entries.back().get());
-    const Status filled = FillAllgather(inputs[i], std::move(allocators[i]), entries.back().get());
-    validations.push_back(status.ok() ? filled : status);
+    validations.push_back(FillAllgather(rt, inputs[i], std::move(allocators[i]),
+                                        options.process_set, entries.back().get()));
   }
   return SubmitGroup(rt, std::move(entries), validations);
 }
@@ -326,13 +323,12 @@ std::vector<Handle> grouped_reducescatter(const std::vector<TensorView>& inputs,
   member.op = options.op;
   member.prescale = options.prescale;
   member.postscale = options.postscale;
+  member.process_set = options.process_set;
   for (size_t i = 0; i < inputs.size(); ++i) {
     member.name = options.names.empty() ? std::string() : options.names[i];
     entries.push_back(NewEntry(rt, OpType::kReducescatter, member.name, nullptr));
-    Status status = UseProcessSet(rt, options.process_set, entries.back().get());
-    const Status filled =
-        FillReducescatter(inputs[i], std::move(allocators[i]), member, entries.back().get());
-    validations.push_back(status.ok() ? filled : status);
+    validations.push_back(
+        FillReducescatter(rt, inputs[i], std::move(allocators[i]), member, entries.back().get()));
   }
   return SubmitGroup(rt, std::move(entries), validations);
 }
