@@ -211,6 +211,20 @@ void RequireGroupArguments(const char* call, size_t tensors, size_t names,
   if (!status.ok()) Throw(Status(status.code(), std::string(call) + ": " + status.message()));
 }
 
+// One entry per member of a grouped call, named from `names` (or generated when it is empty) and
+// filled by `fill(i, entry)`, enqueued as one group.
+template <typename Fill>
+std::vector<Handle> EnqueueGroup(Runtime& rt, OpType op, const std::vector<std::string>& names,
+                                 size_t count, Fill fill) {
+  std::vector<std::unique_ptr<TensorEntry>> entries;
+  std::vector<Status> validations;
+  for (size_t i = 0; i < count; ++i) {
+    entries.push_back(NewEntry(rt, op, names.empty() ? std::string() : names[i], nullptr));
+    validations.push_back(fill(i, entries.back().get()));
+  }
+  return SubmitGroup(rt, std::move(entries), validations);
+}
+
 }  // namespace
 
 std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string& name,
@@ -278,19 +292,15 @@ std::vector<Handle> grouped_allreduce(const std::vector<TensorView>& tensors,
                                       const GroupedAllreduceOptions& options) {
   Runtime& rt = ActiveRuntime("grouped_allreduce");
   RequireGroupArguments("grouped_allreduce", tensors.size(), options.names.size(), nullptr);
-  std::vector<std::unique_ptr<TensorEntry>> entries;
-  std::vector<Status> validations;
   AllreduceOptions member;
   member.op = options.op;
   member.prescale = options.prescale;
   member.postscale = options.postscale;
   member.process_set = options.process_set;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    member.name = options.names.empty() ? std::string() : options.names[i];
-    entries.push_back(NewEntry(rt, OpType::kAllreduce, member.name, nullptr));
-    validations.push_back(FillAllreduce(rt, tensors[i], tensors[i], member, entries.back().get()));
-  }
-  return SubmitGroup(rt, std::move(entries), validations);
+  return EnqueueGroup(rt, OpType::kAllreduce, options.names, tensors.size(),
+                      [&](size_t i, TensorEntry* entry) {
+                        return FillAllreduce(rt, tensors[i], tensors[i], member, entry);
+                      });
 }
 
 std::vector<Handle> grouped_allgather(const std::vector<TensorView>& inputs,
@@ -299,15 +309,10 @@ std::vector<Handle> grouped_allgather(const std::vector<TensorView>& inputs,
   Runtime& rt = ActiveRuntime("grouped_allgather");
   const size_t allocator_count = allocators.size();
   RequireGroupArguments("grouped_allgather", inputs.size(), options.names.size(), &allocator_count);
-  std::vector<std::unique_ptr<TensorEntry>> entries;
-  std::vector<Status> validations;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    entries.push_back(NewEntry(rt, OpType::kAllgather,
-                               options.names.empty() ? std::string() : options.names[i], nullptr));
-    validations.push_back(FillAllgather(rt, inputs[i], std::move(allocators[i]),
-                                        options.process_set, entries.back().get()));
-  }
-  return SubmitGroup(rt, std::move(entries), validations);
+  return EnqueueGroup(
+      rt, OpType::kAllgather, options.names, inputs.size(), [&](size_t i, TensorEntry* entry) {
+        return FillAllgather(rt, inputs[i], std::move(allocators[i]), options.process_set, entry);
+      });
 }
 
 std::vector<Handle> grouped_reducescatter(const std::vector<TensorView>& inputs,
@@ -317,20 +322,15 @@ std::vector<Handle> grouped_reducescatter(const std::vector<TensorView>& inputs,
   const size_t allocator_count = allocators.size();
   RequireGroupArguments("grouped_reducescatter", inputs.size(), options.names.size(),
                         &allocator_count);
-  std::vector<std::unique_ptr<TensorEntry>> entries;
-  std::vector<Status> validations;
   ReducescatterOptions member;
   member.op = options.op;
   member.prescale = options.prescale;
   member.postscale = options.postscale;
   member.process_set = options.process_set;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    member.name = options.names.empty() ? std::string() : options.names[i];
-    entries.push_back(NewEntry(rt, OpType::kReducescatter, member.name, nullptr));
-    validations.push_back(
-        FillReducescatter(rt, inputs[i], std::move(allocators[i]), member, entries.back().get()));
-  }
-  return SubmitGroup(rt, std::move(entries), validations);
+  return EnqueueGroup(
+      rt, OpType::kReducescatter, options.names, inputs.size(), [&](size_t i, TensorEntry* entry) {
+        return FillReducescatter(rt, inputs[i], std::move(allocators[i]), member, entry);
+      });
 }
 
 Handle broadcast(const TensorView& tensor, int root, const BroadcastOptions& options) {
