@@ -29,17 +29,18 @@ Status ValidateTensor(const TensorView& t, const char* what) {
                                    " dimensions; at most " + std::to_string(kMaxWireDims) +
                                    " are supported");
   }
-  for (int64_t d : t.shape) {
-    if (d < 0) {
-      return Status::InvalidArgument(std::string(what) + "negative dimension in shape " +
-                                     ShapeString(t.shape));
+  const int64_t bytes = t.num_bytes();
+  if (bytes < 0) {
+    for (int64_t d : t.shape) {
+      if (d < 0) {
+        return Status::InvalidArgument(std::string(what) + "negative dimension in shape " +
+                                       ShapeString(t.shape));
+      }
     }
-  }
-  if (t.num_bytes() < 0) {
     return Status::InvalidArgument(std::string(what) + "shape " + ShapeString(t.shape) +
                                    " overflows a 64-bit byte count");
   }
-  if (t.data == nullptr && t.num_elements() > 0) {
+  if (t.data == nullptr && bytes > 0) {
     return Status::InvalidArgument(std::string(what) + "data is null but the tensor has " +
                                    std::to_string(t.num_elements()) + " elements");
   }
@@ -141,8 +142,10 @@ Status FillAllreduce(const Runtime& rt, const TensorView& input, const TensorVie
                      const AllreduceOptions& options, TensorEntry* entry) {
   Status status = UseProcessSet(rt, options.process_set, entry);
   if (status.ok()) status = ValidateTensor(input, "");
-  if (status.ok() && (input.data != output.data || input.shape != output.shape ||
-                      input.dtype != output.dtype || input.device != output.device)) {
+  const bool same_view =
+      &input == &output || (input.data == output.data && input.dtype == output.dtype &&
+                            input.device == output.device && input.shape == output.shape);
+  if (status.ok() && !same_view) {
     status = ValidateTensor(output, "output: ");
     if (status.ok() && (output.dtype != input.dtype || output.shape != input.shape ||
                         output.device != input.device)) {
@@ -233,7 +236,6 @@ std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string&
   entry->op = op;
   entry->name = name;
   entry->state = std::make_shared<OpState>(std::move(on_complete));
-  entry->enqueued_at = std::chrono::steady_clock::now();
   return entry;
 }
 

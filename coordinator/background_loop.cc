@@ -293,7 +293,7 @@ void BackgroundLoop::Complete(const std::vector<TensorEntry*>& members, const St
   held_ -= releasing_.size();
   for (const auto& state : completing_) state->RunCallback(status);
   for (const auto& state : completing_) state->Record(status);
-  for (const auto& state : completing_) state->Announce();
+  OpState::AnnounceCompletions();
   completing_.clear();
 }
 

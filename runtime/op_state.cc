@@ -1,17 +1,35 @@
 #include "runtime/op_state.h"
 
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <mutex>
 
 namespace gradsync {
 
+namespace {
+
+// One for every operation of the process. A waiter counts itself in `sleeping` before it checks its
+// flag, and the announcer checks `sleeping` after every flag of its batch is set (both sequentially
+// consistent), so at least one of them sees the other: a waiter never sleeps through its own
+// completion, and a batch nobody waits for costs one atomic load.
+struct SleepingWaiters {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<int> sleeping{0};
+};
+
+// Never destroyed: a handle may be waited on from a static destructor.
+SleepingWaiters& Waiters() {
+  static auto* waiters = new SleepingWaiters;
+  return *waiters;
+}
+
+}  // namespace
+
 void OpState::RunCallback(const Status& status) {
-  Callback callback;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    callback = std::move(callback_);
-  }
+  Callback callback = std::move(callback_);
   if (!callback) return;
   // An exception must not escape onto the background thread, which would end the process.
   try {
@@ -24,39 +42,48 @@ void OpState::RunCallback(const Status& status) {
 }
 
 void OpState::Record(const Status& status) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (done_) {
+  if (done_.load(std::memory_order_relaxed)) {
     std::fprintf(stderr, "gradsync: internal error: operation completed twice\n");
     std::abort();
   }
-  done_ = true;
   status_ = status;
+  done_.store(true, std::memory_order_release);
 }
 
-// Record() changed done_ under the mutex, so a waiter has either seen it or is already waiting.
-void OpState::Announce() { cv_.notify_all(); }
-
-bool OpState::done() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return done_;
+void OpState::AnnounceCompletions() {
+  SleepingWaiters& waiters = Waiters();
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (waiters.sleeping.load(std::memory_order_seq_cst) == 0) return;
+  // Taking the lock orders this wake-up after any waiter that counted itself has gone to sleep.
+  { std::lock_guard<std::mutex> lock(waiters.mu); }
+  waiters.cv.notify_all();
 }
 
 Status OpState::Wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return done_; });
+  if (!done()) {
+    SleepingWaiters& waiters = Waiters();
+    std::unique_lock<std::mutex> lock(waiters.mu);
+    waiters.sleeping.fetch_add(1, std::memory_order_seq_cst);
+    while (!done_.load(std::memory_order_seq_cst)) waiters.cv.wait(lock);
+    waiters.sleeping.fetch_sub(1, std::memory_order_relaxed);
+  }
   return status_;
 }
 
 bool OpState::WaitFor(std::chrono::nanoseconds timeout, Status* status) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [this] { return done_; })) return false;
+  if (!done()) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    SleepingWaiters& waiters = Waiters();
+    std::unique_lock<std::mutex> lock(waiters.mu);
+    waiters.sleeping.fetch_add(1, std::memory_order_seq_cst);
+    while (!done_.load(std::memory_order_seq_cst) &&
+           waiters.cv.wait_until(lock, deadline) != std::cv_status::timeout) {
+    }
+    waiters.sleeping.fetch_sub(1, std::memory_order_relaxed);
+    if (!done()) return false;
+  }
   *status = status_;
   return true;
-}
-
-Status OpState::status() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return status_;
 }
 
 }  // namespace gradsync

@@ -1,15 +1,18 @@
 // OpState: the shared completion record behind a public Handle.
 //
-// Owns the final Status, the completion flag and an optional callback. The background thread
-// completes it once, in three steps (below); Wait*/done/status may be called from any thread at any
+// Owns the final Status, the completion flag and an optional callback. Only the background thread
+// completes it, once, in two steps (below); done/status/Wait* may be called from any thread at any
 // time. The callback has returned before waiters see the operation done.
+//
+// Completion costs no lock and no wake-up per operation: the flag is an atomic, and every sleeping
+// waiter of every operation sleeps on one process-wide condition that AnnounceCompletions() wakes
+// once per completed batch, and only when someone sleeps.
 #pragma once
 
+#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <vector>
 
 #include "gradsync/status.h"
@@ -22,20 +25,21 @@ class OpState {
 
   explicit OpState(Callback callback = nullptr) : callback_(std::move(callback)) {}
 
-  // Completion in steps, so many operations complete at once: RunCallback() and Record() every one
-  // first, then Announce() each. A thread waiting on the first then finds the rest already done
-  // instead of sleeping and being woken once per operation. A second Record() aborts.
+  // Completion in steps, so that many operations complete at once: RunCallback() and Record()
+  // every one, then AnnounceCompletions() once. A thread waiting on the first then finds the rest
+  // already done instead of sleeping once per operation. A second Record() aborts.
   void RunCallback(const Status& status);
   void Record(const Status& status);
-  void Announce();
+  // Wakes the threads sleeping in Wait/WaitFor on any operation Record()ed before this call.
+  static void AnnounceCompletions();
 
-  bool done() const;
-  // Blocks until Record(); returns the final status.
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  // Blocks until Record() and AnnounceCompletions(); returns the final status.
   Status Wait();
   // Returns false if `timeout` passes first; otherwise true and *status holds the result.
   bool WaitFor(std::chrono::nanoseconds timeout, Status* status);
   // The final status once done; OK while pending.
-  Status status() const;
+  Status status() const { return done() ? status_ : Status::OK(); }
 
   // Allgather, reducescatter, alltoall: the output shape, set by the background thread before
   // Record().
@@ -46,10 +50,8 @@ class OpState {
   int32_t result = 0;
 
  private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  Status status_;
+  std::atomic<bool> done_{false};
+  Status status_;  // written once, before done_ is set
   Callback callback_;
 };
 

@@ -26,23 +26,34 @@ std::string OpTypeName(OpType op) {
   return "invalid(" + std::to_string(static_cast<int>(op)) + ")";
 }
 
+namespace {
+
+void ClearView(TensorView* view) {
+  view->data = nullptr;
+  view->dtype = DataType::kFloat32;
+  view->shape.clear();
+  view->device = Device::Cpu();
+}
+
+}  // namespace
+
+// Field by field rather than assigning a fresh entry: this runs for every completed tensor, and
+// assigning would free and reallocate the strings' and vectors' storage.
 void TensorEntry::Clear() {
-  std::string kept_name = std::move(name);
-  std::string kept_group = std::move(group);
-  std::vector<int64_t> kept_input_shape = std::move(input.shape);
-  std::vector<int64_t> kept_output_shape = std::move(output.shape);
-  std::vector<int64_t> kept_splits = std::move(splits);
-  *this = TensorEntry();
-  kept_name.clear();
-  kept_group.clear();
-  kept_input_shape.clear();
-  kept_output_shape.clear();
-  kept_splits.clear();
-  name = std::move(kept_name);
-  group = std::move(kept_group);
-  input.shape = std::move(kept_input_shape);
-  output.shape = std::move(kept_output_shape);
-  splits = std::move(kept_splits);
+  name.clear();
+  op = OpType::kAllreduce;
+  ClearView(&input);
+  ClearView(&output);
+  reduce_op = ReduceOp::kSum;
+  prescale = 1.0;
+  postscale = 1.0;
+  root = 0;
+  splits.clear();
+  group.clear();
+  group_size = 0;
+  process_set = 0;
+  allocator = nullptr;
+  state.reset();
 }
 
 }  // namespace gradsync

@@ -4,7 +4,6 @@
 // used by the background thread until it releases the entry to the pool.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -58,10 +57,9 @@ struct TensorEntry {
   int32_t process_set = 0;
   OutputAllocator allocator;
   std::shared_ptr<OpState> state;
-  std::chrono::steady_clock::time_point enqueued_at;
 
   // Back to a default entry, keeping the name's and shapes' storage so that a recycled entry is
-  // filled without allocating.
+  // filled without allocating. A new field must be reset there too (tensor_queue_test checks).
   void Clear();
 };
 

@@ -80,16 +80,21 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
 
 Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
                                     const ReduceSpec& spec, MPI_Datatype type, MPI_Op op) {
+  const size_t elem_size = DataTypeSize(spec.dtype);
   std::vector<size_t> offsets;
+  std::vector<int64_t> counts;  // elements of each entry, computed once
   offsets.reserve(entries.size());
+  counts.reserve(entries.size());
   size_t total = 0;
   for (const TensorEntry* entry : entries) {
-    const auto bytes = static_cast<size_t>(entry->input.num_bytes());
+    const int64_t count = entry->input.num_elements();
+    const size_t bytes = static_cast<size_t>(count) * elem_size;  // validated: no overflow
     const size_t offset = AlignFusionOffset(total);
     if (offset < total || bytes > SIZE_MAX - offset) {
       return Status::InvalidArgument("the fused size overflows the address space");
     }
     offsets.push_back(offset);
+    counts.push_back(count);
     total = offset + bytes;
   }
   if (total == 0) return Status::OK();
@@ -101,14 +106,12 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
     for (size_t i = 0; i < entries.size(); ++i) {
       // Padding is reduced with the data; zeros keep that arithmetic on harmless values.
       std::memset(buffer + packed_end, 0, offsets[i] - packed_end);
-      const TensorView& input = entries[i]->input;
-      ScaledCopy(input.data, buffer + offsets[i], input.num_elements(), spec.dtype, spec.prescale);
-      packed_end = offsets[i] + static_cast<size_t>(input.num_bytes());
+      ScaledCopy(entries[i]->input.data, buffer + offsets[i], counts[i], spec.dtype, spec.prescale);
+      packed_end = offsets[i] + static_cast<size_t>(counts[i]) * elem_size;
     }
   }
 
   // Offsets are multiples of 64, hence of every element size: the span is whole elements.
-  const size_t elem_size = DataTypeSize(spec.dtype);
   const auto count = static_cast<int64_t>(total / elem_size);
   {
     TimelineActivity activity(timeline_, entries, "MPI_ALLREDUCE");
@@ -116,8 +119,7 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
   }
   TimelineActivity activity(timeline_, entries, "MEMCPY_OUT_FUSION_BUFFER");
   for (size_t i = 0; i < entries.size(); ++i) {
-    const TensorView& output = entries[i]->output;
-    ScaledCopy(buffer + offsets[i], output.data, output.num_elements(), spec.dtype, spec.postscale);
+    ScaledCopy(buffer + offsets[i], entries[i]->output.data, counts[i], spec.dtype, spec.postscale);
   }
   return Status::OK();
 }

@@ -88,21 +88,47 @@ TEST(TensorQueueTest, ReleasingAnEntryNotInFlightIsHarmless) {
 TEST(TensorQueueTest, ReleasedEntriesAreReusedCleared) {
   TensorQueue queue;
   auto entry = queue.NewEntry();
+  // Every field away from its default, so a field that Clear() forgets fails below.
+  float data[60];
   entry->name = "a.rather.long.gradient.name.that.does.not.fit.inline";
-  entry->input.shape = {3, 4, 5};
+  entry->op = OpType::kAlltoall;
+  entry->input = TensorView(data, DataType::kInt8, {3, 4, 5}, Device::Cuda(1));
+  entry->output = TensorView(data, DataType::kInt64, {2}, Device::Cuda(2));
+  entry->reduce_op = ReduceOp::kMax;
+  entry->prescale = 2.0;
+  entry->postscale = 3.0;
   entry->root = 3;
+  entry->splits = {1, 2};
+  entry->group = "group";
+  entry->group_size = 2;
+  entry->process_set = 4;
   entry->allocator = [](const std::vector<int64_t>&, DataType) { return nullptr; };
+  entry->state = std::make_shared<OpState>();
   const TensorEntry* address = entry.get();
   const size_t name_capacity = entry->name.capacity();
   ASSERT_TRUE(queue.Push(std::move(entry)).ok());
   queue.Release(queue.Drain());
 
   auto reused = queue.NewEntry();
+  const TensorEntry fresh;
   EXPECT_EQ(reused.get(), address);
   EXPECT_TRUE(reused->name.empty());
   EXPECT_GE(reused->name.capacity(), name_capacity);  // kept, so refilling does not allocate
-  EXPECT_TRUE(reused->input.shape.empty());
-  EXPECT_EQ(reused->root, 0);
+  EXPECT_EQ(reused->op, fresh.op);
+  for (const TensorView* view : {&reused->input, &reused->output}) {
+    EXPECT_EQ(view->data, nullptr);
+    EXPECT_EQ(view->dtype, fresh.input.dtype);
+    EXPECT_TRUE(view->shape.empty());
+    EXPECT_EQ(view->device, fresh.input.device);
+  }
+  EXPECT_EQ(reused->reduce_op, fresh.reduce_op);
+  EXPECT_EQ(reused->prescale, fresh.prescale);
+  EXPECT_EQ(reused->postscale, fresh.postscale);
+  EXPECT_EQ(reused->root, fresh.root);
+  EXPECT_TRUE(reused->splits.empty());
+  EXPECT_TRUE(reused->group.empty());
+  EXPECT_EQ(reused->group_size, fresh.group_size);
+  EXPECT_EQ(reused->process_set, fresh.process_set);
   EXPECT_FALSE(reused->allocator);
   EXPECT_EQ(reused->state, nullptr);
   EXPECT_NE(queue.NewEntry().get(), address);  // the pool is empty again: a new one
