@@ -78,27 +78,62 @@ void RequestFromEntry(const TensorEntry& entry, int rank, double waited_seconds,
   request->group_size = entry.group_size;
 }
 
+RequestFields FieldsOf(const Request& request) {
+  RequestFields f;
+  f.name = request.name;
+  f.op = request.op;
+  f.dtype = request.dtype;
+  f.shape = &request.shape;
+  f.device = request.device;
+  f.reduce_op = request.reduce_op;
+  f.prescale = request.prescale;
+  f.postscale = request.postscale;
+  f.root = request.root;
+  f.rank = request.rank;
+  f.group = request.group;
+  f.group_size = request.group_size;
+  return f;
+}
+
+RequestFields FieldsOf(const TensorEntry& entry, int rank) {
+  RequestFields f;
+  f.name = entry.name;
+  f.op = entry.op;
+  f.dtype = entry.input.dtype;
+  f.shape = &entry.input.shape;
+  f.device = entry.input.device;
+  f.reduce_op = entry.reduce_op;
+  f.prescale = entry.prescale;
+  f.postscale = entry.postscale;
+  f.root = entry.root;
+  f.rank = rank;
+  f.group = entry.group;
+  f.group_size = entry.group_size;
+  return f;
+}
+
 namespace {
 
 // An allgather response carries rank 0's shape, so another rank's request matches it only through
 // that rank's own entry in first_dims; comparing against rank 0's shape would both miss forever on
 // ranks with a different first dimension and hit with a stale first_dims entry on others.
-bool AllgatherShapeMatches(const Response& response, const Request& request) {
-  if (response.first_dims.empty()) return response.shape == request.shape;
+bool AllgatherShapeMatches(const Response& response, const RequestFields& request) {
+  const std::vector<int64_t>& shape = *request.shape;
+  if (response.first_dims.empty()) return response.shape == shape;
   if (request.rank < 0 || static_cast<size_t>(request.rank) >= response.first_dims.size()) {
     return false;
   }
-  if (request.shape.empty() || request.shape.size() != response.shape.size()) return false;
-  if (request.shape[0] != response.first_dims[static_cast<size_t>(request.rank)]) return false;
-  for (size_t i = 1; i < request.shape.size(); ++i) {
-    if (request.shape[i] != response.shape[i]) return false;
+  if (shape.empty() || shape.size() != response.shape.size()) return false;
+  if (shape[0] != response.first_dims[static_cast<size_t>(request.rank)]) return false;
+  for (size_t i = 1; i < shape.size(); ++i) {
+    if (shape[i] != response.shape[i]) return false;
   }
   return true;
 }
 
 }  // namespace
 
-bool ResponseMatchesRequest(const Response& response, const Request& request) {
+bool ResponseMatches(const Response& response, const RequestFields& request) {
   if (response.name != request.name) return false;
   switch (response.type) {
     case ResponseType::kAllreduce:
@@ -114,11 +149,15 @@ bool ResponseMatchesRequest(const Response& response, const Request& request) {
   if (response.type != ResponseTypeFor(request.op)) return false;
   const bool shape_matches = response.type == ResponseType::kAllgather
                                  ? AllgatherShapeMatches(response, request)
-                                 : response.shape == request.shape;
+                                 : response.shape == *request.shape;
   return shape_matches && response.dtype == request.dtype && response.device == request.device &&
          response.reduce_op == request.reduce_op && response.prescale == request.prescale &&
          response.postscale == request.postscale && response.root == request.root &&
          response.group == request.group && response.group_size == request.group_size;
+}
+
+bool ResponseMatchesRequest(const Response& response, const Request& request) {
+  return ResponseMatches(response, FieldsOf(request));
 }
 
 }  // namespace gradsync

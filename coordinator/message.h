@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gradsync/types.h"
@@ -85,7 +86,29 @@ Response ResponseFromRequest(const Request& request);
 // Fills *request with what this rank sends for `entry`. Assigning into a reused Request keeps its
 // storage, so the hot path does not allocate.
 void RequestFromEntry(const TensorEntry& entry, int rank, double waited_seconds, Request* request);
-// True when a cached response still describes `request` exactly (the cache-hit test).
+
+// The parameters a cached response must agree with, viewed in place in a Request or a TensorEntry
+// so that the cache-hit test copies nothing. Valid while what it views is unchanged.
+struct RequestFields {
+  std::string_view name;
+  OpType op = OpType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  const std::vector<int64_t>* shape = nullptr;
+  Device device;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root = 0;
+  int32_t rank = 0;
+  std::string_view group;
+  int32_t group_size = 0;
+};
+RequestFields FieldsOf(const Request& request);
+// What this rank would send for `entry` (RequestFromEntry), less the wait time.
+RequestFields FieldsOf(const TensorEntry& entry, int rank);
+
+// True when a cached response still describes the request exactly (the cache-hit test).
+bool ResponseMatches(const Response& response, const RequestFields& request);
 bool ResponseMatchesRequest(const Response& response, const Request& request);
 
 }  // namespace gradsync

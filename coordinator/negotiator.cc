@@ -94,9 +94,8 @@ void Negotiator::AddFresh(const std::vector<TensorEntry*>& fresh, double now,
     p.entry = entry;
     p.first_seen = now;
     p.sequence = next_sequence_++;
-    RequestFromEntry(*entry, rank_, 0.0, &lookup_scratch_);
     uint32_t bit = 0;
-    switch (cache_.Find(lookup_scratch_, &bit)) {
+    switch (cache_.Find(entry->key(), FieldsOf(*entry, rank_), &bit)) {
       case ResponseCache::Lookup::kHit:
         p.state = PendingState::kCached;
         p.bit = bit;
@@ -109,7 +108,7 @@ void Negotiator::AddFresh(const std::vector<TensorEntry*>& fresh, double now,
       case ResponseCache::Lookup::kMiss:
         break;
     }
-    if (!pending_.Insert(entry->name, std::move(p))) {
+    if (!pending_.Insert(entry->key(), std::move(p))) {
       std::fprintf(stderr, "gradsync: internal error: tensor '%s' negotiated twice\n",
                    entry->name.c_str());
       std::abort();
@@ -147,7 +146,7 @@ bool Negotiator::RefreshCachedState(double now, std::vector<uint32_t>* invalid) 
   for (auto& [name, p] : pending_) {
     has_uncached = has_uncached || p.state == PendingState::kUncached;
     if (p.state != PendingState::kCached) continue;
-    if (!cache_.Contains(p.bit) || cache_.Get(p.bit)->name != name) {
+    if (!cache_.Contains(p.bit) || cache_.KeyOf(p.bit) != name) {
       p.state = PendingState::kUncached;  // evicted since it was looked up
     } else if (now - p.first_seen >= config_.stall_warning_seconds) {
       // Cached tensors never reach rank 0's table; invalidating a long-waiting one sends it there,
@@ -217,7 +216,7 @@ void Negotiator::TakeCachedReady(const std::vector<uint64_t>& words, CycleOutcom
       if (!cache_.Contains(bit)) continue;
       const ResponsePtr& response = cache_.Get(bit);
       cache_.Touch(bit);
-      out->entries.push_back(Retire(response->name));
+      out->entries.push_back(Retire(cache_.KeyOf(bit)));
       out->responses.push_back(response);
       ++out->cache_hits;
     }
@@ -256,7 +255,7 @@ Status Negotiator::FullRound(double now, CycleOutcome* out) {
     TensorEntry* entry = nullptr;
     if (response->type != ResponseType::kStallShutdown) {
       cache_.Put(response);
-      entry = Retire(response->name);
+      entry = Retire(NameKey(response->name));
     }
     out->entries.push_back(entry);
     out->responses.push_back(std::move(response));
@@ -297,7 +296,7 @@ void Negotiator::CoordinatorRespond(const std::vector<std::string>& gathered, do
   }
 }
 
-TensorEntry* Negotiator::Retire(std::string_view name) {
+TensorEntry* Negotiator::Retire(const NameKey& name) {
   std::optional<Pending> retired = pending_.Take(name);
   if (!retired) return nullptr;
   if (retired->entry->group_size > 1) --grouped_pending_;
@@ -308,7 +307,7 @@ TensorEntry* Negotiator::Retire(std::string_view name) {
 std::vector<TensorEntry*> Negotiator::TakeAllPending() {
   std::vector<TensorEntry*> entries;
   for (const auto& [name, p] : pending_) entries.push_back(p.entry);
-  for (TensorEntry* entry : entries) Retire(entry->name);
+  for (TensorEntry* entry : entries) Retire(entry->key());
   return entries;
 }
 

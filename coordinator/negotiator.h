@@ -97,7 +97,7 @@ class Negotiator {
   void CoordinatorRespond(const std::vector<std::string>& gathered, double now,
                           ResponseList* responses);
   // Forgets a pending name; returns its entry (null if the name was not pending).
-  TensorEntry* Retire(std::string_view name);
+  TensorEntry* Retire(const NameKey& name);
 
   ControlChannel* channel_;
   Timeline* timeline_;
@@ -106,10 +106,8 @@ class Negotiator {
   int rank_;
   int size_;
   ResponseCache cache_;
-  // Keyed by a view of the entry's name, valid while the entry is pending.
-  RecyclingMap<std::string_view, Pending> pending_;
-  // Reused for each cache lookup so that a lookup does not allocate.
-  Request lookup_scratch_;
+  // Keyed by the entry's name, valid while the entry is pending.
+  RecyclingMap<NameKey, Pending, NameKeyHash> pending_;
   uint64_t next_sequence_ = 0;
   size_t grouped_pending_ = 0;  // pending entries that belong to a group
   size_t joins_pending_ = 0;    // pending join entries (0 or 1)

@@ -12,20 +12,27 @@ bool ResponseCache::IsCacheable(const Response& response) {
          response.type == ResponseType::kReducescatter;
 }
 
-ResponseCache::Lookup ResponseCache::Find(const Request& request, uint32_t* bit) const {
-  auto it = by_name_.find(request.name);
+ResponseCache::Lookup ResponseCache::Find(const NameKey& name, const RequestFields& request,
+                                          uint32_t* bit) const {
+  auto it = by_name_.find(name);
   if (it == by_name_.end()) return Lookup::kMiss;
   *bit = it->second;
-  return ResponseMatchesRequest(*slots_[it->second].response, request) ? Lookup::kHit
-                                                                       : Lookup::kMismatch;
+  return ResponseMatches(*slots_[it->second].response, request) ? Lookup::kHit : Lookup::kMismatch;
 }
 
 void ResponseCache::Put(const ResponsePtr& response) {
   if (capacity_ == 0 || !IsCacheable(*response)) return;
-  auto it = by_name_.find(response->name);
+  const NameKey key(response->name);
+  auto it = by_name_.find(key);
   if (it != by_name_.end()) {
-    slots_[it->second].response = response;
-    Touch(it->second);
+    // The key must view the name of the response now held, not of the one replaced.
+    Slot& slot = slots_[it->second];
+    const uint32_t bit = it->second;
+    by_name_.erase(it);
+    slot.response = response;
+    slot.key = key;
+    by_name_.emplace(key, bit);
+    Touch(bit);
     return;
   }
   if (by_name_.size() >= capacity_) Erase(lru_.back());
@@ -33,9 +40,10 @@ void ResponseCache::Put(const ResponsePtr& response) {
   Slot& slot = slots_[bit];
   slot.used = true;
   slot.response = response;
+  slot.key = key;
   lru_.push_front(bit);
   slot.lru_position = lru_.begin();
-  by_name_.emplace(response->name, bit);
+  by_name_.emplace(key, bit);
 }
 
 void ResponseCache::Touch(uint32_t bit) {
@@ -47,9 +55,10 @@ void ResponseCache::Touch(uint32_t bit) {
 void ResponseCache::Erase(uint32_t bit) {
   if (!Contains(bit)) return;
   Slot& slot = slots_[bit];
-  by_name_.erase(slot.response->name);
+  by_name_.erase(slot.key);
   lru_.erase(slot.lru_position);
   slot.used = false;
+  slot.key = NameKey();
   slot.response.reset();
   free_bits_.insert(bit);
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "coordinator/message.h"
+#include "runtime/name_key.h"
 
 namespace gradsync {
 
@@ -29,9 +30,10 @@ class ResponseCache {
 
   static bool IsCacheable(const Response& response);
 
-  // kHit (and *bit) when the name is cached with these exact parameters; kMismatch (and *bit) when
-  // it is cached with others; kMiss otherwise.
-  Lookup Find(const Request& request, uint32_t* bit) const;
+  // kHit (and *bit) when `name` is cached with exactly the parameters of `request`; kMismatch
+  // (and *bit) when it is cached with others; kMiss otherwise. `name` is request.name with its
+  // hash.
+  Lookup Find(const NameKey& name, const RequestFields& request, uint32_t* bit) const;
   // Caches a cacheable response (refreshing it if the name is present), evicting the least recently
   // used entry when full. A no-op for capacity 0 or an uncacheable response.
   void Put(const ResponsePtr& response);
@@ -39,6 +41,8 @@ class ResponseCache {
   void Touch(uint32_t bit);
   void Erase(uint32_t bit);
   const ResponsePtr& Get(uint32_t bit) const;
+  // The cached response's name with its hash; the bit must be in use.
+  const NameKey& KeyOf(uint32_t bit) const { return slots_[bit].key; }
   bool Contains(uint32_t bit) const;
   // Appends the bits of every cached response of `group` (scans the whole cache).
   void AppendGroupBits(const std::string& group, std::vector<uint32_t>* bits) const;
@@ -52,6 +56,7 @@ class ResponseCache {
   struct Slot {
     bool used = false;
     ResponsePtr response;
+    NameKey key;  // views response->name
     std::list<uint32_t>::iterator lru_position;
   };
 
@@ -60,8 +65,8 @@ class ResponseCache {
   size_t capacity_;
   std::vector<Slot> slots_;
   std::set<uint32_t> free_bits_;
-  std::list<uint32_t> lru_;  // front = most recently used
-  std::unordered_map<std::string, uint32_t> by_name_;
+  std::list<uint32_t> lru_;                                     // front = most recently used
+  std::unordered_map<NameKey, uint32_t, NameKeyHash> by_name_;  // keys view the slots' names
 };
 
 }  // namespace gradsync

@@ -41,6 +41,7 @@ void ClearView(TensorView* view) {
 // assigning would free and reallocate the strings' and vectors' storage.
 void TensorEntry::Clear() {
   name.clear();
+  name_hash = 0;
   op = OpType::kAllreduce;
   ClearView(&input);
   ClearView(&output);

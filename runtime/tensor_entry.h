@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gradsync/types.h"
+#include "runtime/name_key.h"
 #include "runtime/op_state.h"
 
 namespace gradsync {
@@ -38,6 +39,8 @@ using OutputAllocator = std::function<void*(const std::vector<int64_t>& shape, D
 
 struct TensorEntry {
   std::string name;
+  // HashName(name), set by TensorQueue when the entry is pushed (the name is final by then).
+  size_t name_hash = 0;
   OpType op = OpType::kAllreduce;
   TensorView input;
   // Allreduce: where the result goes (the input itself when in place). Allgather, reducescatter,
@@ -61,6 +64,9 @@ struct TensorEntry {
   // Back to a default entry, keeping the name's and shapes' storage so that a recycled entry is
   // filled without allocating. A new field must be reset there too (tensor_queue_test checks).
   void Clear();
+
+  // The name with its hash, valid while the entry is in flight.
+  NameKey key() const { return NameKey(name, name_hash); }
 };
 
 }  // namespace gradsync

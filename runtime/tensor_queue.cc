@@ -27,9 +27,9 @@ std::unique_ptr<TensorEntry> TensorQueue::NewEntry() {
   return std::make_unique<TensorEntry>();
 }
 
-Status TensorQueue::CheckAcceptingLocked(const std::string& name) const {
+Status TensorQueue::CheckAcceptingLocked(const TensorEntry& entry) const {
   if (closed_flag_) return closed_;
-  if (in_flight_.count(name) != 0) return DuplicateName(name);
+  if (in_flight_.count(entry.key()) != 0) return DuplicateName(entry.name);
   return Status::OK();
 }
 
@@ -39,12 +39,13 @@ Status TensorQueue::CheckAcceptingLocked(const std::string& name) const {
 // push is pending its wait predicate stays true until it runs.
 Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry) {
   if (!entry) return Status::InvalidArgument("TensorQueue::Push: null entry");
+  entry->name_hash = HashName(entry->name);  // outside the lock
   bool notify = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_flag_) return closed_;
     TensorEntry* raw = entry.get();
-    if (!in_flight_.Insert(raw->name, std::move(entry))) return DuplicateName(raw->name);
+    if (!in_flight_.Insert(raw->key(), std::move(entry))) return DuplicateName(raw->name);
     pending_.push_back(raw);
     notify = std::exchange(waiter_sleeping_, false);
   }
@@ -56,19 +57,20 @@ Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry) {
 Status TensorQueue::PushAll(std::vector<std::unique_ptr<TensorEntry>> entries) {
   for (const auto& entry : entries) {
     if (!entry) return Status::InvalidArgument("TensorQueue::PushAll: null entry");
+    entry->name_hash = HashName(entry->name);
   }
   bool notify = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_flag_) return closed_;  // an empty batch must fail too once closed
-    std::unordered_set<std::string_view> batch;
+    std::unordered_set<NameKey, NameKeyHash> batch;
     for (const auto& entry : entries) {
-      GRADSYNC_RETURN_IF_ERROR(CheckAcceptingLocked(entry->name));
-      if (!batch.insert(entry->name).second) return DuplicateName(entry->name);
+      GRADSYNC_RETURN_IF_ERROR(CheckAcceptingLocked(*entry));
+      if (!batch.insert(entry->key()).second) return DuplicateName(entry->name);
     }
     for (auto& entry : entries) {
       TensorEntry* raw = entry.get();
-      in_flight_.Insert(raw->name, std::move(entry));
+      in_flight_.Insert(raw->key(), std::move(entry));
       pending_.push_back(raw);
     }
     notify = !entries.empty() && std::exchange(waiter_sleeping_, false);
@@ -113,7 +115,7 @@ void TensorQueue::Release(const std::vector<TensorEntry*>& entries) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const TensorEntry* entry : entries) {
-      auto it = in_flight_.find(entry->name);
+      auto it = in_flight_.find(entry->key());
       if (it != in_flight_.end()) released_.push_back(in_flight_.Take(it));
     }
   }

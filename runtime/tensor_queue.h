@@ -27,6 +27,7 @@ class TensorQueue {
   // A cleared entry (see TensorEntry::Clear) to fill and push.
   std::unique_ptr<TensorEntry> NewEntry();
   // Fails with InvalidArgument if the name is in flight, or with the Close() status once closed.
+  // Sets the entry's name_hash.
   Status Push(std::unique_ptr<TensorEntry> entry);
   // Pushes several entries atomically: all are accepted or none is.
   Status PushAll(std::vector<std::unique_ptr<TensorEntry>> entries);
@@ -49,13 +50,13 @@ class TensorQueue {
   Status closed_status() const;
 
  private:
-  Status CheckAcceptingLocked(const std::string& name) const;
+  Status CheckAcceptingLocked(const TensorEntry& entry) const;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<TensorEntry*> pending_;
-  // Keyed by a view of the entry's own name, which stays unchanged while the entry is in flight.
-  RecyclingMap<std::string_view, std::unique_ptr<TensorEntry>> in_flight_;
+  // Keyed by the entry's own name, which stays unchanged while the entry is in flight.
+  RecyclingMap<NameKey, std::unique_ptr<TensorEntry>, NameKeyHash> in_flight_;
   std::vector<std::unique_ptr<TensorEntry>> pool_;
   std::vector<std::unique_ptr<TensorEntry>> released_;  // Release's scratch; background thread only
   Status closed_;

@@ -29,6 +29,7 @@ Request MakeRequest(const std::string& name, std::vector<int64_t> shape = {4},
 std::unique_ptr<TensorEntry> EntryFor(const Request& request) {
   auto entry = std::make_unique<TensorEntry>();
   entry->name = request.name;
+  entry->name_hash = HashName(request.name);  // as TensorQueue::Push sets it
   entry->op = request.op;
   entry->input = TensorView(nullptr, request.dtype, request.shape, request.device);
   entry->reduce_op = request.reduce_op;

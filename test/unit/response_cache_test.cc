@@ -21,26 +21,30 @@ Request Asked(const std::string& name, int64_t n = 4) {
   return r;
 }
 
+ResponseCache::Lookup Find(const ResponseCache& cache, const Request& request, uint32_t* bit) {
+  return cache.Find(NameKey(request.name), FieldsOf(request), bit);
+}
+
 TEST(ResponseCacheTest, HitMissAndMismatch) {
   ResponseCache cache(8);
   cache.Put(Cached("a"));
   uint32_t bit = 99;
-  EXPECT_EQ(cache.Find(Asked("a"), &bit), ResponseCache::Lookup::kHit);
+  EXPECT_EQ(Find(cache, Asked("a"), &bit), ResponseCache::Lookup::kHit);
   EXPECT_EQ(bit, 0u);
-  EXPECT_EQ(cache.Find(Asked("a", 5), &bit), ResponseCache::Lookup::kMismatch);
-  EXPECT_EQ(cache.Find(Asked("b"), &bit), ResponseCache::Lookup::kMiss);
+  EXPECT_EQ(Find(cache, Asked("a", 5), &bit), ResponseCache::Lookup::kMismatch);
+  EXPECT_EQ(Find(cache, Asked("b"), &bit), ResponseCache::Lookup::kMiss);
 }
 
 TEST(ResponseCacheTest, BitsAreAssignedInPutOrderAndReusedSmallestFirst) {
   ResponseCache cache(8);
   for (const char* n : {"a", "b", "c"}) cache.Put(Cached(n));
   uint32_t bit;
-  ASSERT_EQ(cache.Find(Asked("c"), &bit), ResponseCache::Lookup::kHit);
+  ASSERT_EQ(Find(cache, Asked("c"), &bit), ResponseCache::Lookup::kHit);
   EXPECT_EQ(bit, 2u);
   cache.Erase(0);
   cache.Erase(1);
   cache.Put(Cached("d"));
-  ASSERT_EQ(cache.Find(Asked("d"), &bit), ResponseCache::Lookup::kHit);
+  ASSERT_EQ(Find(cache, Asked("d"), &bit), ResponseCache::Lookup::kHit);
   EXPECT_EQ(bit, 0u);
   EXPECT_EQ(cache.num_bits(), 3u);
 }
@@ -52,9 +56,9 @@ TEST(ResponseCacheTest, EvictsLeastRecentlyUsed) {
   cache.Touch(0);  // "a" is now the most recently used
   cache.Put(Cached("c"));
   uint32_t bit;
-  EXPECT_EQ(cache.Find(Asked("a"), &bit), ResponseCache::Lookup::kHit);
-  EXPECT_EQ(cache.Find(Asked("b"), &bit), ResponseCache::Lookup::kMiss);
-  EXPECT_EQ(cache.Find(Asked("c"), &bit), ResponseCache::Lookup::kHit);
+  EXPECT_EQ(Find(cache, Asked("a"), &bit), ResponseCache::Lookup::kHit);
+  EXPECT_EQ(Find(cache, Asked("b"), &bit), ResponseCache::Lookup::kMiss);
+  EXPECT_EQ(Find(cache, Asked("c"), &bit), ResponseCache::Lookup::kHit);
   EXPECT_EQ(bit, 1u);
   EXPECT_EQ(cache.size(), 2u);
 }
@@ -64,7 +68,7 @@ TEST(ResponseCacheTest, RefreshingANameKeepsItsBit) {
   cache.Put(Cached("a", 4));
   cache.Put(Cached("a", 8));
   uint32_t bit;
-  EXPECT_EQ(cache.Find(Asked("a", 8), &bit), ResponseCache::Lookup::kHit);
+  EXPECT_EQ(Find(cache, Asked("a", 8), &bit), ResponseCache::Lookup::kHit);
   EXPECT_EQ(bit, 0u);
   EXPECT_EQ(cache.size(), 1u);
 }
@@ -80,7 +84,7 @@ TEST(ResponseCacheTest, ZeroCapacityCachesNothing) {
   ResponseCache cache(0);
   cache.Put(Cached("a"));
   uint32_t bit;
-  EXPECT_EQ(cache.Find(Asked("a"), &bit), ResponseCache::Lookup::kMiss);
+  EXPECT_EQ(Find(cache, Asked("a"), &bit), ResponseCache::Lookup::kMiss);
   EXPECT_EQ(cache.num_bits(), 0u);
 }
 
