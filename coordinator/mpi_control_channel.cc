@@ -10,7 +10,7 @@ namespace gradsync {
 
 namespace {
 
-constexpr auto kSpinFor = std::chrono::microseconds(50);
+constexpr auto kPollFor = std::chrono::microseconds(50);
 constexpr auto kFirstSleep = std::chrono::microseconds(20);
 // Short enough that a sleeping rank notices its peers' arrival quickly, long enough that polling
 // costs well under 1% of a core.
@@ -26,21 +26,25 @@ Status CheckMessageSize(size_t bytes, const char* what) {
 
 }  // namespace
 
-Status WaitWithBackoff(MPI_Request* request, const char* call) {
+Status WaitWithBackoff(MPI_Request* request, const char* call, bool spin_first) {
   const auto start = std::chrono::steady_clock::now();
   auto sleep = kFirstSleep;
   for (;;) {
     int done = 0;
     GRADSYNC_RETURN_IF_ERROR(MpiResult(MPI_Test(request, &done, MPI_STATUS_IGNORE), call));
     if (done) return Status::OK();
-    if (std::chrono::steady_clock::now() - start < kSpinFor) continue;
+    if (std::chrono::steady_clock::now() - start < kPollFor) {
+      if (!spin_first) std::this_thread::yield();
+      continue;
+    }
     std::this_thread::sleep_for(sleep);
     sleep =
         std::min(sleep * 2, std::chrono::duration_cast<std::chrono::microseconds>(kLongestSleep));
   }
 }
 
-MpiControlChannel::MpiControlChannel(MPI_Comm comm) : comm_(comm) {
+MpiControlChannel::MpiControlChannel(MPI_Comm comm, bool spin_first)
+    : comm_(comm), spin_first_(spin_first) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
 }
@@ -50,7 +54,7 @@ Status MpiControlChannel::AllreduceAnd(std::vector<uint64_t>* words) {
   MPI_Request request;
   GRADSYNC_MPI_CALL(MPI_Iallreduce(MPI_IN_PLACE, words->data(), static_cast<int>(words->size()),
                                    MPI_UINT64_T, MPI_BAND, comm_, &request));
-  return WaitWithBackoff(&request, "MPI_Iallreduce(negotiation bit vector)");
+  return WaitWithBackoff(&request, "MPI_Iallreduce(negotiation bit vector)", spin_first_);
 }
 
 Status MpiControlChannel::Gather(const std::string& mine, std::vector<std::string>* all) {
@@ -60,7 +64,8 @@ Status MpiControlChannel::Gather(const std::string& mine, std::vector<std::strin
   MPI_Request request;
   GRADSYNC_MPI_CALL(
       MPI_Igather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_, &request));
-  GRADSYNC_RETURN_IF_ERROR(WaitWithBackoff(&request, "MPI_Igather(request list sizes)"));
+  GRADSYNC_RETURN_IF_ERROR(
+      WaitWithBackoff(&request, "MPI_Igather(request list sizes)", spin_first_));
 
   std::vector<int> displs(sizes.size());
   std::string packed;
@@ -75,7 +80,7 @@ Status MpiControlChannel::Gather(const std::string& mine, std::vector<std::strin
   }
   GRADSYNC_MPI_CALL(MPI_Igatherv(mine.data(), my_size, MPI_BYTE, packed.data(), sizes.data(),
                                  displs.data(), MPI_BYTE, 0, comm_, &request));
-  GRADSYNC_RETURN_IF_ERROR(WaitWithBackoff(&request, "MPI_Igatherv(request lists)"));
+  GRADSYNC_RETURN_IF_ERROR(WaitWithBackoff(&request, "MPI_Igatherv(request lists)", spin_first_));
   if (rank_ == 0) {
     all->resize(size_);
     for (int r = 0; r < size_; ++r) (*all)[r] = packed.substr(displs[r], sizes[r]);
@@ -88,10 +93,11 @@ Status MpiControlChannel::Broadcast(std::string* bytes) {
   int size = static_cast<int>(bytes->size());
   MPI_Request request;
   GRADSYNC_MPI_CALL(MPI_Ibcast(&size, 1, MPI_INT, 0, comm_, &request));
-  GRADSYNC_RETURN_IF_ERROR(WaitWithBackoff(&request, "MPI_Ibcast(response list size)"));
+  GRADSYNC_RETURN_IF_ERROR(
+      WaitWithBackoff(&request, "MPI_Ibcast(response list size)", spin_first_));
   bytes->resize(static_cast<size_t>(size));
   GRADSYNC_MPI_CALL(MPI_Ibcast(bytes->data(), size, MPI_BYTE, 0, comm_, &request));
-  return WaitWithBackoff(&request, "MPI_Ibcast(response list)");
+  return WaitWithBackoff(&request, "MPI_Ibcast(response list)", spin_first_);
 }
 
 }  // namespace gradsync

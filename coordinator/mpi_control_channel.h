@@ -1,8 +1,13 @@
 // MpiControlChannel: the negotiation exchanges over gradsync's control communicator.
 //
-// Each exchange is a non-blocking MPI collective completed by polling with backoff: it spins for 50
-// microseconds (the common case, peers arrive together), then sleeps in growing steps. A rank
-// waiting on a stalled peer therefore sleeps instead of burning a core in MPI's busy-wait.
+// Each exchange is a non-blocking MPI collective completed by polling with backoff: for the first
+// 50 microseconds it polls without pause (the common case: peers arrive together), then it sleeps
+// in growing steps, so a rank waiting on a stalled peer sleeps instead of burning a core in MPI's
+// busy-wait. When the rank has no core to spare for the background thread
+// (MpiContext::cores_per_rank() below 2), the first 50 microseconds yield the core between polls:
+// on a node with fewer cores than threads, the thread that must run for the exchange to finish (a
+// peer's, or this rank's own caller) may be waiting for exactly this core. Sleeping instead would
+// cost a lone small collective hundreds of microseconds.
 //
 // Used by the background thread only.
 #pragma once
@@ -15,7 +20,8 @@ namespace gradsync {
 
 class MpiControlChannel : public ControlChannel {
  public:
-  explicit MpiControlChannel(MPI_Comm comm);
+  // `spin_first`: poll without yielding for the first 50 microseconds.
+  MpiControlChannel(MPI_Comm comm, bool spin_first);
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -25,11 +31,12 @@ class MpiControlChannel : public ControlChannel {
 
  private:
   MPI_Comm comm_;
+  bool spin_first_;
   int rank_ = 0;
   int size_ = 1;
 };
 
 // Completes `request` by MPI_Test with backoff (see above). `call` names the operation in errors.
-Status WaitWithBackoff(MPI_Request* request, const char* call);
+Status WaitWithBackoff(MPI_Request* request, const char* call, bool spin_first);
 
 }  // namespace gradsync

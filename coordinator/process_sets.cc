@@ -27,11 +27,11 @@ std::string ValuesString(const std::vector<int64_t>& values) {
 
 ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Comm control,
                                      MPI_Comm data, std::unique_ptr<SubsetCommunicators> owned,
-                                     const Config& config, Timeline* timeline)
+                                     const Config& config, Timeline* timeline, bool spin_first)
     : id_(id),
       ranks_(std::move(ranks)),
       owned_comms_(std::move(owned)),
-      channel_(std::make_unique<MpiControlChannel>(control)),
+      channel_(std::make_unique<MpiControlChannel>(control, spin_first)),
       // The global set's ranks are their own labels; a subset's messages name global ranks.
       negotiator_(std::make_unique<Negotiator>(channel_.get(), config, nullptr, timeline,
                                                id_ == 0 ? std::vector<int>() : ranks_)),
@@ -49,9 +49,11 @@ ProcessSets::ProcessSets(const MpiContext& mpi, const Config& config, Timeline* 
   for (int r = 0; r < mpi.size(); ++r) info.ranks.push_back(r);
   info.set_rank = mpi.rank();
   sets_[0] = std::make_unique<ProcessSetRuntime>(0, info.ranks, mpi.control_comm(), mpi.data_comm(),
-                                                 nullptr, config_, timeline_);
+                                                 nullptr, config_, timeline_, SpinFirst());
   registry_->Add(std::move(info));
 }
+
+bool ProcessSets::SpinFirst() const { return mpi_.cores_per_rank() >= 2; }
 
 Status ProcessSets::Add(const std::vector<int>& ranks, int32_t* id) {
   // The registry is the same on every rank here, so every rank refuses alike.
@@ -71,8 +73,8 @@ Status ProcessSets::Add(const std::vector<int>& ranks, int32_t* id) {
   if (info.set_rank >= 0) {
     const MPI_Comm control = comms->control();
     const MPI_Comm data = comms->data();
-    sets_[info.id] = std::make_unique<ProcessSetRuntime>(info.id, ranks, control, data,
-                                                         std::move(comms), config_, timeline_);
+    sets_[info.id] = std::make_unique<ProcessSetRuntime>(
+        info.id, ranks, control, data, std::move(comms), config_, timeline_, SpinFirst());
   }
   *id = info.id;
   Log().debug("process set {} added: ranks {}", info.id, RankListString(ranks));

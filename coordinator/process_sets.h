@@ -34,10 +34,11 @@ namespace gradsync {
 
 class ProcessSetRuntime {
  public:
-  // `owned` (null for the global set) holds `control` and `data` and is freed last.
+  // `owned` (null for the global set) holds `control` and `data` and is freed last. `spin_first`
+  // as for MpiControlChannel.
   ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Comm control, MPI_Comm data,
                     std::unique_ptr<SubsetCommunicators> owned, const Config& config,
-                    Timeline* timeline);
+                    Timeline* timeline, bool spin_first);
 
   int32_t id() const { return id_; }
   const std::vector<int>& ranks() const { return ranks_; }
@@ -86,6 +87,9 @@ class ProcessSets {
   Status Unavailable(int32_t id) const;
 
  private:
+  // Whether control exchanges poll without yielding before they sleep (see MpiControlChannel).
+  bool SpinFirst() const;
+
   const MpiContext& mpi_;
   Config config_;
   Timeline* timeline_;

@@ -2,6 +2,11 @@
 
 #include <algorithm>
 #include <string>
+#include <thread>
+
+#ifdef __linux__
+#include <sched.h>
+#endif
 
 #include "runtime/logging.h"
 
@@ -14,6 +19,16 @@ bool MpiUsable() {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   return initialized && !finalized;
+}
+
+// The CPUs this process may run on (all of the node's where that cannot be asked).
+int AllowedCpus(int node_cpus) {
+#ifdef __linux__
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+#endif
+  return node_cpus;
 }
 
 std::string WorldRankString() {
@@ -129,6 +144,11 @@ Status EnsureMpiInitialized(bool* owns) {
 
 }  // namespace
 
+int CoresPerRank(int allowed_cpus, int node_cpus, int local_size) {
+  const int even_share = std::max(1, node_cpus) / std::max(1, local_size);
+  return std::max(1, std::min(std::max(1, allowed_cpus), even_share));
+}
+
 Status MpiResult(int rc, const char* call) {
   if (rc == MPI_SUCCESS) return Status::OK();
   return Status::MpiError(std::string(call) + " failed on rank " + WorldRankString() + ": " +
@@ -152,6 +172,8 @@ Status MpiContext::Create(MPI_Comm base, std::unique_ptr<MpiContext>* out) {
   context->local_size_ = t.local_size;
   context->cross_rank_ = t.cross_rank;
   context->cross_size_ = t.cross_size;
+  const int node_cpus = static_cast<int>(std::thread::hardware_concurrency());
+  context->cores_per_rank_ = CoresPerRank(AllowedCpus(node_cpus), node_cpus, t.local_size);
   *out = std::move(context);
   return Status::OK();
 }

@@ -22,6 +22,11 @@ Status MpiResult(int rc, const char* call);
 // Checks an MPI call's return code where it happens and returns its Status on failure.
 #define GRADSYNC_MPI_CALL(call) GRADSYNC_RETURN_IF_ERROR(::gradsync::MpiResult((call), #call))
 
+// The CPUs a rank can count on: the `allowed_cpus` it may run on, but no more than its even share
+// of the node's `node_cpus` among the node's `local_size` ranks (unbound ranks may all run on every
+// CPU); at least 1.
+int CoresPerRank(int allowed_cpus, int node_cpus, int local_size);
+
 class MpiContext {
  public:
   // Initializes MPI (asking for MPI_THREAD_MULTIPLE) unless the application already has, then
@@ -39,6 +44,9 @@ class MpiContext {
   int local_size() const { return local_size_; }
   int cross_rank() const { return cross_rank_; }
   int cross_size() const { return cross_size_; }
+  // CoresPerRank for this process. Below 2, the background thread and the caller's thread share a
+  // core.
+  int cores_per_rank() const { return cores_per_rank_; }
   MPI_Comm control_comm() const { return control_comm_; }
   MPI_Comm data_comm() const { return data_comm_; }
 
@@ -51,6 +59,7 @@ class MpiContext {
   int rank_ = 0, size_ = 1;
   int local_rank_ = 0, local_size_ = 1;
   int cross_rank_ = 0, cross_size_ = 1;
+  int cores_per_rank_ = 1;
 };
 
 // The negotiation and data communicators of one process set, split from an MpiContext's own (so
