@@ -1,0 +1,96 @@
+#include "runtime/op_state.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+namespace gradsync {
+namespace {
+
+using std::chrono::milliseconds;
+
+void Complete(OpState* state, const Status& status) {
+  state->RunCallback(status);
+  state->Record(status);
+  OpState::AnnounceCompletions();
+}
+
+TEST(OpStateTest, PendingUntilRecorded) {
+  OpState state;
+  EXPECT_FALSE(state.done());
+  EXPECT_TRUE(state.status().ok());
+  Status status;
+  EXPECT_FALSE(state.WaitFor(milliseconds(1), &status));
+  Complete(&state, Status::Mismatch("shapes differ"));
+  EXPECT_TRUE(state.done());
+  EXPECT_EQ(state.status().code(), StatusCode::kMismatch);
+  ASSERT_TRUE(state.WaitFor(milliseconds(0), &status));
+  EXPECT_EQ(status.message(), "shapes differ");
+  EXPECT_EQ(state.Wait().code(), StatusCode::kMismatch);
+}
+
+TEST(OpStateTest, ASleepingWaiterWakesWithTheStatus) {
+  OpState state;
+  Status seen;
+  std::thread waiter([&] { seen = state.Wait(); });
+  std::this_thread::sleep_for(milliseconds(20));  // let it fall asleep
+  Complete(&state, Status::Stalled("rank 1 never sent it"));
+  waiter.join();
+  EXPECT_EQ(seen.code(), StatusCode::kStalled);
+}
+
+TEST(OpStateTest, TheCallbackReturnsBeforeTheOperationIsDone) {
+  std::atomic<bool> done_inside{true};
+  OpState* self = nullptr;
+  OpState state([&](const Status&) { done_inside = self->done(); });
+  self = &state;
+  Complete(&state, Status::OK());
+  EXPECT_FALSE(done_inside.load());
+  EXPECT_TRUE(state.done());
+}
+
+// Waiters of different operations share one wake-up; each must wake for its own completion, in
+// whatever order the operations complete, and a batch must wake every waiter it completes.
+TEST(OpStateTest, WaitersOfManyOperationsEachWakeForTheirOwn) {
+  constexpr int kOps = 16;
+  std::vector<std::unique_ptr<OpState>> states;
+  for (int i = 0; i < kOps; ++i) states.push_back(std::make_unique<OpState>());
+  std::vector<int> codes(kOps, -1);
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < kOps; ++i) {
+    waiters.emplace_back([&, i] {
+      Status status;
+      // Half wait without a limit, half with one long enough never to expire.
+      if (i % 2 == 0) {
+        status = states[i]->Wait();
+      } else {
+        EXPECT_TRUE(states[i]->WaitFor(std::chrono::seconds(60), &status));
+      }
+      codes[i] = static_cast<int>(status.code());
+    });
+  }
+  std::this_thread::sleep_for(milliseconds(20));
+  // Two batches, completed back to front, each announced once.
+  for (int i = kOps - 1; i >= kOps / 2; --i) states[i]->Record(Status::Internal("first batch"));
+  OpState::AnnounceCompletions();
+  for (int i = kOps / 2 - 1; i >= 0; --i) states[i]->Record(Status::OK());
+  OpState::AnnounceCompletions();
+  for (std::thread& t : waiters) t.join();
+  for (int i = 0; i < kOps; ++i) {
+    const StatusCode expected = i >= kOps / 2 ? StatusCode::kInternal : StatusCode::kOk;
+    EXPECT_EQ(codes[i], static_cast<int>(expected)) << i;
+  }
+}
+
+TEST(OpStateTest, RecordingTwiceAborts) {
+  OpState state;
+  state.Record(Status::OK());
+  EXPECT_DEATH(state.Record(Status::OK()), "completed twice");
+}
+
+}  // namespace
+}  // namespace gradsync
