@@ -156,8 +156,4 @@ bool ResponseMatches(const Response& response, const RequestFields& request) {
          response.group == request.group && response.group_size == request.group_size;
 }
 
-bool ResponseMatchesRequest(const Response& response, const Request& request) {
-  return ResponseMatches(response, FieldsOf(request));
-}
-
 }  // namespace gradsync

@@ -109,6 +109,5 @@ RequestFields FieldsOf(const TensorEntry& entry, int rank);
 
 // True when a cached response still describes the request exactly (the cache-hit test).
 bool ResponseMatches(const Response& response, const RequestFields& request);
-bool ResponseMatchesRequest(const Response& response, const Request& request);
 
 }  // namespace gradsync

@@ -717,7 +717,7 @@ TEST(MessageTest, ResponseFromRequestCopiesAgreedParameters) {
   EXPECT_EQ(p.root, q.root);
   EXPECT_TRUE(p.first_dims.empty());
   EXPECT_TRUE(p.error.empty());
-  EXPECT_TRUE(ResponseMatchesRequest(p, q));
+  EXPECT_TRUE(ResponseMatches(p, FieldsOf(q)));
 }
 
 TEST(MessageTest, RequestFromEntry) {
@@ -753,7 +753,7 @@ TEST(MessageTest, CacheHitNeedsEveryAgreedParameter) {
   Request other_rank = q;
   other_rank.rank = 0;
   other_rank.waited_seconds = 99.0;
-  EXPECT_TRUE(ResponseMatchesRequest(p, other_rank));  // sender and wait time are not parameters
+  EXPECT_TRUE(ResponseMatches(p, FieldsOf(other_rank)));  // sender and wait time are not parameters
 
   std::vector<Request> misses(9, q);
   misses[0].name = "b";
@@ -766,11 +766,11 @@ TEST(MessageTest, CacheHitNeedsEveryAgreedParameter) {
   misses[7].postscale = 0.5;
   misses[8].root = 0;
   for (size_t i = 0; i < misses.size(); ++i)
-    EXPECT_FALSE(ResponseMatchesRequest(p, misses[i])) << i;
+    EXPECT_FALSE(ResponseMatches(p, FieldsOf(misses[i]))) << i;
 
   Response error = p;
   error.type = ResponseType::kError;
-  EXPECT_FALSE(ResponseMatchesRequest(error, q));
+  EXPECT_FALSE(ResponseMatches(error, FieldsOf(q)));
 }
 
 TEST(MessageTest, AllgatherCacheHitUsesTheSendersOwnFirstDim) {
@@ -783,15 +783,15 @@ TEST(MessageTest, AllgatherCacheHitUsesTheSendersOwnFirstDim) {
   Request r1 = q;
   r1.rank = 1;
   r1.shape = {7, 5};
-  EXPECT_TRUE(ResponseMatchesRequest(p, q));
-  EXPECT_TRUE(ResponseMatchesRequest(p, r1));
+  EXPECT_TRUE(ResponseMatches(p, FieldsOf(q)));
+  EXPECT_TRUE(ResponseMatches(p, FieldsOf(r1)));
   r1.shape = {2, 5};  // rank 0's shape, but not what rank 1 sent last time
-  EXPECT_FALSE(ResponseMatchesRequest(p, r1));
+  EXPECT_FALSE(ResponseMatches(p, FieldsOf(r1)));
   r1.shape = {7, 6};
-  EXPECT_FALSE(ResponseMatchesRequest(p, r1));
+  EXPECT_FALSE(ResponseMatches(p, FieldsOf(r1)));
   r1.rank = 3;  // beyond first_dims
   r1.shape = {7, 5};
-  EXPECT_FALSE(ResponseMatchesRequest(p, r1));
+  EXPECT_FALSE(ResponseMatches(p, FieldsOf(r1)));
 }
 
 }  // namespace
