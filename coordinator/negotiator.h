@@ -20,7 +20,7 @@
 #include "coordinator/response_cache.h"
 #include "coordinator/stall_inspector.h"
 #include "runtime/config.h"
-#include "runtime/recycling_map.h"
+#include "runtime/name_table.h"
 #include "runtime/timeline.h"
 
 namespace gradsync {
@@ -107,7 +107,7 @@ class Negotiator {
   int size_;
   ResponseCache cache_;
   // Keyed by the entry's name, valid while the entry is pending.
-  RecyclingMap<NameKey, Pending, NameKeyHash> pending_;
+  NameTable<Pending> pending_;
   uint64_t next_sequence_ = 0;
   size_t grouped_pending_ = 0;  // pending entries that belong to a group
   size_t joins_pending_ = 0;    // pending join entries (0 or 1)

@@ -14,24 +14,23 @@ bool ResponseCache::IsCacheable(const Response& response) {
 
 ResponseCache::Lookup ResponseCache::Find(const NameKey& name, const RequestFields& request,
                                           uint32_t* bit) const {
-  auto it = by_name_.find(name);
-  if (it == by_name_.end()) return Lookup::kMiss;
-  *bit = it->second;
-  return ResponseMatches(*slots_[it->second].response, request) ? Lookup::kHit : Lookup::kMismatch;
+  const uint32_t* found = by_name_.Find(name);
+  if (found == nullptr) return Lookup::kMiss;
+  *bit = *found;
+  return ResponseMatches(*slots_[*found].response, request) ? Lookup::kHit : Lookup::kMismatch;
 }
 
 void ResponseCache::Put(const ResponsePtr& response) {
   if (capacity_ == 0 || !IsCacheable(*response)) return;
   const NameKey key(response->name);
-  auto it = by_name_.find(key);
-  if (it != by_name_.end()) {
+  if (const uint32_t* found = by_name_.Find(key)) {
     // The key must view the name of the response now held, not of the one replaced.
-    Slot& slot = slots_[it->second];
-    const uint32_t bit = it->second;
-    by_name_.erase(it);
+    const uint32_t bit = *found;
+    Slot& slot = slots_[bit];
+    by_name_.Erase(key);
     slot.response = response;
     slot.key = key;
-    by_name_.emplace(key, bit);
+    by_name_.Insert(key, bit);
     Touch(bit);
     return;
   }
@@ -43,7 +42,7 @@ void ResponseCache::Put(const ResponsePtr& response) {
   slot.key = key;
   lru_.push_front(bit);
   slot.lru_position = lru_.begin();
-  by_name_.emplace(key, bit);
+  by_name_.Insert(key, bit);
 }
 
 void ResponseCache::Touch(uint32_t bit) {
@@ -55,7 +54,7 @@ void ResponseCache::Touch(uint32_t bit) {
 void ResponseCache::Erase(uint32_t bit) {
   if (!Contains(bit)) return;
   Slot& slot = slots_[bit];
-  by_name_.erase(slot.key);
+  by_name_.Erase(slot.key);
   lru_.erase(slot.lru_position);
   slot.used = false;
   slot.key = NameKey();

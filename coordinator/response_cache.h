@@ -14,11 +14,10 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "coordinator/message.h"
-#include "runtime/name_key.h"
+#include "runtime/name_table.h"
 
 namespace gradsync {
 
@@ -66,7 +65,7 @@ class ResponseCache {
   std::vector<Slot> slots_;
   std::set<uint32_t> free_bits_;
   std::list<uint32_t> lru_;                                     // front = most recently used
-  std::unordered_map<NameKey, uint32_t, NameKeyHash> by_name_;  // keys view the slots' names
+  NameTable<uint32_t> by_name_;  // keys view the slots' names
 };
 
 }  // namespace gradsync

@@ -2,6 +2,7 @@
 
 #include <unordered_set>
 
+#include <optional>
 #include <utility>
 
 namespace gradsync {
@@ -29,7 +30,7 @@ std::unique_ptr<TensorEntry> TensorQueue::NewEntry() {
 
 Status TensorQueue::CheckAcceptingLocked(const TensorEntry& entry) const {
   if (closed_flag_) return closed_;
-  if (in_flight_.count(entry.key()) != 0) return DuplicateName(entry.name);
+  if (in_flight_.Contains(entry.key())) return DuplicateName(entry.name);
   return Status::OK();
 }
 
@@ -115,8 +116,8 @@ void TensorQueue::Release(const std::vector<TensorEntry*>& entries) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const TensorEntry* entry : entries) {
-      auto it = in_flight_.find(entry->key());
-      if (it != in_flight_.end()) released_.push_back(in_flight_.Take(it));
+      std::optional<std::unique_ptr<TensorEntry>> taken = in_flight_.Take(entry->key());
+      if (taken) released_.push_back(std::move(*taken));
     }
   }
   for (auto& entry : released_) entry->Clear();

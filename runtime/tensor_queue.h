@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "gradsync/status.h"
-#include "runtime/recycling_map.h"
+#include "runtime/name_table.h"
 #include "runtime/tensor_entry.h"
 
 namespace gradsync {
@@ -56,7 +56,7 @@ class TensorQueue {
   std::condition_variable cv_;
   std::vector<TensorEntry*> pending_;
   // Keyed by the entry's own name, which stays unchanged while the entry is in flight.
-  RecyclingMap<NameKey, std::unique_ptr<TensorEntry>, NameKeyHash> in_flight_;
+  NameTable<std::unique_ptr<TensorEntry>> in_flight_;
   std::vector<std::unique_ptr<TensorEntry>> pool_;
   std::vector<std::unique_ptr<TensorEntry>> released_;  // Release's scratch; background thread only
   Status closed_;
