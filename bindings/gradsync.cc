@@ -235,7 +235,7 @@ std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string&
   std::unique_ptr<TensorEntry> entry = rt.queue.NewEntry();
   entry->op = op;
   entry->name = name;
-  entry->state = std::make_shared<OpState>(std::move(on_complete));
+  OpState::Renew(&entry->state, std::move(on_complete));
   return entry;
 }
 

@@ -281,20 +281,19 @@ TensorEntry* BackgroundLoop::StandIn(const Response& response) {
 }
 
 void BackgroundLoop::Complete(const std::vector<TensorEntry*>& members, const Status& status) {
-  // Names are released first so a caller woken by its handle may reuse the name at once.
-  completing_.clear();
+  // Names are released first so a caller woken by its handle may reuse the name at once; the
+  // entries (and their states) go back to the pool only once completed.
   releasing_.clear();
   for (TensorEntry* entry : members) {
     if (entry->state == nullptr) continue;  // a stand-in: not the queue's, no handle
-    completing_.push_back(std::move(entry->state));
     releasing_.push_back(entry);
   }
   queue_->Release(releasing_);
   held_ -= releasing_.size();
-  for (const auto& state : completing_) state->RunCallback(status);
-  for (const auto& state : completing_) state->Record(status);
+  for (TensorEntry* entry : releasing_) entry->state->RunCallback(status);
+  for (TensorEntry* entry : releasing_) entry->state->Record(status);
   OpState::AnnounceCompletions();
-  completing_.clear();
+  queue_->Recycle();
 }
 
 void BackgroundLoop::CloseSet(int32_t id, const Status& reason,

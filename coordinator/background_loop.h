@@ -87,9 +87,8 @@ class BackgroundLoop {
   TensorQueue* queue_;
   Timeline* timeline_;
   ProcessSets sets_;
-  std::vector<std::shared_ptr<OpState>> completing_;  // Complete's scratch
-  std::vector<TensorEntry*> releasing_;               // Complete's scratch
-  std::vector<TensorEntry*> members_;                 // Execute's scratch
+  std::vector<TensorEntry*> releasing_;  // Complete's scratch
+  std::vector<TensorEntry*> members_;    // Execute's scratch
   std::vector<std::unique_ptr<StandInEntry>> stand_ins_;
   size_t stand_ins_used_ = 0;
   size_t held_ = 0;              // entries drained from the queue and not yet completed

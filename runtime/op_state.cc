@@ -28,6 +28,23 @@ SleepingWaiters& Waiters() {
 
 }  // namespace
 
+void OpState::Renew(std::shared_ptr<OpState>* state, Callback callback) {
+  // use_count() reads the count relaxed; the fence orders this reuse after the last other holder's
+  // release (its decrement), so none of its accesses can race with the reset below.
+  if (*state == nullptr || state->use_count() != 1) {
+    *state = std::make_shared<OpState>(std::move(callback));
+    return;
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  OpState& op = **state;
+  op.done_.store(false, std::memory_order_relaxed);
+  op.status_ = Status::OK();
+  op.callback_ = std::move(callback);
+  op.output_shape.clear();
+  op.received_splits.clear();
+  op.result = 0;
+}
+
 void OpState::RunCallback(const Status& status) {
   Callback callback = std::move(callback_);
   if (!callback) return;

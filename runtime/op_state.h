@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "gradsync/status.h"
@@ -24,6 +25,11 @@ class OpState {
   using Callback = std::function<void(const Status&)>;
 
   explicit OpState(Callback callback = nullptr) : callback_(std::move(callback)) {}
+
+  // Makes *state a pending operation with `callback`. The object it points to is reused when
+  // nothing else holds it any more (its handles are gone), so a training loop that drops its
+  // handles each step allocates no OpState; otherwise a new one is made.
+  static void Renew(std::shared_ptr<OpState>* state, Callback callback);
 
   // Completion in steps, so that many operations complete at once: RunCallback() and Record()
   // every one, then AnnounceCompletions() once. A thread waiting on the first then finds the rest

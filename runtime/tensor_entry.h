@@ -59,6 +59,7 @@ struct TensorEntry {
   // (the sorted member ranks, or the id to remove) travel in `splits`.
   int32_t process_set = 0;
   OutputAllocator allocator;
+  // Kept across Clear() for OpState::Renew.
   std::shared_ptr<OpState> state;
 
   // Back to a default entry, keeping the name's and shapes' storage so that a recycled entry is

@@ -109,20 +109,22 @@ std::vector<TensorEntry*> TensorQueue::Drain() {
   return drained;
 }
 
+void TensorQueue::Release(const std::vector<TensorEntry*>& entries) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const TensorEntry* entry : entries) {
+    std::optional<std::unique_ptr<TensorEntry>> taken = in_flight_.Take(entry->key());
+    if (taken) released_.push_back(std::move(*taken));
+  }
+}
+
 // Entries are cleared outside the lock: clearing runs the destructors of whatever a caller's
 // allocator captured, which must not run under a lock that enqueueing threads take.
-void TensorQueue::Release(const std::vector<TensorEntry*>& entries) {
-  released_.clear();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const TensorEntry* entry : entries) {
-      std::optional<std::unique_ptr<TensorEntry>> taken = in_flight_.Take(entry->key());
-      if (taken) released_.push_back(std::move(*taken));
-    }
-  }
+void TensorQueue::Recycle() {
+  if (released_.empty()) return;
   for (auto& entry : released_) entry->Clear();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& entry : released_) pool_.push_back(std::move(entry));
+  released_.clear();
 }
 
 std::vector<TensorEntry*> TensorQueue::InFlight() const {

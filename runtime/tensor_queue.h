@@ -3,9 +3,9 @@
 // Released entries are kept in a pool that NewEntry draws from: once a training loop has run a
 // step, enqueueing allocates nothing here.
 //
-// NewEntry, Push and Close may be called from any thread; WaitForWork, Drain, Release and InFlight
-// only from the background thread, which may use a drained entry until it releases it. Every member
-// takes one mutex; no member blocks except WaitForWork.
+// NewEntry, Push and Close may be called from any thread; WaitForWork, Drain, Release, Recycle and
+// InFlight only from the background thread, which may use a drained entry until it releases it.
+// Every member takes one mutex; no member blocks except WaitForWork.
 #pragma once
 
 #include <chrono>
@@ -39,9 +39,12 @@ class TensorQueue {
   void Wake();
   // Entries pushed since the last Drain, in push order. They stay owned by the queue, in flight.
   std::vector<TensorEntry*> Drain();
-  // Takes the entries out of flight and returns them to the pool; call before completing their
-  // handles so that callers may reuse the names at once. The pointers are invalid afterwards.
+  // Takes the entries out of flight; call before completing their handles so that callers may
+  // reuse the names at once. The entries stay valid, unchanged, until Recycle().
   void Release(const std::vector<TensorEntry*>& entries);
+  // Clears the entries released since the last call and returns them to the pool; their pointers
+  // are invalid afterwards. Call once their handles are completed.
+  void Recycle();
   // Every entry in flight, drained or not.
   std::vector<TensorEntry*> InFlight() const;
   // Later pushes fail with `reason`.
@@ -58,7 +61,7 @@ class TensorQueue {
   // Keyed by the entry's own name, which stays unchanged while the entry is in flight.
   NameTable<std::unique_ptr<TensorEntry>> in_flight_;
   std::vector<std::unique_ptr<TensorEntry>> pool_;
-  std::vector<std::unique_ptr<TensorEntry>> released_;  // Release's scratch; background thread only
+  std::vector<std::unique_ptr<TensorEntry>> released_;  // until Recycle; background thread only
   Status closed_;
   bool closed_flag_ = false;
   bool wake_requested_ = false;

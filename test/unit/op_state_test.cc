@@ -86,6 +86,43 @@ TEST(OpStateTest, WaitersOfManyOperationsEachWakeForTheirOwn) {
   }
 }
 
+// Once no handle holds a completed operation, its object comes back pending, with nothing of the
+// old operation left; while a handle still holds it, the handle keeps its result.
+TEST(OpStateTest, RenewReusesOnlyAnUnheldState) {
+  std::shared_ptr<OpState> state;
+  OpState::Renew(&state, nullptr);
+  ASSERT_NE(state, nullptr);
+  int calls = 0;
+  OpState::Renew(&state, [&](const Status&) { ++calls; });
+  state->output_shape = {3};
+  state->received_splits = {1, 2};
+  state->result = 7;
+  Complete(state.get(), Status::Mismatch("old"));
+  EXPECT_EQ(calls, 1);
+
+  std::shared_ptr<OpState> handle = state;
+  const OpState* held = state.get();
+  OpState::Renew(&state, nullptr);
+  EXPECT_NE(state.get(), held);
+  EXPECT_TRUE(handle->done());
+  EXPECT_EQ(handle->status().message(), "old");
+  EXPECT_EQ(handle->result, 7);
+
+  handle = state;
+  handle.reset();
+  const OpState* unheld = state.get();
+  OpState::Renew(&state, [&](const Status&) { calls += 10; });
+  EXPECT_EQ(state.get(), unheld);
+  EXPECT_FALSE(state->done());
+  EXPECT_TRUE(state->status().ok());
+  EXPECT_TRUE(state->output_shape.empty());
+  EXPECT_TRUE(state->received_splits.empty());
+  EXPECT_EQ(state->result, 0);
+  Complete(state.get(), Status::OK());
+  EXPECT_EQ(calls, 11);
+  EXPECT_TRUE(state->Wait().ok());
+}
+
 TEST(OpStateTest, RecordingTwiceAborts) {
   OpState state;
   state.Record(Status::OK());

@@ -105,9 +105,12 @@ TEST(TensorQueueTest, ReleasedEntriesAreReusedCleared) {
   entry->allocator = [](const std::vector<int64_t>&, DataType) { return nullptr; };
   entry->state = std::make_shared<OpState>();
   const TensorEntry* address = entry.get();
+  const OpState* state = entry->state.get();
   const size_t name_capacity = entry->name.capacity();
   ASSERT_TRUE(queue.Push(std::move(entry)).ok());
   queue.Release(queue.Drain());
+  EXPECT_EQ(queue.NewEntry()->name, "") << "an entry is pooled only by Recycle";
+  queue.Recycle();
 
   auto reused = queue.NewEntry();
   const TensorEntry fresh;
@@ -130,7 +133,7 @@ TEST(TensorQueueTest, ReleasedEntriesAreReusedCleared) {
   EXPECT_EQ(reused->group_size, fresh.group_size);
   EXPECT_EQ(reused->process_set, fresh.process_set);
   EXPECT_FALSE(reused->allocator);
-  EXPECT_EQ(reused->state, nullptr);
+  EXPECT_EQ(reused->state.get(), state);       // kept for OpState::Renew
   EXPECT_NE(queue.NewEntry().get(), address);  // the pool is empty again: a new one
 }
 
@@ -242,6 +245,7 @@ TEST(TensorQueueTest, EveryPushAfterADrainWakesTheWaiterAgain) {
         got = queue.Drain();
       }
       queue.Release(got);
+      queue.Recycle();
     }
   });
   auto start = steady_clock::now();
