@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <unordered_set>
+#include <utility>
 
 #include "coordinator/wire_format.h"
 #include "runtime/logging.h"
@@ -58,6 +60,8 @@ Status Negotiator::RunCycle(const std::vector<TensorEntry*>& fresh, bool want_sh
                             CycleOutcome* out) {
   *out = CycleOutcome();
   const double now = clock_();
+  cached_.resize(cache_.num_bits());
+  cached_bits_.resize(BitWords(cache_.num_bits()));
   std::vector<uint32_t> invalid;
   AddFresh(fresh, now, &invalid);
   // Before any response retires the join: a join enqueued this cycle may already let the others'
@@ -76,8 +80,8 @@ Status Negotiator::RunCycle(const std::vector<TensorEntry*>& fresh, bool want_sh
   ApplyInvalidBits(words);
   TakeCachedReady(words, out);
   if ((flags & kFlagJoined) != 0) {
-    for (auto& [name, p] : pending_) {
-      if (p.state == PendingState::kCached) p.state = PendingState::kUncached;
+    for (uint32_t bit = 0; bit < cached_.size(); ++bit) {
+      if (cached_[bit].entry != nullptr) Demote(bit);
     }
   }
   if ((flags & (kFlagUncached | kFlagInspect | kFlagJoined)) != 0 || any_invalid) {
@@ -94,87 +98,117 @@ void Negotiator::AddFresh(const std::vector<TensorEntry*>& fresh, double now,
     p.entry = entry;
     p.first_seen = now;
     p.sequence = next_sequence_++;
+    if (entry->group_size > 1) ++grouped_pending_;
+    if (entry->op == OpType::kJoin) ++joins_pending_;
     uint32_t bit = 0;
-    switch (cache_.Find(entry->key(), FieldsOf(*entry, rank_), &bit)) {
-      case ResponseCache::Lookup::kHit:
-        p.state = PendingState::kCached;
-        p.bit = bit;
-        break;
-      case ResponseCache::Lookup::kMismatch:
-        // Parameters changed since the name was cached: every rank drops the entry and the tensor
-        // is negotiated in full, where validation compares all ranks' parameters.
-        invalid->push_back(bit);
-        break;
-      case ResponseCache::Lookup::kMiss:
-        break;
+    const ResponseCache::Lookup lookup = cache_.Find(entry->key(), FieldsOf(*entry, rank_), &bit);
+    bool duplicate = false;
+    if (lookup == ResponseCache::Lookup::kHit) {
+      duplicate = cached_[bit].entry != nullptr;
+      if (!duplicate) {
+        HoldCached(bit, p);
+        continue;
+      }
+    } else if (lookup == ResponseCache::Lookup::kMismatch) {
+      // Parameters changed since the name was cached: every rank drops the entry and the tensor
+      // is negotiated in full, where validation compares all ranks' parameters.
+      invalid->push_back(bit);
     }
-    if (!pending_.Insert(entry->key(), std::move(p))) {
+    if (duplicate || !pending_.Insert(entry->key(), std::move(p))) {
       std::fprintf(stderr, "gradsync: internal error: tensor '%s' negotiated twice\n",
                    entry->name.c_str());
       std::abort();
     }
-    if (entry->group_size > 1) ++grouped_pending_;
-    if (entry->op == OpType::kJoin) ++joins_pending_;
   }
   // A group is enqueued atomically, so all of it is fresh in the same cycle.
   if (grouped_pending_ > 0) KeepGroupsTogether();
+}
+
+void Negotiator::HoldCached(uint32_t bit, const Pending& p) {
+  cached_[bit] = {p.entry, p.first_seen, p.sequence};
+  SetBit(&cached_bits_, 0, bit);
+  // Later entries are never older, so the first one held bounds them all.
+  if (cached_count_++ == 0) cached_oldest_ = p.first_seen;
+}
+
+Negotiator::CachedPending Negotiator::TakeCached(uint32_t bit) {
+  if (bit >= cached_.size() || cached_[bit].entry == nullptr) return {};
+  const CachedPending held = std::exchange(cached_[bit], CachedPending());
+  ClearBit(&cached_bits_, 0, bit);
+  --cached_count_;
+  return held;
+}
+
+void Negotiator::Demote(uint32_t bit) {
+  const CachedPending held = TakeCached(bit);
+  if (held.entry == nullptr) return;
+  Pending p;
+  p.entry = held.entry;
+  p.first_seen = held.first_seen;
+  p.sequence = held.sequence;
+  pending_.Insert(held.entry->key(), std::move(p));
+}
+
+void Negotiator::DemoteStale() {
+  cache_changed_ = false;
+  for (uint32_t bit = 0; bit < cached_.size(); ++bit) {
+    const TensorEntry* entry = cached_[bit].entry;
+    if (entry != nullptr && (!cache_.Contains(bit) || cache_.KeyOf(bit) != entry->key())) {
+      Demote(bit);
+    }
+  }
 }
 
 // A group runs in one cycle: through the cache only if every member is cached, otherwise every
 // member goes through the full round, where rank 0 holds them until the whole group is ready. The
 // state of a member's siblings is the same on every rank (caches are identical), so every rank
 // reaches the same decision.
-bool Negotiator::KeepGroupsTogether() {
+void Negotiator::KeepGroupsTogether() {
   std::unordered_set<std::string_view> split;
   for (const auto& [name, p] : pending_) {
-    if (p.entry->group_size > 1 && p.state != PendingState::kCached) split.insert(p.entry->group);
+    if (p.entry->group_size > 1) split.insert(p.entry->group);
   }
-  if (split.empty()) return false;
-  bool demoted = false;
-  for (auto& [name, p] : pending_) {
-    if (p.state == PendingState::kCached && p.entry->group_size > 1 &&
-        split.count(p.entry->group) != 0) {
-      p.state = PendingState::kUncached;
-      demoted = true;
-    }
+  if (split.empty()) return;
+  for (uint32_t bit = 0; bit < cached_.size(); ++bit) {
+    const TensorEntry* entry = cached_[bit].entry;
+    if (entry != nullptr && entry->group_size > 1 && split.count(entry->group) != 0) Demote(bit);
   }
-  return demoted;
 }
 
 bool Negotiator::RefreshCachedState(double now, std::vector<uint32_t>* invalid) {
-  bool has_uncached = false;
-  for (auto& [name, p] : pending_) {
-    has_uncached = has_uncached || p.state == PendingState::kUncached;
-    if (p.state != PendingState::kCached) continue;
-    if (!cache_.Contains(p.bit) || cache_.KeyOf(p.bit) != name) {
-      p.state = PendingState::kUncached;  // evicted since it was looked up
-    } else if (now - p.first_seen >= config_.stall_warning_seconds) {
-      // Cached tensors never reach rank 0's table; invalidating a long-waiting one sends it there,
-      // so the stall inspector can name the ranks that are missing it.
-      invalid->push_back(p.bit);
-      p.state = PendingState::kUncached;
+  if (cache_changed_) DemoteStale();
+  if (cached_count_ > 0 && now - cached_oldest_ >= config_.stall_warning_seconds) {
+    // Cached tensors never reach rank 0's table; invalidating a long-waiting one sends it there,
+    // so the stall inspector can name the ranks that are missing it.
+    double oldest = std::numeric_limits<double>::infinity();
+    for (uint32_t bit = 0; bit < cached_.size(); ++bit) {
+      if (cached_[bit].entry == nullptr) continue;
+      if (now - cached_[bit].first_seen >= config_.stall_warning_seconds) {
+        invalid->push_back(bit);
+        Demote(bit);
+      } else {
+        oldest = std::min(oldest, cached_[bit].first_seen);
+      }
     }
-    has_uncached = has_uncached || p.state == PendingState::kUncached;
+    cached_oldest_ = oldest;
   }
-  if (grouped_pending_ > 0 && KeepGroupsTogether()) has_uncached = true;
-  return has_uncached;
+  if (grouped_pending_ > 0) KeepGroupsTogether();
+  return std::any_of(pending_.begin(), pending_.end(),
+                     [](const auto& item) { return item.value.state == PendingState::kUncached; });
 }
 
 std::vector<uint64_t> Negotiator::BuildBitVector(bool want_shutdown, bool has_uncached,
                                                  const std::vector<uint32_t>& invalid,
                                                  double now) const {
   const size_t bit_words = BitWords(cache_.num_bits());
-  std::vector<uint64_t> words(1 + 2 * bit_words, 0);
+  std::vector<uint64_t> words(1 + 2 * bit_words, ~uint64_t{0});
   uint64_t flags = 0;
   if (want_shutdown) flags |= kFlagShutdown;
   if (has_uncached) flags |= kFlagUncached;
   if (joins_pending_ > 0) flags |= kFlagJoined;
   if (rank_ == 0 && stall_->InspectionDue(*table_, now)) flags |= kFlagInspect;
   words[0] = ~flags;
-  for (const auto& [name, p] : pending_) {
-    if (p.state == PendingState::kCached) SetBit(&words, 1, p.bit);
-  }
-  std::fill(words.begin() + 1 + bit_words, words.end(), ~uint64_t{0});
+  std::copy(cached_bits_.begin(), cached_bits_.end(), words.begin() + 1);
   for (uint32_t bit : invalid) ClearBit(&words, 1 + bit_words, bit);
   return words;
 }
@@ -195,14 +229,9 @@ void Negotiator::ApplyInvalidBits(const std::vector<uint64_t>& words) {
     const Response& response = *cache_.Get(erased[i]);
     if (response.group_size > 1) cache_.AppendGroupBits(response.group, &erased);
   }
-  std::sort(erased.begin(), erased.end());
-  erased.erase(std::unique(erased.begin(), erased.end()), erased.end());
-  for (uint32_t bit : erased) cache_.Erase(bit);
-  for (auto& [name, p] : pending_) {
-    if (p.state == PendingState::kCached &&
-        std::binary_search(erased.begin(), erased.end(), p.bit)) {
-      p.state = PendingState::kUncached;
-    }
+  for (uint32_t bit : erased) {
+    cache_.Erase(bit);
+    Demote(bit);
   }
 }
 
@@ -214,10 +243,9 @@ void Negotiator::TakeCachedReady(const std::vector<uint64_t>& words, CycleOutcom
       const uint32_t bit = static_cast<uint32_t>(w * 64 + __builtin_ctzll(ready));
       ready &= ready - 1;
       if (!cache_.Contains(bit)) continue;
-      const ResponsePtr& response = cache_.Get(bit);
       cache_.Touch(bit);
-      out->entries.push_back(Retire(cache_.KeyOf(bit)));
-      out->responses.push_back(response);
+      out->entries.push_back(RetireCached(bit));
+      out->responses.push_back(cache_.Get(bit));
       ++out->cache_hits;
     }
   }
@@ -255,6 +283,7 @@ Status Negotiator::FullRound(double now, CycleOutcome* out) {
     TensorEntry* entry = nullptr;
     if (response->type != ResponseType::kStallShutdown) {
       cache_.Put(response);
+      cache_changed_ = true;
       entry = Retire(NameKey(response->name));
     }
     out->entries.push_back(entry);
@@ -299,15 +328,28 @@ void Negotiator::CoordinatorRespond(const std::vector<std::string>& gathered, do
 TensorEntry* Negotiator::Retire(const NameKey& name) {
   std::optional<Pending> retired = pending_.Take(name);
   if (!retired) return nullptr;
-  if (retired->entry->group_size > 1) --grouped_pending_;
-  if (retired->entry->op == OpType::kJoin) --joins_pending_;
+  Forget(*retired->entry);
   return retired->entry;
+}
+
+TensorEntry* Negotiator::RetireCached(uint32_t bit) {
+  TensorEntry* entry = TakeCached(bit).entry;
+  if (entry != nullptr) Forget(*entry);
+  return entry;
+}
+
+void Negotiator::Forget(const TensorEntry& entry) {
+  if (entry.group_size > 1) --grouped_pending_;
+  if (entry.op == OpType::kJoin) --joins_pending_;
 }
 
 std::vector<TensorEntry*> Negotiator::TakeAllPending() {
   std::vector<TensorEntry*> entries;
   for (const auto& [name, p] : pending_) entries.push_back(p.entry);
   for (TensorEntry* entry : entries) Retire(entry->key());
+  for (uint32_t bit = 0; bit < cached_.size(); ++bit) {
+    if (TensorEntry* entry = RetireCached(bit)) entries.push_back(entry);
+  }
   return entries;
 }
 

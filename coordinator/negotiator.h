@@ -61,11 +61,18 @@ class Negotiator {
   std::vector<TensorEntry*> TakeAllPending();
 
  private:
-  enum class PendingState { kUncached, kCached, kSent };
+  // A pending entry that is not (or no longer) served by the cache: it goes through the full round.
+  enum class PendingState { kUncached, kSent };
   struct Pending {
     TensorEntry* entry = nullptr;
     PendingState state = PendingState::kUncached;
-    uint32_t bit = 0;
+    double first_seen = 0.0;
+    uint64_t sequence = 0;
+  };
+  // A pending entry that is served by the cache, held under its cache bit. Cached entries are found
+  // by bit, not by name: on the steady-state path nothing is hashed after the cache lookup.
+  struct CachedPending {
+    TensorEntry* entry = nullptr;  // null: no pending entry holds this bit
     double first_seen = 0.0;
     uint64_t sequence = 0;
   };
@@ -81,9 +88,14 @@ class Negotiator {
   };
 
   void AddFresh(const std::vector<TensorEntry*>& fresh, double now, std::vector<uint32_t>* invalid);
-  // Sends every member of a group through the full round when any member must go there; returns
-  // whether it demoted any cached member.
-  bool KeepGroupsTogether();
+  void HoldCached(uint32_t bit, const Pending& p);
+  // Moves the entry held under `bit` to the full round.
+  void Demote(uint32_t bit);
+  // Moves every cached entry that no longer owns its bit (evicted or erased since it was looked
+  // up) to the full round.
+  void DemoteStale();
+  // Sends every member of a group through the full round when any member must go there.
+  void KeepGroupsTogether();
   // Demotes cached requests that were evicted or have waited past the stall warning; returns
   // whether any pending request now needs the full round.
   bool RefreshCachedState(double now, std::vector<uint32_t>* invalid);
@@ -98,6 +110,12 @@ class Negotiator {
                           ResponseList* responses);
   // Forgets a pending name; returns its entry (null if the name was not pending).
   TensorEntry* Retire(const NameKey& name);
+  // Forgets the entry held under `bit` and returns it (null if none).
+  TensorEntry* RetireCached(uint32_t bit);
+  // Unlinks what `bit` holds (an empty CachedPending if nothing), leaving the counts below alone.
+  CachedPending TakeCached(uint32_t bit);
+  // Updates the group and join counts for an entry that leaves negotiation.
+  void Forget(const TensorEntry& entry);
 
   ControlChannel* channel_;
   Timeline* timeline_;
@@ -106,8 +124,16 @@ class Negotiator {
   int rank_;
   int size_;
   ResponseCache cache_;
-  // Keyed by the entry's name, valid while the entry is pending.
+  // Entries for the full round, keyed by the entry's name, valid while the entry is pending.
   NameTable<Pending> pending_;
+  // Entries served by the cache, indexed by cache bit, with a bit set in cached_bits_ for each.
+  std::vector<CachedPending> cached_;
+  std::vector<uint64_t> cached_bits_;
+  size_t cached_count_ = 0;
+  // No cached entry has waited since before this (a lower bound; +inf when none is held), so the
+  // stall check scans cached_ only when this is old enough.
+  double cached_oldest_ = 0.0;
+  bool cache_changed_ = false;  // bits were erased or reassigned since the last DemoteStale
   uint64_t next_sequence_ = 0;
   size_t grouped_pending_ = 0;  // pending entries that belong to a group
   size_t joins_pending_ = 0;    // pending join entries (0 or 1)
