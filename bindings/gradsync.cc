@@ -51,11 +51,9 @@ Status ValidateTensor(const TensorView& t, const char* what) {
   return Status::OK();
 }
 
-Status ValidateScale(double factor, const char* what) {
-  if (!std::isfinite(factor)) {
-    return Status::InvalidArgument(std::string(what) + " factor must be finite");
-  }
-  return Status::OK();
+inline Status ValidateScale(double factor, const char* what) {
+  if (std::isfinite(factor)) return Status::OK();
+  return Status::InvalidArgument(std::string(what) + " factor must be finite");
 }
 
 // This rank's rank in `set` and the set's size; the global set costs no lock.
@@ -85,7 +83,9 @@ Status UseProcessSet(const Runtime& rt, const ProcessSet& set, TensorEntry* entr
 void ThrowIfRefused(const Runtime& rt, TensorEntry* entry, Status validation) {
   const bool internal = entry->op == OpType::kJoin || entry->op == OpType::kAddProcessSet ||
                         entry->op == OpType::kRemoveProcessSet;
-  if (validation.ok() && !internal && entry->name.compare(0, 9, "gradsync.") == 0) {
+  const std::string& name = entry->name;
+  if (validation.ok() && !internal && name.size() >= 9 && name[0] == 'g' &&
+      name.compare(0, 9, "gradsync.") == 0) {
     validation = Status::InvalidArgument("names starting with 'gradsync.' are reserved");
   }
   if (validation.ok() && entry->name.size() > kMaxWireNameBytes) {
@@ -138,34 +138,35 @@ std::vector<Handle> SubmitGroup(Runtime& rt, std::vector<std::unique_ptr<TensorE
   return handles;
 }
 
+// Fills first and validates after, returning at the first problem: the entry is discarded on
+// failure anyway, and the accepted path then costs no Status assignments.
 Status FillAllreduce(const Runtime& rt, const TensorView& input, const TensorView& output,
                      const AllreduceOptions& options, TensorEntry* entry) {
-  Status status = UseProcessSet(rt, options.process_set, entry);
-  if (status.ok()) status = ValidateTensor(input, "");
+  AssignView(input, &entry->input);
+  AssignView(output, &entry->output);
+  entry->reduce_op = options.op;
+  entry->prescale = options.prescale;
+  entry->postscale = options.postscale;
+  GRADSYNC_RETURN_IF_ERROR(UseProcessSet(rt, options.process_set, entry));
+  GRADSYNC_RETURN_IF_ERROR(ValidateTensor(input, ""));
   const bool same_view =
       &input == &output || (input.data == output.data && input.dtype == output.dtype &&
                             input.device == output.device && input.shape == output.shape);
-  if (status.ok() && !same_view) {
-    status = ValidateTensor(output, "output: ");
-    if (status.ok() && (output.dtype != input.dtype || output.shape != input.shape ||
-                        output.device != input.device)) {
-      status = Status::InvalidArgument(
+  if (!same_view) {
+    GRADSYNC_RETURN_IF_ERROR(ValidateTensor(output, "output: "));
+    if (output.dtype != input.dtype || output.shape != input.shape ||
+        output.device != input.device) {
+      return Status::InvalidArgument(
           "output (" + DataTypeName(output.dtype) + " " + ShapeString(output.shape) + " on " +
           DeviceName(output.device) + ") differs from input (" + DataTypeName(input.dtype) + " " +
           ShapeString(input.shape) + " on " + DeviceName(input.device) + ")");
     }
   }
-  if (status.ok() && !IsValidReduceOp(options.op)) {
-    status = Status::InvalidArgument("unknown reduce op " + ReduceOpName(options.op));
+  if (!IsValidReduceOp(options.op)) {
+    return Status::InvalidArgument("unknown reduce op " + ReduceOpName(options.op));
   }
-  if (status.ok()) status = ValidateScale(options.prescale, "prescale");
-  if (status.ok()) status = ValidateScale(options.postscale, "postscale");
-  entry->input = input;
-  entry->output = output;
-  entry->reduce_op = options.op;
-  entry->prescale = options.prescale;
-  entry->postscale = options.postscale;
-  return status;
+  GRADSYNC_RETURN_IF_ERROR(ValidateScale(options.prescale, "prescale"));
+  return ValidateScale(options.postscale, "postscale");
 }
 
 Status FillAllgather(const Runtime& rt, const TensorView& input, Allocator allocate,
@@ -173,7 +174,7 @@ Status FillAllgather(const Runtime& rt, const TensorView& input, Allocator alloc
   Status status = UseProcessSet(rt, process_set, entry);
   if (status.ok()) status = ValidateTensor(input, "");
   if (status.ok() && !allocate) status = Status::InvalidArgument("no output allocator");
-  entry->input = input;
+  AssignView(input, &entry->input);
   entry->allocator = std::move(allocate);
   return status;
 }
@@ -191,7 +192,7 @@ Status FillReducescatter(const Runtime& rt, const TensorView& input, Allocator a
   }
   if (status.ok()) status = ValidateScale(options.prescale, "prescale");
   if (status.ok()) status = ValidateScale(options.postscale, "postscale");
-  entry->input = input;
+  AssignView(input, &entry->input);
   entry->allocator = std::move(allocate);
   entry->reduce_op = options.op;
   entry->prescale = options.prescale;
@@ -347,8 +348,8 @@ Handle broadcast(const TensorView& tensor, int root, const BroadcastOptions& opt
         (options.process_set.id() == 0 ? std::string()
                                        : " (roots are ranks within the process set)"));
   }
-  entry->input = tensor;
-  entry->output = tensor;
+  AssignView(tensor, &entry->input);
+  AssignView(tensor, &entry->output);
   entry->root = root;
   return Submit(rt, std::move(entry), status);
 }
@@ -366,7 +367,7 @@ Handle alltoall(const TensorView& input, Allocator allocate, const AlltoallOptio
   if (status.ok() && !options.splits.empty()) {
     status = CheckSplits(options.splits, input.shape[0], set_size);
   }
-  entry->input = input;
+  AssignView(input, &entry->input);
   entry->allocator = std::move(allocate);
   entry->splits = options.splits;
   return Submit(rt, std::move(entry), status);

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 namespace gradsync {
 
@@ -114,12 +115,25 @@ RequestFields FieldsOf(const TensorEntry& entry, int rank) {
 
 namespace {
 
+// Inline comparisons for the cache-hit test, which runs for every cached tensor of every step: the
+// library's operator== for vectors and strings was an out-of-line call each.
+bool SameBytes(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0);
+}
+bool SameDims(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
 // An allgather response carries rank 0's shape, so another rank's request matches it only through
 // that rank's own entry in first_dims; comparing against rank 0's shape would both miss forever on
 // ranks with a different first dimension and hit with a stale first_dims entry on others.
 bool AllgatherShapeMatches(const Response& response, const RequestFields& request) {
   const std::vector<int64_t>& shape = *request.shape;
-  if (response.first_dims.empty()) return response.shape == shape;
+  if (response.first_dims.empty()) return SameDims(response.shape, shape);
   if (request.rank < 0 || static_cast<size_t>(request.rank) >= response.first_dims.size()) {
     return false;
   }
@@ -133,8 +147,14 @@ bool AllgatherShapeMatches(const Response& response, const RequestFields& reques
 
 }  // namespace
 
+// Scalar fields first: this runs for every cached tensor of every step, and they are cheapest.
 bool ResponseMatches(const Response& response, const RequestFields& request) {
-  if (response.name != request.name) return false;
+  if (response.dtype != request.dtype || response.reduce_op != request.reduce_op ||
+      response.prescale != request.prescale || response.postscale != request.postscale ||
+      response.root != request.root || response.device != request.device ||
+      response.group_size != request.group_size) {
+    return false;
+  }
   switch (response.type) {
     case ResponseType::kAllreduce:
     case ResponseType::kAllgather:
@@ -149,11 +169,9 @@ bool ResponseMatches(const Response& response, const RequestFields& request) {
   if (response.type != ResponseTypeFor(request.op)) return false;
   const bool shape_matches = response.type == ResponseType::kAllgather
                                  ? AllgatherShapeMatches(response, request)
-                                 : response.shape == *request.shape;
-  return shape_matches && response.dtype == request.dtype && response.device == request.device &&
-         response.reduce_op == request.reduce_op && response.prescale == request.prescale &&
-         response.postscale == request.postscale && response.root == request.root &&
-         response.group == request.group && response.group_size == request.group_size;
+                                 : SameDims(response.shape, *request.shape);
+  return shape_matches && SameBytes(response.name, request.name) &&
+         SameBytes(response.group, request.group);
 }
 
 }  // namespace gradsync

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 #include <functional>
 #include <string_view>
 
@@ -22,7 +23,12 @@ struct NameKey {
   // `h` must be HashName(n).
   NameKey(std::string_view n, size_t h) : name(n), hash(h) {}
 
-  bool operator==(const NameKey& o) const { return hash == o.hash && name == o.name; }
+  // Sizes and bytes compared directly: string_view's operator== was an out-of-line call on the
+  // path every tensor takes several times per step.
+  bool operator==(const NameKey& o) const {
+    return hash == o.hash && name.size() == o.name.size() &&
+           std::memcmp(name.data(), o.name.data(), name.size()) == 0;
+  }
   bool operator!=(const NameKey& o) const { return !(*this == o); }
 };
 

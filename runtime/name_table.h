@@ -77,18 +77,20 @@ class NameTable {
   static constexpr size_t kNone = ~size_t{0};
   static constexpr size_t kFirstSlots = 16;
 
-  // A slot holds the item's position + 1 in its low half (0: empty) and the upper half of the
-  // key's hash in its high half, so most mismatches are rejected without reading the item.
-  static uint64_t Tag(size_t hash) { return static_cast<uint64_t>(hash) >> 32 << 32; }
+  // A slot holds the item's position + 1 in its low half (0: empty) and the low half of the key's
+  // hash in its high half: most mismatches are rejected, and a slot's home found, without reading
+  // the item (the index never reaches 2^32 slots).
+  static uint64_t Tag(size_t hash) { return static_cast<uint64_t>(hash) << 32; }
   static uint64_t Pack(size_t hash, size_t position) {
     return Tag(hash) | static_cast<uint32_t>(position + 1);
   }
   static size_t PositionOf(uint64_t slot) { return static_cast<uint32_t>(slot) - 1; }
 
   size_t Home(size_t hash) const { return hash & (slots_.size() - 1); }
+  size_t HomeOfSlot(uint64_t slot) const { return Home(static_cast<size_t>(slot >> 32)); }
   size_t Next(size_t slot) const { return (slot + 1) & (slots_.size() - 1); }
   bool Matches(uint64_t slot, const NameKey& key) const {
-    return (slot >> 32 << 32) == Tag(key.hash) && items_[PositionOf(slot)].key == key;
+    return (slot >> 32) == static_cast<uint32_t>(key.hash) && items_[PositionOf(slot)].key == key;
   }
 
   size_t FindSlot(const NameKey& key) const {
@@ -112,7 +114,7 @@ class NameTable {
     // cyclically after the hole, so that no lookup ever stops early at an empty slot.
     size_t hole = slot;
     for (size_t next = Next(hole); slots_[next] != 0; next = Next(next)) {
-      const size_t home = Home(items_[PositionOf(slots_[next])].key.hash);
+      const size_t home = HomeOfSlot(slots_[next]);
       const bool stays =
           hole <= next ? (hole < home && home <= next) : (hole < home || home <= next);
       if (stays) continue;

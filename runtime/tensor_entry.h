@@ -37,6 +37,19 @@ std::string OpTypeName(OpType op);
 // fail the operation.
 using OutputAllocator = std::function<void*(const std::vector<int64_t>& shape, DataType dtype)>;
 
+// Copies `from` into an entry's view, reusing the view's shape storage: the per-enqueue copy of a
+// one- or two-dimensional shape is then a few stores instead of a library call.
+inline void AssignView(const TensorView& from, TensorView* to) {
+  to->data = from.data;
+  to->dtype = from.dtype;
+  to->device = from.device;
+  if (to->shape.size() != from.shape.size()) {
+    to->shape.assign(from.shape.begin(), from.shape.end());
+    return;
+  }
+  for (size_t i = 0; i < from.shape.size(); ++i) to->shape[i] = from.shape[i];
+}
+
 struct TensorEntry {
   std::string name;
   // HashName(name), set by TensorQueue when the entry is pushed (the name is final by then).

@@ -1,26 +1,6 @@
 #include "gradsync/types.h"
 
-#include <limits>
-
 namespace gradsync {
-
-size_t DataTypeSize(DataType dtype) {
-  switch (dtype) {
-    case DataType::kUInt8:
-    case DataType::kInt8:
-      return 1;
-    case DataType::kFloat16:
-    case DataType::kBFloat16:
-      return 2;
-    case DataType::kInt32:
-    case DataType::kFloat32:
-      return 4;
-    case DataType::kInt64:
-    case DataType::kFloat64:
-      return 8;
-  }
-  return 0;
-}
 
 bool IsValidDataType(DataType dtype) { return DataTypeSize(dtype) != 0; }
 
@@ -79,12 +59,12 @@ std::string DeviceName(const Device& device) {
   return "invalid(" + std::to_string(static_cast<int>(device.kind)) + ")";
 }
 
+// Overflow is detected by the multiplication itself: every enqueue and every bucket sizes its
+// tensors, and a division per dimension cost more than the rest of the arithmetic.
 int64_t TensorView::num_elements() const {
   int64_t n = 1;
   for (int64_t d : shape) {
-    if (d < 0) return -1;
-    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d) return -1;
-    n *= d;
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return -1;
   }
   return n;
 }
@@ -92,9 +72,9 @@ int64_t TensorView::num_elements() const {
 int64_t TensorView::num_bytes() const {
   const int64_t n = num_elements();
   const auto size = static_cast<int64_t>(DataTypeSize(dtype));
-  if (n < 0 || size == 0) return -1;
-  if (n > std::numeric_limits<int64_t>::max() / size) return -1;
-  return n * size;
+  int64_t bytes = 0;
+  if (n < 0 || size == 0 || __builtin_mul_overflow(n, size, &bytes)) return -1;
+  return bytes;
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {

@@ -50,8 +50,24 @@ struct Device {
   bool operator!=(const Device& o) const { return !(*this == o); }
 };
 
-// Bytes per element; 0 for a value outside the enum.
-size_t DataTypeSize(DataType dtype);
+// Bytes per element; 0 for a value outside the enum. Inline: every tensor is sized several times.
+inline size_t DataTypeSize(DataType dtype) {
+  switch (dtype) {
+    case DataType::kUInt8:
+    case DataType::kInt8:
+      return 1;
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      return 2;
+    case DataType::kInt32:
+    case DataType::kFloat32:
+      return 4;
+    case DataType::kInt64:
+    case DataType::kFloat64:
+      return 8;
+  }
+  return 0;
+}
 // "float32", "bfloat16", ...; "invalid(<n>)" for a value outside the enum.
 std::string DataTypeName(DataType dtype);
 bool IsValidDataType(DataType dtype);
