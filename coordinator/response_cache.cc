@@ -70,8 +70,6 @@ const ResponsePtr& ResponseCache::Get(uint32_t bit) const {
   return slots_[bit].response;
 }
 
-bool ResponseCache::Contains(uint32_t bit) const { return bit < slots_.size() && slots_[bit].used; }
-
 void ResponseCache::AppendGroupBits(const std::string& group, std::vector<uint32_t>* bits) const {
   for (size_t bit = 0; bit < slots_.size(); ++bit) {
     if (slots_[bit].used && slots_[bit].response->group_size > 1 &&

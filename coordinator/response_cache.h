@@ -42,7 +42,7 @@ class ResponseCache {
   const ResponsePtr& Get(uint32_t bit) const;
   // The cached response's name with its hash; the bit must be in use.
   const NameKey& KeyOf(uint32_t bit) const { return slots_[bit].key; }
-  bool Contains(uint32_t bit) const;
+  bool Contains(uint32_t bit) const { return bit < slots_.size() && slots_[bit].used; }
   // Appends the bits of every cached response of `group` (scans the whole cache).
   void AppendGroupBits(const std::string& group, std::vector<uint32_t>* bits) const;
 
@@ -64,7 +64,7 @@ class ResponseCache {
   size_t capacity_;
   std::vector<Slot> slots_;
   std::set<uint32_t> free_bits_;
-  std::list<uint32_t> lru_;                                     // front = most recently used
+  std::list<uint32_t> lru_;      // front = most recently used
   NameTable<uint32_t> by_name_;  // keys view the slots' names
 };
 

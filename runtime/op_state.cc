@@ -46,8 +46,8 @@ void OpState::Renew(std::shared_ptr<OpState>* state, Callback callback) {
 }
 
 void OpState::RunCallback(const Status& status) {
+  if (!callback_) return;
   Callback callback = std::move(callback_);
-  if (!callback) return;
   // An exception must not escape onto the background thread, which would end the process.
   try {
     callback(status);
