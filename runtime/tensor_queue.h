@@ -1,10 +1,10 @@
 // TensorQueue: hands entries from caller threads to the background thread, and owns every entry
 // in flight (from Push until Release), by name, so that a duplicate name fails at enqueue.
-// Released entries are kept in a pool that NewEntry draws from: once a training loop has run a
-// step, enqueueing allocates nothing here.
+// Released entries, once their handles are completed, are recycled into a pool that NewEntry
+// draws from: once a training loop has run a step, enqueueing allocates nothing here.
 //
 // NewEntry, Push and Close may be called from any thread; WaitForWork, Drain, Release, Recycle and
-// InFlight only from the background thread, which may use a drained entry until it releases it.
+// InFlight only from the background thread, which may use a drained entry until it recycles it.
 // Every member takes one mutex; no member blocks except WaitForWork.
 #pragma once
 
