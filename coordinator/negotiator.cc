@@ -125,28 +125,25 @@ void Negotiator::AddFresh(const std::vector<TensorEntry*>& fresh, double now,
 }
 
 void Negotiator::HoldCached(uint32_t bit, const Pending& p) {
-  cached_[bit] = {p.entry, p.first_seen, p.sequence};
+  cached_[bit] = p;
   SetBit(&cached_bits_, 0, bit);
   // Later entries are never older, so the first one held bounds them all.
   if (cached_count_++ == 0) cached_oldest_ = p.first_seen;
 }
 
-Negotiator::CachedPending Negotiator::TakeCached(uint32_t bit) {
+Negotiator::Pending Negotiator::TakeCached(uint32_t bit) {
   if (bit >= cached_.size() || cached_[bit].entry == nullptr) return {};
-  const CachedPending held = std::exchange(cached_[bit], CachedPending());
+  const Pending held = std::exchange(cached_[bit], Pending());
   ClearBit(&cached_bits_, 0, bit);
   --cached_count_;
   return held;
 }
 
 void Negotiator::Demote(uint32_t bit) {
-  const CachedPending held = TakeCached(bit);
+  Pending held = TakeCached(bit);
   if (held.entry == nullptr) return;
-  Pending p;
-  p.entry = held.entry;
-  p.first_seen = held.first_seen;
-  p.sequence = held.sequence;
-  pending_.Insert(held.entry->key(), std::move(p));
+  const NameKey key = held.entry->key();
+  pending_.Insert(key, std::move(held));
 }
 
 void Negotiator::DemoteStale() {

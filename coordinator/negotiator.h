@@ -61,18 +61,11 @@ class Negotiator {
   std::vector<TensorEntry*> TakeAllPending();
 
  private:
-  // A pending entry that is not (or no longer) served by the cache: it goes through the full round.
+  // Where an entry for the full round stands; unused for entries the cache serves.
   enum class PendingState { kUncached, kSent };
   struct Pending {
     TensorEntry* entry = nullptr;
     PendingState state = PendingState::kUncached;
-    double first_seen = 0.0;
-    uint64_t sequence = 0;
-  };
-  // A pending entry that is served by the cache, held under its cache bit. Cached entries are found
-  // by bit, not by name: on the steady-state path nothing is hashed after the cache lookup.
-  struct CachedPending {
-    TensorEntry* entry = nullptr;  // null: no pending entry holds this bit
     double first_seen = 0.0;
     uint64_t sequence = 0;
   };
@@ -112,8 +105,9 @@ class Negotiator {
   TensorEntry* Retire(const NameKey& name);
   // Forgets the entry held under `bit` and returns it (null if none).
   TensorEntry* RetireCached(uint32_t bit);
-  // Unlinks what `bit` holds (an empty CachedPending if nothing), leaving the counts below alone.
-  CachedPending TakeCached(uint32_t bit);
+  // Unlinks what `bit` holds (a Pending with a null entry if nothing), leaving the counts below
+  // alone.
+  Pending TakeCached(uint32_t bit);
   // Updates the group and join counts for an entry that leaves negotiation.
   void Forget(const TensorEntry& entry);
 
@@ -126,12 +120,14 @@ class Negotiator {
   ResponseCache cache_;
   // Entries for the full round, keyed by the entry's name, valid while the entry is pending.
   NameTable<Pending> pending_;
-  // Entries served by the cache, indexed by cache bit, with a bit set in cached_bits_ for each.
-  std::vector<CachedPending> cached_;
+  // Entries served by the cache, indexed by cache bit (a null entry: none holds the bit), with a
+  // bit set in cached_bits_ for each. They are found by bit, not by name: on the steady-state path
+  // nothing is hashed after the cache lookup.
+  std::vector<Pending> cached_;
   std::vector<uint64_t> cached_bits_;
   size_t cached_count_ = 0;
-  // No cached entry has waited since before this (a lower bound; +inf when none is held), so the
-  // stall check scans cached_ only when this is old enough.
+  // No cached entry has waited since before this (a lower bound on their first_seen), so the
+  // stall check scans cached_ only once this is old enough.
   double cached_oldest_ = 0.0;
   bool cache_changed_ = false;  // bits were erased or reassigned since the last DemoteStale
   uint64_t next_sequence_ = 0;
