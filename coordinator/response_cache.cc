@@ -34,28 +34,43 @@ void ResponseCache::Put(const ResponsePtr& response) {
     Touch(bit);
     return;
   }
-  if (by_name_.size() >= capacity_) Erase(lru_.back());
+  if (by_name_.size() >= capacity_) Erase(oldest_);
   const uint32_t bit = TakeFreeBit();
   Slot& slot = slots_[bit];
   slot.used = true;
   slot.response = response;
   slot.key = key;
-  lru_.push_front(bit);
-  slot.lru_position = lru_.begin();
+  LinkNewest(bit);
   by_name_.Insert(key, bit);
 }
 
 void ResponseCache::Touch(uint32_t bit) {
-  Slot& slot = slots_.at(bit);
-  if (!slot.used) return;
-  lru_.splice(lru_.begin(), lru_, slot.lru_position);
+  if (!Contains(bit) || bit == newest_) return;
+  Unlink(bit);
+  LinkNewest(bit);
+}
+
+void ResponseCache::Unlink(uint32_t bit) {
+  Slot& slot = slots_[bit];
+  (slot.newer == kNoBit ? newest_ : slots_[slot.newer].older) = slot.older;
+  (slot.older == kNoBit ? oldest_ : slots_[slot.older].newer) = slot.newer;
+  slot.newer = kNoBit;
+  slot.older = kNoBit;
+}
+
+void ResponseCache::LinkNewest(uint32_t bit) {
+  Slot& slot = slots_[bit];
+  slot.newer = kNoBit;
+  slot.older = newest_;
+  (newest_ == kNoBit ? oldest_ : slots_[newest_].newer) = bit;
+  newest_ = bit;
 }
 
 void ResponseCache::Erase(uint32_t bit) {
   if (!Contains(bit)) return;
   Slot& slot = slots_[bit];
   by_name_.Erase(slot.key);
-  lru_.erase(slot.lru_position);
+  Unlink(bit);
   slot.used = false;
   slot.key = NameKey();
   slot.response.reset();

@@ -10,7 +10,6 @@
 #pragma once
 
 #include <cstdint>
-#include <list>
 #include <optional>
 #include <set>
 #include <string>
@@ -52,19 +51,27 @@ class ResponseCache {
   size_t capacity() const { return capacity_; }
 
  private:
+  static constexpr uint32_t kNoBit = ~uint32_t{0};
+
+  // The used slots form a doubly linked recency list through their bits, threaded through the
+  // slots themselves: touching a cached tensor every step writes a few slots, no list nodes.
   struct Slot {
     bool used = false;
     ResponsePtr response;
     NameKey key;  // views response->name
-    std::list<uint32_t>::iterator lru_position;
+    uint32_t newer = kNoBit;
+    uint32_t older = kNoBit;
   };
 
   uint32_t TakeFreeBit();
+  void Unlink(uint32_t bit);
+  void LinkNewest(uint32_t bit);
 
   size_t capacity_;
   std::vector<Slot> slots_;
   std::set<uint32_t> free_bits_;
-  std::list<uint32_t> lru_;      // front = most recently used
+  uint32_t newest_ = kNoBit;
+  uint32_t oldest_ = kNoBit;
   NameTable<uint32_t> by_name_;  // keys view the slots' names
 };
 

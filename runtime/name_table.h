@@ -12,6 +12,7 @@
 // pointers to items and values.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -64,6 +65,14 @@ class NameTable {
     if (slot == kNone) return false;
     EraseSlot(slot);
     return true;
+  }
+
+  // Removes every item, appending the values to *out in item order. Costs one pass over the index
+  // instead of a probe and a backward shift per item.
+  void TakeAll(std::vector<V>* out) {
+    for (Item& item : items_) out->push_back(std::move(item.value));
+    items_.clear();
+    std::fill(slots_.begin(), slots_.end(), 0);
   }
 
   Item* begin() { return items_.data(); }

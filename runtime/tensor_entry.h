@@ -72,6 +72,8 @@ struct TensorEntry {
   // (the sorted member ranks, or the id to remove) travel in `splits`.
   int32_t process_set = 0;
   OutputAllocator allocator;
+  // Between TensorQueue's Push and Release; written only under the queue's lock.
+  bool in_flight = false;
   // Kept across Clear() for OpState::Renew.
   std::shared_ptr<OpState> state;
 

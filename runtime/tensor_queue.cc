@@ -16,7 +16,12 @@ Status DuplicateName(const std::string& name) {
 
 }  // namespace
 
+TensorQueue::~TensorQueue() { delete spare_.exchange(nullptr); }
+
 std::unique_ptr<TensorEntry> TensorQueue::NewEntry() {
+  if (TensorEntry* spare = spare_.exchange(nullptr, std::memory_order_acquire)) {
+    return std::unique_ptr<TensorEntry>(spare);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!pool_.empty()) {
@@ -47,8 +52,10 @@ Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry) {
     if (closed_flag_) return closed_;
     TensorEntry* raw = entry.get();
     if (!in_flight_.Insert(raw->key(), std::move(entry))) return DuplicateName(raw->name);
+    raw->in_flight = true;
     pending_.push_back(raw);
     notify = std::exchange(waiter_sleeping_, false);
+    RefillSpareLocked();
   }
   if (notify) cv_.notify_one();
   return Status::OK();
@@ -72,6 +79,7 @@ Status TensorQueue::PushAll(std::vector<std::unique_ptr<TensorEntry>> entries) {
     for (auto& entry : entries) {
       TensorEntry* raw = entry.get();
       in_flight_.Insert(raw->key(), std::move(entry));
+      raw->in_flight = true;
       pending_.push_back(raw);
     }
     notify = !entries.empty() && std::exchange(waiter_sleeping_, false);
@@ -109,12 +117,33 @@ std::vector<TensorEntry*> TensorQueue::Drain() {
   return drained;
 }
 
+// A step's tensors usually complete together, leaving nothing else in flight: then the whole table
+// is emptied at once instead of erasing name by name. The flags make that safe whatever is passed:
+// only when every entry in flight is among `entries` do the counts agree.
 void TensorQueue::Release(const std::vector<TensorEntry*>& entries) {
   std::lock_guard<std::mutex> lock(mu_);
+  size_t releasing = 0;
+  for (TensorEntry* entry : entries) {
+    if (entry->in_flight) {
+      entry->in_flight = false;
+      ++releasing;
+    }
+  }
+  if (releasing == 0) return;
+  if (releasing == in_flight_.size()) {
+    in_flight_.TakeAll(&released_);
+    return;
+  }
   for (const TensorEntry* entry : entries) {
     std::optional<std::unique_ptr<TensorEntry>> taken = in_flight_.Take(entry->key());
     if (taken) released_.push_back(std::move(*taken));
   }
+}
+
+void TensorQueue::RefillSpareLocked() {
+  if (pool_.empty() || spare_.load(std::memory_order_relaxed) != nullptr) return;
+  spare_.store(pool_.back().release(), std::memory_order_release);
+  pool_.pop_back();
 }
 
 // Entries are cleared outside the lock: clearing runs the destructors of whatever a caller's

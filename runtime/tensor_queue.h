@@ -5,9 +5,10 @@
 //
 // NewEntry, Push and Close may be called from any thread; WaitForWork, Drain, Release, Recycle and
 // InFlight only from the background thread, which may use a drained entry until it recycles it.
-// Every member takes one mutex; no member blocks except WaitForWork.
+// Every member takes one mutex at most (NewEntry often none); no member blocks except WaitForWork.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -24,6 +25,11 @@ namespace gradsync {
 
 class TensorQueue {
  public:
+  TensorQueue() = default;
+  TensorQueue(const TensorQueue&) = delete;
+  TensorQueue& operator=(const TensorQueue&) = delete;
+  ~TensorQueue();
+
   // A cleared entry (see TensorEntry::Clear) to fill and push.
   std::unique_ptr<TensorEntry> NewEntry();
   // Fails with InvalidArgument if the name is in flight, or with the Close() status once closed.
@@ -40,7 +46,8 @@ class TensorQueue {
   // Entries pushed since the last Drain, in push order. They stay owned by the queue, in flight.
   std::vector<TensorEntry*> Drain();
   // Takes the entries out of flight; call before completing their handles so that callers may
-  // reuse the names at once. The entries stay valid, unchanged, until Recycle().
+  // reuse the names at once. The entries stay valid, unchanged (but for `in_flight`), until
+  // Recycle(). Entries not in flight are ignored.
   void Release(const std::vector<TensorEntry*>& entries);
   // Clears the entries released since the last call and returns them to the pool; their pointers
   // are invalid afterwards. Call once their handles are completed.
@@ -54,6 +61,8 @@ class TensorQueue {
 
  private:
   Status CheckAcceptingLocked(const TensorEntry& entry) const;
+  // Moves a pooled entry into spare_ if it is empty, so that the next NewEntry takes no lock.
+  void RefillSpareLocked();
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -61,6 +70,9 @@ class TensorQueue {
   // Keyed by the entry's own name, which stays unchanged while the entry is in flight.
   NameTable<std::unique_ptr<TensorEntry>> in_flight_;
   std::vector<std::unique_ptr<TensorEntry>> pool_;
+  // One pooled entry set aside by Push: NewEntry takes it with an exchange instead of the lock,
+  // so an enqueue locks once. Owned by the queue while set.
+  std::atomic<TensorEntry*> spare_{nullptr};
   std::vector<std::unique_ptr<TensorEntry>> released_;  // until Recycle; background thread only
   Status closed_;
   bool closed_flag_ = false;

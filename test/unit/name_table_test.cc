@@ -28,6 +28,22 @@ TEST(NameTableTest, InsertFindTake) {
   EXPECT_TRUE(table.empty());
 }
 
+TEST(NameTableTest, TakeAllEmptiesTheTableAndKeepsItUsable) {
+  std::vector<std::string> names;
+  for (int i = 0; i < 100; ++i) names.push_back("t" + std::to_string(i));
+  NameTable<int> table;
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(table.Insert(NameKey(names[i]), i));
+  std::vector<int> taken = {-1};
+  table.TakeAll(&taken);
+  ASSERT_EQ(taken.size(), 101u);  // appended
+  EXPECT_EQ(taken[0], -1);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(taken[i + 1], i);  // item order: insertion order here
+  EXPECT_TRUE(table.empty());
+  for (const std::string& name : names) EXPECT_FALSE(table.Contains(NameKey(name))) << name;
+  EXPECT_TRUE(table.Insert(NameKey(names[7]), 7));
+  EXPECT_EQ(*table.Find(NameKey(names[7])), 7);
+}
+
 TEST(NameTableTest, EmptyTableFindsNothing) {
   const NameTable<int> table;
   const std::string a = "a";

@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <list>
+#include <random>
+#include <string>
+
 namespace gradsync {
 namespace {
 
@@ -61,6 +66,39 @@ TEST(ResponseCacheTest, EvictsLeastRecentlyUsed) {
   EXPECT_EQ(Find(cache, Asked("c"), &bit), ResponseCache::Lookup::kHit);
   EXPECT_EQ(bit, 1u);
   EXPECT_EQ(cache.size(), 2u);
+}
+
+// Random puts, touches and erases against a plain list of names, most recent first: the cache must
+// evict exactly the names the list says are least recently used.
+TEST(ResponseCacheTest, EvictionFollowsRecencyUnderRandomChurn) {
+  constexpr size_t kCapacity = 16;
+  ResponseCache cache(kCapacity);
+  std::list<std::string> recency;  // front = most recently used
+  std::mt19937 random(7);
+  for (int step = 0; step < 20000; ++step) {
+    const std::string name = "t" + std::to_string(random() % 40);
+    uint32_t bit = 0;
+    const bool cached = Find(cache, Asked(name), &bit) == ResponseCache::Lookup::kHit;
+    ASSERT_EQ(cached, std::find(recency.begin(), recency.end(), name) != recency.end()) << name;
+    recency.remove(name);
+    switch (random() % 3) {
+      case 0:  // put (or refresh)
+        cache.Put(Cached(name));
+        if (recency.size() == kCapacity) recency.pop_back();
+        recency.push_front(name);
+        break;
+      case 1:  // touch, if cached
+        if (cached) {
+          cache.Touch(bit);
+          recency.push_front(name);
+        }
+        break;
+      default:  // erase, if cached
+        if (cached) cache.Erase(bit);
+        break;
+    }
+    ASSERT_EQ(cache.size(), recency.size());
+  }
 }
 
 TEST(ResponseCacheTest, RefreshingANameKeepsItsBit) {

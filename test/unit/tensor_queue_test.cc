@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -85,6 +86,31 @@ TEST(TensorQueueTest, ReleasingAnEntryNotInFlightIsHarmless) {
   EXPECT_TRUE(queue.Push(Entry("never-pushed")).ok());
 }
 
+TEST(TensorQueueTest, ReleasingEverythingInFlightAtOnceFreesEveryName) {
+  TensorQueue queue;
+  for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(queue.Push(Entry(name)).ok());
+  std::vector<TensorEntry*> drained = queue.Drain();
+  std::reverse(drained.begin(), drained.end());
+  queue.Release(drained);
+  EXPECT_TRUE(queue.InFlight().empty());
+  queue.Recycle();
+  for (const char* name : {"c", "a", "b"}) EXPECT_TRUE(queue.Push(Entry(name)).ok()) << name;
+  EXPECT_EQ(queue.InFlight().size(), 3u);
+}
+
+// As many entries as are in flight, but not the same ones: only those in flight may be released.
+TEST(TensorQueueTest, ReleasingAsManyEntriesAsAreInFlightReleasesOnlyThoseGiven) {
+  TensorQueue queue;
+  ASSERT_TRUE(queue.Push(Entry("a")).ok());
+  ASSERT_TRUE(queue.Push(Entry("b")).ok());
+  std::vector<TensorEntry*> drained = queue.Drain();
+  auto stranger = Entry("stranger");
+  queue.Release({drained[0], stranger.get()});
+  EXPECT_EQ(Names(queue.InFlight()), (std::vector<std::string>{"b"}));
+  queue.Release({drained[0], drained[0], drained[1]});  // a repeated entry counts once
+  EXPECT_TRUE(queue.InFlight().empty());
+}
+
 TEST(TensorQueueTest, ReleasedEntriesAreReusedCleared) {
   TensorQueue queue;
   auto entry = queue.NewEntry();
@@ -133,6 +159,7 @@ TEST(TensorQueueTest, ReleasedEntriesAreReusedCleared) {
   EXPECT_EQ(reused->group_size, fresh.group_size);
   EXPECT_EQ(reused->process_set, fresh.process_set);
   EXPECT_FALSE(reused->allocator);
+  EXPECT_FALSE(reused->in_flight);
   EXPECT_EQ(reused->state.get(), state);       // kept for OpState::Renew
   EXPECT_NE(queue.NewEntry().get(), address);  // the pool is empty again: a new one
 }
