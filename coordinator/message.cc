@@ -148,7 +148,7 @@ bool AllgatherShapeMatches(const Response& response, const RequestFields& reques
 }  // namespace
 
 // Scalar fields first: this runs for every cached tensor of every step, and they are cheapest.
-bool ResponseMatches(const Response& response, const RequestFields& request) {
+bool ParametersMatch(const Response& response, const RequestFields& request) {
   if (response.dtype != request.dtype || response.reduce_op != request.reduce_op ||
       response.prescale != request.prescale || response.postscale != request.postscale ||
       response.root != request.root || response.device != request.device ||
@@ -170,8 +170,11 @@ bool ResponseMatches(const Response& response, const RequestFields& request) {
   const bool shape_matches = response.type == ResponseType::kAllgather
                                  ? AllgatherShapeMatches(response, request)
                                  : SameDims(response.shape, *request.shape);
-  return shape_matches && SameBytes(response.name, request.name) &&
-         SameBytes(response.group, request.group);
+  return shape_matches && SameBytes(response.group, request.group);
+}
+
+bool ResponseMatches(const Response& response, const RequestFields& request) {
+  return SameBytes(response.name, request.name) && ParametersMatch(response, request);
 }
 
 }  // namespace gradsync

@@ -109,5 +109,7 @@ RequestFields FieldsOf(const TensorEntry& entry, int rank);
 
 // True when a cached response still describes the request exactly (the cache-hit test).
 bool ResponseMatches(const Response& response, const RequestFields& request);
+// ResponseMatches less the name, for a caller that found the response by the request's name.
+bool ParametersMatch(const Response& response, const RequestFields& request);
 
 }  // namespace gradsync

@@ -114,6 +114,8 @@ ProcessSetRuntime* ProcessSets::Next(int32_t after) {
 }
 
 ProcessSetRuntime* ProcessSets::Find(int32_t id) {
+  // Nearly every entry is in the global set, the map's first: no search for it.
+  if (!sets_.empty() && sets_.begin()->first == id) return sets_.begin()->second.get();
   auto it = sets_.find(id);
   return it == sets_.end() ? nullptr : it->second.get();
 }

@@ -17,7 +17,7 @@ ResponseCache::Lookup ResponseCache::Find(const NameKey& name, const RequestFiel
   const uint32_t* found = by_name_.Find(name);
   if (found == nullptr) return Lookup::kMiss;
   *bit = *found;
-  return ResponseMatches(*slots_[*found].response, request) ? Lookup::kHit : Lookup::kMismatch;
+  return ParametersMatch(*slots_[*found].response, request) ? Lookup::kHit : Lookup::kMismatch;
 }
 
 void ResponseCache::Put(const ResponsePtr& response) {

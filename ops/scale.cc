@@ -133,13 +133,9 @@ bool ReduceHalvesWithOp(const void* in, void* inout, int64_t n, ReduceOp op) {
 
 }  // namespace
 
-GRADSYNC_KERNEL void ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype,
-                                double factor) {
+GRADSYNC_KERNEL void ScaleElements(const void* src, void* dst, int64_t count, DataType dtype,
+                                   double factor) {
   if (count <= 0) return;
-  if (factor == 1.0) {
-    if (src != dst) std::memmove(dst, src, static_cast<size_t>(count) * DataTypeSize(dtype));
-    return;
-  }
   const auto ffactor = static_cast<float>(factor);
   switch (dtype) {
     case DataType::kUInt8:
@@ -159,7 +155,7 @@ GRADSYNC_KERNEL void ScaledCopy(const void* src, void* dst, int64_t count, DataT
     case DataType::kFloat64:
       return ScaleFloats<double>(src, dst, count, factor);
   }
-  DieOnBadArgument("ScaledCopy", dtype, ReduceOp::kSum);
+  DieOnBadArgument("ScaleElements", dtype, ReduceOp::kSum);
 }
 
 GRADSYNC_KERNEL void ReduceHalfPrecision(const void* in, void* inout, int64_t count, DataType dtype,

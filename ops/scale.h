@@ -6,15 +6,24 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "gradsync/types.h"
 
 namespace gradsync {
 
-// dst[i] = src[i] * factor for `count` elements of `dtype` (src may equal dst). Integer types
-// multiply in double and truncate toward zero; float16/bfloat16 multiply in float32. A factor of
-// exactly 1 is a plain copy (or nothing, when src == dst).
-void ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype, double factor);
+// dst[i] = src[i] * factor for `count` elements of `dtype`, for a factor other than 1 (src may
+// equal dst). Integer types multiply in double and truncate toward zero; float16/bfloat16 multiply
+// in float32.
+void ScaleElements(const void* src, void* dst, int64_t count, DataType dtype, double factor);
+
+// ScaleElements, where a factor of exactly 1 is a plain copy (or nothing, when src == dst). Inline:
+// the fused copies call it for every tensor, mostly with factor 1.
+inline void ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype, double factor) {
+  if (count <= 0) return;
+  if (factor != 1.0) return ScaleElements(src, dst, count, dtype, factor);
+  if (src != dst) std::memmove(dst, src, static_cast<size_t>(count) * DataTypeSize(dtype));
+}
 
 // Fills `count` elements of `dtype` with the identity of `op`, the value that leaves every other
 // rank's contribution unchanged: 0 for sum and average, 1 for product, and for min and max the

@@ -63,7 +63,7 @@ void OpState::Record(const Status& status) {
     std::fprintf(stderr, "gradsync: internal error: operation completed twice\n");
     std::abort();
   }
-  status_ = status;
+  if (!status.ok()) status_ = status;  // Renew left it OK: copying OK would cost a string copy
   done_.store(true, std::memory_order_release);
 }
 

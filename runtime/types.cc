@@ -31,8 +31,6 @@ std::string DataTypeName(DataType dtype) {
   return "invalid(" + std::to_string(static_cast<int>(dtype)) + ")";
 }
 
-bool IsValidReduceOp(ReduceOp op) { return static_cast<int>(op) < kNumReduceOps; }
-
 std::string ReduceOpName(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
@@ -61,22 +59,6 @@ std::string DeviceName(const Device& device) {
 
 // Overflow is detected by the multiplication itself: every enqueue and every bucket sizes its
 // tensors, and a division per dimension cost more than the rest of the arithmetic.
-int64_t TensorView::num_elements() const {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return -1;
-  }
-  return n;
-}
-
-int64_t TensorView::num_bytes() const {
-  const int64_t n = num_elements();
-  const auto size = static_cast<int64_t>(DataTypeSize(dtype));
-  int64_t bytes = 0;
-  if (n < 0 || size == 0 || __builtin_mul_overflow(n, size, &bytes)) return -1;
-  return bytes;
-}
-
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {

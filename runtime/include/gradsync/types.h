@@ -74,7 +74,7 @@ bool IsValidDataType(DataType dtype);
 bool IsFloatingPoint(DataType dtype);
 
 std::string ReduceOpName(ReduceOp op);
-bool IsValidReduceOp(ReduceOp op);
+inline bool IsValidReduceOp(ReduceOp op) { return static_cast<int>(op) < kNumReduceOps; }
 
 std::string DeviceName(const Device& device);
 
@@ -91,9 +91,22 @@ struct TensorView {
       : data(d), dtype(t), shape(std::move(s)), device(dev) {}
 
   // Product of the dimensions; -1 if a dimension is negative or the product overflows int64.
-  int64_t num_elements() const;
-  // num_elements() * element size; -1 when num_elements() is -1 or the product overflows.
-  int64_t num_bytes() const;
+  int64_t num_elements() const {
+    int64_t n = 1;
+    for (int64_t d : shape) {
+      if (d < 0 || __builtin_mul_overflow(n, d, &n)) return -1;
+    }
+    return n;
+  }
+  // num_elements() * element size; -1 when num_elements() is -1 or the product overflows (or the
+  // dtype is unknown).
+  int64_t num_bytes() const {
+    const int64_t n = num_elements();
+    const auto size = static_cast<int64_t>(DataTypeSize(dtype));
+    int64_t bytes = 0;
+    if (n < 0 || size == 0 || __builtin_mul_overflow(n, size, &bytes)) return -1;
+    return bytes;
+  }
 };
 
 // "[2x3x4]", "[]" for a scalar.
