@@ -34,43 +34,36 @@ void ResponseCache::Put(const ResponsePtr& response) {
     Touch(bit);
     return;
   }
-  if (by_name_.size() >= capacity_) Erase(oldest_);
+  if (by_name_.size() >= capacity_) Erase(LeastRecentlyUsed());
   const uint32_t bit = TakeFreeBit();
   Slot& slot = slots_[bit];
   slot.used = true;
   slot.response = response;
   slot.key = key;
-  LinkNewest(bit);
+  slot.last_used = ++clock_;
   by_name_.Insert(key, bit);
 }
 
 void ResponseCache::Touch(uint32_t bit) {
-  if (!Contains(bit) || bit == newest_) return;
-  Unlink(bit);
-  LinkNewest(bit);
+  if (Contains(bit)) slots_[bit].last_used = ++clock_;
 }
 
-void ResponseCache::Unlink(uint32_t bit) {
-  Slot& slot = slots_[bit];
-  (slot.newer == kNoBit ? newest_ : slots_[slot.newer].older) = slot.older;
-  (slot.older == kNoBit ? oldest_ : slots_[slot.older].newer) = slot.newer;
-  slot.newer = kNoBit;
-  slot.older = kNoBit;
-}
-
-void ResponseCache::LinkNewest(uint32_t bit) {
-  Slot& slot = slots_[bit];
-  slot.newer = kNoBit;
-  slot.older = newest_;
-  (newest_ == kNoBit ? oldest_ : slots_[newest_].newer) = bit;
-  newest_ = bit;
+uint32_t ResponseCache::LeastRecentlyUsed() const {
+  uint32_t oldest = 0;
+  uint64_t oldest_use = ~uint64_t{0};
+  for (uint32_t bit = 0; bit < slots_.size(); ++bit) {
+    if (slots_[bit].used && slots_[bit].last_used < oldest_use) {
+      oldest = bit;
+      oldest_use = slots_[bit].last_used;
+    }
+  }
+  return oldest;
 }
 
 void ResponseCache::Erase(uint32_t bit) {
   if (!Contains(bit)) return;
   Slot& slot = slots_[bit];
   by_name_.Erase(slot.key);
-  Unlink(bit);
   slot.used = false;
   slot.key = NameKey();
   slot.response.reset();

@@ -51,27 +51,24 @@ class ResponseCache {
   size_t capacity() const { return capacity_; }
 
  private:
-  static constexpr uint32_t kNoBit = ~uint32_t{0};
-
-  // The used slots form a doubly linked recency list through their bits, threaded through the
-  // slots themselves: touching a cached tensor every step writes a few slots, no list nodes.
+  // Recency is a stamp per slot, from a counter that every Put and Touch advances: touching a
+  // cached tensor, which happens for every tensor of every step, is one store. Eviction, which
+  // happens only when the cache is full, scans for the smallest stamp. Stamps are unique, so every
+  // rank evicts the same entry.
   struct Slot {
     bool used = false;
     ResponsePtr response;
     NameKey key;  // views response->name
-    uint32_t newer = kNoBit;
-    uint32_t older = kNoBit;
+    uint64_t last_used = 0;
   };
 
   uint32_t TakeFreeBit();
-  void Unlink(uint32_t bit);
-  void LinkNewest(uint32_t bit);
+  uint32_t LeastRecentlyUsed() const;
 
   size_t capacity_;
   std::vector<Slot> slots_;
   std::set<uint32_t> free_bits_;
-  uint32_t newest_ = kNoBit;
-  uint32_t oldest_ = kNoBit;
+  uint64_t clock_ = 0;
   NameTable<uint32_t> by_name_;  // keys view the slots' names
 };
 

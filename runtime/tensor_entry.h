@@ -38,16 +38,14 @@ std::string OpTypeName(OpType op);
 using OutputAllocator = std::function<void*(const std::vector<int64_t>& shape, DataType dtype)>;
 
 // Copies `from` into an entry's view, reusing the view's shape storage: the per-enqueue copy of a
-// one- or two-dimensional shape is then a few stores instead of a library call.
+// one- or two-dimensional shape is then a few stores instead of a library call (push_back within
+// capacity is inline; assign is not).
 inline void AssignView(const TensorView& from, TensorView* to) {
   to->data = from.data;
   to->dtype = from.dtype;
   to->device = from.device;
-  if (to->shape.size() != from.shape.size()) {
-    to->shape.assign(from.shape.begin(), from.shape.end());
-    return;
-  }
-  for (size_t i = 0; i < from.shape.size(); ++i) to->shape[i] = from.shape[i];
+  to->shape.clear();
+  for (int64_t d : from.shape) to->shape.push_back(d);
 }
 
 struct TensorEntry {
