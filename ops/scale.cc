@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "runtime/half.h"
 
@@ -131,6 +132,116 @@ bool ReduceHalvesWithOp(const void* in, void* inout, int64_t n, ReduceOp op) {
   return false;
 }
 
+// out[i] = a[i] (fn) b[i], in blocks as above.
+template <typename T, typename Fn>
+void ZipInto(const T* a, const T* b, T* out, int64_t n, Fn fn) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    T block[kBlock];
+    for (int64_t j = 0; j < kBlock; ++j) block[j] = fn(a[i + j], b[i + j]);
+    std::memcpy(out + i, block, sizeof(block));
+  }
+  for (; i < n; ++i) out[i] = fn(a[i], b[i]);
+}
+
+// Folds the inputs in order with two-operand passes, each a loop GCC vectorizes.
+template <typename T, typename Fn>
+void FoldNative(const void* const* inputs, int num_inputs, void* out, int64_t n, Fn fn) {
+  auto* dst = static_cast<T*>(out);
+  if (num_inputs == 1) {
+    std::memcpy(dst, inputs[0], static_cast<size_t>(n) * sizeof(T));
+    return;
+  }
+  ZipInto(static_cast<const T*>(inputs[0]), static_cast<const T*>(inputs[1]), dst, n, fn);
+  for (int q = 2; q < num_inputs; ++q) ZipBlocks(static_cast<const T*>(inputs[q]), dst, n, fn);
+}
+
+// Integer sums and products wrap around, as MPI's do; computed unsigned because signed overflow is
+// undefined in C++.
+template <typename T>
+bool FoldInteger(const void* const* inputs, int num_inputs, void* out, int64_t n, ReduceOp op) {
+  using U = std::make_unsigned_t<T>;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      FoldNative<T>(inputs, num_inputs, out, n, [](T a, T b) { return T(U(U(a) + U(b))); });
+      return true;
+    case ReduceOp::kProduct:
+      FoldNative<T>(inputs, num_inputs, out, n, [](T a, T b) { return T(U(U(a) * U(b))); });
+      return true;
+    case ReduceOp::kMin:
+      FoldNative<T>(inputs, num_inputs, out, n, [](T a, T b) { return b < a ? b : a; });
+      return true;
+    case ReduceOp::kMax:
+      FoldNative<T>(inputs, num_inputs, out, n, [](T a, T b) { return b > a ? b : a; });
+      return true;
+  }
+  return false;
+}
+
+template <typename T>
+bool FoldFloat(const void* const* inputs, int num_inputs, void* out, int64_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      FoldNative<T>(inputs, num_inputs, out, n, [](T a, T b) { return a + b; });
+      return true;
+    case ReduceOp::kProduct:
+      FoldNative<T>(inputs, num_inputs, out, n, [](T a, T b) { return a * b; });
+      return true;
+    case ReduceOp::kMin:
+      FoldNative<T>(inputs, num_inputs, out, n,
+                    [](T a, T b) { return ((a < b) | (a != a)) ? a : b; });
+      return true;
+    case ReduceOp::kMax:
+      FoldNative<T>(inputs, num_inputs, out, n,
+                    [](T a, T b) { return ((a > b) | (a != a)) ? a : b; });
+      return true;
+  }
+  return false;
+}
+
+// Every input is widened and folded in float32, scaled, and rounded to 16 bits once.
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float), typename Fn>
+void FoldHalves(const void* const* inputs, int num_inputs, void* out, int64_t n, float factor,
+                Fn fn) {
+  auto* dst = static_cast<uint16_t*>(out);
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t len = std::min(kBlock, n - i0);
+    float acc[kBlock];
+    const auto* first = static_cast<const uint16_t*>(inputs[0]) + i0;
+    for (int64_t j = 0; j < len; ++j) acc[j] = ToFloat(first[j]);
+    for (int q = 1; q < num_inputs; ++q) {
+      const auto* in = static_cast<const uint16_t*>(inputs[q]) + i0;
+      for (int64_t j = 0; j < len; ++j) acc[j] = fn(acc[j], ToFloat(in[j]));
+    }
+    for (int64_t j = 0; j < len; ++j) dst[i0 + j] = FromFloat(acc[j] * factor);
+  }
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+bool FoldHalvesWithOp(const void* const* inputs, int num_inputs, void* out, int64_t n, ReduceOp op,
+                      float factor) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      FoldHalves<ToFloat, FromFloat>(inputs, num_inputs, out, n, factor,
+                                     [](float a, float b) { return a + b; });
+      return true;
+    case ReduceOp::kProduct:
+      FoldHalves<ToFloat, FromFloat>(inputs, num_inputs, out, n, factor,
+                                     [](float a, float b) { return a * b; });
+      return true;
+    case ReduceOp::kMin:
+      FoldHalves<ToFloat, FromFloat>(inputs, num_inputs, out, n, factor, MinNan);
+      return true;
+    case ReduceOp::kMax:
+      FoldHalves<ToFloat, FromFloat>(inputs, num_inputs, out, n, factor, MaxNan);
+      return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 GRADSYNC_KERNEL void ScaleElements(const void* src, void* dst, int64_t count, DataType dtype,
@@ -167,6 +278,48 @@ GRADSYNC_KERNEL void ReduceHalfPrecision(const void* in, void* inout, int64_t co
     handled = ReduceHalvesWithOp<BFloat16ToFloat, FloatToBFloat16>(in, inout, count, op);
   }
   if (!handled) DieOnBadArgument("ReduceHalfPrecision", dtype, op);
+}
+
+GRADSYNC_KERNEL void CombineInto(const void* const* inputs, int num_inputs, void* out,
+                                 int64_t count, DataType dtype, ReduceOp op, double postscale) {
+  if (count <= 0) return;
+  if (num_inputs < 1) DieOnBadArgument("CombineInto", dtype, op);
+  bool handled = false;
+  switch (dtype) {
+    case DataType::kUInt8:
+      handled = FoldInteger<uint8_t>(inputs, num_inputs, out, count, op);
+      break;
+    case DataType::kInt8:
+      handled = FoldInteger<int8_t>(inputs, num_inputs, out, count, op);
+      break;
+    case DataType::kInt32:
+      handled = FoldInteger<int32_t>(inputs, num_inputs, out, count, op);
+      break;
+    case DataType::kInt64:
+      handled = FoldInteger<int64_t>(inputs, num_inputs, out, count, op);
+      break;
+    case DataType::kFloat32:
+      handled = FoldFloat<float>(inputs, num_inputs, out, count, op);
+      break;
+    case DataType::kFloat64:
+      handled = FoldFloat<double>(inputs, num_inputs, out, count, op);
+      break;
+    case DataType::kFloat16:
+      // The scale is applied before rounding, so the result is rounded once.
+      if (!FoldHalvesWithOp<HalfToFloat, FloatToHalf>(inputs, num_inputs, out, count, op,
+                                                      static_cast<float>(postscale))) {
+        DieOnBadArgument("CombineInto", dtype, op);
+      }
+      return;
+    case DataType::kBFloat16:
+      if (!FoldHalvesWithOp<BFloat16ToFloat, FloatToBFloat16>(inputs, num_inputs, out, count, op,
+                                                              static_cast<float>(postscale))) {
+        DieOnBadArgument("CombineInto", dtype, op);
+      }
+      return;
+  }
+  if (!handled) DieOnBadArgument("CombineInto", dtype, op);
+  if (postscale != 1.0) ScaleElements(out, out, count, dtype, postscale);
 }
 
 namespace {

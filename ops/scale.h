@@ -25,6 +25,14 @@ inline void ScaledCopy(const void* src, void* dst, int64_t count, DataType dtype
   if (src != dst) std::memmove(dst, src, static_cast<size_t>(count) * DataTypeSize(dtype));
 }
 
+// out[i] = inputs[0][i] (op) inputs[1][i] (op) ... in input order, then scaled by `postscale` as
+// ScaledCopy scales; every caller folding the same inputs gets the same bits. Sums and products of
+// integers wrap around; min and max of floating types propagate NaN; float16/bfloat16 fold in
+// float32 and round once, after the scale. `out` must not overlap an input unless it is
+// inputs[0]. Average is a sum here (the caller's postscale divides).
+void CombineInto(const void* const* inputs, int num_inputs, void* out, int64_t count,
+                 DataType dtype, ReduceOp op, double postscale);
+
 // Fills `count` elements of `dtype` with the identity of `op`, the value that leaves every other
 // rank's contribution unchanged: 0 for sum and average, 1 for product, and for min and max the
 // type's largest and lowest value (+inf and -inf for floating types).

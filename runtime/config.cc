@@ -68,6 +68,8 @@ const IntegerSpec kFusionThreshold{"GRADSYNC_FUSION_THRESHOLD", int64_t{1} << 34
                                    " (0 disables fusion)"};
 const IntegerSpec kInplaceThreshold{"GRADSYNC_INPLACE_THRESHOLD", int64_t{1} << 40, "bytes",
                                     " (0 reduces every tensor in place on its own)"};
+const IntegerSpec kShmThreshold{"GRADSYNC_SHM_THRESHOLD", int64_t{1} << 34, "bytes",
+                                " (0 disables the shared-memory path)"};
 const IntegerSpec kCacheCapacity{"GRADSYNC_CACHE_CAPACITY", int64_t{1} << 20, "entries",
                                  " (0 disables the response cache)"};
 const RealSpec kCycleTime{"GRADSYNC_CYCLE_TIME_MS", 0.05, false, 10000.0, "milliseconds", ""};
@@ -152,6 +154,7 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
   Config c;
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kFusionThreshold, &c.fusion_threshold_bytes));
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kInplaceThreshold, &c.inplace_threshold_bytes));
+  GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kShmThreshold, &c.shm_threshold_bytes));
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kCycleTime, &c.cycle_time_ms));
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kCacheCapacity, &c.cache_capacity));
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kStallWarning, &c.stall_warning_seconds));
@@ -166,6 +169,7 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
 std::string Config::ToString() const {
   return "GRADSYNC_FUSION_THRESHOLD=" + std::to_string(fusion_threshold_bytes) +
          " GRADSYNC_INPLACE_THRESHOLD=" + std::to_string(inplace_threshold_bytes) +
+         " GRADSYNC_SHM_THRESHOLD=" + std::to_string(shm_threshold_bytes) +
          " GRADSYNC_CYCLE_TIME_MS=" + FormatDouble(cycle_time_ms) +
          " GRADSYNC_CACHE_CAPACITY=" + std::to_string(cache_capacity) +
          " GRADSYNC_STALL_WARNING_SECONDS=" + FormatDouble(stall_warning_seconds) +

@@ -19,6 +19,9 @@ struct Config {
   // GRADSYNC_INPLACE_THRESHOLD: a tensor at least this large is reduced on its own, in place,
   // rather than copied into a fusion buffer (copies cost as much as the reduction in host memory).
   int64_t inplace_threshold_bytes = 256ll << 10;
+  // GRADSYNC_SHM_THRESHOLD: a fused allreduce bucket up to this size goes through memory shared by
+  // the ranks when they all run on one node (2 to 4 ranks); 0 sends every bucket through MPI.
+  int64_t shm_threshold_bytes = 16ll << 20;
   // GRADSYNC_CYCLE_TIME_MS: the longest the background thread sleeps between cycles when idle.
   double cycle_time_ms = 1.0;
   // GRADSYNC_CACHE_CAPACITY: response cache entries; 0 disables the cache.

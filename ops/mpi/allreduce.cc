@@ -98,18 +98,12 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
     total = offset + bytes;
   }
   if (total == 0) return Status::OK();
+  bool shared = false;
+  GRADSYNC_RETURN_IF_ERROR(shared_memory_.Prepare(total, &shared));
+  if (shared) return AllreduceFusedShared(entries, spec, offsets, counts);
 
   auto* buffer = static_cast<char*>(fusion_buffer_.Get(total));
-  {
-    TimelineActivity activity(timeline_, entries, "MEMCPY_IN_FUSION_BUFFER");
-    size_t packed_end = 0;
-    for (size_t i = 0; i < entries.size(); ++i) {
-      // Padding is reduced with the data; zeros keep that arithmetic on harmless values.
-      std::memset(buffer + packed_end, 0, offsets[i] - packed_end);
-      ScaledCopy(entries[i]->input.data, buffer + offsets[i], counts[i], spec.dtype, spec.prescale);
-      packed_end = offsets[i] + static_cast<size_t>(counts[i]) * elem_size;
-    }
-  }
+  PackFused(entries, spec, offsets, counts, buffer);
 
   // Offsets are multiples of 64, hence of every element size: the span is whole elements.
   const auto count = static_cast<int64_t>(total / elem_size);
@@ -121,6 +115,37 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
   for (size_t i = 0; i < entries.size(); ++i) {
     ScaledCopy(buffer + offsets[i], entries[i]->output.data, counts[i], spec.dtype, spec.postscale);
   }
+  return Status::OK();
+}
+
+void MpiDataPlane::PackFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+                             const std::vector<size_t>& offsets, const std::vector<int64_t>& counts,
+                             char* buffer) {
+  TimelineActivity activity(timeline_, entries, "MEMCPY_IN_FUSION_BUFFER");
+  const size_t elem_size = DataTypeSize(spec.dtype);
+  size_t packed_end = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    // Padding is reduced with the data; zeros keep that arithmetic on harmless values.
+    if (offsets[i] > packed_end) std::memset(buffer + packed_end, 0, offsets[i] - packed_end);
+    ScaledCopy(entries[i]->input.data, buffer + offsets[i], counts[i], spec.dtype, spec.prescale);
+    packed_end = offsets[i] + static_cast<size_t>(counts[i]) * elem_size;
+  }
+}
+
+Status MpiDataPlane::AllreduceFusedShared(const std::vector<TensorEntry*>& entries,
+                                          const ReduceSpec& spec,
+                                          const std::vector<size_t>& offsets,
+                                          const std::vector<int64_t>& counts) {
+  PackFused(entries, spec, offsets, counts, shared_memory_.Region(rank_));
+  TimelineActivity activity(timeline_, entries, "SHM_ALLREDUCE");
+  GRADSYNC_RETURN_IF_ERROR(shared_memory_.Barrier());
+  const void* inputs[kSharedMemoryMaxRanks];
+  for (size_t i = 0; i < entries.size(); ++i) {
+    for (int q = 0; q < size_; ++q) inputs[q] = shared_memory_.Region(q) + offsets[i];
+    CombineInto(inputs, size_, entries[i]->output.data, counts[i], spec.dtype, spec.op,
+                spec.postscale);
+  }
+  shared_memory_.Flip();
   return Status::OK();
 }
 

@@ -23,10 +23,11 @@ int CommAttributeOrDie(int (*query)(MPI_Comm, int*), MPI_Comm comm, const char* 
 
 }  // namespace
 
-MpiDataPlane::MpiDataPlane(MPI_Comm comm, Timeline* timeline)
+MpiDataPlane::MpiDataPlane(MPI_Comm comm, Timeline* timeline, int64_t shm_threshold_bytes)
     : comm_(comm),
       size_(CommAttributeOrDie(MPI_Comm_size, comm, "MPI_Comm_size")),
       rank_(CommAttributeOrDie(MPI_Comm_rank, comm, "MPI_Comm_rank")),
+      shared_memory_(comm, shm_threshold_bytes, kSharedMemoryMaxRanks),
       timeline_(timeline) {}
 
 std::string MpiDataPlane::DescribeEntries(const std::string& collective,

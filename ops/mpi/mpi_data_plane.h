@@ -1,7 +1,7 @@
 // MpiDataPlane: host-memory collectives over MPI on gradsync's data communicator. Each collective
 // lives in its own file (allreduce.cc, allgather.cc, broadcast.cc, reducescatter.cc, alltoall.cc).
 //
-// Owns the host fusion buffer. Used by the background thread only.
+// Owns the host fusion buffer and the node shared memory. Used by the background thread only.
 #pragma once
 
 #include <mpi.h>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ops/data_plane.h"
+#include "ops/mpi/node_shared_memory.h"
 #include "runtime/fusion_buffer.h"
 #include "runtime/timeline.h"
 
@@ -17,9 +18,14 @@ namespace gradsync {
 
 class MpiDataPlane : public DataPlane {
  public:
+  // Fused allreduces of at most this many ranks may go through node shared memory.
+  static constexpr int kSharedMemoryMaxRanks = 4;
+
   // `timeline`, when not null, receives each tensor's copies and collectives; it must outlive
-  // the plane.
-  explicit MpiDataPlane(MPI_Comm comm, Timeline* timeline = nullptr);
+  // the plane. `shm_threshold_bytes`: the largest fused allreduce bucket that may go through
+  // memory shared by the ranks when they share a node (0: never).
+  explicit MpiDataPlane(MPI_Comm comm, Timeline* timeline = nullptr,
+                        int64_t shm_threshold_bytes = 0);
 
   Status Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) override;
   Status Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims) override;
@@ -31,6 +37,16 @@ class MpiDataPlane : public DataPlane {
   Status AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MPI_Datatype type, MPI_Op op);
   Status AllreduceFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                         MPI_Datatype type, MPI_Op op);
+  // The fused bucket through node shared memory: each rank packs its tensors into its own region,
+  // and after one barrier every rank folds all regions straight into its outputs. Every element is
+  // folded in rank order on every rank, so every rank gets the same bits.
+  Status AllreduceFusedShared(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+                              const std::vector<size_t>& offsets,
+                              const std::vector<int64_t>& counts);
+  // Packs the entries' inputs, scaled by spec.prescale, at `offsets` in `buffer`, zeroing the gaps.
+  void PackFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+                 const std::vector<size_t>& offsets, const std::vector<int64_t>& counts,
+                 char* buffer);
   // MPI_Allreduce over `count` elements of `elem_size` bytes, in pieces that fit MPI's int count.
   // `send` may be MPI_IN_PLACE.
   Status AllreduceChunks(const void* send, void* recv, int64_t count, size_t elem_size,
@@ -50,6 +66,7 @@ class MpiDataPlane : public DataPlane {
   int size_ = 1;
   int rank_ = 0;
   FusionBuffer fusion_buffer_;
+  NodeSharedMemory shared_memory_;
   Timeline* timeline_;
 };
 

@@ -135,6 +135,36 @@ TEST_F(CollectivesTest, HundredsOfSmallTensorsFuseOverSeveralSteps) {
   EXPECT_EQ(callbacks.load(), kTensors * kSteps);
 }
 
+// Fused buckets back to back, each larger than the last, all in flight at once: on one node the
+// shared-memory path grows its segment mid-run and alternates its two regions between consecutive
+// buckets, and every sum must still be exact.
+TEST_F(CollectivesTest, BackToBackFusedBucketsOfGrowingSize) {
+  constexpr int kSteps = 24;
+  std::vector<std::vector<HostTensor>> tensors;
+  std::vector<std::vector<Handle>> handles;
+  for (int s = 0; s < kSteps; ++s) {
+    const int count = 2 + s;
+    const int64_t elements = int64_t{64} << (s / 4);
+    tensors.emplace_back(count, HostTensor(DataType::kFloat32, {elements}));
+    std::vector<TensorView> views;
+    for (int t = 0; t < count; ++t) {
+      for (int64_t i = 0; i < elements; ++i) tensors[s][t].Set(i, rank_ + s + t + i % 7);
+      views.push_back(tensors[s][t].view());
+    }
+    handles.push_back(grouped_allreduce(views, GroupedAllreduceOptions()));
+  }
+  const double rank_sum = size_ * (size_ - 1) / 2.0;
+  for (int s = 0; s < kSteps; ++s) {
+    for (const Handle& h : handles[s]) ASSERT_TRUE(Succeeds(h)) << "step " << s;
+    for (size_t t = 0; t < tensors[s].size(); ++t) {
+      for (int64_t i = 0; i < tensors[s][t].size(); ++i) {
+        ASSERT_EQ(tensors[s][t].Get(i), (s + t + i % 7) * size_ + rank_sum)
+            << "step " << s << " tensor " << t << " element " << i;
+      }
+    }
+  }
+}
+
 TEST_F(CollectivesTest, AllgatherWithDifferentFirstDimensions) {
   for (DataType dtype : AllDataTypes()) {
     // Rank r contributes r % 3 rows (rank 0 none), each row 3 elements tagged with its rank.

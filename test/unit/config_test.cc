@@ -92,6 +92,15 @@ TEST(ConfigTest, InplaceThresholdAcceptsBytesInRange) {
             1ll << 40);
 }
 
+TEST(ConfigTest, ShmThresholdAcceptsBytesInRangeAndRejectsTheRest) {
+  EXPECT_EQ(Config().shm_threshold_bytes, 16ll << 20);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_SHM_THRESHOLD", "0"}}).shm_threshold_bytes, 0);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_SHM_THRESHOLD", "1048576"}}).shm_threshold_bytes, 1 << 20);
+  for (const char* bad : {"on", "1M", "-1", "17179869185"}) {
+    ExpectRejected("GRADSYNC_SHM_THRESHOLD", bad);
+  }
+}
+
 TEST(ConfigTest, InplaceThresholdRejectsBadValues) {
   for (const char* bad : {"x", "12k", "-4096", "1099511627777", "nan"}) {
     ExpectRejected("GRADSYNC_INPLACE_THRESHOLD", bad);
@@ -213,6 +222,7 @@ TEST(ConfigTest, LogLevelNameRoundTrips) {
 TEST(ConfigTest, ToStringListsEveryKnob) {
   Config config = ParseOk({{"GRADSYNC_FUSION_THRESHOLD", "1024"},
                            {"GRADSYNC_INPLACE_THRESHOLD", "0"},
+                           {"GRADSYNC_SHM_THRESHOLD", "0"},
                            {"GRADSYNC_CYCLE_TIME_MS", "0.05"},
                            {"GRADSYNC_CACHE_CAPACITY", "0"},
                            {"GRADSYNC_STALL_WARNING_SECONDS", "1.5"},
@@ -220,7 +230,7 @@ TEST(ConfigTest, ToStringListsEveryKnob) {
                            {"GRADSYNC_LOG_LEVEL", "debug"},
                            {"GRADSYNC_TIMELINE", "trace.json"}});
   EXPECT_EQ(config.ToString(),
-            "GRADSYNC_FUSION_THRESHOLD=1024 GRADSYNC_INPLACE_THRESHOLD=0 "
+            "GRADSYNC_FUSION_THRESHOLD=1024 GRADSYNC_INPLACE_THRESHOLD=0 GRADSYNC_SHM_THRESHOLD=0 "
             "GRADSYNC_CYCLE_TIME_MS=0.05 GRADSYNC_CACHE_CAPACITY=0 "
             "GRADSYNC_STALL_WARNING_SECONDS=1.5 GRADSYNC_STALL_SHUTDOWN_SECONDS=1000000 "
             "GRADSYNC_LOG_LEVEL=debug GRADSYNC_TIMELINE=trace.json");

@@ -294,6 +294,109 @@ TEST(ScaledCopyTest, IntegerAverageIsExactWhenTheQuotientIsWhole) {
 }
 
 // Combining any value with the identity under its op gives the value back, for every dtype.
+// Input q holds small integers that differ per input, so every fold order would show; the expected
+// value is computed in double from the decoded inputs.
+void CheckCombine(DataType dtype, ReduceOp op, int num_inputs, int64_t count, double postscale) {
+  SCOPED_TRACE(DataTypeName(dtype) + " " + ReduceOpName(op) + " inputs " +
+               std::to_string(num_inputs) + " count " + std::to_string(count) + " postscale " +
+               std::to_string(postscale));
+  std::vector<std::vector<uint8_t>> inputs;
+  std::vector<const void*> pointers;
+  for (int q = 0; q < num_inputs; ++q) {
+    std::vector<double> values = SampleValues(dtype, count);
+    for (int64_t i = 0; i < count; ++i) {
+      // Products stay small: only a few elements are other than 1 or -1.
+      if (op == ReduceOp::kProduct)
+        values[i] = i % 5 == q ? 2.0 * (IsSigned(dtype) ? -1 : 1) : 1;
+      else
+        values[i] += q;
+    }
+    inputs.push_back(Encode(dtype, values));
+  }
+  for (const auto& in : inputs) pointers.push_back(in.data());
+  std::vector<uint8_t> out((count + 1) * DataTypeSize(dtype), 0x5A);
+  CombineInto(pointers.data(), num_inputs, out.data(), count, dtype, op, postscale);
+  for (int64_t i = 0; i < count; ++i) {
+    double folded = Decode(dtype, inputs[0], i);
+    for (int q = 1; q < num_inputs; ++q) {
+      const double v = Decode(dtype, inputs[q], i);
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAverage:
+          folded += v;
+          break;
+        case ReduceOp::kProduct:
+          folded *= v;
+          break;
+        case ReduceOp::kMin:
+          folded = std::min(folded, v);
+          break;
+        case ReduceOp::kMax:
+          folded = std::max(folded, v);
+          break;
+      }
+    }
+    EXPECT_EQ(Decode(dtype, out, i), Expected(dtype, folded, postscale)) << "element " << i;
+  }
+  const size_t size = DataTypeSize(dtype);
+  for (size_t b = count * size; b < (count + 1) * size; ++b) EXPECT_EQ(out[b], 0x5A);
+}
+
+TEST(CombineIntoTest, EveryDtypeOpInputCountAndLength) {
+  const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax,
+                          ReduceOp::kProduct};
+  for (DataType dtype : kAllTypes) {
+    for (ReduceOp op : ops) {
+      for (int num_inputs : {1, 2, 3, 4}) {
+        for (int64_t count : {0, 1, 31, 32, 33, 100}) {
+          const double postscale = op == ReduceOp::kAverage ? 0.5 : 1.0;
+          CheckCombine(dtype, op, num_inputs, count, postscale);
+        }
+      }
+    }
+  }
+}
+
+TEST(CombineIntoTest, IntegerSumsWrapAround) {
+  const int32_t big = std::numeric_limits<int32_t>::max();
+  const int32_t one = 1;
+  const void* inputs[] = {&big, &one};
+  int32_t out = 0;
+  CombineInto(inputs, 2, &out, 1, DataType::kInt32, ReduceOp::kSum, 1.0);
+  EXPECT_EQ(out, std::numeric_limits<int32_t>::min());
+}
+
+TEST(CombineIntoTest, HalvesFoldInFloatAndRoundOnce) {
+  // 2048 + 1 + 1 in float16: rounding after each addition would stay at 2048 (the spacing there
+  // is 2); folding in float32 and rounding once gives 2050.
+  const uint16_t a = FloatToHalf(2048.0f), b = FloatToHalf(1.0f), c = FloatToHalf(1.0f);
+  const void* inputs[] = {&a, &b, &c};
+  uint16_t out = 0;
+  CombineInto(inputs, 3, &out, 1, DataType::kFloat16, ReduceOp::kSum, 1.0);
+  EXPECT_EQ(HalfToFloat(out), 2050.0f);
+}
+
+TEST(CombineIntoTest, MinAndMaxPropagateNan) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+    for (int nan_at : {0, 1}) {
+      float values[2] = {1.0f, 2.0f};
+      values[nan_at] = nan;
+      const void* inputs[] = {&values[0], &values[1]};
+      float out = 0;
+      CombineInto(inputs, 2, &out, 1, DataType::kFloat32, op, 1.0);
+      EXPECT_TRUE(std::isnan(out)) << ReduceOpName(op) << " NaN at " << nan_at;
+    }
+  }
+}
+
+TEST(CombineIntoTest, OutputMayBeTheFirstInput) {
+  std::vector<float> a(100, 1.0f), b(100, 2.0f);
+  const void* inputs[] = {a.data(), b.data()};
+  CombineInto(inputs, 2, a.data(), 100, DataType::kFloat32, ReduceOp::kSum, 1.0);
+  for (float v : a) EXPECT_EQ(v, 3.0f);
+}
+
 TEST(FillReductionIdentityTest, IdentityLeavesEveryValueUnchanged) {
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<uint8_t> bytes(16 * 3);
