@@ -90,12 +90,15 @@ Status UseProcessSet(const Runtime& rt, const ProcessSet& set, TensorEntry* entr
 
 // Throws `validation` (or a name too long for the wire) with the operation, tensor and rank in
 // front.
-void ThrowIfRefused(const Runtime& rt, TensorEntry* entry, Status validation) {
+void ThrowIfRefused(const Runtime& rt, TensorEntry* entry, const Status& checked) {
   const bool internal = entry->op == OpType::kJoin || entry->op == OpType::kAddProcessSet ||
                         entry->op == OpType::kRemoveProcessSet;
   const std::string& name = entry->name;
-  if (validation.ok() && !internal && name.size() >= 9 && name[0] == 'g' &&
-      name.compare(0, 9, "gradsync.") == 0) {
+  const bool reserved =
+      !internal && name.size() >= 9 && name[0] == 'g' && name.compare(0, 9, "gradsync.") == 0;
+  if (checked.ok() && !reserved && name.size() <= kMaxWireNameBytes) return;  // accepted
+  Status validation = checked;
+  if (validation.ok() && reserved) {
     validation = Status::InvalidArgument("names starting with 'gradsync.' are reserved");
   }
   if (validation.ok() && entry->name.size() > kMaxWireNameBytes) {
@@ -258,8 +261,8 @@ std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string&
   return entry;
 }
 
-Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, Status validation) {
-  ThrowIfRefused(rt, entry.get(), std::move(validation));
+Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& validation) {
+  ThrowIfRefused(rt, entry.get(), validation);
   NameIfUnnamed(rt, entry.get());
   std::shared_ptr<OpState> state = entry->state;
   const bool traced = rt.timeline.active();
@@ -402,7 +405,7 @@ Handle barrier(const std::string& name, const ProcessSet& process_set) {
 
 void Handle::wait() const {
   if (!state_) Throw(Status::InvalidArgument("wait() on an empty handle"));
-  const Status status = state_->Wait();
+  const Status& status = state_->Wait();  // no copy: every handle of a step is waited on
   if (!status.ok()) Throw(status);
 }
 

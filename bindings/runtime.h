@@ -44,7 +44,7 @@ std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string&
                                       CompletionCallback on_complete);
 // Throws `validation` (with the operation, tensor and rank in front) unless it is OK; otherwise
 // names the entry if needed, pushes it and returns its handle.
-Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, Status validation);
+Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& validation);
 
 // Creates the process sets declared at init, after checking that every rank declared the same.
 // Collective over every rank; fails identically everywhere.

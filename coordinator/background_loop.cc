@@ -157,8 +157,10 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
   }
   // Checked before anything completes, so that on failure every entry of the outcome is still
   // the caller's to fail.
+  bool has_errors = false;
   for (size_t i = 0; i < responses.size(); ++i) {
     const ResponseType type = responses[i]->type;
+    has_errors |= type == ResponseType::kError;
     if (entries[i] == nullptr && type != ResponseType::kStallShutdown) {
       // A joined rank takes part in allreduces and barriers it never submitted and ignores the
       // errors of collectives it never submitted.
@@ -169,7 +171,7 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
                               responses[i]->name + "' that it never submitted");
     }
   }
-  for (size_t i = 0; i < responses.size(); ++i) {
+  for (size_t i = 0; has_errors && i < responses.size(); ++i) {
     if (responses[i]->type == ResponseType::kError && entries[i] != nullptr) {
       Complete({entries[i]}, Status::Mismatch(responses[i]->error));
     }

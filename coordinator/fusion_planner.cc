@@ -28,7 +28,8 @@ std::vector<Bucket> PlanFusion(const std::vector<ResponsePtr>& responses,
                                const FusionSettings& settings) {
   struct Open {
     size_t bucket;
-    int64_t bytes;  // aligned end offset of the packed bucket
+    const Response* first;  // the bucket's first response, which the others must be fusible with
+    int64_t bytes;          // aligned end offset of the packed bucket
   };
   std::vector<Bucket> buckets;
   std::vector<Open> open;  // buckets still accepting tensors, at most one per fusible class
@@ -47,7 +48,7 @@ std::vector<Bucket> PlanFusion(const std::vector<ResponsePtr>& responses,
     const int64_t aligned = static_cast<int64_t>(AlignFusionOffset(static_cast<size_t>(bytes)));
     Open* slot = nullptr;
     for (Open& o : open) {
-      if (Fusible(*responses[buckets[o.bucket].responses.front()], r)) slot = &o;
+      if (Fusible(*o.first, r)) slot = &o;
     }
     if (slot != nullptr && slot->bytes + aligned <= settings.fusion_threshold_bytes) {
       buckets[slot->bucket].responses.push_back(i);
@@ -56,9 +57,9 @@ std::vector<Bucket> PlanFusion(const std::vector<ResponsePtr>& responses,
     }
     buckets.push_back({{i}});
     if (slot != nullptr) {
-      *slot = {buckets.size() - 1, aligned};
+      *slot = {buckets.size() - 1, &r, aligned};
     } else {
-      open.push_back({buckets.size() - 1, aligned});
+      open.push_back({buckets.size() - 1, &r, aligned});
     }
   }
   return buckets;

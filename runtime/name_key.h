@@ -6,13 +6,35 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <string_view>
 
 namespace gradsync {
 
-inline size_t HashName(std::string_view name) { return std::hash<std::string_view>()(name); }
+// Eight bytes per step, each mixed by a multiply and a shift, then a final avalanche; inline,
+// because the library's string hash is an out-of-line call that cost more than the table probes
+// it feeds. Tables use both the low bits (slot) and the high half (tag), which the avalanche mixes.
+inline size_t HashName(std::string_view name) {
+  constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
+  uint64_t h = kMul ^ name.size();
+  const char* p = name.data();
+  size_t left = name.size();
+  for (; left >= 8; p += 8, left -= 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    h = (h ^ word) * kMul;
+    h ^= h >> 29;
+  }
+  uint64_t tail = 0;
+  for (size_t i = 0; i < left; ++i) tail |= uint64_t{static_cast<unsigned char>(p[i])} << (8 * i);
+  h = (h ^ tail) * 0xFF51AFD7ED558CCDull;
+  h ^= h >> 32;
+  h *= 0xC4CEB9FE1A85EC53ull;
+  h ^= h >> 29;
+  return static_cast<size_t>(h);
+}
 
 struct NameKey {
   std::string_view name;

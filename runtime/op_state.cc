@@ -76,7 +76,7 @@ void OpState::AnnounceCompletions() {
   waiters.cv.notify_all();
 }
 
-Status OpState::Wait() {
+const Status& OpState::Wait() {
   if (!done()) {
     SleepingWaiters& waiters = Waiters();
     std::unique_lock<std::mutex> lock(waiters.mu);

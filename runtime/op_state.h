@@ -40,8 +40,9 @@ class OpState {
   static void AnnounceCompletions();
 
   bool done() const { return done_.load(std::memory_order_acquire); }
-  // Blocks until Record() and AnnounceCompletions(); returns the final status.
-  Status Wait();
+  // Blocks until Record() and AnnounceCompletions(); returns the final status, which stays valid
+  // and unchanged while the caller holds this OpState (Renew reuses only unheld ones).
+  const Status& Wait();
   // Returns false if `timeout` passes first; otherwise true and *status holds the result.
   bool WaitFor(std::chrono::nanoseconds timeout, Status* status);
   // The final status once done; OK while pending.
