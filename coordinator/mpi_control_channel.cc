@@ -10,7 +10,7 @@ namespace gradsync {
 
 namespace {
 
-constexpr auto kPollFor = std::chrono::microseconds(50);
+constexpr auto kPollFor = std::chrono::microseconds(200);
 constexpr auto kFirstSleep = std::chrono::microseconds(20);
 // Short enough that a sleeping rank notices its peers' arrival quickly, long enough that polling
 // costs well under 1% of a core.

@@ -1,10 +1,10 @@
 // MpiControlChannel: the negotiation exchanges over gradsync's control communicator.
 //
 // Each exchange is a non-blocking MPI collective completed by polling with backoff: for the first
-// 50 microseconds it polls without pause (the common case: peers arrive together), then it sleeps
+// 200 microseconds it polls without pause (the common case: peers arrive together), then it sleeps
 // in growing steps, so a rank waiting on a stalled peer sleeps instead of burning a core in MPI's
 // busy-wait. When the rank has no core to spare for the background thread
-// (MpiContext::cores_per_rank() below 2), the first 50 microseconds yield the core between polls:
+// (MpiContext::cores_per_rank() below 2), the first 200 microseconds yield the core between polls:
 // on a node with fewer cores than threads, the thread that must run for the exchange to finish (a
 // peer's, or this rank's own caller) may be waiting for exactly this core. Sleeping instead would
 // cost a lone small collective hundreds of microseconds.
@@ -20,7 +20,7 @@ namespace gradsync {
 
 class MpiControlChannel : public ControlChannel {
  public:
-  // `spin_first`: poll without yielding for the first 50 microseconds.
+  // `spin_first`: poll without yielding for the first 200 microseconds.
   MpiControlChannel(MPI_Comm comm, bool spin_first);
 
   int rank() const override { return rank_; }
