@@ -234,6 +234,10 @@ void Negotiator::ApplyInvalidBits(const std::vector<uint64_t>& words) {
 
 void Negotiator::TakeCachedReady(const std::vector<uint64_t>& words, CycleOutcome* out) {
   const size_t bits = cache_.num_bits();
+  size_t ready_count = 0;
+  for (size_t w = 0; w < BitWords(bits); ++w) ready_count += __builtin_popcountll(words[1 + w]);
+  out->entries.reserve(out->entries.size() + ready_count);
+  out->responses.reserve(out->responses.size() + ready_count);
   for (size_t w = 0; w < BitWords(bits); ++w) {
     uint64_t ready = words[1 + w];
     while (ready != 0) {

@@ -27,8 +27,18 @@ inline size_t HashName(std::string_view name) {
     h = (h ^ word) * kMul;
     h ^= h >> 29;
   }
+  // The last 0 to 7 bytes in at most two loads: two overlapping 4-byte words from 4 bytes up, else
+  // the first, middle and last byte (the length is already mixed in, so this loses nothing).
   uint64_t tail = 0;
-  for (size_t i = 0; i < left; ++i) tail |= uint64_t{static_cast<unsigned char>(p[i])} << (8 * i);
+  if (left >= 4) {
+    uint32_t head_word, tail_word;
+    std::memcpy(&head_word, p, 4);
+    std::memcpy(&tail_word, p + left - 4, 4);
+    tail = uint64_t{head_word} << 32 | tail_word;
+  } else if (left > 0) {
+    const auto byte = [p](size_t i) { return uint64_t{static_cast<unsigned char>(p[i])}; };
+    tail = byte(0) << 16 | byte(left / 2) << 8 | byte(left - 1);
+  }
   h = (h ^ tail) * 0xFF51AFD7ED558CCDull;
   h ^= h >> 32;
   h *= 0xC4CEB9FE1A85EC53ull;

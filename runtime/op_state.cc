@@ -38,8 +38,9 @@ void OpState::Renew(std::shared_ptr<OpState>* state, Callback callback) {
   std::atomic_thread_fence(std::memory_order_acquire);
   OpState& op = **state;
   op.done_.store(false, std::memory_order_relaxed);
-  op.status_ = Status::OK();
-  op.callback_ = std::move(callback);
+  // Each assignment only when it changes something: most operations succeed and have no callback.
+  if (!op.status_.ok()) op.status_ = Status::OK();
+  if (callback || op.callback_) op.callback_ = std::move(callback);
   op.output_shape.clear();
   op.received_splits.clear();
   op.result = 0;
