@@ -48,32 +48,36 @@ inline void AssignView(const TensorView& from, TensorView* to) {
   for (int64_t d : from.shape) to->shape.push_back(d);
 }
 
+// The fields every operation uses come first, the small ones in the first cache line, so that each
+// of the passes a step makes over its entries (negotiation, planning, copies, completion) touches
+// as few lines per entry as possible; the fields of rarer operations come last.
 struct TensorEntry {
-  std::string name;
   // HashName(name), set by TensorQueue when the entry is pushed (the name is final by then).
   size_t name_hash = 0;
   OpType op = OpType::kAllreduce;
-  TensorView input;
-  // Allreduce: where the result goes (the input itself when in place). Allgather, reducescatter,
-  // alltoall: set once the allocator has run. Broadcast: the input. Barrier: unused.
-  TensorView output;
   ReduceOp reduce_op = ReduceOp::kSum;
-  double prescale = 1.0;
-  double postscale = 1.0;
+  // Between TensorQueue's Push and Release; written only under the queue's lock.
+  bool in_flight = false;
   int root = 0;
-  // Alltoall: rows of the first dimension sent to each rank, in rank order; empty for even splits.
-  std::vector<int64_t> splits;
-  // Grouped operations: the group's name and number of tensors, negotiated and run together.
-  std::string group;
+  // Grouped operations: the number of tensors, negotiated and run together (0: not grouped).
   int group_size = 0;
   // The process set it runs in (0: every rank). Add/remove process set: the agreed-on values
   // (the sorted member ranks, or the id to remove) travel in `splits`.
   int32_t process_set = 0;
-  OutputAllocator allocator;
-  // Between TensorQueue's Push and Release; written only under the queue's lock.
-  bool in_flight = false;
+  double prescale = 1.0;
+  double postscale = 1.0;
   // Kept across Clear() for OpState::Renew.
   std::shared_ptr<OpState> state;
+  std::string name;
+  TensorView input;
+  // Allreduce: where the result goes (the input itself when in place). Allgather, reducescatter,
+  // alltoall: set once the allocator has run. Broadcast: the input. Barrier: unused.
+  TensorView output;
+  // Grouped operations: the group's name.
+  std::string group;
+  // Alltoall: rows of the first dimension sent to each rank, in rank order; empty for even splits.
+  std::vector<int64_t> splits;
+  OutputAllocator allocator;
 
   // Back to a default entry, keeping the name's and shapes' storage so that a recycled entry is
   // filled without allocating. A new field must be reset there too (tensor_queue_test checks).
