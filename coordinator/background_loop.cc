@@ -147,7 +147,7 @@ void BackgroundLoop::MarkNegotiated(const CycleOutcome& outcome) {
 }
 
 Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outcome) {
-  const std::vector<ResponsePtr>& responses = outcome.responses;
+  const std::vector<const Response*>& responses = outcome.responses;
   const std::vector<TensorEntry*>& entries = outcome.entries;
   // A fatal response comes last: what was agreed before it still runs (the planner skips the fatal
   // one), then everything fails.
@@ -187,14 +187,13 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
       }
     }
     if (members_.empty()) continue;  // a joined rank's barrier: nothing to do
-    Complete(members_, ExecuteBucket(set, responses[bucket.responses.front()], members_));
+    Complete(members_, ExecuteBucket(set, *responses[bucket.responses.front()], members_));
   }
   return fatal;
 }
 
-Status BackgroundLoop::ExecuteBucket(ProcessSetRuntime* set, const ResponsePtr& response,
+Status BackgroundLoop::ExecuteBucket(ProcessSetRuntime* set, const Response& first,
                                      const std::vector<TensorEntry*>& members) {
-  const Response& first = *response;
   TensorEntry* first_entry = members.front();
   DataPlane* plane = set->PlaneFor(first.device);
   const bool needs_plane =

@@ -61,7 +61,7 @@ class BackgroundLoop {
   // Runs the cycle's responses in order; a non-OK result is fatal to the set (a stall shutdown).
   Status Execute(ProcessSetRuntime* set, const CycleOutcome& outcome);
   // Runs one bucket: `response` is its first response, `members` this rank's entries for all.
-  Status ExecuteBucket(ProcessSetRuntime* set, const ResponsePtr& response,
+  Status ExecuteBucket(ProcessSetRuntime* set, const Response& response,
                        const std::vector<TensorEntry*>& members);
   Status ExecuteAddProcessSet(TensorEntry* entry);
   Status ExecuteRemoveProcessSet(TensorEntry* entry);

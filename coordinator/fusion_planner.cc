@@ -24,7 +24,7 @@ int64_t ResponseBytes(const Response& response) {
   return n * static_cast<int64_t>(DataTypeSize(response.dtype));
 }
 
-std::vector<Bucket> PlanFusion(const std::vector<ResponsePtr>& responses,
+std::vector<Bucket> PlanFusion(const std::vector<const Response*>& responses,
                                const FusionSettings& settings) {
   struct Open {
     size_t bucket;

@@ -26,7 +26,7 @@ struct Bucket {
 // reduction of at least the in-place threshold, and every other collective, gets a bucket of its
 // own. Buckets are ordered by their first response, so work
 // starts in the order the responses were agreed. Error and shutdown responses are not planned.
-std::vector<Bucket> PlanFusion(const std::vector<ResponsePtr>& responses,
+std::vector<Bucket> PlanFusion(const std::vector<const Response*>& responses,
                                const FusionSettings& settings);
 
 // Bytes of one response's tensor (0 for types without data).

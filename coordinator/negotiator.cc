@@ -246,7 +246,7 @@ void Negotiator::TakeCachedReady(const std::vector<uint64_t>& words, CycleOutcom
       if (!cache_.Contains(bit)) continue;
       cache_.Touch(bit);
       out->entries.push_back(RetireCached(bit));
-      out->responses.push_back(cache_.Get(bit));
+      out->responses.push_back(cache_.Get(bit).get());
       ++out->cache_hits;
     }
   }
@@ -279,6 +279,11 @@ Status Negotiator::FullRound(double now, CycleOutcome* out) {
   ResponseList list;
   GRADSYNC_RETURN_IF_ERROR(ParseResponseList(bytes.data(), bytes.size(), &list));
 
+  // Putting a response may evict a cached one that this outcome already points to: pin those first.
+  // Full rounds are rare once the cache is warm, so the copies cost little.
+  if (!list.responses.empty()) {
+    for (const Response* taken : out->responses) out->owned.push_back(cache_.Share(taken));
+  }
   for (Response& parsed : list.responses) {
     auto response = std::make_shared<const Response>(std::move(parsed));
     TensorEntry* entry = nullptr;
@@ -288,7 +293,8 @@ Status Negotiator::FullRound(double now, CycleOutcome* out) {
       entry = Retire(NameKey(response->name));
     }
     out->entries.push_back(entry);
-    out->responses.push_back(std::move(response));
+    out->responses.push_back(response.get());
+    out->owned.push_back(std::move(response));
   }
   return Status::OK();
 }

@@ -26,8 +26,13 @@
 namespace gradsync {
 
 struct CycleOutcome {
-  // To execute in this order. A kStallShutdown response, if any, is last.
-  std::vector<ResponsePtr> responses;
+  // To execute in this order. A kStallShutdown response, if any, is last. Valid until the
+  // negotiator's next cycle: cached responses are the cache's (and the cache changes only during
+  // a cycle), the others are kept in `owned`.
+  std::vector<const Response*> responses;
+  // Keeps alive what `responses` points to beyond the cache: the full round's responses, and any
+  // cached response the full round might evict while this outcome points to it.
+  std::vector<ResponsePtr> owned;
   // This rank's entry for each response, as given to RunCycle (null for a fatal response, or
   // when none was given).
   std::vector<TensorEntry*> entries;

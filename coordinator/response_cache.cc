@@ -78,6 +78,12 @@ const ResponsePtr& ResponseCache::Get(uint32_t bit) const {
   return slots_[bit].response;
 }
 
+ResponsePtr ResponseCache::Share(const Response* response) const {
+  const uint32_t* bit = by_name_.Find(NameKey(response->name));
+  if (bit == nullptr || slots_[*bit].response.get() != response) return nullptr;
+  return slots_[*bit].response;
+}
+
 void ResponseCache::AppendGroupBits(const std::string& group, std::vector<uint32_t>* bits) const {
   for (size_t bit = 0; bit < slots_.size(); ++bit) {
     if (slots_[bit].used && slots_[bit].response->group_size > 1 &&

@@ -15,9 +15,9 @@ Response Allreduce(const std::string& name, int64_t elements, DataType dtype = D
 }
 
 std::vector<Bucket> Plan(const std::vector<Response>& responses, const FusionSettings& settings) {
-  std::vector<ResponsePtr> shared;
-  for (const Response& r : responses) shared.push_back(std::make_shared<const Response>(r));
-  return PlanFusion(shared, settings);
+  std::vector<const Response*> pointers;
+  for (const Response& r : responses) pointers.push_back(&r);
+  return PlanFusion(pointers, settings);
 }
 
 std::vector<std::vector<size_t>> Indices(const std::vector<Bucket>& buckets) {

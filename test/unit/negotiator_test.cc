@@ -43,7 +43,10 @@ std::unique_ptr<TensorEntry> EntryFor(const Request& request) {
 
 struct RankLog {
   std::vector<Response> responses;
+  // Each cycle's outcome; its response pointers are not valid after the run, so the responses
+  // are copied into cycle_responses.
   std::vector<CycleOutcome> cycles;
+  std::vector<std::vector<Response>> cycle_responses;
 };
 
 using SubmitFn = std::function<std::vector<Request>(int rank, int cycle)>;
@@ -81,7 +84,21 @@ std::vector<RankLog> RunRanks(int size, int cycles, const Config& config, const 
           ASSERT_NE(outcome.entries[i], nullptr) << r.name;
           EXPECT_EQ(outcome.entries[i]->name, r.name);
         }
-        for (const ResponsePtr& r : outcome.responses) logs[rank].responses.push_back(*r);
+        // A full round may evict cached responses, so in such a cycle the outcome must own every
+        // response it points to.
+        if (outcome.full_round) {
+          for (const Response* r : outcome.responses) {
+            const bool owned = std::any_of(outcome.owned.begin(), outcome.owned.end(),
+                                           [r](const ResponsePtr& p) { return p.get() == r; });
+            EXPECT_TRUE(owned) << "cycle " << cycle << ": response '" << r->name << "'";
+          }
+        }
+        logs[rank].cycle_responses.emplace_back();
+        for (const Response* r : outcome.responses) {
+          logs[rank].responses.push_back(*r);
+          logs[rank].cycle_responses.back().push_back(*r);
+        }
+        outcome.responses.clear();
         logs[rank].cycles.push_back(std::move(outcome));
       }
     });
@@ -213,9 +230,9 @@ std::vector<Request> Group(const std::string& group, int members) {
 // For each cycle, how many responses belong to `group` (by name prefix).
 std::vector<int> GroupMembersPerCycle(const RankLog& log, const std::string& group) {
   std::vector<int> counts;
-  for (const CycleOutcome& c : log.cycles) {
+  for (const std::vector<Response>& responses : log.cycle_responses) {
     int n = 0;
-    for (const ResponsePtr& r : c.responses) n += r->name.rfind(group + ".m", 0) == 0 ? 1 : 0;
+    for (const Response& r : responses) n += r.name.rfind(group + ".m", 0) == 0 ? 1 : 0;
     counts.push_back(n);
   }
   return counts;
@@ -293,7 +310,7 @@ TEST(NegotiatorTest, SecondStepIsServedFromTheCache) {
   ExpectSameOnEveryRank(logs);
   for (const RankLog& log : logs) {
     EXPECT_TRUE(log.cycles[0].full_round);
-    EXPECT_EQ(log.cycles[0].responses.size(), static_cast<size_t>(kTensors));
+    EXPECT_EQ(log.cycle_responses[0].size(), static_cast<size_t>(kTensors));
     EXPECT_FALSE(log.cycles[1].full_round);
     EXPECT_EQ(log.cycles[1].cache_hits, kTensors);
   }
@@ -340,6 +357,22 @@ TEST(NegotiatorTest, DisabledCacheAlwaysNegotiatesInFull) {
   for (const CycleOutcome& c : logs[0].cycles) {
     EXPECT_TRUE(c.full_round);
     EXPECT_EQ(c.cache_hits, 0);
+  }
+}
+
+// With room for one response, the full round that caches "b" evicts "a", which the same cycle
+// served from the cache: the outcome must keep "a" alive.
+TEST(NegotiatorTest, ResponseEvictedByTheSameCyclesFullRoundStaysValid) {
+  Config config;
+  config.cache_capacity = 1;
+  auto logs = RunRanks(2, 2, config, [](int, int cycle) {
+    if (cycle == 0) return std::vector<Request>{MakeRequest("a")};
+    return std::vector<Request>{MakeRequest("a"), MakeRequest("b")};
+  });
+  for (const RankLog& log : logs) {
+    EXPECT_EQ(log.cycles[1].cache_hits, 1);
+    EXPECT_TRUE(log.cycles[1].full_round);
+    EXPECT_EQ(Names(log.cycle_responses[1]), (std::vector<std::string>{"a", "b"}));
   }
 }
 
@@ -412,7 +445,7 @@ TEST(NegotiatorTest, ASlowRankDoesNotChangeTheOutcome) {
   ExpectSameOnEveryRank(logs);
   EXPECT_EQ(logs[0].responses.size(), 10u);
   // Nothing can be ready before the last rank (2) submits in cycle 2.
-  for (int c = 0; c < 2; ++c) EXPECT_TRUE(logs[0].cycles[c].responses.empty());
+  for (int c = 0; c < 2; ++c) EXPECT_TRUE(logs[0].cycle_responses[c].empty());
 }
 
 }  // namespace
