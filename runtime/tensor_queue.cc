@@ -135,8 +135,10 @@ void TensorQueue::Release(const std::vector<TensorEntry*>& entries) {
     return;
   }
   for (const TensorEntry* entry : entries) {
-    std::optional<std::unique_ptr<TensorEntry>> taken = in_flight_.Take(entry->key());
-    if (taken) released_.push_back(std::move(*taken));
+    // Only the entry itself: another entry may be in flight under the same name.
+    const std::unique_ptr<TensorEntry>* held = in_flight_.Find(entry->key());
+    if (held == nullptr || held->get() != entry) continue;
+    released_.push_back(std::move(*in_flight_.Take(entry->key())));
   }
 }
 

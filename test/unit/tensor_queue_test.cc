@@ -84,6 +84,14 @@ TEST(TensorQueueTest, ReleasingAnEntryNotInFlightIsHarmless) {
   auto stranger = Entry("never-pushed");
   queue.Release({stranger.get()});
   EXPECT_TRUE(queue.Push(Entry("never-pushed")).ok());
+  // Not even when an entry of the same name is in flight, released along with one that is.
+  ASSERT_TRUE(queue.Push(Entry("a")).ok());
+  ASSERT_TRUE(queue.Push(Entry("b")).ok());
+  std::vector<TensorEntry*> drained = queue.Drain();
+  auto namesake = Entry("a");
+  namesake->name_hash = HashName("a");  // as if pushed: it finds the in-flight "a" by name
+  queue.Release({namesake.get(), drained[2]});
+  EXPECT_EQ(Names(queue.InFlight()), (std::vector<std::string>{"never-pushed", "a"}));
 }
 
 TEST(TensorQueueTest, ReleasingEverythingInFlightAtOnceFreesEveryName) {
