@@ -55,20 +55,22 @@ enum class ResponseType : uint8_t {
 };
 constexpr int kNumResponseTypes = 11;
 
+// The fields the cache-hit test reads for every cached tensor of every step come first, the
+// scalars together, so that the test touches two cache lines of a cached response.
 struct Response {
   ResponseType type = ResponseType::kAllreduce;
-  std::string name;
   DataType dtype = DataType::kFloat32;
-  std::vector<int64_t> shape;  // the agreed shape (allgather: rank 0's)
-  Device device;
   ReduceOp reduce_op = ReduceOp::kSum;
+  int32_t root = 0;
+  int32_t group_size = 0;
+  Device device;
   double prescale = 1.0;
   double postscale = 1.0;
-  int32_t root = 0;
+  std::vector<int64_t> shape;  // the agreed shape (allgather: rank 0's)
+  std::string name;
+  std::string group;                // as in Request: a group's responses run in one cycle
   std::vector<int64_t> first_dims;  // allgather: every rank's first dimension, by rank
   std::string error;                // kError, kStallShutdown
-  std::string group;                // as in Request: a group's responses run in one cycle
-  int32_t group_size = 0;
 
   bool operator==(const Response& o) const;
 };

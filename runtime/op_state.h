@@ -48,6 +48,14 @@ class OpState {
   // The final status once done; OK while pending.
   Status status() const { return done() ? status_ : Status::OK(); }
 
+ private:
+  // First, so that with make_shared's control block what every operation touches (the flag, the
+  // callback's emptiness, the status code) shares one cache line.
+  std::atomic<bool> done_{false};
+  Callback callback_;
+  Status status_;  // written once, before done_ is set
+
+ public:
   // Allgather, reducescatter, alltoall: the output shape, set by the background thread before
   // Record().
   std::vector<int64_t> output_shape;
@@ -55,11 +63,6 @@ class OpState {
   std::vector<int64_t> received_splits;
   // Join: the last rank to join. Add process set: the new set's id. Set before Record().
   int32_t result = 0;
-
- private:
-  std::atomic<bool> done_{false};
-  Status status_;  // written once, before done_ is set
-  Callback callback_;
 };
 
 }  // namespace gradsync
