@@ -47,9 +47,13 @@ void BackgroundLoop::Run() {
   }
 }
 
-std::chrono::nanoseconds BackgroundLoop::NextWait() const {
-  const auto cycle_time = std::chrono::duration_cast<std::chrono::nanoseconds>(
+std::chrono::nanoseconds BackgroundLoop::CycleTime() const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
+}
+
+std::chrono::nanoseconds BackgroundLoop::NextWait() const {
+  const auto cycle_time = CycleTime();
   if (held_ == 0) return cycle_time;  // idle: a push wakes us early
   // Work is waiting on other ranks. Go again at once while cycles make progress (the control
   // collective itself is the rendezvous), and back off towards the cycle time while they do not,
@@ -60,7 +64,7 @@ std::chrono::nanoseconds BackgroundLoop::NextWait() const {
 }
 
 bool BackgroundLoop::RunOneCycle() {
-  queue_->WaitForWork(NextWait());
+  queue_->WaitForWork(NextWait(), CycleTime());
   Distribute(TakeFreshEntries());
   bool productive = false;
   // By id, so that sets added or removed by the global set's responses are picked up (or skipped)

@@ -47,6 +47,9 @@ class BackgroundLoop {
   void Run();
   // How long to wait for new work before the next cycle.
   std::chrono::nanoseconds NextWait() const;
+  // GRADSYNC_CYCLE_TIME_MS, which also bounds how long a cycle waits for a burst of enqueues to
+  // end.
+  std::chrono::nanoseconds CycleTime() const;
   // One cycle over every process set; false once the loop must end.
   bool RunOneCycle();
   // One set's share of a cycle; false once the loop must end (only the global set ends it: a

@@ -39,8 +39,10 @@ class TensorQueue {
   Status PushAll(std::vector<std::unique_ptr<TensorEntry>> entries);
 
   // Returns once entries are waiting, the queue is closed, a wake-up was requested, or `max_wait`
-  // has passed.
-  void WaitForWork(std::chrono::nanoseconds max_wait);
+  // has passed. With entries waiting, it first lets a burst of pushes finish: it yields while the
+  // number waiting still grows from one look to the next, for at most `settle_for`.
+  void WaitForWork(std::chrono::nanoseconds max_wait,
+                   std::chrono::nanoseconds settle_for = std::chrono::nanoseconds(0));
   // Wakes a WaitForWork early (used for shutdown requests).
   void Wake();
   // Entries pushed since the last Drain, in push order. They stay owned by the queue, in flight.
@@ -61,6 +63,8 @@ class TensorQueue {
 
  private:
   Status CheckAcceptingLocked(const TensorEntry& entry) const;
+  // The burst-settling part of WaitForWork; `lock` holds mu_.
+  void SettleLocked(std::unique_lock<std::mutex>* lock, std::chrono::nanoseconds settle_for);
   // Moves a pooled entry into spare_ if it is empty, so that the next NewEntry takes no lock.
   void RefillSpareLocked();
 
