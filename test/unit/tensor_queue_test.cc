@@ -244,6 +244,17 @@ TEST(TensorQueueTest, WaitForWorkReturnsAtOnceWhenWorkIsPending) {
   EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
 }
 
+// Settling waits only while pushes keep arriving: with none coming, it returns long before its
+// limit.
+TEST(TensorQueueTest, SettlingStopsWhenNoMorePushesArrive) {
+  TensorQueue queue;
+  ASSERT_TRUE(queue.Push(Entry("a")).ok());
+  auto start = steady_clock::now();
+  queue.WaitForWork(kLongWait, /*settle_for=*/kLongWait);
+  EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
+  EXPECT_EQ(queue.Drain().size(), 1u);
+}
+
 TEST(TensorQueueTest, WaitForWorkTimesOut) {
   TensorQueue queue;
   auto start = steady_clock::now();
