@@ -103,8 +103,36 @@ void ScaleHalves(const void* src, void* dst, int64_t n, float factor) {
 
 // Min and max propagate NaN so that a diverged rank is visible in the result whatever the
 // reduction order.
-inline float MinNan(float a, float b) { return ((a < b) | (a != a)) ? a : b; }
-inline float MaxNan(float a, float b) { return ((a > b) | (a != a)) ? a : b; }
+template <typename T>
+T MinNan(T a, T b) {
+  return ((a < b) | (a != a)) ? a : b;
+}
+template <typename T>
+T MaxNan(T a, T b) {
+  return ((a > b) | (a != a)) ? a : b;
+}
+
+// Calls apply(fn) with the two-operand function of `op` on floating values of type T, and returns
+// whether `op` is known. Average is a sum: the postscale divides afterwards.
+template <typename T, typename Apply>
+bool WithFloatOp(ReduceOp op, Apply apply) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      apply([](T a, T b) { return a + b; });
+      return true;
+    case ReduceOp::kProduct:
+      apply([](T a, T b) { return a * b; });
+      return true;
+    case ReduceOp::kMin:
+      apply([](T a, T b) { return MinNan(a, b); });
+      return true;
+    case ReduceOp::kMax:
+      apply([](T a, T b) { return MaxNan(a, b); });
+      return true;
+  }
+  return false;
+}
 
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float), typename Fn>
 void ReduceHalves(const void* in, void* inout, int64_t n, Fn fn) {
@@ -114,22 +142,8 @@ void ReduceHalves(const void* in, void* inout, int64_t n, Fn fn) {
 
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
 bool ReduceHalvesWithOp(const void* in, void* inout, int64_t n, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAverage:  // averaging divides after the sum, in the postscale
-      ReduceHalves<ToFloat, FromFloat>(in, inout, n, [](float a, float b) { return a + b; });
-      return true;
-    case ReduceOp::kProduct:
-      ReduceHalves<ToFloat, FromFloat>(in, inout, n, [](float a, float b) { return a * b; });
-      return true;
-    case ReduceOp::kMin:
-      ReduceHalves<ToFloat, FromFloat>(in, inout, n, [](float a, float b) { return MinNan(a, b); });
-      return true;
-    case ReduceOp::kMax:
-      ReduceHalves<ToFloat, FromFloat>(in, inout, n, [](float a, float b) { return MaxNan(a, b); });
-      return true;
-  }
-  return false;
+  return WithFloatOp<float>(op,
+                            [&](auto fn) { ReduceHalves<ToFloat, FromFloat>(in, inout, n, fn); });
 }
 
 // out[i] = a[i] (fn) b[i], in blocks as above.
@@ -181,24 +195,7 @@ bool FoldInteger(const void* const* inputs, int num_inputs, void* out, int64_t n
 
 template <typename T>
 bool FoldFloat(const void* const* inputs, int num_inputs, void* out, int64_t n, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAverage:
-      FoldNative<T>(inputs, num_inputs, out, n, [](T a, T b) { return a + b; });
-      return true;
-    case ReduceOp::kProduct:
-      FoldNative<T>(inputs, num_inputs, out, n, [](T a, T b) { return a * b; });
-      return true;
-    case ReduceOp::kMin:
-      FoldNative<T>(inputs, num_inputs, out, n,
-                    [](T a, T b) { return ((a < b) | (a != a)) ? a : b; });
-      return true;
-    case ReduceOp::kMax:
-      FoldNative<T>(inputs, num_inputs, out, n,
-                    [](T a, T b) { return ((a > b) | (a != a)) ? a : b; });
-      return true;
-  }
-  return false;
+  return WithFloatOp<T>(op, [&](auto fn) { FoldNative<T>(inputs, num_inputs, out, n, fn); });
 }
 
 // Every input is widened and folded in float32, scaled, and rounded to 16 bits once.
@@ -222,24 +219,8 @@ void FoldHalves(const void* const* inputs, int num_inputs, void* out, int64_t n,
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
 bool FoldHalvesWithOp(const void* const* inputs, int num_inputs, void* out, int64_t n, ReduceOp op,
                       float factor) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAverage:
-      FoldHalves<ToFloat, FromFloat>(inputs, num_inputs, out, n, factor,
-                                     [](float a, float b) { return a + b; });
-      return true;
-    case ReduceOp::kProduct:
-      FoldHalves<ToFloat, FromFloat>(inputs, num_inputs, out, n, factor,
-                                     [](float a, float b) { return a * b; });
-      return true;
-    case ReduceOp::kMin:
-      FoldHalves<ToFloat, FromFloat>(inputs, num_inputs, out, n, factor, MinNan);
-      return true;
-    case ReduceOp::kMax:
-      FoldHalves<ToFloat, FromFloat>(inputs, num_inputs, out, n, factor, MaxNan);
-      return true;
-  }
-  return false;
+  return WithFloatOp<float>(
+      op, [&](auto fn) { FoldHalves<ToFloat, FromFloat>(inputs, num_inputs, out, n, factor, fn); });
 }
 
 }  // namespace
