@@ -18,9 +18,18 @@ std::string Describe(const Runtime& rt, OpType op, const std::string& name) {
   return OpTypeName(op) + " of tensor '" + name + "' on rank " + std::to_string(rt.mpi->rank());
 }
 
-// Messages carry no context; Submit prefixes the operation, tensor and rank on failure only, so the
-// hot enqueue path builds no strings. `bytes` is t.num_bytes().
+// Whether a tensor can be enqueued on this build: the one definition, which the hot path tests
+// without building a Status. `bytes` is t.num_bytes() (-1 for an unknown dtype, a negative
+// dimension or an overflow).
+inline bool PlainlyValid(const TensorView& t, int64_t bytes) {
+  return bytes >= 0 && (bytes == 0 || t.data != nullptr) && t.device.kind == DeviceKind::kCpu &&
+         t.shape.size() <= kMaxWireDims;
+}
+
+// OK when PlainlyValid; otherwise why not. Messages carry no context; Submit prefixes the
+// operation, tensor and rank on failure only, so the hot enqueue path builds no strings.
 Status ValidateTensor(const TensorView& t, int64_t bytes, const char* what) {
+  if (PlainlyValid(t, bytes)) return Status::OK();
   if (!IsValidDataType(t.dtype)) {
     return Status::InvalidArgument(std::string(what) + "unknown dtype " + DataTypeName(t.dtype));
   }
@@ -43,22 +52,12 @@ Status ValidateTensor(const TensorView& t, int64_t bytes, const char* what) {
     return Status::InvalidArgument(std::string(what) + "data is null but the tensor has " +
                                    std::to_string(t.num_elements()) + " elements");
   }
-  if (t.device.kind != DeviceKind::kCpu) {
-    return Status::Unsupported(std::string(what) + DeviceName(t.device) +
-                               " tensors need the NCCL data plane, which this build lacks");
-  }
-  return Status::OK();
+  return Status::Unsupported(std::string(what) + DeviceName(t.device) +
+                             " tensors need the NCCL data plane, which this build lacks");
 }
 
 Status ValidateTensor(const TensorView& t, const char* what) {
   return ValidateTensor(t, t.num_bytes(), what);
-}
-
-// The checks ValidateTensor makes, as one test that an accepted tensor passes without building a
-// Status.
-inline bool PlainlyValid(const TensorView& t, int64_t bytes) {
-  return bytes >= 0 && (bytes == 0 || t.data != nullptr) && t.device.kind == DeviceKind::kCpu &&
-         t.shape.size() <= kMaxWireDims;
 }
 
 inline Status ValidateScale(double factor, const char* what) {
