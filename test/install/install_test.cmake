@@ -1,6 +1,8 @@
-# Installs the built tree into a scratch prefix, builds the consumer project against it with
-# find_package(gradsync), and runs it on two ranks.
-# Inputs: BUILD_DIR, CONSUMER_DIR, WORK_DIR, MPIEXEC.
+# Installs the built tree into a scratch prefix, then builds three projects against it with
+# find_package(gradsync), as trainers' own builds would: one that enables C and C++, one that
+# enables C++ alone (as most C++ projects do), and one that enables C alone. Each runs on two
+# ranks.
+# Inputs: BUILD_DIR, CONSUMERS_DIR, WORK_DIR, MPIEXEC.
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
@@ -10,6 +12,10 @@ endfunction()
 
 file(REMOVE_RECURSE ${WORK_DIR})
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
-run(${CMAKE_COMMAND} -S ${CONSUMER_DIR} -B ${WORK_DIR}/build -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
-run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
-run(${MPIEXEC} -np 2 --oversubscribe ${WORK_DIR}/build/consumer)
+foreach(consumer consumer_c_cxx consumer_cxx consumer_c)
+  set(build ${WORK_DIR}/${consumer})
+  run(${CMAKE_COMMAND} -S ${CONSUMERS_DIR}/${consumer} -B ${build}
+      -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+  run(${CMAKE_COMMAND} --build ${build})
+  run(${MPIEXEC} -np 2 --oversubscribe ${build}/consumer)
+endforeach()
