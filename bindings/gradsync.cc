@@ -46,7 +46,11 @@ Status ValidateTensor(const TensorView& t, int64_t bytes, const char* what) {
       }
     }
     return Status::InvalidArgument(std::string(what) + "shape " + ShapeString(t.shape) +
-                                   " overflows a 64-bit byte count");
+                                   " overflows a 64-bit byte count (zero dimensions aside)");
+  }
+  if (t.device.kind != DeviceKind::kCpu && t.device.kind != DeviceKind::kCuda) {
+    return Status::InvalidArgument(std::string(what) + "unknown device kind " +
+                                   std::to_string(static_cast<int>(t.device.kind)));
   }
   if (t.data == nullptr && bytes > 0) {
     return Status::InvalidArgument(std::string(what) + "data is null but the tensor has " +
@@ -403,12 +407,14 @@ Handle barrier(const std::string& name, const ProcessSet& process_set) {
 }
 
 void Handle::wait() const {
+  RequireCallerThread("Handle::wait");
   if (!state_) Throw(Status::InvalidArgument("wait() on an empty handle"));
   const Status& status = state_->Wait();  // no copy: every handle of a step is waited on
   if (!status.ok()) Throw(status);
 }
 
 bool Handle::wait_for(std::chrono::nanoseconds timeout) const {
+  RequireCallerThread("Handle::wait_for");
   if (!state_) Throw(Status::InvalidArgument("wait_for() on an empty handle"));
   Status status;
   if (!state_->WaitFor(timeout, &status)) return false;

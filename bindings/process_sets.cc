@@ -35,6 +35,7 @@ ProcessSet MakeProcessSet(int id) {
 }
 
 int join() {
+  RequireCallerThread("join");
   Runtime& rt = ActiveRuntime("join");
   // One join per rank at a time, so a fixed name pairs up every rank's join.
   auto entry = NewEntry(rt, OpType::kJoin, "gradsync.join", nullptr);
@@ -48,6 +49,7 @@ namespace {
 // Enqueues an add or remove of a process set on the global set, carrying `values` for the
 // agreement check, and waits for it. Returns the operation's result.
 int32_t ChangeProcessSets(const char* call, OpType op, std::vector<int64_t> values) {
+  RequireCallerThread(call);
   Runtime& rt = ActiveRuntime(call);
   const std::string name =
       "gradsync." + OpTypeName(op) + "." + std::to_string(rt.process_set_calls++);

@@ -5,6 +5,7 @@
 
 #include "bindings/runtime.h"
 #include "runtime/logging.h"
+#include "runtime/thread_role.h"
 
 namespace gradsync {
 
@@ -19,6 +20,16 @@ std::atomic<bool> g_was_shut_down{false};
 }  // namespace
 
 [[noreturn]] void Throw(Status status) { throw Error(std::move(status)); }
+
+void RequireCallerThread(const char* call) {
+  if (!OnBackgroundThread()) return;
+  Throw(Status::InvalidArgument(
+      std::string(call) +
+      "() was called from a completion callback or an output allocator, which run on gradsync's "
+      "background thread: that thread completes every handle, so blocking there would deadlock "
+      "the process. Call it from your own thread; inside a callback, use the Status it is given, "
+      "or poll() and status()"));
+}
 
 Runtime& ActiveRuntime(const char* call) {
   Runtime* rt = g_active.load(std::memory_order_acquire);
@@ -39,6 +50,7 @@ void init(MPI_Comm comm) {
 }
 
 void init(const InitOptions& options) {
+  RequireCallerThread("init");
   std::lock_guard<std::mutex> lock(g_lifecycle_mu);
   if (g_runtime) return;
   auto rt = std::make_unique<Runtime>();
@@ -64,6 +76,7 @@ void init(const InitOptions& options) {
 }
 
 void shutdown() {
+  RequireCallerThread("shutdown");
   std::lock_guard<std::mutex> lock(g_lifecycle_mu);
   if (!g_runtime) return;
   g_active.store(nullptr, std::memory_order_release);

@@ -33,6 +33,9 @@ struct Runtime {
 };
 
 [[noreturn]] void Throw(Status status);
+// Throws InvalidArgument, naming `call`, when called on gradsync's background thread (from a
+// completion callback or an output allocator), where a blocking call would deadlock the process.
+void RequireCallerThread(const char* call);
 // The running runtime; throws NotInitialized, naming `call`, when there is none.
 Runtime& ActiveRuntime(const char* call);
 

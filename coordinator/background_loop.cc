@@ -6,6 +6,7 @@
 
 #include "ops/scale.h"
 #include "runtime/logging.h"
+#include "runtime/thread_role.h"
 
 namespace gradsync {
 
@@ -43,6 +44,7 @@ void BackgroundLoop::Shutdown() {
 }
 
 void BackgroundLoop::Run() {
+  MarkBackgroundThread();
   while (RunOneCycle()) {
   }
 }
@@ -108,7 +110,10 @@ bool BackgroundLoop::RunSetCycle(ProcessSetRuntime* set, bool* productive) {
     return true;
   }
   if (outcome.shutdown) {
-    FailEverything(Status::Shutdown("gradsync was shut down (shutdown() was called on a rank)"));
+    FailEverything(Status::Shutdown(
+        std::string("gradsync was shut down before this operation completed (shutdown() was "
+                    "called on ") +
+        (shutdown_requested_.load() ? "this rank)" : "another rank)")));
     return false;
   }
   return true;
@@ -191,7 +196,10 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
       }
     }
     if (members_.empty()) continue;  // a joined rank's barrier: nothing to do
-    Complete(members_, ExecuteBucket(set, *responses[bucket.responses.front()], members_));
+    local_failures_.clear();
+    const Status executed = ExecuteBucket(set, *responses[bucket.responses.front()], members_);
+    if (!local_failures_.empty()) CompleteLocalFailures();
+    Complete(members_, executed);
   }
   return fatal;
 }
@@ -216,8 +224,9 @@ Status BackgroundLoop::ExecuteBucket(ProcessSetRuntime* set, const Response& fir
     case ResponseType::kBroadcast:
       return plane->Broadcast(first_entry, first.root);
     case ResponseType::kReducescatter:
-      return plane->Reducescatter(members,
-                                  {first.dtype, first.reduce_op, first.prescale, first.postscale});
+      return plane->Reducescatter(
+          members, {first.dtype, first.reduce_op, first.prescale, first.postscale},
+          &local_failures_);
     case ResponseType::kAlltoall:
       return plane->Alltoall(first_entry);
     case ResponseType::kBarrier:
@@ -299,6 +308,14 @@ void BackgroundLoop::Complete(const std::vector<TensorEntry*>& members, const St
   for (TensorEntry* entry : releasing_) entry->state->Record(status);
   OpState::AnnounceCompletions();
   queue_->Recycle();
+}
+
+void BackgroundLoop::CompleteLocalFailures() {
+  for (const LocalFailure& failure : local_failures_) {
+    members_.erase(std::find(members_.begin(), members_.end(), failure.entry));
+    Complete({failure.entry}, failure.status);
+  }
+  local_failures_.clear();
 }
 
 void BackgroundLoop::CloseSet(int32_t id, const Status& reason,

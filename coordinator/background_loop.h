@@ -64,6 +64,7 @@ class BackgroundLoop {
   // Runs the cycle's responses in order; a non-OK result is fatal to the set (a stall shutdown).
   Status Execute(ProcessSetRuntime* set, const CycleOutcome& outcome);
   // Runs one bucket: `response` is its first response, `members` this rank's entries for all.
+  // Entries that failed on this rank alone are left in local_failures_.
   Status ExecuteBucket(ProcessSetRuntime* set, const Response& response,
                        const std::vector<TensorEntry*>& members);
   Status ExecuteAddProcessSet(TensorEntry* entry);
@@ -73,6 +74,9 @@ class BackgroundLoop {
   TensorEntry* StandIn(const Response& response);
   // Releases the names and entries, then completes their handles. Stand-ins are skipped.
   void Complete(const std::vector<TensorEntry*>& members, const Status& status);
+  // Completes each of the bucket's local failures with its own status and takes it out of
+  // members_, so that the bucket's status goes to the others only.
+  void CompleteLocalFailures();
   // Stops running process set `id` and fails with `reason` what it held and the entries in
   // `taken` (those of its last outcome that did not complete).
   void CloseSet(int32_t id, const Status& reason, const std::vector<TensorEntry*>& taken);
@@ -92,6 +96,7 @@ class BackgroundLoop {
   ProcessSets sets_;
   std::vector<TensorEntry*> releasing_;  // Complete's scratch
   std::vector<TensorEntry*> members_;    // Execute's scratch
+  std::vector<LocalFailure> local_failures_;  // ExecuteBucket's, for the bucket being run
   std::vector<std::unique_ptr<StandInEntry>> stand_ins_;
   size_t stand_ins_used_ = 0;
   size_t held_ = 0;              // entries drained from the queue and not yet completed

@@ -28,6 +28,14 @@ struct ReduceSpec {
   double postscale = 1.0;
 };
 
+// An entry that failed on this rank alone while its collective still ran: its output allocator
+// gave no memory, so its share was received into scratch and dropped. The other ranks' results,
+// for it and for the rest of its bucket, are whole.
+struct LocalFailure {
+  TensorEntry* entry = nullptr;
+  Status status;
+};
+
 class DataPlane {
  public:
   virtual ~DataPlane() = default;
@@ -48,9 +56,11 @@ class DataPlane {
   // entry's output: the first dimension is divided by EvenSplits (lower ranks take the remainder),
   // the other dimensions are kept. Outputs are allocated through entry->allocator (entry->output
   // and entry->state->output_shape are set). Several entries are packed into the fusion buffer so
-  // that one collective serves them all. Scale factors and kAverage as for Allreduce.
-  virtual Status Reducescatter(const std::vector<TensorEntry*>& entries,
-                               const ReduceSpec& spec) = 0;
+  // that one collective serves them all. Scale factors and kAverage as for Allreduce. An entry
+  // whose allocator fails still takes part and is appended to *local_failures; it alone fails,
+  // and the returned Status covers the others.
+  virtual Status Reducescatter(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+                               std::vector<LocalFailure>* local_failures) = 0;
 
   // Sends entry->splits[r] rows of the input's first dimension to rank r, in rank order (EvenSplits
   // when splits is empty), and receives every rank's rows for this rank, concatenated in rank

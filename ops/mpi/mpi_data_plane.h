@@ -30,7 +30,8 @@ class MpiDataPlane : public DataPlane {
   Status Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) override;
   Status Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims) override;
   Status Broadcast(TensorEntry* entry, int root) override;
-  Status Reducescatter(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) override;
+  Status Reducescatter(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+                       std::vector<LocalFailure>* local_failures) override;
   Status Alltoall(TensorEntry* entry) override;
 
  private:

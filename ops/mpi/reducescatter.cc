@@ -71,7 +71,7 @@ Status PlanLayout(const std::vector<TensorEntry*>& entries, int size, ScatterLay
     part.row_elements = row.num_elements();
     // With zero rows the whole tensor is empty however large a row would be.
     if (part.row_elements < 0) {
-      return Status::InvalidArgument(Describe(*entry) + ": invalid shape " +
+      return Status::InvalidArgument("tensor '" + entry->name + "' has an invalid shape " +
                                      ShapeString(input.shape));
     }
     part.rows = EvenSplits(input.shape[0], size);
@@ -112,15 +112,17 @@ void Pack(const std::vector<TensorEntry*>& entries, const ScatterLayout& layout,
   }
 }
 
-// Copies this rank's reduced block into the entries' outputs, scaled by `postscale`.
+// Copies this rank's reduced block into the outputs of the entries that have one, scaled by
+// `postscale`.
 void Unpack(const char* block, const ScatterLayout& layout, int rank, DataType dtype,
-            double postscale, const std::vector<TensorEntry*>& entries) {
+            double postscale, const std::vector<TensorEntry*>& entries,
+            const std::vector<bool>& allocated) {
   const size_t elem_size = DataTypeSize(dtype);
   for (size_t i = 0; i < entries.size(); ++i) {
     const ScatterPart& part = layout.parts[i];
     const int64_t n = part.rows[rank] * part.row_elements;
     if (n == 0) continue;
-    ScaledCopy(block, entries[i]->output.data, n, dtype, postscale);
+    if (allocated[i]) ScaledCopy(block, entries[i]->output.data, n, dtype, postscale);
     block += static_cast<size_t>(n) * elem_size;
   }
 }
@@ -128,7 +130,8 @@ void Unpack(const char* block, const ScatterLayout& layout, int rank, DataType d
 }  // namespace
 
 Status MpiDataPlane::Reducescatter(const std::vector<TensorEntry*>& entries,
-                                   const ReduceSpec& spec) {
+                                   const ReduceSpec& spec,
+                                   std::vector<LocalFailure>* local_failures) {
   if (entries.empty()) return Status::OK();
   for (const TensorEntry* entry : entries) GRADSYNC_RETURN_IF_ERROR(ValidateEntry(*entry, spec));
   MPI_Op op = MPI_OP_NULL;
@@ -138,17 +141,22 @@ Status MpiDataPlane::Reducescatter(const std::vector<TensorEntry*>& entries,
   if (!status.ok()) return InContext(status, DescribeEntries("reducescatter", entries));
 
   // Every output is allocated before the collective, so that a single entry can receive its
-  // share directly. The first failure is reported once this rank has taken part.
-  Status allocated;
+  // share directly. An allocation failure is this rank's alone: the entry still sends its input,
+  // receives into scratch, and fails by itself once this rank has taken part.
+  std::vector<bool> allocated(entries.size(), true);
+  size_t failures = 0;
   std::vector<int64_t> shape;
   for (size_t i = 0; i < entries.size(); ++i) {
     shape = entries[i]->input.shape;
     shape[0] = layout.parts[i].rows[rank_];
     const Status s = AllocateOutput(entries[i], shape);
-    if (allocated.ok() && !s.ok()) allocated = InContext(s, Describe(*entries[i]));
+    if (s.ok()) continue;
+    allocated[i] = false;
+    ++failures;
+    local_failures->push_back({entries[i], InContext(s, Describe(*entries[i]))});
   }
   // Every rank holds the same shapes, so every rank skips together.
-  if (layout.total == 0) return allocated;
+  if (layout.total == 0) return Status::OK();
 
   ReduceSpec effective = spec;
   if (spec.op == ReduceOp::kAverage) effective.postscale *= 1.0 / size_;
@@ -157,7 +165,7 @@ Status MpiDataPlane::Reducescatter(const std::vector<TensorEntry*>& entries,
   // its share is received straight into its output.
   const bool single = entries.size() == 1;
   const bool pack = !single || effective.prescale != 1.0;
-  const bool receive_in_buffer = !single || !allocated.ok();
+  const bool receive_in_buffer = !single || failures > 0;
   const size_t send_bytes =
       pack ? AlignFusionOffset(static_cast<size_t>(layout.total) * elem_size) : 0;
   const size_t receive_bytes =
@@ -179,14 +187,14 @@ Status MpiDataPlane::Reducescatter(const std::vector<TensorEntry*>& entries,
                             "MPI_Reduce_scatter"),
                   DescribeEntries("reducescatter", entries)));
   }
-  if (!allocated.ok()) return allocated;
+  if (failures == entries.size()) return Status::OK();
 
   if (single) {
     ScaledCopy(receive, receive, layout.counts[rank_], spec.dtype, effective.postscale);
   } else {
     TimelineActivity activity(timeline_, entries, "MEMCPY_OUT_FUSION_BUFFER");
     Unpack(static_cast<const char*>(receive), layout, rank_, spec.dtype, effective.postscale,
-           entries);
+           entries, allocated);
   }
   return Status::OK();
 }

@@ -1,13 +1,29 @@
 // Mismatched parameters fail on every rank and later collectives still work; bad input is
 // rejected at enqueue with a clear error.
+#include <atomic>
 #include <limits>
 #include <memory>
+#include <thread>
 
 #include "test/mpi/multi_rank_test.h"
 
 namespace gradsync {
 namespace testing {
 namespace {
+
+template <typename Options>
+Options Named(const std::string& name) {
+  Options options;
+  options.name = name;
+  return options;
+}
+
+template <typename Options>
+Options Grouped(const std::vector<std::string>& names) {
+  Options options;
+  options.names = names;
+  return options;
+}
 
 class ErrorsTest : public MultiRankTest {
  protected:
@@ -112,6 +128,49 @@ TEST_F(ErrorsTest, OverflowingShape) {
   EXPECT_TRUE(ThrowsWith([&] { allreduce(v); }, StatusCode::kInvalidArgument, "overflows"));
 }
 
+// An empty tensor whose other dimensions multiply past 64 bits, in either order, is refused at
+// enqueue by every collective, with one message whose context appears once.
+TEST_F(ErrorsTest, EmptyShapeWithOverflowingDimensionsIsRefusedByEveryCollective) {
+  float x[4] = {};
+  const int64_t big = int64_t{1} << 40;
+  const Allocator allocate = [&x](const std::vector<int64_t>&, DataType) { return x; };
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{0, big, big}, std::vector<int64_t>{big, big, 0}}) {
+    const TensorView v(x, DataType::kFloat32, shape);
+    const std::string needle = "tensor 'empty' on rank " + std::to_string(rank_) + ": shape " +
+                               ShapeString(shape) + " overflows a 64-bit byte count";
+    const std::vector<std::string> names = {"empty"};
+    const std::vector<std::function<void()>> enqueues = {
+        [&] { allreduce(v, Named<AllreduceOptions>("empty")); },
+        [&] { allgather(v, allocate, Named<AllgatherOptions>("empty")); },
+        [&] { broadcast(v, 0, Named<BroadcastOptions>("empty")); },
+        [&] { reducescatter(v, allocate, Named<ReducescatterOptions>("empty")); },
+        [&] { alltoall(v, allocate, Named<AlltoallOptions>("empty")); },
+        [&] { grouped_allreduce({v}, Grouped<GroupedAllreduceOptions>(names)); },
+        [&] { grouped_allgather({v}, {allocate}, Grouped<GroupedAllgatherOptions>(names)); },
+        [&] {
+          grouped_reducescatter({v}, {allocate}, Grouped<GroupedReducescatterOptions>(names));
+        },
+    };
+    for (size_t i = 0; i < enqueues.size(); ++i) {
+      SCOPED_TRACE("enqueue " + std::to_string(i) + " of " + ShapeString(shape));
+      std::string message;
+      EXPECT_TRUE(ThrowsWith(
+          [&] {
+            try {
+              enqueues[i]();
+            } catch (const Error& e) {
+              message = e.what();
+              throw;
+            }
+          },
+          StatusCode::kInvalidArgument, needle));
+      EXPECT_EQ(message.find("of tensor"), message.rfind("of tensor")) << message;
+    }
+  }
+  ExpectLaterAllreduceWorks("after.empty");
+}
+
 TEST_F(ErrorsTest, NamesAndRanksBeyondTheWireLimits) {
   float x[4] = {};
   AllreduceOptions options;
@@ -176,6 +235,123 @@ TEST_F(ErrorsTest, DeviceTensorsNeedTheGpuDataPlane) {
   EXPECT_TRUE(
       ThrowsWith([&] { allreduce(TensorView(x, DataType::kFloat32, {4}, Device::Cuda(0))); },
                  StatusCode::kUnsupported, "cuda:0"));
+}
+
+TEST_F(ErrorsTest, UnknownDeviceKindIsAnInvalidArgument) {
+  float x[4] = {};
+  TensorView v(x, DataType::kFloat32, {4});
+  v.device.kind = static_cast<DeviceKind>(7);
+  EXPECT_TRUE(ThrowsWith([&] { allreduce(v); }, StatusCode::kInvalidArgument,
+                         "unknown device kind 7"));
+  EXPECT_TRUE(ThrowsWith([&] { broadcast(v, 0); }, StatusCode::kInvalidArgument,
+                         "unknown device kind 7"));
+}
+
+// What a blocking call made inside a completion callback threw, if anything.
+struct CallbackOutcome {
+  std::atomic<bool> ran{false};
+  StatusCode code = StatusCode::kOk;
+  std::string message;
+};
+
+// Runs `call` inside the callback of an allreduce on every rank and returns what it threw. Callbacks
+// run on gradsync's background thread, which completes every handle, so a blocking call there must
+// be refused with an error rather than deadlock; every rank then goes on.
+template <typename Call>
+void RunInsideCallback(CallbackOutcome* outcome, const Call& call) {
+  float x[4] = {};
+  AllreduceOptions options;
+  options.name = "callback.blocking";
+  options.on_complete = [outcome, call](const Status&) {
+    try {
+      call();
+    } catch (const Error& e) {
+      outcome->code = e.code();
+      outcome->message = e.what();
+    } catch (const std::exception& e) {
+      outcome->code = StatusCode::kInternal;
+      outcome->message = std::string("not a gradsync::Error: ") + e.what();
+    }
+    outcome->ran = true;
+  };
+  ASSERT_TRUE(Succeeds(allreduce(TensorView(x, DataType::kFloat32, {4}), options)));
+  ASSERT_TRUE(outcome->ran.load());
+}
+
+TEST_F(ErrorsTest, WaitingInsideACallbackIsAnErrorAndEveryRankGoesOn) {
+  // The callback's own handle, published once the enqueue returns.
+  std::atomic<const Handle*> own{nullptr};
+  float x[4] = {};
+  CallbackOutcome waited_own;
+  AllreduceOptions options;
+  options.name = "callback.own";
+  options.on_complete = [&](const Status&) {
+    const Handle* handle = nullptr;
+    while ((handle = own.load()) == nullptr) std::this_thread::yield();
+    try {
+      handle->wait();
+    } catch (const Error& e) {
+      waited_own.code = e.code();
+      waited_own.message = e.what();
+    }
+    waited_own.ran = true;
+  };
+  const Handle handle = allreduce(TensorView(x, DataType::kFloat32, {4}), options);
+  own = &handle;
+  ASSERT_TRUE(Succeeds(handle));
+  ASSERT_TRUE(waited_own.ran.load());
+  EXPECT_EQ(waited_own.code, StatusCode::kInvalidArgument) << waited_own.message;
+  EXPECT_NE(waited_own.message.find("Handle::wait() was called from a completion callback"),
+            std::string::npos)
+      << waited_own.message;
+
+  // Another handle, even a finished one, and with a time limit.
+  float y[4] = {};
+  const Handle other = allreduce(TensorView(y, DataType::kFloat32, {4}), Named<AllreduceOptions>("callback.other"));
+  ASSERT_TRUE(Succeeds(other));
+  CallbackOutcome waited_other;
+  RunInsideCallback(&waited_other, [other] { other.wait_for(std::chrono::seconds(30)); });
+  EXPECT_EQ(waited_other.code, StatusCode::kInvalidArgument) << waited_other.message;
+  EXPECT_NE(waited_other.message.find("Handle::wait_for()"), std::string::npos)
+      << waited_other.message;
+
+  CallbackOutcome joined;
+  RunInsideCallback(&joined, [] { join(); });
+  EXPECT_NE(joined.message.find("join() was called from a completion callback"),
+            std::string::npos)
+      << joined.message;
+  ExpectLaterAllreduceWorks("after.callback.wait");
+}
+
+TEST_F(ErrorsTest, ShutdownInsideACallbackIsAnError) {
+  CallbackOutcome outcome;
+  RunInsideCallback(&outcome, [] { shutdown(); });
+  EXPECT_EQ(outcome.code, StatusCode::kInvalidArgument) << outcome.message;
+  EXPECT_NE(outcome.message.find("shutdown() was called from a completion callback"),
+            std::string::npos)
+      << outcome.message;
+  EXPECT_TRUE(is_initialized());
+  ExpectLaterAllreduceWorks("after.callback.shutdown");
+}
+
+// An operation pending when another rank shuts down fails with the message the user guide gives.
+TEST_F(ErrorsTest, PendingOperationsFailWithTheDocumentedShutdownError) {
+  if (size_ < 2) GTEST_SKIP() << "needs a second rank to shut down";
+  float x[4] = {};
+  Handle pending;
+  if (rank_ == 0) {
+    pending = allreduce(TensorView(x, DataType::kFloat32, {4}),
+                        Named<AllreduceOptions>("submitted.on.rank0.only"));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank_ == size_ - 1) shutdown();
+  if (rank_ == 0) {
+    EXPECT_TRUE(FailsWith(pending, StatusCode::kShutdown,
+                          "gradsync was shut down before this operation completed (shutdown() "
+                          "was called on another rank)"));
+    EXPECT_TRUE(ThrowsWith([&] { allreduce(TensorView(x, DataType::kFloat32, {4})); },
+                           StatusCode::kShutdown, "before this operation completed"));
+  }
 }
 
 TEST_F(ErrorsTest, DuplicateNameInFlight) {

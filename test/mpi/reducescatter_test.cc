@@ -121,6 +121,40 @@ TEST_F(ReducescatterTest, MismatchedShapeFailsOnEveryRankAndLaterOnesWork) {
   ExpectShare(Enqueue(DataType::kInt32, ReduceOp::kMax, 6, "rs.after"));
 }
 
+// An allocator that fails on one rank fails that tensor on that rank only. The rank still sends
+// its input, so the other ranks' shares of that tensor are whole, and every tensor grouped (so
+// fused) with it succeeds everywhere.
+TEST_F(ReducescatterTest, FailedAllocatorFailsOnlyItsTensorOnItsRank) {
+  const int failing_rank = size_ - 1;
+  std::vector<Scatter> group(3);
+  std::vector<TensorView> inputs;
+  std::vector<Allocator> allocators;
+  for (size_t t = 0; t < group.size(); ++t) {
+    Scatter& s = group[t];
+    s.rows = 5 + static_cast<int64_t>(t);
+    s.in = std::make_unique<HostTensor>(s.dtype, std::vector<int64_t>{s.rows, kWidth});
+    for (int64_t i = 0; i < s.in->size(); ++i) s.in->Set(i, Value(s.op, rank_, i));
+    inputs.push_back(s.in->view());
+    allocators.push_back(Into(s.out));
+  }
+  if (rank_ == failing_rank) {
+    allocators[1] = [](const std::vector<int64_t>&, DataType) -> void* { return nullptr; };
+  }
+  GroupedReducescatterOptions options;
+  options.names = {"rs.alloc.before", "rs.alloc.failing", "rs.alloc.after"};
+  const std::vector<Handle> handles = grouped_reducescatter(inputs, allocators, options);
+  for (size_t t = 0; t < group.size(); ++t) group[t].handle = handles[t];
+  ExpectShare(group[0]);
+  ExpectShare(group[2]);
+  if (rank_ == failing_rank) {
+    EXPECT_TRUE(FailsWith(group[1].handle, StatusCode::kInvalidArgument,
+                          "'rs.alloc.failing': the output allocator gave no memory"));
+  } else {
+    ExpectShare(group[1]);
+  }
+  ExpectShare(Enqueue(DataType::kInt32, ReduceOp::kSum, 6, "rs.alloc.next"));
+}
+
 TEST_F(ReducescatterTest, BadInputIsRefusedAtEnqueue) {
   HostTensor scalar(DataType::kFloat32, {});
   OutputSlot out = std::make_shared<std::unique_ptr<HostTensor>>();

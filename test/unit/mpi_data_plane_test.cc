@@ -149,8 +149,15 @@ class MpiDataPlaneTest : public ::testing::Test {
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
 
+  // Reducescatter's entries that failed on this rank alone.
+  Status Reducescatter(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) {
+    failures_.clear();
+    return plane_->Reducescatter(entries, spec, &failures_);
+  }
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::unique_ptr<MpiDataPlane> plane_;
+  std::vector<LocalFailure> failures_;
 };
 
 ReduceSpec Spec(DataType dtype, ReduceOp op, double prescale = 1.0, double postscale = 1.0) {
@@ -476,7 +483,7 @@ TEST_F(MpiDataPlaneTest, ReducescatterSingleEntryEveryDtypeAndOp) {
         SCOPED_TRACE(DataTypeName(dtype) + " " + ReduceOpName(op) + " x" +
                      std::to_string(prescale));
         AllocatedEntry e("shard", dtype, {5, 3}, 1);
-        const Status s = plane_->Reducescatter({e.entry.get()}, Spec(dtype, op, prescale, 0.5));
+        const Status s = Reducescatter({e.entry.get()}, Spec(dtype, op, prescale, 0.5));
         ASSERT_TRUE(s.ok()) << s.ToString();
         EXPECT_EQ(e.entry->output.data, e.alloc.memory.data());
         ExpectReduced(e, dtype, prescale, 0.5);
@@ -498,7 +505,7 @@ TEST_F(MpiDataPlaneTest, ReducescatterFusedEntries) {
                                                          static_cast<double>(i)));
         entries.push_back(owned.back()->entry.get());
       }
-      const Status s = plane_->Reducescatter(entries, Spec(dtype, op, 3, 0.5));
+      const Status s = Reducescatter(entries, Spec(dtype, op, 3, 0.5));
       ASSERT_TRUE(s.ok()) << s.ToString();
       for (const auto& e : owned) ASSERT_NO_FATAL_FAILURE(ExpectReduced(*e, dtype, 3, 0.5));
     }
@@ -513,7 +520,7 @@ TEST_F(MpiDataPlaneTest, ReducescatterZeroRowsMayAllocateNull) {
   entry.allocator = [](const std::vector<int64_t>&, DataType) -> void* { return nullptr; };
   for (double prescale : {1.0, 2.0}) {
     const Status s =
-        plane_->Reducescatter({&entry}, Spec(DataType::kFloat32, ReduceOp::kSum, prescale));
+        Reducescatter({&entry}, Spec(DataType::kFloat32, ReduceOp::kSum, prescale));
     ASSERT_TRUE(s.ok()) << s.ToString();
     EXPECT_EQ(entry.state->output_shape, (std::vector<int64_t>{0, 4}));
     EXPECT_EQ(entry.output.shape, (std::vector<int64_t>{0, 4}));
@@ -521,48 +528,59 @@ TEST_F(MpiDataPlaneTest, ReducescatterZeroRowsMayAllocateNull) {
   }
 }
 
-TEST_F(MpiDataPlaneTest, ReducescatterAllocatorFailureNamesTensorAndShape) {
+// A failed allocation fails that entry alone, with a message naming it and its shape; the entries
+// fused with it are reduced as usual.
+TEST_F(MpiDataPlaneTest, ReducescatterAllocatorFailureFailsThatEntryAlone) {
   const OutputAllocator failures[] = {
       [](const std::vector<int64_t>&, DataType) -> void* { return nullptr; },
       [](const std::vector<int64_t>&, DataType) -> void* { throw std::bad_alloc(); }, nullptr};
   for (const OutputAllocator& failure : failures) {
     for (bool fused : {false, true}) {
       SCOPED_TRACE(fused ? "fused" : "single");
-      AllocatedEntry ok("fine", DataType::kFloat32, {4}, 0);
-      AllocatedEntry bad("layer3.out", DataType::kFloat32, {3, 2}, 0);
+      AllocatedEntry before("before", DataType::kFloat32, {4}, 1);
+      AllocatedEntry bad("layer3.out", DataType::kFloat32, {3, 2}, 2);
+      AllocatedEntry after("after", DataType::kFloat32, {2, 5}, 3);
       bad.entry->allocator = failure;
       std::vector<TensorEntry*> entries = {bad.entry.get()};
-      if (fused) entries.insert(entries.begin(), ok.entry.get());
-      const Status s =
-          plane_->Reducescatter(entries, Spec(DataType::kFloat32, ReduceOp::kSum, fused ? 1 : 2));
-      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-      EXPECT_NE(s.message().find("'layer3.out'"), std::string::npos) << s.message();
-      EXPECT_NE(s.message().find("[3x2]"), std::string::npos) << s.message();
+      if (fused) entries = {before.entry.get(), bad.entry.get(), after.entry.get()};
+      const double prescale = fused ? 1 : 2;
+      const Status s = Reducescatter(entries, Spec(DataType::kFloat32, ReduceOp::kSum, prescale));
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      ASSERT_EQ(failures_.size(), 1u);
+      EXPECT_EQ(failures_[0].entry, bad.entry.get());
+      const Status& why = failures_[0].status;
+      EXPECT_EQ(why.code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(why.message().find("'layer3.out'"), std::string::npos) << why.message();
+      EXPECT_NE(why.message().find("[3x2]"), std::string::npos) << why.message();
       EXPECT_EQ(bad.entry->output.data, nullptr);
       EXPECT_TRUE(bad.entry->state->output_shape.empty());
+      if (fused) {
+        ExpectReduced(before, DataType::kFloat32, prescale, 1.0);
+        ExpectReduced(after, DataType::kFloat32, prescale, 1.0);
+      }
     }
   }
 }
 
 TEST_F(MpiDataPlaneTest, ReducescatterRefusesBadEntriesBeforeAllocating) {
   AllocatedEntry scalar("loss", DataType::kFloat32, {}, 0);
-  Status s = plane_->Reducescatter({scalar.entry.get()}, Spec(DataType::kFloat32, ReduceOp::kSum));
+  Status s = Reducescatter({scalar.entry.get()}, Spec(DataType::kFloat32, ReduceOp::kSum));
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("'loss'"), std::string::npos) << s.message();
 
   AllocatedEntry ints("layer1.bias", DataType::kInt32, {3}, 0);
-  s = plane_->Reducescatter({ints.entry.get()}, Spec(DataType::kFloat32, ReduceOp::kSum));
+  s = Reducescatter({ints.entry.get()}, Spec(DataType::kFloat32, ReduceOp::kSum));
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("'layer1.bias'"), std::string::npos) << s.message();
 
   AllocatedEntry on_gpu("on_gpu", DataType::kFloat32, {3}, 0);
   on_gpu.entry->input.device = Device::Cuda(0);
-  s = plane_->Reducescatter({on_gpu.entry.get()}, Spec(DataType::kFloat32, ReduceOp::kSum));
+  s = Reducescatter({on_gpu.entry.get()}, Spec(DataType::kFloat32, ReduceOp::kSum));
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("'on_gpu'"), std::string::npos) << s.message();
 
   AllocatedEntry odd_op("odd_op", DataType::kFloat32, {3}, 0);
-  s = plane_->Reducescatter({odd_op.entry.get()},
+  s = Reducescatter({odd_op.entry.get()},
                             Spec(DataType::kFloat32, static_cast<ReduceOp>(99)));
   EXPECT_EQ(s.code(), StatusCode::kUnsupported);
   EXPECT_NE(s.message().find("'odd_op'"), std::string::npos) << s.message();
@@ -582,7 +600,7 @@ TEST_F(MpiDataPlaneTest, ReducescatterBeyondIntCountsIsUnsupported) {
     allocated = true;
     return nullptr;
   };
-  const Status s = plane_->Reducescatter({&entry}, Spec(DataType::kUInt8, ReduceOp::kSum));
+  const Status s = Reducescatter({&entry}, Spec(DataType::kUInt8, ReduceOp::kSum));
   EXPECT_EQ(s.code(), StatusCode::kUnsupported);
   EXPECT_NE(s.message().find("'huge'"), std::string::npos) << s.message();
   EXPECT_FALSE(allocated);

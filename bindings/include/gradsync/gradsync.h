@@ -6,9 +6,11 @@
 // input, at wait for a failed collective.
 //
 // Thread safety: init() and shutdown() must not race with each other or with enqueues; everything
-// else may be called from any thread. Completion callbacks run on the background thread, before the
-// handle reports completion: keep them short, never wait on a handle inside one; an exception a
-// callback throws is logged and dropped.
+// else may be called from any thread. Completion callbacks and output allocators run on gradsync's
+// background thread, before the handle reports completion: keep them short. The calls that block
+// on that thread (Handle::wait and wait_for, init, shutdown, join, add_process_set and
+// remove_process_set) throw InvalidArgument when made inside one instead of deadlocking; poll(),
+// status() and enqueues are fine there. An exception a callback throws is logged and dropped.
 #pragma once
 
 #include <mpi.h>
@@ -196,7 +198,9 @@ struct ReducescatterOptions {
 // rank a slice of the result along the first dimension: rows are divided as evenly as possible,
 // lower ranks taking the remainder (10 rows on 4 ranks: 3, 3, 2, 2). The output, of shape
 // [this rank's rows, input dims after the first], is placed in memory from `allocate`. Fused with
-// other reducescatters like allreduce.
+// other reducescatters like allreduce. When `allocate` gives no memory on one rank, only that
+// tensor fails, and only on that rank: the rank still sends its input, so the other ranks' shares
+// and the tensors fused with it are whole.
 Handle reducescatter(const TensorView& input, Allocator allocate,
                      const ReducescatterOptions& options = {});
 

@@ -90,22 +90,39 @@ struct TensorView {
   TensorView(void* d, DataType t, std::vector<int64_t> s, Device dev = Device::Cpu())
       : data(d), dtype(t), shape(std::move(s)), device(dev) {}
 
-  // Product of the dimensions; -1 if a dimension is negative or the product overflows int64.
+  // Product of the dimensions; -1 if a dimension is negative or if the product of the non-zero
+  // dimensions overflows int64. Zeros are left out of that test so that a shape's validity does
+  // not depend on its order and every slice of a valid tensor (an allgather row, a reducescatter
+  // share) can be sized without overflow, even when the tensor itself is empty.
   int64_t num_elements() const {
     int64_t n = 1;
+    bool empty = false;
     for (int64_t d : shape) {
-      if (d < 0 || __builtin_mul_overflow(n, d, &n)) return -1;
+      if (d < 0) return -1;
+      if (d == 0) {
+        empty = true;
+      } else if (__builtin_mul_overflow(n, d, &n)) {
+        return -1;
+      }
     }
-    return n;
+    return empty ? 0 : n;
   }
-  // num_elements() * element size; -1 when num_elements() is -1 or the product overflows (or the
-  // dtype is unknown).
+  // num_elements() * element size; -1 when num_elements() is -1, the dtype is unknown, or the
+  // byte count of the non-zero dimensions overflows (as for num_elements()).
   int64_t num_bytes() const {
-    const int64_t n = num_elements();
     const auto size = static_cast<int64_t>(DataTypeSize(dtype));
-    int64_t bytes = 0;
-    if (n < 0 || size == 0 || __builtin_mul_overflow(n, size, &bytes)) return -1;
-    return bytes;
+    int64_t bytes = size;
+    bool empty = false;
+    for (int64_t d : shape) {
+      if (d < 0) return -1;
+      if (d == 0) {
+        empty = true;
+      } else if (__builtin_mul_overflow(bytes, d, &bytes)) {
+        return -1;
+      }
+    }
+    if (size == 0) return -1;
+    return empty ? 0 : bytes;
   }
 };
 
