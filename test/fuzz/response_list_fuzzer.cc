@@ -1,0 +1,11 @@
+// libFuzzer target for ParseResponseList: the bytes every rank receives from rank 0's broadcast.
+// The checks applied to each input are described in wire_fuzz_target.h.
+#include <cstddef>
+#include <cstdint>
+
+#include "test/fuzz/wire_fuzz_target.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  gradsync::fuzz::FuzzOneMessage<gradsync::fuzz::ResponseListCodec>(data, size);
+  return 0;
+}
