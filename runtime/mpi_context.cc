@@ -1,6 +1,7 @@
 #include "runtime/mpi_context.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <thread>
 
@@ -186,7 +187,24 @@ MpiContext::~MpiContext() {
   if (finalized) return;
   if (control_comm_ != MPI_COMM_NULL) MPI_Comm_free(&control_comm_);
   if (data_comm_ != MPI_COMM_NULL) MPI_Comm_free(&data_comm_);
-  if (owns_mpi_) MPI_Finalize();
+  if (owns_mpi_) FinalizeMpi();
+}
+
+// Open MPI's MPI_Finalize begins with a barrier over every process of the job, so a rank that
+// shuts down early waits here for the slowest one; said once, so the time is not blamed on
+// gradsync.
+void MpiContext::FinalizeMpi() {
+  const auto start = std::chrono::steady_clock::now();
+  const int rc = MPI_Finalize();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (rc != MPI_SUCCESS) {
+    Log().error("MPI_Finalize failed with MPI error code {}", rc);
+  } else if (seconds > 1.0) {
+    Log().info(
+        "MPI_Finalize took {:.1f} s: the MPI library waits there until every rank has called it",
+        seconds);
+  }
 }
 
 Status SubsetCommunicators::Split(const MpiContext& mpi, const std::vector<int>& ranks,

@@ -52,6 +52,7 @@ class MpiContext {
 
  private:
   MpiContext() = default;
+  static void FinalizeMpi();
 
   bool owns_mpi_ = false;
   MPI_Comm control_comm_ = MPI_COMM_NULL;
