@@ -14,15 +14,16 @@ fi
 mpiexec=$1 program=$2 np=$3 bound=$4 scenario=$5 victim=$6 on_error=$7
 shift 7
 
+# Arithmetic on decimal seconds: calc EXPR prints the value, holds EXPR succeeds when true.
+calc() { awk "BEGIN { printf \"%.3f\", $1 }"; }
+holds() { awk "BEGIN { exit !($1) }"; }
+
 # Past this, the job is not going to end by itself; the margin lets a slow start still count.
-limit=$((bound + 30))
+limit=$(calc "$bound + 30")
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
 now() { date +%s.%N; }
-# Arithmetic on decimal seconds: calc EXPR prints the value, holds EXPR succeeds when true.
-calc() { awk "BEGIN { printf \"%.3f\", $1 }"; }
-holds() { awk "BEGIN { exit !($1) }"; }
 
 start=$(now)
 timeout -k 5 "$limit" "$mpiexec" -np "$np" --oversubscribe --bind-to none \
