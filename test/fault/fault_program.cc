@@ -34,7 +34,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <ctime>
 #include <string>
 #include <thread>
@@ -47,7 +46,7 @@ constexpr auto kWaitLimit = std::chrono::seconds(100);
 constexpr int kSteps = 1000000;  // the survivors' loop ends through the fault, not through this
 constexpr int kDeathStep = 3;    // a few steps first, so the response cache is warm
 constexpr int kTensors = 8;
-constexpr int64_t kElements = 1024;  // 4 KiB per tensor; the driver sets a 8 KiB fusion buffer
+constexpr int64_t kElements = 1024;  // 4 KiB per tensor; the tests set an 8 KiB fusion buffer
 // The driver's GRADSYNC_STALL_SHUTDOWN_SECONDS is well below this.
 constexpr auto kStallPause = std::chrono::seconds(3);
 
