@@ -1,0 +1,168 @@
+// gradsync_soak: a long randomized run under `mpirun -np 4`. Every step runs a random set of
+// collectives (every kind, dtype and reduce op, grouped or not, on the global set and on process
+// sets, occasionally a join or an added and removed set), checks every result exactly, and the
+// run watches resident memory, descriptors and threads for growth and writes a timeline that must
+// come out complete. Pass/fail is collective: any failure on any rank fails every rank, and no
+// wait is unbounded (a watchdog aborts the job if a blocking call never returns).
+//
+//   mpirun -np 4 gradsync_soak --steps 10000 --seed 1 --report-every 500
+//
+// docs/soak.md describes the flags, what a step covers and the last long run.
+#include <gradsync/gradsync.h>
+#include <mpi.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "test/soak/soak_options.h"
+#include "test/soak/soak_plan.h"
+#include "test/soak/soak_probe.h"
+#include "test/soak/soak_report.h"
+#include "test/soak/soak_run.h"
+
+namespace gradsync {
+namespace soak {
+namespace {
+
+// Process sets created at init: overlapping, of two and three ranks, each kept where the world
+// has its ranks and it is not the whole world.
+std::vector<std::vector<int>> InitSets(int size) {
+  std::vector<std::vector<int>> sets;
+  for (const std::vector<int>& s : {std::vector<int>{0, 1}, {1, 2, 3}, {0, 2}}) {
+    if (s.back() < size && static_cast<int>(s.size()) < size) sets.push_back(s);
+  }
+  return sets;
+}
+
+std::string BroadcastString(std::string value) {
+  int length = static_cast<int>(value.size());
+  MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  value.resize(static_cast<size_t>(length));
+  MPI_Bcast(value.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return value;
+}
+
+// Rank 0 makes a fresh directory for the timeline; every rank learns its name.
+std::string MakeTimelineDir(int rank) {
+  std::string dir;
+  if (rank == 0) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/gradsync_soak.XXXXXX";
+    if (mkdtemp(pattern.data()) != nullptr) dir = pattern;
+  }
+  return BroadcastString(dir);
+}
+
+int Run(const Options& options, int rank, int size) {
+  Report report(rank, size, options);
+  Watchdog watchdog(options.hang_seconds);
+  const std::vector<std::vector<int>> init_sets = InitSets(size);
+
+  // The timeline: the whole run into one file (GRADSYNC_TIMELINE, as a user would set it), or
+  // windows of steps, each started and stopped at run time, checked, and deleted.
+  std::string timeline_dir, timeline_file;
+  if (options.timeline != TimelineMode::kOff) {
+    timeline_dir = MakeTimelineDir(rank);
+    if (timeline_dir.empty()) {
+      report.Fail("could not create a directory for the timeline");
+    } else if (options.timeline == TimelineMode::kWhole) {
+      timeline_file = timeline_dir + "/timeline.json";
+      setenv("GRADSYNC_TIMELINE", timeline_file.c_str(), 1);
+    }
+  }
+
+  InitOptions init_options;
+  init_options.process_sets = init_sets;
+  watchdog.Enter("init", -1);
+  try {
+    init(init_options);
+  } catch (const Error& e) {
+    report.Fail(std::string("init() threw ") + e.what());
+    watchdog.Leave();
+    return report.Finish(nullptr, {}, timeline_dir, options.keep_timeline);
+  }
+  std::vector<std::vector<int>> set_lists{std::vector<int>()};
+  for (int r = 0; r < size; ++r) set_lists[0].push_back(r);
+  set_lists.insert(set_lists.end(), init_sets.begin(), init_sets.end());
+  const Planner planner(options.seed, options.pool, options.max_ops, set_lists);
+  StepRunner runner(planner, process_sets(), options.seed,
+                    std::chrono::milliseconds(static_cast<int64_t>(options.wait_seconds * 1000)));
+  Failures failures(rank, 20);
+  Tally tally;
+
+  report.Sample(0);
+  // The verdict of step s travels (non-blocking) while step s + 1 runs, so ranks may drift by a
+  // step, and a failure anywhere stops every rank within two steps.
+  int sent[3] = {0, -1, 1}, agreed[3] = {0, 0, 0};
+  MPI_Request verdict = MPI_REQUEST_NULL;
+  int64_t step = 0;
+  for (; step < options.steps; ++step) {
+    if (options.timeline == TimelineMode::kWindows && step % options.window_every == 0) {
+      report.StartWindow(timeline_dir, step);
+    }
+    const StepPlan plan = planner.MakeStep(step);
+    watchdog.Enter(plan.join ? "a join step" : "a step", step);
+    const int last = runner.Run(plan, &tally, &failures);
+    watchdog.Enter("the verdict of the previous step", step);
+    if (verdict != MPI_REQUEST_NULL) MPI_Wait(&verdict, MPI_STATUS_IGNORE);
+    if (step > 0 && agreed[1] != -agreed[2]) {
+      report.Fail("step " + std::to_string(step - 1) + ": join() returned different ranks");
+    }
+    if (agreed[0] != 0 || report.failed()) break;
+    sent[0] = failures.count() > 0 ? 1 : 0;
+    sent[1] = last;
+    sent[2] = -last;
+    MPI_Iallreduce(sent, agreed, 3, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &verdict);
+    if (options.timeline == TimelineMode::kWindows &&
+        (step % options.window_every == options.window - 1 || step + 1 == options.steps)) {
+      report.StopWindow();
+    }
+    if ((step + 1) % options.report_every == 0 || step + 1 == options.steps) {
+      watchdog.Enter("sampling", step);
+      report.Sample(step + 1, &tally);
+    }
+  }
+  watchdog.Enter("the last verdict", step);
+  if (verdict != MPI_REQUEST_NULL) MPI_Wait(&verdict, MPI_STATUS_IGNORE);
+  if (agreed[0] != 0 && failures.count() == 0) report.Fail("another rank failed");
+  watchdog.Enter("shutdown", step);
+  try {
+    shutdown();
+  } catch (const Error& e) {
+    report.Fail(std::string("shutdown() threw ") + e.what());
+  }
+  watchdog.Leave();
+  if (failures.count() > 0) report.Fail(std::to_string(failures.count()) + " failed checks");
+  return report.Finish(&tally, timeline_file, timeline_dir, options.keep_timeline);
+}
+
+}  // namespace
+}  // namespace soak
+}  // namespace gradsync
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  gradsync::soak::Options options;
+  std::string error;
+  int result = 2;
+  if (!gradsync::soak::ParseOptions(argc, argv, &options, &error)) {
+    if (rank == 0)
+      std::fprintf(stderr, "gradsync_soak: %s\n%s", error.c_str(), gradsync::soak::kUsage);
+  } else {
+    result = gradsync::soak::Run(options, rank, size);
+  }
+  int worst = 0;
+  MPI_Allreduce(&result, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst;
+}

@@ -1,0 +1,285 @@
+// Step plans for the soak; see soak_plan.h.
+#include "test/soak/soak_plan.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "test/soak/soak_values.h"
+
+namespace gradsync {
+namespace soak {
+namespace {
+
+constexpr double kJoinStepChance = 0.02;
+constexpr double kAddedSetChance = 0.01;
+constexpr double kFreshParametersChance = 0.15;
+
+const std::vector<DataType> kDtypes = {DataType::kUInt8,   DataType::kInt8,    DataType::kInt32,
+                                       DataType::kInt64,   DataType::kFloat16, DataType::kBFloat16,
+                                       DataType::kFloat32, DataType::kFloat64};
+const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
+                                    ReduceOp::kMax, ReduceOp::kProduct};
+
+// Names of varied length; a few are long, to stretch the wire format.
+std::string PoolName(Rng* rng, int index) {
+  std::string name = "soak." + std::to_string(index);
+  if (rng->Chance(0.3)) {
+    name += '.';
+    for (int64_t n = rng->Uniform(1, 40); n > 0; --n)
+      name += static_cast<char>('a' + rng->Next() % 26);
+  }
+  if (rng->Chance(0.02)) name += std::string(static_cast<size_t>(rng->Uniform(500, 3000)), 'L');
+  return name;
+}
+
+// A whole tensor's shape: scalars, empty tensors, small odd shapes, medium and (rarely) large
+// ones; large ones are above the in-place threshold for 4- and 8-byte dtypes.
+std::vector<int64_t> FullShape(Rng* rng, bool allow_scalar) {
+  const int64_t r = rng->Uniform(0, 99);
+  if (allow_scalar && r < 8) return {};
+  if (r < 97 && r >= 82) {
+    if (rng->Chance(0.5)) return {rng->Uniform(100, 5000)};
+    return {rng->Uniform(2, 9), rng->Uniform(20, 600)};
+  }
+  if (r >= 97) {
+    if (rng->Chance(0.5)) return {rng->Uniform(65537, 100003)};
+    return {rng->Uniform(2, 4), rng->Uniform(20000, 40000)};
+  }
+  std::vector<int64_t> shape(static_cast<size_t>(rng->Uniform(1, 3)));
+  for (int64_t& d : shape) d = rng->Uniform(1, 6);
+  if (r < 16) shape[static_cast<size_t>(rng->Uniform(0, shape.size() - 1))] = 0;
+  return shape;
+}
+
+// The dimensions after the first, for collectives whose first dimension differs per rank.
+std::vector<int64_t> TrailingShape(Rng* rng) {
+  std::vector<int64_t> shape(static_cast<size_t>(rng->Uniform(0, 2)));
+  for (int64_t& d : shape) d = rng->Chance(0.04) ? 0 : rng->Uniform(1, 5);
+  return shape;
+}
+
+// Rows divided as evenly as possible, lower ranks taking the remainder.
+std::vector<int64_t> EvenSplit(int64_t rows, int n) {
+  std::vector<int64_t> parts(static_cast<size_t>(n), rows / n);
+  for (int64_t i = 0; i < rows % n; ++i) ++parts[static_cast<size_t>(i)];
+  return parts;
+}
+
+}  // namespace
+
+uint64_t Rng::Next() {
+  state_ += 0x9E3779B97F4A7C15ull;
+  return Mix(state_, 0);
+}
+
+int64_t Rng::Uniform(int64_t lo, int64_t hi) {
+  return lo + static_cast<int64_t>(Next() % static_cast<uint64_t>(hi - lo + 1));
+}
+
+bool Rng::Chance(double p) { return static_cast<double>(Next() >> 11) * 0x1.0p-53 < p; }
+
+std::string KindName(Kind kind) {
+  switch (kind) {
+    case Kind::kAllreduce:
+      return "allreduce";
+    case Kind::kAllgather:
+      return "allgather";
+    case Kind::kBroadcast:
+      return "broadcast";
+    case Kind::kReducescatter:
+      return "reducescatter";
+    case Kind::kAlltoall:
+      return "alltoall";
+    case Kind::kBarrier:
+      return "barrier";
+  }
+  return "?";
+}
+
+Planner::Planner(uint64_t seed, int pool_size, int max_ops, std::vector<std::vector<int>> sets)
+    : seed_(seed),
+      pool_size_(pool_size),
+      max_ops_(max_ops),
+      size_(static_cast<int>(sets.at(0).size())),
+      sets_(std::move(sets)) {
+  Rng rng(Mix(seed_, 0x7e3a1a7e));
+  for (int next = 0; next < pool_size_;) {
+    Template t;
+    const int64_t count = rng.Chance(0.25) ? rng.Uniform(2, 4) : 1;
+    for (int64_t i = 0; i < count && next < pool_size_; ++i)
+      t.names.push_back(PoolName(&rng, next++));
+    const int set = sets_.size() > 1 && rng.Chance(0.3)
+                        ? static_cast<int>(rng.Uniform(1, static_cast<int64_t>(sets_.size()) - 1))
+                        : 0;
+    t.home = RandomOp(&rng, t.names, sets_[static_cast<size_t>(set)], set);
+    templates_.push_back(std::move(t));
+  }
+}
+
+OpPlan Planner::RandomOp(Rng* rng, const std::vector<std::string>& names,
+                         const std::vector<int>& members, int set) const {
+  OpPlan op;
+  op.set = set;
+  const int n = static_cast<int>(members.size());
+  const int64_t k = rng->Uniform(0, 99);
+  if (names.size() > 1) {
+    op.grouped = true;
+    op.kind = k < 60 ? Kind::kAllreduce : k < 80 ? Kind::kAllgather : Kind::kReducescatter;
+  } else {
+    op.kind = k < 40   ? Kind::kAllreduce
+              : k < 53 ? Kind::kAllgather
+              : k < 65 ? Kind::kBroadcast
+              : k < 80 ? Kind::kReducescatter
+              : k < 93 ? Kind::kAlltoall
+                       : Kind::kBarrier;
+  }
+  op.op = rng->Pick(kOps);
+  if (op.kind == Kind::kAllreduce || op.kind == Kind::kReducescatter) {
+    if (op.op != ReduceOp::kProduct) op.prescale = rng->Pick(std::vector<double>{1, 1, 1, 2, 0.5});
+    op.postscale = rng->Pick(std::vector<double>{1, 1, 1, 2, 0.5, 0.25});
+  }
+  op.root = static_cast<int>(rng->Uniform(0, n - 1));
+  op.even_splits = rng->Chance(0.15);
+  for (const std::string& name : names) {
+    TensorPlan t;
+    t.name = name;
+    t.dtype = rng->Pick(kDtypes);
+    switch (op.kind) {
+      case Kind::kAllreduce:
+      case Kind::kBroadcast:
+        t.shape = FullShape(rng, true);
+        break;
+      case Kind::kReducescatter:
+        t.shape = FullShape(rng, false);
+        if (rng->Chance(0.3)) t.shape[0] = rng->Uniform(0, 2 * n + 1);
+        break;
+      case Kind::kAllgather:
+        t.scalar = rng->Chance(0.06);
+        if (!t.scalar) t.shape = TrailingShape(rng);
+        break;
+      case Kind::kAlltoall:
+        t.shape = TrailingShape(rng);
+        break;
+      case Kind::kBarrier:
+        break;
+    }
+    op.tensors.push_back(std::move(t));
+  }
+  return op;
+}
+
+void Planner::Refresh(Rng* rng, const std::vector<int>& members, int64_t step, OpPlan* op) const {
+  const int n = static_cast<int>(members.size());
+  for (size_t i = 0; i < op->tensors.size(); ++i) {
+    TensorPlan& t = op->tensors[i];
+    t.salt = Mix(Mix(seed_, static_cast<uint64_t>(step)), rng->Next() + i);
+    const bool large = rng->Chance(0.03);
+    if (op->kind == Kind::kAllgather) {
+      t.rows.resize(static_cast<size_t>(n));
+      for (int64_t& r : t.rows)
+        r = t.scalar ? 1 : large ? rng->Uniform(2000, 20000) : rng->Uniform(0, 4);
+    } else if (op->kind == Kind::kAlltoall) {
+      t.splits.assign(static_cast<size_t>(n), {});
+      t.rows.resize(static_cast<size_t>(n));
+      for (int s = 0; s < n; ++s) {
+        if (op->even_splits) {
+          t.splits[s] = EvenSplit(rng->Uniform(0, 2 * n + 1), n);
+        } else {
+          t.splits[s].resize(static_cast<size_t>(n));
+          for (int64_t& x : t.splits[s]) x = large ? rng->Uniform(0, 3000) : rng->Uniform(0, 3);
+        }
+        t.rows[s] = std::accumulate(t.splits[s].begin(), t.splits[s].end(), int64_t{0});
+      }
+    }
+  }
+}
+
+const std::vector<int>& Planner::Members(int set, const StepPlan& plan) const {
+  return set < static_cast<int>(sets_.size()) ? sets_[static_cast<size_t>(set)] : plan.added_set;
+}
+
+std::vector<int> Planner::RandomNewSet(Rng* rng) const {
+  for (int attempt = 0; attempt < 32; ++attempt) {
+    std::vector<int> ranks;
+    for (int r = 0; r < size_; ++r) {
+      if (rng->Chance(0.5)) ranks.push_back(r);
+    }
+    if (ranks.size() < 2 || static_cast<int>(ranks.size()) == size_) continue;
+    if (std::find(sets_.begin(), sets_.end(), ranks) == sets_.end()) return ranks;
+  }
+  return {};
+}
+
+StepPlan Planner::MakeStep(int64_t step) const {
+  Rng rng(Mix(seed_, static_cast<uint64_t>(step) + 1));
+  StepPlan plan;
+  plan.step = step;
+  if (step > 0 && size_ > 1 && rng.Chance(kJoinStepChance)) {
+    MakeJoinStep(&rng, &plan);
+    return plan;
+  }
+  if (step > 0 && size_ >= 3 && rng.Chance(kAddedSetChance)) plan.added_set = RandomNewSet(&rng);
+  std::vector<size_t> order(templates_.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  rng.Shuffle(&order);
+  const int64_t count =
+      std::min<int64_t>(rng.Uniform(1, max_ops_), static_cast<int64_t>(order.size()));
+  for (int64_t i = 0; i < count; ++i) {
+    const Template& t = templates_[order[static_cast<size_t>(i)]];
+    OpPlan op;
+    if (!plan.added_set.empty() && i < 3) {
+      op = RandomOp(&rng, t.names, plan.added_set, static_cast<int>(sets_.size()));
+    } else if (rng.Chance(kFreshParametersChance)) {
+      const int set = sets_.size() > 1 && rng.Chance(0.3)
+                          ? static_cast<int>(rng.Uniform(1, static_cast<int64_t>(sets_.size()) - 1))
+                          : 0;
+      op = RandomOp(&rng, t.names, sets_[static_cast<size_t>(set)], set);
+    } else {
+      op = t.home;
+    }
+    Refresh(&rng, Members(op.set, plan), step, &op);
+    plan.ops.push_back(std::move(op));
+  }
+  return plan;
+}
+
+void Planner::MakeJoinStep(Rng* rng, StepPlan* plan) const {
+  plan->join = true;
+  plan->join_rounds.resize(static_cast<size_t>(size_));
+  for (int& r : plan->join_rounds) r = static_cast<int>(rng->Uniform(0, 3));
+  const int most = *std::max_element(plan->join_rounds.begin(), plan->join_rounds.end());
+  if (most == 0) plan->join_rounds[static_cast<size_t>(rng->Uniform(0, size_ - 1))] = 1;
+  const int rounds = std::max(most, 1);
+  std::vector<size_t> order(templates_.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  rng->Shuffle(&order);
+  size_t next = 0;
+  plan->join_ops.resize(static_cast<size_t>(rounds));
+  for (auto& round : plan->join_ops) {
+    for (int64_t i = rng->Uniform(1, 4); i > 0 && next < order.size(); --i) {
+      const Template& t = templates_[order[next++]];
+      OpPlan op;
+      op.set = 0;
+      op.grouped = t.names.size() > 1;
+      op.kind = !op.grouped && rng->Chance(0.15) ? Kind::kBarrier : Kind::kAllreduce;
+      op.op = rng->Pick(kOps);
+      // Scale factors apply to a joined rank's identity too; they are meant for sum and average.
+      if (op.op == ReduceOp::kSum || op.op == ReduceOp::kAverage) {
+        op.prescale = rng->Pick(std::vector<double>{1, 2, 0.5});
+        op.postscale = rng->Pick(std::vector<double>{1, 2, 0.5, 0.25});
+      }
+      for (const std::string& name : t.names) {
+        TensorPlan tensor;
+        tensor.name = name;
+        tensor.dtype = rng->Pick(kDtypes);
+        if (op.kind == Kind::kAllreduce) tensor.shape = FullShape(rng, true);
+        tensor.salt = Mix(Mix(seed_, static_cast<uint64_t>(plan->step)), rng->Next());
+        op.tensors.push_back(std::move(tensor));
+      }
+      round.push_back(std::move(op));
+    }
+  }
+}
+
+}  // namespace soak
+}  // namespace gradsync

@@ -1,0 +1,39 @@
+// What the soak watches besides results: the process's resident memory, open file descriptors,
+// threads and memory mappings (leaked communicators, shared-memory segments or threads show up
+// there even though gradsync's pools are not observable from outside), and the timeline file,
+// checked as a stream so that a file of hundreds of megabytes costs no memory.
+//
+// Thread safety: pure functions of the process's /proc entries and the file; call from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace gradsync {
+namespace soak {
+
+struct ProcessSample {
+  int64_t step = 0;
+  int64_t rss_kib = 0;  // resident set, from /proc/self/statm
+  int64_t fds = 0;      // entries in /proc/self/fd
+  int64_t threads = 0;  // Threads: in /proc/self/status
+  int64_t maps = 0;     // lines of /proc/self/maps
+};
+
+ProcessSample SampleProcess(int64_t step);
+
+struct TimelineReport {
+  bool ok = false;
+  std::string why;  // what is wrong when !ok
+  int64_t bytes = 0;
+  int64_t events = 0;    // objects in the traceEvents array
+  int64_t cycles = 0;    // CYCLE_START markers
+  bool dropped = false;  // the writer recorded TIMELINE_DROPPED_EVENTS
+};
+
+// Checks that `path` holds one complete JSON object (strings terminated, escapes well formed,
+// brackets balanced and closed, nothing after the end) with a non-empty "traceEvents" array.
+TimelineReport CheckTimeline(const std::string& path);
+
+}  // namespace soak
+}  // namespace gradsync

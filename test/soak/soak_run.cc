@@ -1,0 +1,330 @@
+// One soak step on this rank; see soak_run.h.
+#include "test/soak/soak_run.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <sstream>
+
+namespace gradsync {
+namespace soak {
+namespace {
+
+Allocator Into(std::unique_ptr<Buffer>* slot) {
+  return [slot](const std::vector<int64_t>& shape, DataType dtype) -> void* {
+    *slot = std::make_unique<Buffer>(dtype, shape);
+    return (*slot)->data();
+  };
+}
+
+}  // namespace
+
+void Failures::Add(const std::string& what) {
+  // Stall messages list every waiting tensor; the start says enough.
+  constexpr size_t kLongest = 600;
+  if (count_++ >= print_limit_) return;
+  std::fprintf(stderr, "soak rank %d: FAIL %s%s\n", rank_, what.substr(0, kLongest).c_str(),
+               what.size() > kLongest ? " [...]" : "");
+}
+
+StepRunner::StepRunner(const Planner& planner, std::vector<ProcessSet> sets, uint64_t seed,
+                       std::chrono::milliseconds wait_limit)
+    : planner_(planner),
+      sets_(std::move(sets)),
+      seed_(seed),
+      wait_limit_(wait_limit),
+      rank_(gradsync::rank()),
+      size_(gradsync::size()) {}
+
+StepRunner::~StepRunner() = default;
+
+std::string StepRunner::Describe(const Live& live, size_t tensor) const {
+  const OpPlan& op = *live.plan;
+  std::ostringstream out;
+  out << "step " << step_ << ": " << (op.grouped ? "grouped " : "") << KindName(op.kind);
+  if (tensor < op.tensors.size()) {
+    out << " of '" << op.tensors[tensor].name.substr(0, 80) << "' ("
+        << DataTypeName(op.tensors[tensor].dtype);
+  }
+  if (op.kind == Kind::kAllreduce || op.kind == Kind::kReducescatter) {
+    out << ", " << ReduceOpName(op.op) << ", prescale " << op.prescale << ", postscale "
+        << op.postscale;
+  }
+  out << ", set of ranks";
+  for (int r : *live.members) out << ' ' << r;
+  out << ")";
+  return out.str();
+}
+
+int StepRunner::Run(const StepPlan& plan, Tally* tally, Failures* failures) {
+  step_ = plan.step;
+  ++tally->steps;
+  if (plan.join) {
+    ++tally->joins;
+    const int mine = plan.join_rounds[static_cast<size_t>(rank_)];
+    for (int round = 0; round < mine; ++round) {
+      std::vector<int> running;
+      for (int r = 0; r < size_; ++r) {
+        if (plan.join_rounds[static_cast<size_t>(r)] > round) running.push_back(r);
+      }
+      // An average still divides by every rank, joined ones included.
+      if (!RunOps(plan, plan.join_ops[static_cast<size_t>(round)], nullptr, &running, size_, tally,
+                  failures)) {
+        return -1;
+      }
+    }
+    int last = -1;
+    try {
+      last = join();
+    } catch (const Error& e) {
+      failures->Add("step " + std::to_string(step_) + ": join() threw " + e.what());
+      return -1;
+    }
+    const int most = *std::max_element(plan.join_rounds.begin(), plan.join_rounds.end());
+    if (last < 0 || last >= size_ || plan.join_rounds[static_cast<size_t>(last)] != most) {
+      failures->Add("step " + std::to_string(step_) + ": join() returned " + std::to_string(last) +
+                    ", which is not one of the ranks with the most rounds (" +
+                    std::to_string(most) + ")");
+    }
+    return last;
+  }
+  if (plan.added_set.empty()) {
+    RunOps(plan, plan.ops, nullptr, nullptr, 0, tally, failures);
+    return -1;
+  }
+  ProcessSet added;
+  try {
+    added = add_process_set(plan.added_set);
+  } catch (const Error& e) {
+    failures->Add("step " + std::to_string(step_) + ": add_process_set threw " + e.what());
+    return -1;
+  }
+  ++tally->added_sets;
+  RunOps(plan, plan.ops, &added, nullptr, 0, tally, failures);
+  try {
+    remove_process_set(added);
+  } catch (const Error& e) {
+    failures->Add("step " + std::to_string(step_) + ": remove_process_set threw " + e.what());
+  }
+  return -1;
+}
+
+bool StepRunner::RunOps(const StepPlan& plan, const std::vector<OpPlan>& ops,
+                        const ProcessSet* added, const std::vector<int>* contributors, int divisor,
+                        Tally* tally, Failures* failures) {
+  std::vector<std::unique_ptr<Live>> lives;
+  const auto& sets = planner_.sets();
+  for (const OpPlan& op : ops) {
+    auto live = std::make_unique<Live>();
+    live->plan = &op;
+    live->members = op.set < static_cast<int>(sets.size()) ? &sets[static_cast<size_t>(op.set)]
+                                                           : &plan.added_set;
+    const auto at = std::find(live->members->begin(), live->members->end(), rank_);
+    if (at == live->members->end()) continue;  // not a member: the others run it without us
+    live->me = static_cast<int>(at - live->members->begin());
+    lives.push_back(std::move(live));
+  }
+  // Every rank submits in its own order; negotiation has to line them up.
+  Rng local(Mix(Mix(seed_, static_cast<uint64_t>(step_)), 0xABC0 + static_cast<uint64_t>(rank_)));
+  std::vector<size_t> order(lives.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  local.Shuffle(&order);
+  for (size_t i : order) {
+    Live* live = lives[i].get();
+    const ProcessSet& set = live->plan->set < static_cast<int>(sets_.size())
+                                ? sets_[static_cast<size_t>(live->plan->set)]
+                                : *added;
+    try {
+      Enqueue(live, set, local.Next());
+      live->enqueued = true;
+    } catch (const Error& e) {
+      failures->Add(Describe(*live, 0) + ": enqueue threw " + e.what());
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + wait_limit_;
+  bool all_done = true;
+  for (auto& live : lives) {
+    bool done = live->enqueued;
+    for (size_t t = 0; t < live->handles.size(); ++t) {
+      try {
+        const auto left = std::max(deadline - std::chrono::steady_clock::now(),
+                                   std::chrono::steady_clock::duration::zero());
+        if (!live->handles[t].wait_for(left)) {
+          failures->Add(Describe(*live, t) + ": HANG, not complete " +
+                        std::to_string(wait_limit_.count()) + " ms after the step's enqueues");
+          done = false;
+          all_done = false;
+        }
+      } catch (const Error& e) {
+        failures->Add(Describe(*live, t) + ": failed: " + e.what());
+        done = false;
+      }
+    }
+    if (!done) continue;
+    const std::vector<int>& from = contributors ? *contributors : *live->members;
+    Check(live.get(), from, divisor ? divisor : static_cast<int>(live->members->size()), failures);
+    tally->ops += static_cast<int64_t>(live->handles.size());
+    tally->callbacks += live->callbacks.load();
+    for (const auto& b : live->inputs) tally->bytes += b ? b->bytes() : 0;
+    for (const auto& b : live->outputs) tally->bytes += b ? b->bytes() : 0;
+  }
+  if (!all_done) {
+    for (auto& live : lives) abandoned_.push_back(std::move(live));
+  }
+  return all_done;
+}
+
+void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choice) {
+  const OpPlan& op = *live->plan;
+  const int me = live->me;
+  const int n = static_cast<int>(live->members->size());
+  const size_t count = op.tensors.size();
+  // Local choices that other ranks cannot see: out-of-place outputs and callbacks.
+  live->out_of_place = op.kind == Kind::kAllreduce && !op.grouped && local_choice % 3 == 0;
+  live->callback = !op.grouped && op.kind != Kind::kBarrier && (local_choice >> 8) % 2 == 0;
+  live->outputs.resize(count);
+  std::vector<TensorView> views;
+  std::vector<Allocator> allocators;
+  std::vector<std::string> names;
+  for (size_t t = 0; t < count; ++t) {
+    const TensorPlan& tp = op.tensors[t];
+    names.push_back(tp.name);
+    if (op.kind == Kind::kBarrier) continue;
+    std::vector<int64_t> shape = tp.shape;
+    if (op.kind == Kind::kAllgather || op.kind == Kind::kAlltoall) {
+      shape =
+          tp.scalar ? std::vector<int64_t>{} : WithRows(tp.rows[static_cast<size_t>(me)], tp.shape);
+    }
+    auto in = std::make_unique<Buffer>(tp.dtype, shape);
+    const int64_t elements = in->elements();
+    switch (op.kind) {
+      case Kind::kAllreduce:
+      case Kind::kReducescatter:
+        for (int64_t i = 0; i < elements; ++i) {
+          in->Set(i, ReduceInput(op.op, tp.dtype, tp.salt, rank_, i));
+        }
+        break;
+      case Kind::kAllgather:
+        for (int64_t i = 0; i < elements; ++i) in->Set(i, MovedValue(tp.salt, rank_, i));
+        break;
+      case Kind::kBroadcast:
+        // Non-roots start from values outside MovedValue's range, so a missed copy shows.
+        for (int64_t i = 0; i < elements; ++i) {
+          in->Set(i, me == op.root ? MovedValue(tp.salt, rank_, i) : 101 + i % 20);
+        }
+        break;
+      case Kind::kAlltoall: {
+        const std::vector<int64_t>& splits = tp.splits[static_cast<size_t>(me)];
+        const int64_t width = Elements(tp.shape);
+        int64_t at = 0;
+        for (int d = 0; d < n; ++d) {
+          for (int64_t j = 0; j < splits[static_cast<size_t>(d)] * width; ++j) {
+            in->Set(at++, MovedValue(tp.salt, rank_ * 64 + d, j));
+          }
+        }
+        break;
+      }
+      case Kind::kBarrier:
+        break;
+    }
+    views.push_back(in->view());
+    allocators.push_back(Into(&live->outputs[t]));
+    live->inputs.push_back(std::move(in));
+  }
+  CompletionCallback callback;
+  if (live->callback) {
+    callback = [live](const Status& s) {
+      live->callbacks.fetch_add(1);
+      if (!s.ok()) live->failed_callbacks.fetch_add(1);
+    };
+  }
+  switch (op.kind) {
+    case Kind::kAllreduce: {
+      if (op.grouped) {
+        GroupedAllreduceOptions o;
+        o.names = names;
+        o.op = op.op;
+        o.prescale = op.prescale;
+        o.postscale = op.postscale;
+        o.process_set = set;
+        live->handles = grouped_allreduce(views, o);
+        break;
+      }
+      AllreduceOptions o;
+      o.name = names[0];
+      o.op = op.op;
+      o.prescale = op.prescale;
+      o.postscale = op.postscale;
+      o.on_complete = callback;
+      o.process_set = set;
+      if (live->out_of_place) {
+        live->outputs[0] = std::make_unique<Buffer>(op.tensors[0].dtype, live->inputs[0]->shape());
+        live->handles = {allreduce(views[0], live->outputs[0]->view(), o)};
+      } else {
+        // Half of the in-place ones pass the same view as input and output.
+        live->handles = {(local_choice >> 16) % 2 ? allreduce(views[0], views[0], o)
+                                                  : allreduce(views[0], o)};
+      }
+      break;
+    }
+    case Kind::kAllgather: {
+      if (op.grouped) {
+        GroupedAllgatherOptions o;
+        o.names = names;
+        o.process_set = set;
+        live->handles = grouped_allgather(views, allocators, o);
+        break;
+      }
+      AllgatherOptions o;
+      o.name = names[0];
+      o.on_complete = callback;
+      o.process_set = set;
+      live->handles = {allgather(views[0], allocators[0], o)};
+      break;
+    }
+    case Kind::kBroadcast: {
+      BroadcastOptions o;
+      o.name = names[0];
+      o.on_complete = callback;
+      o.process_set = set;
+      live->handles = {broadcast(views[0], op.root, o)};
+      break;
+    }
+    case Kind::kReducescatter: {
+      if (op.grouped) {
+        GroupedReducescatterOptions o;
+        o.names = names;
+        o.op = op.op;
+        o.prescale = op.prescale;
+        o.postscale = op.postscale;
+        o.process_set = set;
+        live->handles = grouped_reducescatter(views, allocators, o);
+        break;
+      }
+      ReducescatterOptions o;
+      o.name = names[0];
+      o.op = op.op;
+      o.prescale = op.prescale;
+      o.postscale = op.postscale;
+      o.on_complete = callback;
+      o.process_set = set;
+      live->handles = {reducescatter(views[0], allocators[0], o)};
+      break;
+    }
+    case Kind::kAlltoall: {
+      AlltoallOptions o;
+      o.name = names[0];
+      if (!op.even_splits) o.splits = op.tensors[0].splits[static_cast<size_t>(me)];
+      o.on_complete = callback;
+      o.process_set = set;
+      live->handles = {alltoall(views[0], allocators[0], o)};
+      break;
+    }
+    case Kind::kBarrier:
+      live->handles = {barrier(names[0], set)};
+      break;
+  }
+}
+
+}  // namespace soak
+}  // namespace gradsync

@@ -1,0 +1,104 @@
+// Runs one soak step on this rank: fills the inputs, enqueues the step's operations in a
+// rank-specific shuffled order, waits for every handle with one bounded deadline, and checks
+// every result exactly. Join steps run their rounds and then join(); steps with an added process
+// set add it first and remove it last.
+//
+// Anything wrong (an enqueue or wait that throws, a handle not done by the deadline, a wrong
+// shape, split, element or callback count) is a failure: counted, and the first few printed with
+// the step, collective, tensor name and process set. The runner keeps going; the caller decides
+// when to stop.
+//
+// Thread safety: one thread (the program's main thread) drives a StepRunner. Completion callbacks
+// and output allocators it registers run on gradsync's background thread and touch only the
+// operation they belong to, until its handle completes.
+#pragma once
+
+#include <gradsync/gradsync.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "test/soak/soak_plan.h"
+#include "test/soak/soak_values.h"
+
+namespace gradsync {
+namespace soak {
+
+struct Tally {
+  int64_t steps = 0;
+  int64_t ops = 0;    // handles that completed and checked out
+  int64_t bytes = 0;  // input and output bytes of those operations on this rank
+  int64_t joins = 0;  // join steps
+  int64_t added_sets = 0;
+  int64_t callbacks = 0;
+};
+
+// Counts failures and prints the first `print_limit` of them to stderr, with the rank.
+class Failures {
+ public:
+  Failures(int rank, int print_limit) : rank_(rank), print_limit_(print_limit) {}
+  void Add(const std::string& what);
+  int64_t count() const { return count_; }
+
+ private:
+  int rank_;
+  int print_limit_;
+  int64_t count_ = 0;
+};
+
+class StepRunner {
+ public:
+  // `sets[i]` is the ProcessSet of planner.sets()[i].
+  StepRunner(const Planner& planner, std::vector<ProcessSet> sets, uint64_t seed,
+             std::chrono::milliseconds wait_limit);
+  ~StepRunner();
+  // Runs `plan` on this rank. Returns what join() returned on a join step, -1 otherwise.
+  int Run(const StepPlan& plan, Tally* tally, Failures* failures);
+
+ private:
+  struct Live;  // one enqueued operation, its buffers and handles
+  // Enqueues and waits for `ops` (those this rank is a member of), then checks them against
+  // reductions over `contributors` (null: the set's members) and an average's `divisor` (0: the
+  // set's size). Returns false if some handle did not complete in time.
+  bool RunOps(const StepPlan& plan, const std::vector<OpPlan>& ops, const ProcessSet* added,
+              const std::vector<int>* contributors, int divisor, Tally* tally, Failures* failures);
+  void Enqueue(Live* live, const ProcessSet& set, uint64_t local_choice);
+  void Check(Live* live, const std::vector<int>& contributors, int divisor, Failures* failures);
+  std::string Describe(const Live& live, size_t tensor) const;
+
+  const Planner& planner_;
+  std::vector<ProcessSet> sets_;
+  uint64_t seed_;
+  std::chrono::milliseconds wait_limit_;
+  int rank_;
+  int size_;
+  int64_t step_ = 0;
+  // Operations that did not complete in time: gradsync may still write into their buffers, so
+  // they are kept until shutdown() has failed them.
+  std::vector<std::unique_ptr<Live>> abandoned_;
+};
+
+// Shared by soak_run.cc (enqueue, wait) and soak_check.cc (checks).
+struct StepRunner::Live {
+  const OpPlan* plan = nullptr;
+  const std::vector<int>* members = nullptr;
+  int me = -1;  // this rank within the set
+  bool enqueued = false;
+  bool out_of_place = false;
+  bool callback = false;
+  std::vector<std::unique_ptr<Buffer>> inputs;
+  std::vector<std::unique_ptr<Buffer>> outputs;  // out-of-place results and allocator memory
+  std::vector<Handle> handles;
+  std::atomic<int> callbacks{0};
+  std::atomic<int> failed_callbacks{0};
+};
+
+// `rows` followed by `rest`.
+std::vector<int64_t> WithRows(int64_t rows, const std::vector<int64_t>& rest);
+
+}  // namespace soak
+}  // namespace gradsync
