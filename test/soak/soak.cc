@@ -59,6 +59,28 @@ std::string MakeTimelineDir(int rank) {
   return BroadcastString(dir);
 }
 
+// What ran, so that a log can be replayed: the flags that shape the plans and the knobs.
+void PrintHeader(const Options& options, int size, const std::vector<std::vector<int>>& sets) {
+  std::string text = "soak: " + std::to_string(size) + " ranks, " + std::to_string(options.steps) +
+                     " steps, seed " + std::to_string(options.seed) + ", pool " +
+                     std::to_string(options.pool) + ", max ops " + std::to_string(options.max_ops);
+  if (options.repeat_every > 0)
+    text += ", plans repeat every " + std::to_string(options.repeat_every);
+  text += ", init sets";
+  for (const std::vector<int>& s : sets) {
+    text += " {";
+    for (size_t i = 0; i < s.size(); ++i) text += (i ? "," : "") + std::to_string(s[i]);
+    text += "}";
+  }
+  for (const char* knob :
+       {"GRADSYNC_FUSION_THRESHOLD", "GRADSYNC_INPLACE_THRESHOLD", "GRADSYNC_SHM_THRESHOLD",
+        "GRADSYNC_CACHE_CAPACITY", "GRADSYNC_CYCLE_TIME_MS", "GRADSYNC_STALL_SHUTDOWN_SECONDS"}) {
+    if (const char* v = std::getenv(knob)) text += std::string(", ") + knob + "=" + v;
+  }
+  std::printf("%s\n", text.c_str());
+  std::fflush(stdout);
+}
+
 int Run(const Options& options, int rank, int size) {
   Report report(rank, size, options);
   Watchdog watchdog(options.hang_seconds);
@@ -87,10 +109,17 @@ int Run(const Options& options, int rank, int size) {
     watchdog.Leave();
     return report.Finish(nullptr, {}, timeline_dir, options.keep_timeline);
   }
+  if (rank == 0) PrintHeader(options, size, init_sets);
   std::vector<std::vector<int>> set_lists{std::vector<int>()};
   for (int r = 0; r < size; ++r) set_lists[0].push_back(r);
   set_lists.insert(set_lists.end(), init_sets.begin(), init_sets.end());
-  const Planner planner(options.seed, options.pool, options.max_ops, set_lists);
+  PlannerConfig config;
+  config.seed = options.seed;
+  config.pool_size = options.pool;
+  config.max_ops = options.max_ops;
+  config.join_chance = options.join_chance;
+  config.added_set_chance = options.added_set_chance;
+  const Planner planner(config, set_lists);
   StepRunner runner(planner, process_sets(), options.seed,
                     std::chrono::milliseconds(static_cast<int64_t>(options.wait_seconds * 1000)));
   Failures failures(rank, 20);
@@ -106,7 +135,8 @@ int Run(const Options& options, int rank, int size) {
     if (options.timeline == TimelineMode::kWindows && step % options.window_every == 0) {
       report.StartWindow(timeline_dir, step);
     }
-    const StepPlan plan = planner.MakeStep(step);
+    StepPlan plan = planner.MakeStep(options.repeat_every ? step % options.repeat_every : step);
+    plan.step = step;
     watchdog.Enter(plan.join ? "a join step" : "a step", step);
     const int last = runner.Run(plan, &tally, &failures);
     watchdog.Enter("the verdict of the previous step", step);

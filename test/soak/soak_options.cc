@@ -16,9 +16,14 @@ const char* const kUsage =
     "  --report-every K     sample memory and print progress every K steps (steps / 10)\n"
     "  --pool P             tensor names in the pool (256)\n"
     "  --max-ops M          operations per step, at most (16)\n"
+    "  --join-chance P      chance of a step being a join step (0.02)\n"
+    "  --added-set-chance P chance of a step adding, using and removing a process set (0.01)\n"
+    "  --repeat-every N     step s reruns the plan of step s % N: a leak check with no new\n"
+    "                       high-water marks after the first N steps (0: off)\n"
     "  --wait-seconds W     a step's handles must all complete within W s (60)\n"
     "  --hang-seconds H     abort the job when a blocking call takes longer (2 W + 30)\n"
     "  --rss-bound-mib B    allowed resident-memory growth after the warm-up (8)\n"
+    "  --heap-bound-mib B   allowed growth of malloc's bytes in use after the warm-up (3)\n"
     "  --warmup-fraction F  share of the steps before the bound applies (0.1)\n"
     "  --timeline MODE      whole (GRADSYNC_TIMELINE for the whole run), windows, or off (whole)\n"
     "  --window N           steps per timeline window (100)\n"
@@ -54,9 +59,17 @@ bool ParseOptions(int argc, char** argv, Options* o, std::string* error) {
       {"--report-every", [&](const char* v) { return ParseInt(v, 1, &o->report_every); }},
       {"--pool", [&](const char* v) { return ParseInt(v, 16, &pool); }},
       {"--max-ops", [&](const char* v) { return ParseInt(v, 1, &max_ops); }},
+      {"--join-chance",
+       [&](const char* v) { return ParseDouble(v, 0, &o->join_chance) && o->join_chance <= 1; }},
+      {"--added-set-chance",
+       [&](const char* v) {
+         return ParseDouble(v, 0, &o->added_set_chance) && o->added_set_chance <= 1;
+       }},
+      {"--repeat-every", [&](const char* v) { return ParseInt(v, 0, &o->repeat_every); }},
       {"--wait-seconds", [&](const char* v) { return ParseDouble(v, 0.001, &o->wait_seconds); }},
       {"--hang-seconds", [&](const char* v) { return ParseDouble(v, 1, &o->hang_seconds); }},
       {"--rss-bound-mib", [&](const char* v) { return ParseDouble(v, 0, &o->rss_bound_mib); }},
+      {"--heap-bound-mib", [&](const char* v) { return ParseDouble(v, 0, &o->heap_bound_mib); }},
       {"--warmup-fraction",
        [&](const char* v) { return ParseDouble(v, 0, &o->warmup) && o->warmup < 1; }},
       {"--window", [&](const char* v) { return ParseInt(v, 1, &o->window); }},

@@ -19,11 +19,17 @@ struct Options {
   int64_t report_every = 0;  // 0: a tenth of the steps
   int pool = 256;            // tensor names
   int max_ops = 16;          // operations (templates) per step, at most
+  double join_chance = 0.02;
+  double added_set_chance = 0.01;
+  // Non-zero: step s runs the plan of step s % repeat_every, so every size the run will see has
+  // been seen once the first round is done, and growth after that is not a high-water mark.
+  int64_t repeat_every = 0;
   double wait_seconds = 60;  // per step, for all its handles
   double hang_seconds =
       0;  // a blocking call (join, shutdown, ...) longer than this aborts; 0: auto
-  double rss_bound_mib = 8;  // allowed growth of the resident set after the warm-up
-  double warmup = 0.1;       // fraction of the steps before memory is held to the bound
+  double rss_bound_mib = 8;   // allowed growth of the resident set after the warm-up
+  double heap_bound_mib = 3;  // allowed growth of malloc's bytes in use after the warm-up
+  double warmup = 0.1;        // fraction of the steps before memory is held to the bound
   TimelineMode timeline = TimelineMode::kWhole;
   int64_t window = 100;         // steps per timeline window
   int64_t window_every = 1000;  // a window starts every this many steps

@@ -10,8 +10,6 @@ namespace gradsync {
 namespace soak {
 namespace {
 
-constexpr double kJoinStepChance = 0.02;
-constexpr double kAddedSetChance = 0.01;
 constexpr double kFreshParametersChance = 0.15;
 
 const std::vector<DataType> kDtypes = {DataType::kUInt8,   DataType::kInt8,    DataType::kInt32,
@@ -96,17 +94,16 @@ std::string KindName(Kind kind) {
   return "?";
 }
 
-Planner::Planner(uint64_t seed, int pool_size, int max_ops, std::vector<std::vector<int>> sets)
-    : seed_(seed),
-      pool_size_(pool_size),
-      max_ops_(max_ops),
+Planner::Planner(const PlannerConfig& config, std::vector<std::vector<int>> sets)
+    : config_(config),
+      seed_(config.seed),
       size_(static_cast<int>(sets.at(0).size())),
       sets_(std::move(sets)) {
   Rng rng(Mix(seed_, 0x7e3a1a7e));
-  for (int next = 0; next < pool_size_;) {
+  for (int next = 0; next < config_.pool_size;) {
     Template t;
     const int64_t count = rng.Chance(0.25) ? rng.Uniform(2, 4) : 1;
-    for (int64_t i = 0; i < count && next < pool_size_; ++i)
+    for (int64_t i = 0; i < count && next < config_.pool_size; ++i)
       t.names.push_back(PoolName(&rng, next++));
     const int set = sets_.size() > 1 && rng.Chance(0.3)
                         ? static_cast<int>(rng.Uniform(1, static_cast<int64_t>(sets_.size()) - 1))
@@ -214,16 +211,17 @@ StepPlan Planner::MakeStep(int64_t step) const {
   Rng rng(Mix(seed_, static_cast<uint64_t>(step) + 1));
   StepPlan plan;
   plan.step = step;
-  if (step > 0 && size_ > 1 && rng.Chance(kJoinStepChance)) {
+  if (step > 0 && size_ > 1 && rng.Chance(config_.join_chance)) {
     MakeJoinStep(&rng, &plan);
     return plan;
   }
-  if (step > 0 && size_ >= 3 && rng.Chance(kAddedSetChance)) plan.added_set = RandomNewSet(&rng);
+  if (step > 0 && size_ >= 3 && rng.Chance(config_.added_set_chance))
+    plan.added_set = RandomNewSet(&rng);
   std::vector<size_t> order(templates_.size());
   std::iota(order.begin(), order.end(), size_t{0});
   rng.Shuffle(&order);
   const int64_t count =
-      std::min<int64_t>(rng.Uniform(1, max_ops_), static_cast<int64_t>(order.size()));
+      std::min<int64_t>(rng.Uniform(1, config_.max_ops), static_cast<int64_t>(order.size()));
   for (int64_t i = 0; i < count; ++i) {
     const Template& t = templates_[order[static_cast<size_t>(i)]];
     OpPlan op;
@@ -239,6 +237,15 @@ StepPlan Planner::MakeStep(int64_t step) const {
     }
     Refresh(&rng, Members(op.set, plan), step, &op);
     plan.ops.push_back(std::move(op));
+  }
+  // Every generated name is new, so these also show whether gradsync forgets names it made up.
+  if (rng.Chance(0.2)) {
+    for (int64_t i = rng.Uniform(1, 2); i > 0; --i) {
+      OpPlan op = RandomOp(&rng, {""}, sets_[0], 0);
+      op.unnamed = true;
+      Refresh(&rng, sets_[0], step, &op);
+      plan.ops.push_back(std::move(op));
+    }
   }
   return plan;
 }

@@ -70,6 +70,9 @@ struct OpPlan {
   double postscale = 1.0;
   int root = 0;              // broadcast: a rank within the set
   bool even_splits = false;  // alltoall: pass no splits
+  // Empty names: gradsync generates them, matching them across ranks by their order, so these
+  // run on the global set and every rank submits them after the named ones, in plan order.
+  bool unnamed = false;
   std::vector<TensorPlan> tensors;
 };
 
@@ -85,13 +88,20 @@ struct StepPlan {
   std::vector<int> added_set;
 };
 
+struct PlannerConfig {
+  uint64_t seed = 1;
+  int pool_size = 256;
+  int max_ops = 16;
+  double join_chance = 0.02;       // of a step being a join step
+  double added_set_chance = 0.01;  // of a step adding (and removing) a process set
+};
+
 class Planner {
  public:
   // `sets[0]` is the global set (every rank); the others are the sets created at init.
-  Planner(uint64_t seed, int pool_size, int max_ops, std::vector<std::vector<int>> sets);
+  Planner(const PlannerConfig& config, std::vector<std::vector<int>> sets);
   StepPlan MakeStep(int64_t step) const;
   const std::vector<std::vector<int>>& sets() const { return sets_; }
-  int pool_size() const { return pool_size_; }
 
  private:
   struct Template {
@@ -106,9 +116,8 @@ class Planner {
   std::vector<int> RandomNewSet(Rng* rng) const;
   const std::vector<int>& Members(int set, const StepPlan& plan) const;
 
+  PlannerConfig config_;
   uint64_t seed_;
-  int pool_size_;
-  int max_ops_;
   int size_;
   std::vector<std::vector<int>> sets_;
   std::vector<Template> templates_;

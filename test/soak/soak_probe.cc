@@ -2,6 +2,7 @@
 #include "test/soak/soak_probe.h"
 
 #include <dirent.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -144,7 +145,11 @@ ProcessSample SampleProcess(int64_t step) {
   s.rss_kib = static_cast<int64_t>(pages_resident) * sysconf(_SC_PAGESIZE) / 1024;
   s.fds = CountEntries("/proc/self/fd");
   s.threads = StatusField("Threads:");
+  s.anon_kib = StatusField("RssAnon:");
+  s.shmem_kib = StatusField("RssShmem:");
   s.maps = CountLines("/proc/self/maps");
+  const struct mallinfo2 heap = mallinfo2();
+  s.heap_kib = static_cast<int64_t>((heap.uordblks + heap.hblkhd) / 1024);
   return s;
 }
 

@@ -15,9 +15,17 @@ namespace soak {
 struct ProcessSample {
   int64_t step = 0;
   int64_t rss_kib = 0;  // resident set, from /proc/self/statm
+  // Its parts from /proc/self/status: private anonymous pages (heap, stacks, private mappings),
+  // and shared-memory pages (gradsync's and MPI's shared-memory transports).
+  int64_t anon_kib = 0;
+  int64_t shmem_kib = 0;
   int64_t fds = 0;      // entries in /proc/self/fd
   int64_t threads = 0;  // Threads: in /proc/self/status
   int64_t maps = 0;     // lines of /proc/self/maps
+  // Bytes malloc has handed out and not had back (mallinfo2: every arena, and mmapped chunks).
+  // Unlike the resident set, this does not move with fragmentation or freed pages kept by
+  // malloc, so steady growth here is a leak.
+  int64_t heap_kib = 0;
 };
 
 ProcessSample SampleProcess(int64_t step);

@@ -14,7 +14,7 @@ namespace gradsync {
 namespace soak {
 namespace {
 
-constexpr int kSampleFields = 5;
+constexpr int kSampleFields = 8;
 
 double Mib(int64_t kib) { return static_cast<double>(kib) / 1024.0; }
 
@@ -59,7 +59,8 @@ void Report::Fail(const std::string& why) {
 void Report::Sample(int64_t step, const Tally* tally) {
   const ProcessSample s = SampleProcess(step);
   mine_.push_back(s);
-  const int64_t fields[kSampleFields] = {s.step, s.rss_kib, s.fds, s.threads, s.maps};
+  const int64_t fields[kSampleFields] = {s.step, s.rss_kib, s.anon_kib, s.shmem_kib,
+                                         s.fds,  s.threads, s.maps,     s.heap_kib};
   std::vector<int64_t> gathered(static_cast<size_t>(kSampleFields * size_));
   MPI_Gather(fields, kSampleFields, MPI_INT64_T, gathered.data(), kSampleFields, MPI_INT64_T, 0,
              MPI_COMM_WORLD);
@@ -67,7 +68,7 @@ void Report::Sample(int64_t step, const Tally* tally) {
   std::vector<ProcessSample> row;
   for (int r = 0; r < size_; ++r) {
     const int64_t* f = &gathered[static_cast<size_t>(kSampleFields * r)];
-    row.push_back({f[0], f[1], f[2], f[3], f[4]});
+    row.push_back({f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]});
   }
   all_.push_back(row);
   const double seconds =
@@ -77,6 +78,12 @@ void Report::Sample(int64_t step, const Tally* tally) {
   line << std::fixed << "soak step " << step << "/" << options_.steps << " at " << seconds
        << " s: rss MiB";
   for (const ProcessSample& p : row) line << ' ' << Mib(p.rss_kib);
+  line << " (anon";
+  for (const ProcessSample& p : row) line << ' ' << Mib(p.anon_kib);
+  line << ", shmem";
+  for (const ProcessSample& p : row) line << ' ' << Mib(p.shmem_kib);
+  line << "), heap MiB";
+  for (const ProcessSample& p : row) line << ' ' << Mib(p.heap_kib);
   line << ", fds";
   for (const ProcessSample& p : row) line << ' ' << p.fds;
   line << ", threads";
@@ -123,27 +130,35 @@ void Report::StopWindow() {
 
 void Report::CheckGrowth() {
   // The first sample at or after the warm-up is the baseline; later samples may not exceed it by
-  // more than the bound (memory) or at all (descriptors, threads).
+  // more than the bounds (memory) or at all (descriptors, threads).
   const int64_t warm = static_cast<int64_t>(static_cast<double>(options_.steps) * options_.warmup);
   const auto base = std::find_if(mine_.begin(), mine_.end(),
                                  [warm](const ProcessSample& s) { return s.step >= warm; });
   if (base == mine_.end() || base + 1 == mine_.end()) return;
-  int64_t rss = 0, fds = 0, threads = 0;
+  ProcessSample most;  // the largest growth of each field over the baseline
   for (auto it = base; it != mine_.end(); ++it) {
-    rss = std::max(rss, it->rss_kib - base->rss_kib);
-    fds = std::max(fds, it->fds - base->fds);
-    threads = std::max(threads, it->threads - base->threads);
+    most.rss_kib = std::max(most.rss_kib, it->rss_kib - base->rss_kib);
+    most.heap_kib = std::max(most.heap_kib, it->heap_kib - base->heap_kib);
+    most.fds = std::max(most.fds, it->fds - base->fds);
+    most.threads = std::max(most.threads, it->threads - base->threads);
   }
-  std::ostringstream why;
-  why.precision(2);
-  why << std::fixed;
-  if (Mib(rss) > options_.rss_bound_mib) {
-    why << "resident memory grew by " << Mib(rss) << " MiB after step " << base->step << " (bound "
-        << options_.rss_bound_mib << " MiB)";
+  growth_ = most;
+  growth_base_ = base->step;
+  auto over = [&](const char* what, int64_t kib, double bound) {
+    std::ostringstream why;
+    why.precision(2);
+    why << std::fixed << what << " grew by " << Mib(kib) << " MiB after step " << base->step
+        << " (bound " << bound << " MiB)";
     Fail(why.str());
-  }
-  if (fds > 0) Fail("open descriptors grew by " + std::to_string(fds) + " after the warm-up");
-  if (threads > 0) Fail("threads grew by " + std::to_string(threads) + " after the warm-up");
+  };
+  if (Mib(most.rss_kib) > options_.rss_bound_mib)
+    over("resident memory", most.rss_kib, options_.rss_bound_mib);
+  if (Mib(most.heap_kib) > options_.heap_bound_mib)
+    over("malloc's bytes in use", most.heap_kib, options_.heap_bound_mib);
+  if (most.fds > 0)
+    Fail("open descriptors grew by " + std::to_string(most.fds) + " after the warm-up");
+  if (most.threads > 0)
+    Fail("threads grew by " + std::to_string(most.threads) + " after the warm-up");
 }
 
 std::string Report::SummaryLine(const Tally* tally) const {
@@ -157,13 +172,22 @@ std::string Report::SummaryLine(const Tally* tally) const {
   }
   line << "errors " << (failed_ ? "YES" : "0");
   if (!mine_.empty()) {
+    const ProcessSample& first = mine_.front();
+    const ProcessSample& last = mine_.back();
     int64_t high = 0;
     for (const ProcessSample& s : mine_) high = std::max(high, s.rss_kib);
-    line << ", rss MiB first/last/max " << Mib(mine_.front().rss_kib) << "/"
-         << Mib(mine_.back().rss_kib) << "/" << Mib(high) << ", fds " << mine_.front().fds << "->"
-         << mine_.back().fds << ", threads " << mine_.front().threads << "->"
-         << mine_.back().threads << ", maps " << mine_.front().maps << "->" << mine_.back().maps;
+    line << ", rss MiB first/last/max " << Mib(first.rss_kib) << "/" << Mib(last.rss_kib) << "/"
+         << Mib(high) << ", heap MiB " << Mib(first.heap_kib) << "->" << Mib(last.heap_kib);
+    if (growth_base_ >= 0) {
+      line << ", growth after step " << growth_base_ << ": rss " << Mib(growth_.rss_kib)
+           << " MiB, heap " << Mib(growth_.heap_kib) << " MiB";
+    }
+    line << ", fds " << first.fds << "->" << last.fds << ", threads " << first.threads << "->"
+         << last.threads << ", maps " << first.maps << "->" << last.maps;
   }
+  const StepArena& arena = StepArena::Get();
+  line << ", step arena high-water MiB " << Mib(static_cast<int64_t>(arena.high_water() / 1024));
+  if (arena.overflows() > 0) line << " (" << arena.overflows() << " buffers on the heap)";
   return line.str();
 }
 

@@ -49,6 +49,8 @@ class Report {
   bool failed_ = false;
   std::chrono::steady_clock::time_point start_;
   std::vector<ProcessSample> mine_;
+  ProcessSample growth_;                         // the largest growth over the baseline, per field
+  int64_t growth_base_ = -1;                     // the baseline's step; -1 before CheckGrowth
   std::vector<std::vector<ProcessSample>> all_;  // rank 0: per sample, every rank's
   std::string window_path_;
   int64_t window_step_ = -1;

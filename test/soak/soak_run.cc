@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <numeric>
 #include <sstream>
+#include <thread>
 
 namespace gradsync {
 namespace soak {
@@ -43,8 +44,10 @@ std::string StepRunner::Describe(const Live& live, size_t tensor) const {
   std::ostringstream out;
   out << "step " << step_ << ": " << (op.grouped ? "grouped " : "") << KindName(op.kind);
   if (tensor < op.tensors.size()) {
-    out << " of '" << op.tensors[tensor].name.substr(0, 80) << "' ("
-        << DataTypeName(op.tensors[tensor].dtype);
+    const std::string& name = op.tensors[tensor].name;
+    out << (name.empty() ? " of a tensor with a generated name"
+                         : " of '" + name.substr(0, 80) + "'")
+        << " (" << DataTypeName(op.tensors[tensor].dtype);
   }
   if (op.kind == Kind::kAllreduce || op.kind == Kind::kReducescatter) {
     out << ", " << ReduceOpName(op.op) << ", prescale " << op.prescale << ", postscale "
@@ -124,42 +127,37 @@ bool StepRunner::RunOps(const StepPlan& plan, const std::vector<OpPlan>& ops,
     live->me = static_cast<int>(at - live->members->begin());
     lives.push_back(std::move(live));
   }
-  // Every rank submits in its own order; negotiation has to line them up.
+  // Every rank submits in its own order; negotiation has to line them up. Now and then a rank
+  // submits from two threads at once, and waits by polling instead of wait_for.
   Rng local(Mix(Mix(seed_, static_cast<uint64_t>(step_)), 0xABC0 + static_cast<uint64_t>(rank_)));
-  std::vector<size_t> order(lives.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  local.Shuffle(&order);
-  for (size_t i : order) {
-    Live* live = lives[i].get();
-    const ProcessSet& set = live->plan->set < static_cast<int>(sets_.size())
-                                ? sets_[static_cast<size_t>(live->plan->set)]
-                                : *added;
-    try {
-      Enqueue(live, set, local.Next());
-      live->enqueued = true;
-    } catch (const Error& e) {
-      failures->Add(Describe(*live, 0) + ": enqueue threw " + e.what());
-    }
+  std::vector<Live*> named, unnamed;
+  for (auto& live : lives) {
+    live->choice = local.Next();
+    (live->plan->unnamed ? unnamed : named).push_back(live.get());
   }
+  local.Shuffle(&named);
+  const bool two_threads = local.Chance(0.25);
+  const bool poll = local.Chance(0.3);
+  if (two_threads) {
+    std::thread helper([&] {
+      for (size_t i = 1; i < named.size(); i += 2) TryEnqueue(named[i], added);
+    });
+    for (size_t i = 0; i < named.size(); i += 2) TryEnqueue(named[i], added);
+    helper.join();
+  } else {
+    for (Live* live : named) TryEnqueue(live, added);
+  }
+  for (Live* live : unnamed) TryEnqueue(live, added);  // one thread, the same order everywhere
   const auto deadline = std::chrono::steady_clock::now() + wait_limit_;
   bool all_done = true;
   for (auto& live : lives) {
-    bool done = live->enqueued;
-    for (size_t t = 0; t < live->handles.size(); ++t) {
-      try {
-        const auto left = std::max(deadline - std::chrono::steady_clock::now(),
-                                   std::chrono::steady_clock::duration::zero());
-        if (!live->handles[t].wait_for(left)) {
-          failures->Add(Describe(*live, t) + ": HANG, not complete " +
-                        std::to_string(wait_limit_.count()) + " ms after the step's enqueues");
-          done = false;
-          all_done = false;
-        }
-      } catch (const Error& e) {
-        failures->Add(Describe(*live, t) + ": failed: " + e.what());
-        done = false;
-      }
+    if (!live->enqueue_error.empty()) {
+      failures->Add(Describe(*live, 0) + ": enqueue threw " + live->enqueue_error);
     }
+    if (!Wait(live.get(), deadline, poll, failures)) all_done = false;
+    const bool done =
+        live->enqueued && std::all_of(live->handles.begin(), live->handles.end(),
+                                      [](const Handle& h) { return h.poll() && h.status().ok(); });
     if (!done) continue;
     const std::vector<int>& from = contributors ? *contributors : *live->members;
     Check(live.get(), from, divisor ? divisor : static_cast<int>(live->members->size()), failures);
@@ -171,7 +169,48 @@ bool StepRunner::RunOps(const StepPlan& plan, const std::vector<OpPlan>& ops,
   if (!all_done) {
     for (auto& live : lives) abandoned_.push_back(std::move(live));
   }
+  lives.clear();
+  // Abandoned buffers may still be written by gradsync, so their arena is never recycled.
+  if (abandoned_.empty()) StepArena::Get().Reset();
   return all_done;
+}
+
+void StepRunner::TryEnqueue(Live* live, const ProcessSet* added) {
+  const int set = live->plan->set;
+  try {
+    Enqueue(live, set < static_cast<int>(sets_.size()) ? sets_[static_cast<size_t>(set)] : *added,
+            live->choice);
+    live->enqueued = true;
+  } catch (const Error& e) {
+    live->enqueue_error = e.what();
+  }
+}
+
+bool StepRunner::Wait(Live* live, std::chrono::steady_clock::time_point deadline, bool poll,
+                      Failures* failures) {
+  bool in_time = true;
+  for (size_t t = 0; t < live->handles.size(); ++t) {
+    const Handle& h = live->handles[t];
+    try {
+      if (poll) {
+        while (!h.poll() && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+        if (h.poll() && !h.status().ok()) throw Error(h.status());
+      } else {
+        h.wait_for(std::max(deadline - std::chrono::steady_clock::now(),
+                            std::chrono::steady_clock::duration::zero()));
+      }
+      if (!h.poll()) {
+        failures->Add(Describe(*live, t) + ": HANG, not complete " +
+                      std::to_string(wait_limit_.count()) + " ms after the step's enqueues");
+        in_time = false;
+      }
+    } catch (const Error& e) {
+      failures->Add(Describe(*live, t) + ": failed: " + e.what());
+    }
+  }
+  return in_time;
 }
 
 void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choice) {

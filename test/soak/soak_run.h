@@ -67,6 +67,11 @@ class StepRunner {
   bool RunOps(const StepPlan& plan, const std::vector<OpPlan>& ops, const ProcessSet* added,
               const std::vector<int>* contributors, int divisor, Tally* tally, Failures* failures);
   void Enqueue(Live* live, const ProcessSet& set, uint64_t local_choice);
+  // Enqueues, catching what it throws into live->enqueue_error.
+  void TryEnqueue(Live* live, const ProcessSet* added);
+  // Waits for every handle of `live` until `deadline`, by wait_for or by polling; false on a hang.
+  bool Wait(Live* live, std::chrono::steady_clock::time_point deadline, bool poll,
+            Failures* failures);
   void Check(Live* live, const std::vector<int>& contributors, int divisor, Failures* failures);
   std::string Describe(const Live& live, size_t tensor) const;
 
@@ -90,6 +95,8 @@ struct StepRunner::Live {
   bool enqueued = false;
   bool out_of_place = false;
   bool callback = false;
+  uint64_t choice = 0;        // this rank's local choices for the operation
+  std::string enqueue_error;  // what the enqueue threw, if it did
   std::vector<std::unique_ptr<Buffer>> inputs;
   std::vector<std::unique_ptr<Buffer>> outputs;  // out-of-place results and allocator memory
   std::vector<Handle> handles;

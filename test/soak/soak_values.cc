@@ -1,6 +1,9 @@
 // The soak's data and expected results; see soak_values.h.
 #include "test/soak/soak_values.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -59,13 +62,55 @@ int64_t Elements(const std::vector<int64_t>& shape) {
   return n;
 }
 
+StepArena& StepArena::Get() {
+  static StepArena arena;
+  return arena;
+}
+
+StepArena::StepArena() {
+  // Address space only: pages become resident when touched and leave again at Reset.
+  capacity_ = size_t{4} << 30;
+  void* p = mmap(nullptr, capacity_, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    capacity_ = 0;
+  } else {
+    base_ = static_cast<unsigned char*>(p);
+  }
+}
+
+void* StepArena::Allocate(size_t bytes) {
+  const size_t rounded = (bytes + 63) & ~size_t{63};
+  const size_t start = used_.fetch_add(rounded);
+  if (start + rounded > capacity_) return nullptr;
+  return base_ + start;
+}
+
+void StepArena::Reset() {
+  const size_t used = std::min(used_.load(), capacity_);
+  high_water_ = std::max(high_water_, used);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  if (used > 0) madvise(base_, (used + page - 1) / page * page, MADV_DONTNEED);
+  used_.store(0);
+}
+
 Buffer::Buffer(DataType dtype, std::vector<int64_t> shape)
-    : dtype_(dtype), shape_(std::move(shape)), elements_(Elements(shape_)) {
-  bytes_.resize(static_cast<size_t>(elements_) * DataTypeSize(dtype_));
+    : dtype_(dtype),
+      shape_(std::move(shape)),
+      elements_(Elements(shape_)),
+      size_(static_cast<size_t>(elements_) * DataTypeSize(dtype_)),
+      data_(nullptr) {
+  if (size_ == 0) return;
+  data_ = static_cast<unsigned char*>(StepArena::Get().Allocate(size_));
+  if (data_ == nullptr) {
+    StepArena::Get().CountOverflow();
+    overflow_.resize(size_);
+    data_ = overflow_.data();
+  }
 }
 
 void Buffer::Set(int64_t i, double value) {
-  unsigned char* base = bytes_.data();
+  unsigned char* base = data_;
   switch (dtype_) {
     case DataType::kUInt8:
       return Put(base, i, static_cast<uint8_t>(value));
@@ -87,7 +132,7 @@ void Buffer::Set(int64_t i, double value) {
 }
 
 double Buffer::Get(int64_t i) const {
-  const unsigned char* base = bytes_.data();
+  const unsigned char* base = data_;
   switch (dtype_) {
     case DataType::kUInt8:
       return Take<uint8_t>(base, i);

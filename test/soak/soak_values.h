@@ -13,6 +13,8 @@
 
 #include <gradsync/gradsync.h>
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -22,15 +24,42 @@ namespace soak {
 // Elements of a shape; an empty shape is a scalar.
 int64_t Elements(const std::vector<int64_t>& shape);
 
+// Memory for a step's tensors, kept out of malloc's heap: one large reservation handed out by a
+// bump pointer (from any thread: output allocators run on gradsync's thread) and given back to the
+// kernel when the step's buffers are dead. The soak's own data then neither fragments the heap nor
+// stays resident between steps, so the memory samples show what gradsync and MPI keep.
+class StepArena {
+ public:
+  static StepArena& Get();  // the process's arena
+  // 64-byte aligned memory, or nullptr once the reservation is used up.
+  void* Allocate(size_t bytes);
+  // Every buffer from the arena is dead: release its pages and start over.
+  void Reset();
+  size_t high_water() const { return high_water_; }
+  int64_t overflows() const { return overflows_.load(); }
+  void CountOverflow() { overflows_.fetch_add(1); }
+
+ private:
+  StepArena();
+  unsigned char* base_ = nullptr;
+  size_t capacity_ = 0;
+  std::atomic<size_t> used_{0};
+  size_t high_water_ = 0;
+  std::atomic<int64_t> overflows_{0};
+};
+
+// A host tensor in StepArena memory (on the heap if the arena is full).
 class Buffer {
  public:
   Buffer(DataType dtype, std::vector<int64_t> shape);
-  TensorView view() { return TensorView(bytes_.data(), dtype_, shape_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  TensorView view() { return TensorView(data_, dtype_, shape_); }
   DataType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t elements() const { return elements_; }
-  int64_t bytes() const { return static_cast<int64_t>(bytes_.size()); }
-  void* data() { return bytes_.data(); }
+  int64_t bytes() const { return static_cast<int64_t>(size_); }
+  void* data() { return data_; }
   void Set(int64_t i, double value);
   double Get(int64_t i) const;
 
@@ -38,7 +67,9 @@ class Buffer {
   DataType dtype_;
   std::vector<int64_t> shape_;
   int64_t elements_;
-  std::vector<unsigned char> bytes_;
+  size_t size_;
+  unsigned char* data_;
+  std::vector<unsigned char> overflow_;
 };
 
 // A 64-bit mix of two values (splitmix64 finalizer); the soak's only source of randomness.
