@@ -119,6 +119,7 @@ int Run(const Options& options, int rank, int size) {
   config.max_ops = options.max_ops;
   config.join_chance = options.join_chance;
   config.added_set_chance = options.added_set_chance;
+  config.unnamed_chance = options.unnamed_chance;
   const Planner planner(config, set_lists);
   StepRunner runner(planner, process_sets(), options.seed,
                     std::chrono::milliseconds(static_cast<int64_t>(options.wait_seconds * 1000)));

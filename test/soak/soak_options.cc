@@ -18,6 +18,7 @@ const char* const kUsage =
     "  --max-ops M          operations per step, at most (16)\n"
     "  --join-chance P      chance of a step being a join step (0.02)\n"
     "  --added-set-chance P chance of a step adding, using and removing a process set (0.01)\n"
+    "  --unnamed-chance P   chance of a step also running operations with generated names (0.2)\n"
     "  --repeat-every N     step s reruns the plan of step s % N: a leak check with no new\n"
     "                       high-water marks after the first N steps (0: off)\n"
     "  --wait-seconds W     a step's handles must all complete within W s (60)\n"
@@ -64,6 +65,10 @@ bool ParseOptions(int argc, char** argv, Options* o, std::string* error) {
       {"--added-set-chance",
        [&](const char* v) {
          return ParseDouble(v, 0, &o->added_set_chance) && o->added_set_chance <= 1;
+       }},
+      {"--unnamed-chance",
+       [&](const char* v) {
+         return ParseDouble(v, 0, &o->unnamed_chance) && o->unnamed_chance <= 1;
        }},
       {"--repeat-every", [&](const char* v) { return ParseInt(v, 0, &o->repeat_every); }},
       {"--wait-seconds", [&](const char* v) { return ParseDouble(v, 0.001, &o->wait_seconds); }},

@@ -21,6 +21,7 @@ struct Options {
   int max_ops = 16;          // operations (templates) per step, at most
   double join_chance = 0.02;
   double added_set_chance = 0.01;
+  double unnamed_chance = 0.2;
   // Non-zero: step s runs the plan of step s % repeat_every, so every size the run will see has
   // been seen once the first round is done, and growth after that is not a high-water mark.
   int64_t repeat_every = 0;

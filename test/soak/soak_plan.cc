@@ -239,7 +239,7 @@ StepPlan Planner::MakeStep(int64_t step) const {
     plan.ops.push_back(std::move(op));
   }
   // Every generated name is new, so these also show whether gradsync forgets names it made up.
-  if (rng.Chance(0.2)) {
+  if (rng.Chance(config_.unnamed_chance)) {
     for (int64_t i = rng.Uniform(1, 2); i > 0; --i) {
       OpPlan op = RandomOp(&rng, {""}, sets_[0], 0);
       op.unnamed = true;

@@ -94,6 +94,7 @@ struct PlannerConfig {
   int max_ops = 16;
   double join_chance = 0.02;       // of a step being a join step
   double added_set_chance = 0.01;  // of a step adding (and removing) a process set
+  double unnamed_chance = 0.2;     // of a step ending with operations left unnamed
 };
 
 class Planner {

@@ -26,6 +26,8 @@ struct ProcessSample {
   // Unlike the resident set, this does not move with fragmentation or freed pages kept by
   // malloc, so steady growth here is a leak.
   int64_t heap_kib = 0;
+  // A timeline window was being written: its writer thread and file are open.
+  bool timeline_open = false;
 };
 
 ProcessSample SampleProcess(int64_t step);

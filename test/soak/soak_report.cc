@@ -57,7 +57,8 @@ void Report::Fail(const std::string& why) {
 }
 
 void Report::Sample(int64_t step, const Tally* tally) {
-  const ProcessSample s = SampleProcess(step);
+  ProcessSample s = SampleProcess(step);
+  s.timeline_open = window_open_;
   mine_.push_back(s);
   const int64_t fields[kSampleFields] = {s.step, s.rss_kib, s.anon_kib, s.shmem_kib,
                                          s.fds,  s.threads, s.maps,     s.heap_kib};
@@ -102,6 +103,7 @@ void Report::Sample(int64_t step, const Tally* tally) {
 void Report::StartWindow(const std::string& dir, int64_t step) {
   window_step_ = step;
   window_path_ = dir + "/window_" + std::to_string(step) + ".json";
+  window_open_ = true;
   try {
     start_timeline(window_path_);
   } catch (const Error& e) {
@@ -110,6 +112,8 @@ void Report::StartWindow(const std::string& dir, int64_t step) {
 }
 
 void Report::StopWindow() {
+  if (!window_open_) return;
+  window_open_ = false;
   try {
     stop_timeline();
   } catch (const Error& e) {
@@ -132,13 +136,15 @@ void Report::CheckGrowth() {
   // The first sample at or after the warm-up is the baseline; later samples may not exceed it by
   // more than the bounds (memory) or at all (descriptors, threads).
   const int64_t warm = static_cast<int64_t>(static_cast<double>(options_.steps) * options_.warmup);
-  const auto base = std::find_if(mine_.begin(), mine_.end(),
-                                 [warm](const ProcessSample& s) { return s.step >= warm; });
+  const auto base = std::find_if(mine_.begin(), mine_.end(), [warm](const ProcessSample& s) {
+    return s.step >= warm && !s.timeline_open;
+  });
   if (base == mine_.end() || base + 1 == mine_.end()) return;
   ProcessSample most;  // the largest growth of each field over the baseline
   for (auto it = base; it != mine_.end(); ++it) {
     most.rss_kib = std::max(most.rss_kib, it->rss_kib - base->rss_kib);
     most.heap_kib = std::max(most.heap_kib, it->heap_kib - base->heap_kib);
+    if (it->timeline_open) continue;
     most.fds = std::max(most.fds, it->fds - base->fds);
     most.threads = std::max(most.threads, it->threads - base->threads);
   }

@@ -54,6 +54,7 @@ class Report {
   std::vector<std::vector<ProcessSample>> all_;  // rank 0: per sample, every rank's
   std::string window_path_;
   int64_t window_step_ = -1;
+  bool window_open_ = false;
   int64_t windows_ = 0, window_bytes_max_ = 0, window_bytes_total_ = 0, window_events_ = 0;
 };
 
