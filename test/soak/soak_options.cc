@@ -24,7 +24,7 @@ const char* const kUsage =
     "  --wait-seconds W     a step's handles must all complete within W s (60)\n"
     "  --hang-seconds H     abort the job when a blocking call takes longer (2 W + 30)\n"
     "  --rss-bound-mib B    allowed resident-memory growth after the warm-up (8)\n"
-    "  --heap-bound-mib B   allowed growth of malloc's bytes in use after the warm-up (3)\n"
+    "  --heap-bound-mib B   allowed growth of malloc's bytes in use after the warm-up (4)\n"
     "  --warmup-fraction F  share of the steps before the bound applies (0.1)\n"
     "  --timeline MODE      whole (GRADSYNC_TIMELINE for the whole run), windows, or off (whole)\n"
     "  --window N           steps per timeline window (100)\n"

@@ -29,7 +29,7 @@ struct Options {
   double hang_seconds =
       0;  // a blocking call (join, shutdown, ...) longer than this aborts; 0: auto
   double rss_bound_mib = 8;   // allowed growth of the resident set after the warm-up
-  double heap_bound_mib = 3;  // allowed growth of malloc's bytes in use after the warm-up
+  double heap_bound_mib = 4;  // allowed growth of malloc's bytes in use after the warm-up
   double warmup = 0.1;        // fraction of the steps before memory is held to the bound
   TimelineMode timeline = TimelineMode::kWhole;
   int64_t window = 100;         // steps per timeline window
