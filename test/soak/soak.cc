@@ -10,13 +10,10 @@
 // docs/soak.md describes the flags, what a step covers and the last long run.
 #include <gradsync/gradsync.h>
 #include <mpi.h>
-#include <stdlib.h>
-#include <unistd.h>
+#include <stdlib.h>  // mkdtemp, setenv
 
 #include <chrono>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -145,8 +142,8 @@ int Run(const Options& options, int rank, int size) {
     if (step > 0 && agreed[1] != -agreed[2]) {
       report.Fail("step " + std::to_string(step - 1) + ": join() returned different ranks");
     }
-    if (agreed[0] != 0 || report.failed()) break;
-    sent[0] = failures.count() > 0 ? 1 : 0;
+    if (agreed[0] != 0) break;
+    sent[0] = failures.count() > 0 || report.failed() ? 1 : 0;
     sent[1] = last;
     sent[2] = -last;
     MPI_Iallreduce(sent, agreed, 3, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &verdict);
