@@ -17,6 +17,9 @@ if("thread" IN_LIST gradsync_sanitizers AND "address" IN_LIST gradsync_sanitizer
 endif()
 
 string(REPLACE ";" "," gradsync_sanitize_flag "${gradsync_sanitizers}")
+# Programs that link the sanitized library (the installed package's users included) need the
+# sanitizer runtimes too; bindings/ puts this flag on the gradsync target's link interface.
+set(GRADSYNC_SANITIZE_LINK_OPTION -fsanitize=${gradsync_sanitize_flag})
 # Frame pointers keep the reports' stacks whole; undefined behaviour is made fatal so that a test
 # fails instead of printing a warning nobody reads.
 add_compile_options(-fsanitize=${gradsync_sanitize_flag} -fno-omit-frame-pointer)

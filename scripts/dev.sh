@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and then runs the demo or the test suite.
 #   scripts/dev.sh demo [ranks]   build, then train the demo MLP on N ranks (default 4)
-#   scripts/dev.sh test           build, then run the whole test suite
+#   scripts/dev.sh test           build, then run the whole test suite, then build it again with
+#                                 sanitizers and run it there too
 #   scripts/dev.sh build          build only
-# BUILD_DIR (default: build) and JOBS (default: number of cores) are honoured.
+# BUILD_DIR (default: build) and JOBS (default: number of cores) are honoured. SANITIZE (default
+# address,undefined) names the sanitizers of the test command's second build, in
+# BUILD_DIR-sanitize; SANITIZE= (empty) skips that build.
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${BUILD_DIR:-$repo_root/build}
+sanitized_dir=$build_dir-sanitize
+sanitizers=${SANITIZE-address,undefined}
 jobs=${JOBS:-$(nproc)}
 
 # Debian packages the build, tests and demo need.
@@ -32,6 +37,19 @@ build() {
   cmake --build "$build_dir" -j "$jobs"
 }
 
+# The library and every test under sanitizers (docs/sanitizers.md). Benchmarks and the demo are
+# left out: their timings mean nothing there, and the tests drive the same code.
+sanitized_build() {
+  cmake -S "$repo_root" -B "$sanitized_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DGRADSYNC_SANITIZE="$sanitizers" -DGRADSYNC_BUILD_BENCHMARKS=OFF \
+    -DGRADSYNC_BUILD_EXAMPLES=OFF
+  cmake --build "$sanitized_dir" -j "$jobs"
+}
+
+run_tests() {
+  ctest --test-dir "$1" --output-on-failure --timeout 600 -j "${CTEST_JOBS:-1}"
+}
+
 # Open MPI refuses to run as root unless told it is intended (containers, CI).
 mpi_env() {
   if [ "$(id -u)" -eq 0 ]; then
@@ -47,7 +65,11 @@ case "$cmd" in
     ;;
   test)
     install_missing && build && mpi_env
-    ctest --test-dir "$build_dir" --output-on-failure --timeout 600 -j "${CTEST_JOBS:-1}"
+    run_tests "$build_dir"
+    if [ -n "$sanitizers" ]; then
+      echo "dev.sh: the suite again, built with -fsanitize=$sanitizers"
+      sanitized_build && run_tests "$sanitized_dir"
+    fi
     ;;
   build)
     install_missing && build

@@ -26,6 +26,8 @@ const char* const kUsage =
     "  --rss-bound-mib B    allowed resident-memory growth after the warm-up (8)\n"
     "  --heap-bound-mib B   allowed growth of malloc's bytes in use after the warm-up (4)\n"
     "  --warmup-fraction F  share of the steps before the bound applies (0.1)\n"
+    "  --no-memory-bounds   sample and report memory but hold it to no bound (sanitized\n"
+    "                       builds, whose allocator keeps freed memory in quarantine)\n"
     "  --timeline MODE      whole (GRADSYNC_TIMELINE for the whole run), windows, or off (whole)\n"
     "  --window N           steps per timeline window (100)\n"
     "  --window-every N     steps from one window's start to the next (1000)\n"
@@ -97,6 +99,10 @@ bool ParseOptions(int argc, char** argv, Options* o, std::string* error) {
     const std::string flag = argv[i];
     if (flag == "--keep-timeline") {
       o->keep_timeline = true;
+      continue;
+    }
+    if (flag == "--no-memory-bounds") {
+      o->memory_bounds = false;
       continue;
     }
     const auto it = flags.find(flag);

@@ -157,9 +157,9 @@ void Report::CheckGrowth() {
         << " (bound " << bound << " MiB)";
     Fail(why.str());
   };
-  if (Mib(most.rss_kib) > options_.rss_bound_mib)
+  if (options_.memory_bounds && Mib(most.rss_kib) > options_.rss_bound_mib)
     over("resident memory", most.rss_kib, options_.rss_bound_mib);
-  if (Mib(most.heap_kib) > options_.heap_bound_mib)
+  if (options_.memory_bounds && Mib(most.heap_kib) > options_.heap_bound_mib)
     over("malloc's bytes in use", most.heap_kib, options_.heap_bound_mib);
   if (most.fds > 0)
     Fail("open descriptors grew by " + std::to_string(most.fds) + " after the warm-up");
