@@ -4,7 +4,9 @@
 #   scripts/dev.sh test           build, then run the whole test suite, then build it again with
 #                                 sanitizers and run it there too
 #   scripts/dev.sh build          build only
-# BUILD_DIR (default: build) and JOBS (default: number of cores) are honoured. SANITIZE (default
+# BUILD_DIR (default: build) and JOBS (default: number of cores) are honoured. PYTHON (default:
+# Debian's /usr/bin/python3, the interpreter python3-torch installs into) is the interpreter the
+# Python package is built and tested for. SANITIZE (default
 # address,undefined) names the sanitizers of the test command's second build, in
 # BUILD_DIR-sanitize; SANITIZE= (empty) skips that build.
 set -euo pipefail
@@ -13,11 +15,12 @@ repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${BUILD_DIR:-$repo_root/build}
 sanitized_dir=$build_dir-sanitize
 sanitizers=${SANITIZE-address,undefined}
+python=${PYTHON:-/usr/bin/python3}
 jobs=${JOBS:-$(nproc)}
 
 # Debian packages the build, tests and demo need.
 packages=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libspdlog-dev
-          libgtest-dev libgmock-dev)
+          libgtest-dev libgmock-dev python3-dev pybind11-dev python3-torch python3-pytest)
 
 install_missing() {
   local missing=()
@@ -33,7 +36,8 @@ install_missing() {
 }
 
 build() {
-  cmake -S "$repo_root" -B "$build_dir" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}"
+  cmake -S "$repo_root" -B "$build_dir" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" \
+    -DPython_EXECUTABLE="$python"
   cmake --build "$build_dir" -j "$jobs"
 }
 

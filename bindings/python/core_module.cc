@@ -1,0 +1,347 @@
+// gradsync._core: the Python face of the C++ API, free of any framework. Tensors cross as raw
+// data pointers with a dtype code and a shape, so the module builds once for every PyTorch (and
+// any other array library) and nothing is copied on the way in. gradsync.torch maps tensors onto
+// these calls.
+//
+// Threads: every call may be made from any Python thread. Calls that can block (wait, join, init,
+// shutdown, process-set changes) release the GIL while they block, so other Python threads and
+// the background thread's allocators never wait on it. No Python code runs on gradsync's
+// background thread: outputs whose size is known only after negotiation are placed in buffers
+// owned here (OutputBuffer) and handed to Python after the wait.
+#include <gradsync/gradsync.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace gradsync {
+namespace python {
+namespace {
+
+// Memory for a collective's output, filled on the background thread, then exposed to Python
+// through the buffer protocol; a tensor made from it (torch.frombuffer) keeps it alive.
+class OutputBuffer {
+ public:
+  void* Allocate(const std::vector<int64_t>& shape, DataType dtype) {
+    shape_ = shape;
+    dtype_ = dtype;
+    int64_t bytes = static_cast<int64_t>(DataTypeSize(dtype));
+    for (int64_t d : shape) bytes *= d;
+    bytes_ = static_cast<size_t>(bytes);
+    if (bytes_ == 0) return nullptr;
+    data_.reset(new (std::nothrow) uint8_t[bytes_]);
+    return data_.get();
+  }
+  uint8_t* data() const { return data_.get(); }
+  size_t bytes() const { return bytes_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  size_t bytes_ = 0;
+  std::vector<int64_t> shape_;
+  DataType dtype_ = DataType::kUInt8;
+};
+
+// A pending operation and, for collectives that allocate their result, its output buffer.
+struct PyHandle {
+  Handle handle;
+  std::shared_ptr<OutputBuffer> output;
+};
+
+Allocator AllocatorInto(const std::shared_ptr<OutputBuffer>& buffer) {
+  return [buffer](const std::vector<int64_t>& shape, DataType dtype) {
+    return buffer->Allocate(shape, dtype);
+  };
+}
+
+// Python's GradsyncError and its subclasses, created at import (see PYBIND11_MODULE).
+struct Exceptions {
+  py::object base;         // GradsyncError(RuntimeError): every failure, with .code
+  py::object value_error;  // GradsyncValueError(GradsyncError, ValueError): bad input, no init
+  py::object internal;     // GradsyncInternalError(GradsyncError): a collective failed at wait
+};
+Exceptions* g_exceptions = nullptr;
+
+[[noreturn]] void Raise(const py::object& type, const Status& status) {
+  py::object error = type(status.ToString());
+  error.attr("code") = StatusCodeName(status.code());
+  PyErr_SetObject(type.ptr(), error.ptr());
+  throw py::error_already_set();
+}
+
+// Enqueue-time errors: bad arguments and calls before init read as ValueError, as Horovod's do.
+template <typename F>
+auto Enqueue(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    const bool value =
+        e.code() == StatusCode::kInvalidArgument || e.code() == StatusCode::kNotInitialized;
+    Raise(value ? g_exceptions->value_error : g_exceptions->base, e.status());
+  }
+}
+
+TensorView View(uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind,
+                int device_index) {
+  return TensorView(reinterpret_cast<void*>(data), static_cast<DataType>(dtype), std::move(shape),
+                    Device{static_cast<DeviceKind>(device_kind), device_index});
+}
+
+ProcessSet SetById(int id) {
+  for (const ProcessSet& set : process_sets())
+    if (set.id() == id) return set;
+  throw Error(Status::InvalidArgument("process set " + std::to_string(id) +
+                                      " does not exist (it was never added or was removed)"));
+}
+
+void Wait(const PyHandle& h) {
+  try {
+    py::gil_scoped_release release;
+    h.handle.wait();
+  } catch (const Error& e) {
+    const bool value =
+        e.code() == StatusCode::kInvalidArgument || e.code() == StatusCode::kNotInitialized;
+    Raise(value ? g_exceptions->value_error : g_exceptions->internal, e.status());
+  }
+}
+
+bool MpiThreadsSupported() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return false;
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  return provided == MPI_THREAD_MULTIPLE;
+}
+
+void BindRuntime(py::module_& m) {
+  m.def(
+      "init",
+      [](int64_t comm_fint, std::vector<std::vector<int>> sets) {
+        InitOptions options;
+        options.comm =
+            comm_fint < 0 ? MPI_COMM_WORLD : MPI_Comm_f2c(static_cast<MPI_Fint>(comm_fint));
+        options.process_sets = std::move(sets);
+        Enqueue([&] {
+          py::gil_scoped_release release;
+          init(options);
+        });
+      },
+      py::arg("comm_fint") = -1, py::arg("process_sets") = std::vector<std::vector<int>>{});
+  m.def("shutdown", [] {
+    py::gil_scoped_release release;
+    shutdown();
+  });
+  m.def("is_initialized", &is_initialized);
+  m.def("rank", [] { return Enqueue([] { return rank(); }); });
+  m.def("size", [] { return Enqueue([] { return size(); }); });
+  m.def("local_rank", [] { return Enqueue([] { return local_rank(); }); });
+  m.def("local_size", [] { return Enqueue([] { return local_size(); }); });
+  m.def("cross_rank", [] { return Enqueue([] { return cross_rank(); }); });
+  m.def("cross_size", [] { return Enqueue([] { return cross_size(); }); });
+  m.def("mpi_threads_supported", &MpiThreadsSupported);
+  m.def("start_timeline", [](const std::string& path) { Enqueue([&] { start_timeline(path); }); });
+  m.def("stop_timeline", [] { Enqueue([] { stop_timeline(); }); });
+  m.def("join", [] {
+    return Enqueue([] {
+      py::gil_scoped_release release;
+      return join();
+    });
+  });
+  m.def("add_process_set", [](const std::vector<int>& ranks) {
+    return Enqueue([&] {
+      py::gil_scoped_release release;
+      return add_process_set(ranks).id();
+    });
+  });
+  m.def("remove_process_set", [](int id) {
+    Enqueue([&] {
+      const ProcessSet set = SetById(id);
+      py::gil_scoped_release release;
+      remove_process_set(set);
+    });
+  });
+  m.def("process_set_ids", [] {
+    std::vector<int> ids;
+    for (const ProcessSet& set : Enqueue([] { return process_sets(); })) ids.push_back(set.id());
+    return ids;
+  });
+  m.def("process_set_ranks", [](int id) { return Enqueue([&] { return SetById(id).ranks(); }); });
+}
+
+void BindHandle(py::module_& m) {
+  py::class_<OutputBuffer, std::shared_ptr<OutputBuffer>>(m, "OutputBuffer", py::buffer_protocol())
+      .def_buffer([](OutputBuffer& b) {
+        return py::buffer_info(b.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.bytes())}, {1}, /*readonly=*/false);
+      })
+      .def_property_readonly("nbytes", &OutputBuffer::bytes)
+      .def_property_readonly("shape", &OutputBuffer::shape);
+
+  py::class_<PyHandle>(m, "Handle")
+      .def("wait", &Wait)
+      .def("poll", [](const PyHandle& h) { return h.handle.poll(); })
+      .def_readonly("output", &PyHandle::output)
+      .def("output_shape", [](const PyHandle& h) { return h.handle.output_shape(); })
+      .def("received_splits", [](const PyHandle& h) { return h.handle.received_splits(); });
+}
+
+void BindCollectives(py::module_& m) {
+  m.def("allreduce", [](uintptr_t in, uintptr_t out, int dtype, std::vector<int64_t> shape,
+                        int device_kind, int device_index, std::string name, int op,
+                        double prescale, double postscale, int process_set) {
+    return Enqueue([&] {
+      AllreduceOptions o;
+      o.name = std::move(name);
+      o.op = static_cast<ReduceOp>(op);
+      o.prescale = prescale;
+      o.postscale = postscale;
+      o.process_set = SetById(process_set);
+      const TensorView input = View(in, dtype, shape, device_kind, device_index);
+      const TensorView output = View(out, dtype, std::move(shape), device_kind, device_index);
+      return PyHandle{allreduce(input, output, o), nullptr};
+    });
+  });
+  m.def("grouped_allreduce", [](std::vector<uintptr_t> data, std::vector<int> dtypes,
+                                std::vector<std::vector<int64_t>> shapes, int device_kind,
+                                int device_index, std::vector<std::string> names, int op,
+                                double prescale, double postscale, int process_set) {
+    return Enqueue([&] {
+      GroupedAllreduceOptions o;
+      o.names = std::move(names);
+      o.op = static_cast<ReduceOp>(op);
+      o.prescale = prescale;
+      o.postscale = postscale;
+      o.process_set = SetById(process_set);
+      std::vector<TensorView> views;
+      for (size_t i = 0; i < data.size(); ++i)
+        views.push_back(
+            View(data[i], dtypes.at(i), std::move(shapes.at(i)), device_kind, device_index));
+      std::vector<PyHandle> out;
+      for (Handle& h : grouped_allreduce(views, o)) out.push_back(PyHandle{h, nullptr});
+      return out;
+    });
+  });
+  m.def("allgather", [](uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind,
+                        int device_index, std::string name, int process_set) {
+    return Enqueue([&] {
+      AllgatherOptions o;
+      o.name = std::move(name);
+      o.process_set = SetById(process_set);
+      auto buffer = std::make_shared<OutputBuffer>();
+      Handle h = allgather(View(data, dtype, std::move(shape), device_kind, device_index),
+                           AllocatorInto(buffer), o);
+      return PyHandle{h, buffer};
+    });
+  });
+  m.def("grouped_allgather", [](std::vector<uintptr_t> data, std::vector<int> dtypes,
+                                std::vector<std::vector<int64_t>> shapes, int device_kind,
+                                int device_index, std::vector<std::string> names, int process_set) {
+    return Enqueue([&] {
+      GroupedAllgatherOptions o;
+      o.names = std::move(names);
+      o.process_set = SetById(process_set);
+      std::vector<TensorView> views;
+      std::vector<Allocator> allocators;
+      std::vector<std::shared_ptr<OutputBuffer>> buffers;
+      for (size_t i = 0; i < data.size(); ++i) {
+        views.push_back(
+            View(data[i], dtypes.at(i), std::move(shapes.at(i)), device_kind, device_index));
+        buffers.push_back(std::make_shared<OutputBuffer>());
+        allocators.push_back(AllocatorInto(buffers.back()));
+      }
+      std::vector<Handle> handles = grouped_allgather(views, std::move(allocators), o);
+      std::vector<PyHandle> out;
+      for (size_t i = 0; i < handles.size(); ++i) out.push_back(PyHandle{handles[i], buffers[i]});
+      return out;
+    });
+  });
+  m.def("broadcast", [](uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind,
+                        int device_index, int root, std::string name, int process_set) {
+    return Enqueue([&] {
+      BroadcastOptions o;
+      o.name = std::move(name);
+      o.process_set = SetById(process_set);
+      return PyHandle{
+          broadcast(View(data, dtype, std::move(shape), device_kind, device_index), root, o),
+          nullptr};
+    });
+  });
+  m.def("alltoall",
+        [](uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind, int device_index,
+           std::vector<int64_t> splits, std::string name, int process_set) {
+          return Enqueue([&] {
+            AlltoallOptions o;
+            o.name = std::move(name);
+            o.splits = std::move(splits);
+            o.process_set = SetById(process_set);
+            auto buffer = std::make_shared<OutputBuffer>();
+            Handle h = alltoall(View(data, dtype, std::move(shape), device_kind, device_index),
+                                AllocatorInto(buffer), o);
+            return PyHandle{h, buffer};
+          });
+        });
+  m.def("reducescatter", [](std::vector<uintptr_t> data, std::vector<int> dtypes,
+                            std::vector<std::vector<int64_t>> shapes, int device_kind,
+                            int device_index, std::vector<std::string> names, int op,
+                            double prescale, double postscale, int process_set) {
+    return Enqueue([&] {
+      GroupedReducescatterOptions o;
+      o.names = std::move(names);
+      o.op = static_cast<ReduceOp>(op);
+      o.prescale = prescale;
+      o.postscale = postscale;
+      o.process_set = SetById(process_set);
+      std::vector<TensorView> views;
+      std::vector<Allocator> allocators;
+      std::vector<std::shared_ptr<OutputBuffer>> buffers;
+      for (size_t i = 0; i < data.size(); ++i) {
+        views.push_back(
+            View(data[i], dtypes.at(i), std::move(shapes.at(i)), device_kind, device_index));
+        buffers.push_back(std::make_shared<OutputBuffer>());
+        allocators.push_back(AllocatorInto(buffers.back()));
+      }
+      std::vector<Handle> handles = grouped_reducescatter(views, std::move(allocators), o);
+      std::vector<PyHandle> out;
+      for (size_t i = 0; i < handles.size(); ++i) out.push_back(PyHandle{handles[i], buffers[i]});
+      return out;
+    });
+  });
+  m.def("barrier", [](int process_set) {
+    return Enqueue([&] { return PyHandle{barrier("", SetById(process_set)), nullptr}; });
+  });
+}
+
+}  // namespace
+}  // namespace python
+}  // namespace gradsync
+
+PYBIND11_MODULE(_core, m) {
+  using namespace gradsync::python;
+  m.doc() = "gradsync's C++ runtime, over raw data pointers; use gradsync.torch";
+  // Never destroyed: the interpreter may be gone by the time static destructors run.
+  static Exceptions& exceptions = *new Exceptions;
+  exceptions.base = py::register_exception<gradsync::Error>(m, "GradsyncError", PyExc_RuntimeError);
+  py::object builtins = py::module_::import("builtins");
+  py::object type = builtins.attr("type");
+  exceptions.base.attr("__module__") = "gradsync";
+  exceptions.value_error =
+      type("GradsyncValueError", py::make_tuple(exceptions.base, builtins.attr("ValueError")),
+           py::dict("__module__"_a = "gradsync"));
+  exceptions.internal = type("GradsyncInternalError", py::make_tuple(exceptions.base),
+                             py::dict("__module__"_a = "gradsync"));
+  m.attr("GradsyncValueError") = exceptions.value_error;
+  m.attr("GradsyncInternalError") = exceptions.internal;
+  g_exceptions = &exceptions;
+  BindRuntime(m);
+  BindHandle(m);
+  BindCollectives(m);
+}

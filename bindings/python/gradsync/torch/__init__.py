@@ -1,0 +1,38 @@
+"""``horovod.torch``'s API over gradsync: ``import gradsync.torch as hvd`` runs Horovod scripts.
+
+What the host runtime has no counterpart for (Adasum, elastic training) raises an error that says
+so; CUDA tensors are refused with a clear error until the device data plane exists.
+"""
+
+from gradsync import GradsyncError, GradsyncInternalError, GradsyncValueError
+from gradsync.torch.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                                   gloo_built, gloo_enabled, init, is_homogeneous,
+                                   is_initialized, local_rank, local_size, mpi_built,
+                                   mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                                   rocm_built, shutdown, size, start_timeline, stop_timeline)
+from gradsync.torch.compression import Compression
+from gradsync.torch.functions import (allgather_object, broadcast_object,
+                                      broadcast_optimizer_state, broadcast_parameters)
+from gradsync.torch.mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, Product, Sum,
+                                    allgather, allgather_async, allreduce, allreduce_,
+                                    allreduce_async, allreduce_async_, alltoall, alltoall_async,
+                                    barrier, broadcast, broadcast_, broadcast_async,
+                                    broadcast_async_, grouped_allgather, grouped_allgather_async,
+                                    grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                                    grouped_allreduce_async_, grouped_reducescatter,
+                                    grouped_reducescatter_async, join, poll, reducescatter,
+                                    reducescatter_async, synchronize)
+from gradsync.torch.optimizer import DistributedOptimizer
+from gradsync.torch.process_sets import (ProcessSet, add_process_set, global_process_set,
+                                         remove_process_set)
+
+
+class _Elastic:
+    """Horovod's elastic training has no counterpart in gradsync."""
+
+    def __getattr__(self, name):
+        raise NotImplementedError("horovod.torch.elastic (%s) is not supported by gradsync: "
+                                  "restart the job with mpirun instead" % name)
+
+
+elastic = _Elastic()

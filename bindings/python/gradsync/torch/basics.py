@@ -1,0 +1,125 @@
+"""Start, stop and describe the job: init, shutdown, ranks, sizes and what this build has."""
+
+import os
+
+from gradsync import _core
+
+# HOROVOD_* variables that mean the same as a GRADSYNC_* one: a script moved from Horovod keeps
+# its launch environment. A GRADSYNC_* variable that is set wins.
+_HOROVOD_FALLBACKS = {
+    "GRADSYNC_FUSION_THRESHOLD": "HOROVOD_FUSION_THRESHOLD",
+    "GRADSYNC_CYCLE_TIME_MS": "HOROVOD_CYCLE_TIME",
+    "GRADSYNC_CACHE_CAPACITY": "HOROVOD_CACHE_CAPACITY",
+    "GRADSYNC_TIMELINE": "HOROVOD_TIMELINE",
+    "GRADSYNC_STALL_WARNING_SECONDS": "HOROVOD_STALL_CHECK_TIME_SECONDS",
+    "GRADSYNC_STALL_SHUTDOWN_SECONDS": "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+    "GRADSYNC_LOG_LEVEL": "HOROVOD_LOG_LEVEL",
+}
+
+# Horovod's log levels with gradsync's name for each.
+_HOROVOD_LOG_LEVELS = {"trace": "trace", "debug": "debug", "info": "info", "warning": "warning",
+                       "error": "error", "fatal": "error"}
+
+
+def _apply_horovod_environment():
+    for ours, theirs in _HOROVOD_FALLBACKS.items():
+        if ours in os.environ or theirs not in os.environ:
+            continue
+        value = os.environ[theirs]
+        if ours == "GRADSYNC_LOG_LEVEL":
+            value = _HOROVOD_LOG_LEVELS.get(value.strip().lower(), value)
+        os.environ[ours] = value
+
+
+def _comm_to_fint(comm):
+    """An mpi4py communicator (or a list of global ranks, as Horovod accepts) as a Fortran handle."""
+    if comm is None:
+        return -1
+    if hasattr(comm, "py2f"):
+        return comm.py2f()
+    raise ValueError("init(comm=...) takes an mpi4py communicator; to run on a subset of the "
+                     "ranks, pass process_sets=[...] and use the returned sets instead")
+
+
+def init(comm=None, process_sets=None):
+    """Starts gradsync on ``comm`` (MPI_COMM_WORLD by default): collective over its ranks.
+
+    ``process_sets`` is a list of ``ProcessSet`` objects (or lists of global ranks) to create at
+    init; every rank must pass the same list. Initializing twice is a no-op, as in Horovod.
+    """
+    from gradsync.torch import process_sets as _sets
+
+    if _core.is_initialized():
+        return
+    _apply_horovod_environment()
+    requested = list(process_sets or [])
+    rank_lists = [_sets._ranks_of(s) for s in requested]
+    _core.init(_comm_to_fint(comm), rank_lists)
+    _sets._after_init(requested)
+
+
+def shutdown():
+    """Fails what is still pending, stops the background thread and frees gradsync's MPI state."""
+    from gradsync.torch import mpi_ops
+
+    _core.shutdown()
+    mpi_ops._forget_handles()
+
+
+is_initialized = _core.is_initialized
+rank = _core.rank
+size = _core.size
+local_rank = _core.local_rank
+local_size = _core.local_size
+cross_rank = _core.cross_rank
+cross_size = _core.cross_size
+mpi_threads_supported = _core.mpi_threads_supported
+stop_timeline = _core.stop_timeline
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Writes a Chrome-trace timeline to ``file_path`` on rank 0; cycles are always marked."""
+    del mark_cycles
+    _core.start_timeline(file_path)
+
+
+def is_homogeneous():
+    """True when every node runs the same number of ranks."""
+    return size() == local_size() * cross_size()
+
+
+def mpi_enabled():
+    return True
+
+
+def mpi_built():
+    return True
+
+
+def gloo_enabled():
+    return False
+
+
+def gloo_built():
+    return False
+
+
+def nccl_built():
+    """0 until the NCCL data plane exists: device tensors are refused with a clear error."""
+    return 0
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False

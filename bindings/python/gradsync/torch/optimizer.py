@@ -1,0 +1,231 @@
+"""DistributedOptimizer: Horovod's optimizer wrapper, with every gradient enqueued from backward."""
+
+import contextlib
+import warnings
+
+import torch
+
+from gradsync.torch import mpi_ops
+from gradsync.torch.compression import Compression
+from gradsync.torch.process_sets import global_process_set
+
+
+class _DistributedOptimizer:
+    """Mixed into the wrapped optimizer's own class, so ``isinstance`` and ``state_dict`` hold.
+
+    Each parameter's gradient accumulator gets a hook. After ``backward_passes_per_step``
+    backward passes have accumulated into ``p.grad``, the hook enqueues its allreduce at once, so
+    communication overlaps the rest of backward. ``synchronize()`` (called by ``step()``) enqueues
+    what backward did not produce, waits for everything and writes the results into ``p.grad``.
+    Gradients are summed over the accumulated passes and then reduced with ``op`` over ranks.
+    """
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor, groups, sparse_as_dense, process_set):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        self._op = op
+        self._sparse_as_dense = sparse_as_dense
+        self._process_set = process_set
+        if op == mpi_ops.Average:
+            self._scales = (1.0 / gradient_predivide_factor, gradient_predivide_factor)
+        elif gradient_predivide_factor != 1.0:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        else:
+            self._scales = (1.0, 1.0)
+
+        all_params = [p for g in self.param_groups for p in g["params"]]
+        if named_parameters is not None:
+            named = list(named_parameters)
+            names = [n for n, _ in named]
+            if len(set(names)) != len(names):
+                raise ValueError("named_parameters has duplicate names")
+            known = {id(p) for _, p in named}
+            missing = [p for p in all_params if id(p) not in known]
+            if missing:
+                raise ValueError("named_parameters was given, but %d of the optimizer's "
+                                 "parameters are not in it" % len(missing))
+            self._names = {id(p): n for n, p in named}
+        else:
+            self._names = {id(p): "param.%d.%d" % (gi, pi)
+                           for gi, g in enumerate(self.param_groups)
+                           for pi, p in enumerate(g["params"])}
+        self._groups = self._group_of(groups, all_params)
+
+        self.backward_passes_per_step = backward_passes_per_step
+        self._delay = {}
+        self._handles = {}  # parameter id -> (handle, compression context)
+        self._group_waiting = {}  # group index -> ids of its members still to be produced
+        self._grad_accumulators = []
+        self._should_synchronize = True
+        self._synchronized = False
+        self._requires_update = [p for p in all_params if p.requires_grad]
+        self._by_id = {id(p): p for p in self._requires_update}
+        self._reset_delays()
+        self._register_hooks()
+
+    @staticmethod
+    def _group_of(groups, all_params):
+        """Parameter id -> group index, from Horovod's ``groups`` (a count or lists of params)."""
+        if groups is None:
+            return {}
+        if isinstance(groups, int):
+            if groups <= 0:
+                return {}
+            trainable = [p for p in all_params if p.requires_grad]
+            size = (len(trainable) + groups - 1) // groups
+            return {id(p): i // size for i, p in enumerate(trainable)}
+        return {id(p): gi for gi, members in enumerate(groups) for p in members}
+
+    def _reset_delays(self):
+        for p in self._requires_update:
+            self._delay[id(p)] = self.backward_passes_per_step
+        self._group_waiting = {}
+        for pid, gi in self._groups.items():
+            self._group_waiting.setdefault(gi, set()).add(pid)
+
+    def _register_hooks(self):
+        for p in self._requires_update:
+            # The accumulator node of a leaf runs once its gradient is complete for this pass.
+            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+            accumulator.register_hook(self._make_hook(p))
+            self._grad_accumulators.append(accumulator)
+
+    def _make_hook(self, p):
+        def hook(*_):
+            pid = id(p)
+            if self._delay[pid] <= 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times before "
+                    "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                    "locally.")
+            self._delay[pid] -= 1
+            if self._delay[pid] == 0:
+                self._enqueue(p)
+        return hook
+
+    def _prepare_grad(self, p):
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        if p.grad.is_sparse:
+            if not self._sparse_as_dense:
+                raise ValueError("sparse gradients are not supported: pass sparse_as_dense=True")
+            p.grad = p.grad.to_dense()
+        return p.grad
+
+    def _enqueue(self, p):
+        pid = id(p)
+        if pid in self._groups:
+            gi = self._groups[pid]
+            self._handles[pid] = (None, None)
+            waiting = self._group_waiting[gi]
+            waiting.discard(pid)
+            if not waiting:
+                self._enqueue_group(gi)
+            return
+        grad = self._prepare_grad(p)
+        compressed, ctx = self._compression.compress(grad)
+        handle = mpi_ops.allreduce_async_(compressed, name=self._names[pid], op=self._op,
+                                          prescale_factor=self._scales[0],
+                                          postscale_factor=self._scales[1],
+                                          process_set=self._process_set)
+        self._handles[pid] = (handle, (ctx, compressed))
+
+    def _enqueue_group(self, gi):
+        members = [self._by_id[pid] for pid, g in self._groups.items() if g == gi
+                   and pid in self._by_id]
+        compressed, ctxs = zip(*[self._compression.compress(self._prepare_grad(p))
+                                 for p in members])
+        handle = mpi_ops.grouped_allreduce_async_(list(compressed), name="group.%d" % gi,
+                                                  op=self._op, prescale_factor=self._scales[0],
+                                                  postscale_factor=self._scales[1],
+                                                  process_set=self._process_set)
+        first = id(members[0])
+        self._handles[first] = (handle, ("group", members, ctxs, compressed))
+        for p in members[1:]:
+            self._handles[id(p)] = (None, None)
+
+    def synchronize(self):
+        """Completes every gradient's reduction and writes the results into ``p.grad``."""
+        for p in self._requires_update:
+            if id(p) not in self._handles:
+                self._enqueue(p)
+        for pid, (handle, ctx) in list(self._handles.items()):
+            if handle is None:
+                continue
+            mpi_ops.synchronize(handle)
+            if ctx[0] == "group":
+                _, members, ctxs, compressed = ctx
+                for p, c, t in zip(members, ctxs, compressed):
+                    self._write_back(p, t, c)
+            else:
+                self._write_back(self._by_id[pid], ctx[1], ctx[0])
+        self._handles.clear()
+        self._reset_delays()
+        self._synchronized = True
+
+    def _write_back(self, p, reduced, ctx):
+        result = self._compression.decompress(reduced, ctx)
+        if result is not p.grad:
+            p.grad.copy_(result)
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Inside, ``step()`` does not synchronize: call ``synchronize()`` yourself before it."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without a backward pass since "
+                              "optimizer.synchronize(); wrap step() in "
+                              "optimizer.skip_synchronize() after a manual synchronize()")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def _gradsync_local_step(self, closure=None):
+        """The wrapped optimizer's own step, without synchronizing."""
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize(). This is "
+                                 "prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=mpi_ops.Average,
+                         gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False, process_set=global_process_set):
+    """Wraps ``optimizer`` so that ``step()`` applies gradients reduced over every rank.
+
+    Arguments are Horovod's: ``named_parameters`` names each gradient's allreduce (names must
+    match across ranks; without them, names come from the parameter's position);
+    ``backward_passes_per_step`` backward passes accumulate locally before one reduction;
+    ``op`` is Average or Sum (Adasum raises); ``gradient_predivide_factor`` splits the average
+    into a division before and after the sum; ``num_groups`` or ``groups`` (lists of parameters)
+    reduce parameters together as grouped allreduces; ``sparse_as_dense`` densifies sparse
+    gradients.
+    """
+    if op == mpi_ops.Adasum:
+        raise NotImplementedError("Adasum is not supported by gradsync: use op=Average or op=Sum")
+    if op not in (mpi_ops.Average, mpi_ops.Sum):
+        raise ValueError("DistributedOptimizer supports op=Average and op=Sum")
+    if num_groups and groups is not None:
+        raise ValueError("num_groups and groups are mutually exclusive")
+    if backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be at least 1")
+    # The mixin's own attributes, less the instance-dict descriptors that belong to its class.
+    methods = {k: v for k, v in _DistributedOptimizer.__dict__.items()
+               if k not in ("__dict__", "__weakref__")}
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               op, gradient_predivide_factor, groups if groups is not None else num_groups,
+               sparse_as_dense, process_set)

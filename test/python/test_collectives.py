@@ -1,0 +1,256 @@
+"""gradsync.torch's collectives across dtypes and ops, in and out of place, sync and async.
+
+Values are small integers so that every dtype's result is exact.
+"""
+
+import pytest
+import torch
+
+import gradsync.torch as hvd
+
+DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64]
+SHAPES = [(), (0,), (1,), (17,), (3, 5), (2, 0, 3)]
+
+
+def expected_reduction(op, size, rank_values):
+    values = [float(v) for v in rank_values]
+    if op == hvd.Sum:
+        return sum(values)
+    if op == hvd.Average:
+        return sum(values) / size
+    if op == hvd.Min:
+        return min(values)
+    if op == hvd.Max:
+        return max(values)
+    result = 1.0
+    for v in values:
+        result *= v
+    return result
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Min, hvd.Max, hvd.Product])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_allreduce_every_dtype_op_and_shape(dtype, op, shape, rank, size):
+    value = rank % 2 + 1  # 1 or 2: products stay small
+    tensor = torch.full(shape, value, dtype=dtype)
+    result = hvd.allreduce(tensor, op=op, name="ar.%s.%d.%s" % (dtype, op, shape))
+    want = expected_reduction(op, size, [r % 2 + 1 for r in range(size)])
+    assert result.dtype == dtype and result.shape == tensor.shape
+    assert torch.equal(result, torch.full(shape, want).to(dtype))
+    assert torch.equal(tensor, torch.full(shape, value, dtype=dtype))  # input untouched
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_allreduce_average_and_scales(dtype, rank, size):
+    tensor = torch.full((5,), float(rank + 1), dtype=dtype)
+    mean = sum(range(1, size + 1)) / size
+    assert torch.allclose(hvd.allreduce(tensor).double(), torch.full((5,), mean).double())
+    assert torch.allclose(hvd.allreduce(tensor, average=True).double(),
+                          torch.full((5,), mean).double())
+    scaled = hvd.allreduce(tensor, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5)
+    assert torch.allclose(scaled.double(), torch.full((5,), mean * size).double())
+
+
+def test_average_flag_and_op_together_is_an_error():
+    with pytest.raises(ValueError):
+        hvd.allreduce(torch.ones(2), average=True, op=hvd.Sum)
+
+
+def test_adasum_says_it_is_unsupported():
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.allreduce(torch.ones(2), op=hvd.Adasum)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_allreduce_in_place_and_async(dtype, rank, size):
+    tensor = torch.full((4, 3), rank + 1, dtype=dtype)
+    data_ptr = tensor.data_ptr()
+    result = hvd.allreduce_(tensor, op=hvd.Sum, name="inplace.%s" % dtype)
+    total = sum(range(1, size + 1))
+    assert result is tensor and tensor.data_ptr() == data_ptr
+    assert torch.equal(tensor, torch.full((4, 3), total).to(dtype))
+
+    handle = hvd.allreduce_async_(tensor, op=hvd.Sum, name="inplace.async.%s" % dtype)
+    hvd.synchronize(handle)
+    assert torch.equal(tensor, torch.full((4, 3), total * size).to(dtype))
+
+    source = torch.full((4, 3), rank + 1, dtype=dtype)
+    handle = hvd.allreduce_async(source, op=hvd.Max, name="async.%s" % dtype)
+    out = hvd.synchronize(handle)
+    assert torch.equal(out, torch.full((4, 3), size).to(dtype))
+
+
+def test_poll_becomes_true_and_handles_are_single_use(size):
+    handle = hvd.allreduce_async(torch.ones(3), name="poll")
+    while not hvd.poll(handle):
+        pass
+    assert torch.equal(hvd.synchronize(handle), torch.ones(3))
+    with pytest.raises(ValueError):
+        hvd.synchronize(handle)
+
+
+def test_non_contiguous_input_out_of_place(size):
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    view = base.t()
+    result = hvd.allreduce(view, op=hvd.Sum, name="noncontig")
+    assert torch.equal(result, view * size)
+    with pytest.raises(ValueError, match="contiguous"):
+        hvd.allreduce_(view, op=hvd.Sum)
+
+
+@pytest.mark.parametrize("compression", [hvd.Compression.none, hvd.Compression.fp16,
+                                         hvd.Compression.bf16])
+def test_allreduce_with_compression(compression, rank, size):
+    tensor = torch.full((6,), float(rank + 1), dtype=torch.float32)
+    result = hvd.allreduce(tensor, op=hvd.Sum, compression=compression,
+                           name="compressed.%s" % compression.__name__)
+    assert result.dtype == torch.float32
+    assert torch.equal(result, torch.full((6,), float(sum(range(1, size + 1)))))
+
+
+def test_grouped_allreduce_mixed_dtypes_in_and_out_of_place(rank, size):
+    tensors = [torch.full((3,), rank + 1, dtype=torch.float32),
+               torch.full((2, 2), rank + 1, dtype=torch.int64),
+               torch.full((), rank + 1, dtype=torch.float64)]
+    total = sum(range(1, size + 1))
+    results = hvd.grouped_allreduce(tensors, op=hvd.Sum, name="group")
+    for t, r in zip(tensors, results):
+        assert torch.equal(r, torch.full(t.shape, total).to(t.dtype))
+        assert torch.equal(t, torch.full(t.shape, rank + 1).to(t.dtype))
+    hvd.grouped_allreduce_(tensors, op=hvd.Sum, name="group.inplace")
+    for t in tensors:
+        assert torch.equal(t, torch.full(t.shape, total).to(t.dtype))
+    handle = hvd.grouped_allreduce_async([torch.ones(2)] * 2, name="group.async")
+    assert all(torch.equal(r, torch.ones(2)) for r in hvd.synchronize(handle))
+    assert hvd.grouped_allreduce([]) == []
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_allgather_variable_first_dimension(dtype, rank, size):
+    tensor = torch.full((rank + 1, 2), rank, dtype=dtype)
+    result = hvd.allgather(tensor, name="ag.%s" % dtype)
+    want = torch.cat([torch.full((r + 1, 2), r, dtype=dtype) for r in range(size)])
+    assert torch.equal(result, want)
+    scalar = hvd.allgather(torch.tensor(rank, dtype=dtype), name="ag.scalar.%s" % dtype)
+    assert torch.equal(scalar, torch.arange(size).to(dtype))
+    empty = hvd.allgather(torch.zeros((0, 3), dtype=dtype), name="ag.empty.%s" % dtype)
+    assert empty.shape == (0, 3)
+
+
+def test_grouped_allgather(rank, size):
+    results = hvd.grouped_allgather([torch.full((1,), rank), torch.full((2, 1), float(rank))],
+                                    name="gag")
+    assert torch.equal(results[0], torch.arange(size))
+    assert torch.equal(results[1], torch.arange(size).float().repeat_interleave(2).reshape(-1, 1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_broadcast_every_root(dtype, rank, size):
+    for root in range(size):
+        tensor = torch.full((3,), rank, dtype=dtype)
+        assert torch.equal(hvd.broadcast(tensor, root, name="bc.%s.%d" % (dtype, root)),
+                           torch.full((3,), root, dtype=dtype))
+        assert torch.equal(tensor, torch.full((3,), rank, dtype=dtype))
+        hvd.broadcast_(tensor, root, name="bc_.%s.%d" % (dtype, root))
+        assert torch.equal(tensor, torch.full((3,), root, dtype=dtype))
+
+
+def test_broadcast_bad_root_fails_on_every_rank(size):
+    with pytest.raises((hvd.HorovodInternalError, ValueError)):
+        hvd.broadcast(torch.ones(1), size, name="bad.root")
+    assert torch.equal(hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after.bad.root"),
+                       torch.full((1,), float(size)))
+
+
+def test_alltoall_even_and_explicit_splits(rank, size):
+    even = hvd.alltoall(torch.arange(size * 2, dtype=torch.int32) + 100 * rank, name="a2a")
+    want = torch.cat([torch.arange(rank * 2, rank * 2 + 2, dtype=torch.int32) + 100 * r
+                      for r in range(size)])
+    assert torch.equal(even, want)
+    # Rank r sends r + 1 rows to every rank.
+    splits = [rank + 1] * size
+    tensor = torch.full((sum(splits), 2), float(rank))
+    output, received = hvd.alltoall(tensor, splits=splits, name="a2a.splits")
+    assert received.tolist() == [r + 1 for r in range(size)]
+    assert torch.equal(output, torch.cat([torch.full((r + 1, 2), float(r)) for r in range(size)]))
+
+
+def test_alltoall_bad_splits_is_refused(size):
+    with pytest.raises(ValueError):
+        hvd.alltoall(torch.ones(3), splits=[5] * size, name="a2a.bad")
+
+
+@pytest.mark.parametrize("op", [hvd.Sum, hvd.Average])
+def test_reducescatter_shares_rows(op, rank, size):
+    rows = 2 * size + 1
+    tensor = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) * (rank + 1)
+    result = hvd.reducescatter(tensor, op=op, name="rs.%d" % op)
+    total = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) * sum(
+        range(1, size + 1))
+    if op == hvd.Average:
+        total = total / size
+    counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+    start = sum(counts[:rank])
+    assert torch.allclose(result, total[start:start + counts[rank]])
+    grouped = hvd.grouped_reducescatter([tensor, tensor.double()], op=op, name="grs.%d" % op)
+    assert torch.allclose(grouped[1], total[start:start + counts[rank]].double())
+
+
+def test_mismatched_shapes_fail_everywhere_and_later_collectives_work(rank, size):
+    if size == 1:
+        pytest.skip("needs two ranks")
+    with pytest.raises(hvd.HorovodInternalError, match="Mismatch"):
+        hvd.allreduce(torch.ones(rank + 1), name="mismatch.shape")
+    with pytest.raises(hvd.HorovodInternalError, match="Mismatch"):
+        hvd.allreduce(torch.ones(2, dtype=torch.float32 if rank == 0 else torch.float64),
+                      name="mismatch.dtype")
+    with pytest.raises(hvd.HorovodInternalError, match="Mismatch"):
+        hvd.allreduce(torch.ones(2), op=hvd.Sum if rank == 0 else hvd.Max, name="mismatch.op")
+    assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after.mismatch"),
+                       torch.full((2,), float(size)))
+
+
+def test_duplicate_name_in_flight_is_refused():
+    first = hvd.allreduce_async(torch.ones(2), name="dup")
+    with pytest.raises(ValueError):
+        hvd.allreduce_async(torch.ones(2), name="dup")
+    hvd.synchronize(first)
+
+
+def test_unsupported_dtype_and_device():
+    with pytest.raises(ValueError, match="not supported"):
+        hvd.allreduce(torch.ones(2, dtype=torch.complex64))
+
+
+def test_process_sets(rank, size):
+    if size < 2:
+        pytest.skip("needs two ranks")
+    evens = hvd.add_process_set([r for r in range(size) if r % 2 == 0])
+    try:
+        if evens.included():
+            result = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=evens, name="ps")
+            assert result.item() == evens.size()
+            assert evens.rank() == rank // 2
+        else:
+            assert evens.rank() == -1
+        hvd.barrier()
+    finally:
+        hvd.remove_process_set(evens)
+    assert hvd.global_process_set.size() == size
+
+
+def test_join_with_uneven_steps(rank, size):
+    # Rank r runs r + 1 steps; the others' allreduces see zeros from ranks that have joined.
+    for step in range(rank + 1):
+        result = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="join.step.%d" % step)
+        assert result.item() == sum(1 for r in range(size) if r >= step)
+    assert hvd.join() in range(size)
+
+
+def test_barrier_and_basics(rank, size):
+    hvd.barrier()
+    assert hvd.is_initialized() and 0 <= hvd.local_rank() < hvd.local_size()
+    assert hvd.mpi_built() and hvd.mpi_enabled() and not hvd.gloo_enabled()
+    assert hvd.is_homogeneous()
