@@ -62,6 +62,23 @@ Allocator AllocatorInto(const std::shared_ptr<OutputBuffer>& buffer) {
   };
 }
 
+// One output buffer and allocator per tensor of a grouped call.
+struct GroupOutputs {
+  explicit GroupOutputs(size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      buffers.push_back(std::make_shared<OutputBuffer>());
+      allocators.push_back(AllocatorInto(buffers.back()));
+    }
+  }
+  std::vector<PyHandle> Wrap(const std::vector<Handle>& handles) const {
+    std::vector<PyHandle> out;
+    for (size_t i = 0; i < handles.size(); ++i) out.push_back(PyHandle{handles[i], buffers[i]});
+    return out;
+  }
+  std::vector<std::shared_ptr<OutputBuffer>> buffers;
+  std::vector<Allocator> allocators;
+};
+
 // Python's GradsyncError and its subclasses, created at import (see PYBIND11_MODULE).
 struct Exceptions {
   py::object base;         // GradsyncError(RuntimeError): every failure, with .code
@@ -93,6 +110,17 @@ TensorView View(uintptr_t data, int dtype, std::vector<int64_t> shape, int devic
                 int device_index) {
   return TensorView(reinterpret_cast<void*>(data), static_cast<DataType>(dtype), std::move(shape),
                     Device{static_cast<DeviceKind>(device_kind), device_index});
+}
+
+std::vector<TensorView> Views(const std::vector<uintptr_t>& data, const std::vector<int>& dtypes,
+                              std::vector<std::vector<int64_t>> shapes, int device_kind,
+                              int device_index) {
+  if (dtypes.size() != data.size() || shapes.size() != data.size())
+    throw Error(Status::InvalidArgument("a group needs one dtype and one shape per tensor"));
+  std::vector<TensorView> views;
+  for (size_t i = 0; i < data.size(); ++i)
+    views.push_back(View(data[i], dtypes[i], std::move(shapes[i]), device_kind, device_index));
+  return views;
 }
 
 ProcessSet SetById(int id) {
@@ -221,12 +249,10 @@ void BindCollectives(py::module_& m) {
       o.prescale = prescale;
       o.postscale = postscale;
       o.process_set = SetById(process_set);
-      std::vector<TensorView> views;
-      for (size_t i = 0; i < data.size(); ++i)
-        views.push_back(
-            View(data[i], dtypes.at(i), std::move(shapes.at(i)), device_kind, device_index));
       std::vector<PyHandle> out;
-      for (Handle& h : grouped_allreduce(views, o)) out.push_back(PyHandle{h, nullptr});
+      for (Handle& h :
+           grouped_allreduce(Views(data, dtypes, std::move(shapes), device_kind, device_index), o))
+        out.push_back(PyHandle{h, nullptr});
       return out;
     });
   });
@@ -249,19 +275,10 @@ void BindCollectives(py::module_& m) {
       GroupedAllgatherOptions o;
       o.names = std::move(names);
       o.process_set = SetById(process_set);
-      std::vector<TensorView> views;
-      std::vector<Allocator> allocators;
-      std::vector<std::shared_ptr<OutputBuffer>> buffers;
-      for (size_t i = 0; i < data.size(); ++i) {
-        views.push_back(
-            View(data[i], dtypes.at(i), std::move(shapes.at(i)), device_kind, device_index));
-        buffers.push_back(std::make_shared<OutputBuffer>());
-        allocators.push_back(AllocatorInto(buffers.back()));
-      }
-      std::vector<Handle> handles = grouped_allgather(views, std::move(allocators), o);
-      std::vector<PyHandle> out;
-      for (size_t i = 0; i < handles.size(); ++i) out.push_back(PyHandle{handles[i], buffers[i]});
-      return out;
+      GroupOutputs outputs(data.size());
+      return outputs.Wrap(
+          grouped_allgather(Views(data, dtypes, std::move(shapes), device_kind, device_index),
+                            outputs.allocators, o));
     });
   });
   m.def("broadcast", [](uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind,
@@ -300,19 +317,10 @@ void BindCollectives(py::module_& m) {
       o.prescale = prescale;
       o.postscale = postscale;
       o.process_set = SetById(process_set);
-      std::vector<TensorView> views;
-      std::vector<Allocator> allocators;
-      std::vector<std::shared_ptr<OutputBuffer>> buffers;
-      for (size_t i = 0; i < data.size(); ++i) {
-        views.push_back(
-            View(data[i], dtypes.at(i), std::move(shapes.at(i)), device_kind, device_index));
-        buffers.push_back(std::make_shared<OutputBuffer>());
-        allocators.push_back(AllocatorInto(buffers.back()));
-      }
-      std::vector<Handle> handles = grouped_reducescatter(views, std::move(allocators), o);
-      std::vector<PyHandle> out;
-      for (size_t i = 0; i < handles.size(); ++i) out.push_back(PyHandle{handles[i], buffers[i]});
-      return out;
+      GroupOutputs outputs(data.size());
+      return outputs.Wrap(
+          grouped_reducescatter(Views(data, dtypes, std::move(shapes), device_kind, device_index),
+                                outputs.allocators, o));
     });
   });
   m.def("barrier", [](int process_set) {
