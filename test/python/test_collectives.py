@@ -212,11 +212,20 @@ def test_mismatched_shapes_fail_everywhere_and_later_collectives_work(rank, size
                        torch.full((2,), float(size)))
 
 
-def test_duplicate_name_in_flight_is_refused():
-    first = hvd.allreduce_async(torch.ones(2), name="dup")
-    with pytest.raises(ValueError):
-        hvd.allreduce_async(torch.ones(2), name="dup")
-    hvd.synchronize(first)
+def test_duplicate_name_in_flight_is_refused(rank, size):
+    if size == 1:
+        pytest.skip("one rank completes the first allreduce at once, so it is never in flight")
+    # The other ranks submit "dup" only after the gate, which rank 0 reaches after its second
+    # submission: rank 0's first "dup" is certainly still in flight when it submits the second.
+    if rank == 0:
+        first = hvd.allreduce_async(torch.ones(2), name="dup")
+        with pytest.raises(ValueError, match="dup"):
+            hvd.allreduce_async(torch.ones(2), name="dup")
+        hvd.allreduce(torch.ones(1), name="dup.gate")
+        hvd.synchronize(first)
+    else:
+        hvd.allreduce(torch.ones(1), name="dup.gate")
+        hvd.allreduce(torch.ones(2), name="dup")
 
 
 def test_unsupported_dtype_and_device():
