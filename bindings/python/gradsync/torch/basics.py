@@ -60,10 +60,10 @@ def init(comm=None, process_sets=None):
 
 def shutdown():
     """Fails what is still pending, stops the background thread and frees gradsync's MPI state."""
-    from gradsync.torch import mpi_ops
+    from gradsync.torch.handles import _forget_handles
 
     _core.shutdown()
-    mpi_ops._forget_handles()
+    _forget_handles()
 
 
 is_initialized = _core.is_initialized

@@ -1,0 +1,176 @@
+"""allreduce and grouped allreduce: sync, async, in place, differentiable."""
+
+import torch
+
+from gradsync import _core
+from gradsync.torch.compression import Compression
+from gradsync.torch.handles import _register, synchronize
+from gradsync.torch.process_sets import _id_of, global_process_set
+from gradsync.torch.wire import (_CORE_OPS, _DTYPES, Max, Min, Product, _args, _check, _device,
+                                 _name, _op_of, _to_wire, _wire_op)
+
+
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
+    _check(tensor)
+    op = _wire_op(tensor.dtype, op)
+    wire = _to_wire(tensor)
+    # A tensor the runtime carries as it is goes straight to its output; a converted copy is
+    # reduced in place and copied out at the end.
+    source, target = (tensor, output) if wire is tensor else (wire, wire)
+    h = _core.allreduce(source.data_ptr(), target.data_ptr(), *_args(source)[1:],
+                        _name("allreduce", name), _CORE_OPS[op], prescale_factor,
+                        postscale_factor, _id_of(process_set))
+
+    def finish():
+        if target is not output:
+            output.copy_(target)
+        return output
+
+    return _register([h], (tensor, output, wire), finish)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    """Starts reducing ``tensor`` over the ranks into a new tensor; returns a handle."""
+    op = _op_of(op, average)
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    return _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor,
+                            process_set)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    """Starts reducing ``tensor`` over the ranks in place; returns a handle."""
+    op = _op_of(op, average)
+    if not tensor.is_contiguous():
+        raise ValueError("Tensor is required to be contiguous.")
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor,
+                            process_set)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """Reduces ``tensor`` over the ranks in place and returns it."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.op = op
+        ctx.scales = (prescale_factor, postscale_factor)
+        ctx.process_set = process_set
+        return synchronize(allreduce_async(tensor, None, name, op, prescale_factor,
+                                           postscale_factor, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        # The gradient of a sum (or average) over ranks is the same reduction of the gradients.
+        grad = allreduce(grad_output, op=ctx.op, prescale_factor=ctx.scales[0],
+                         postscale_factor=ctx.scales[1], process_set=ctx.process_set)
+        return grad, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Returns ``tensor`` reduced over the ranks (Average by default); differentiable."""
+    op = _op_of(op, average)
+    compressed, ctx = compression.compress(tensor)
+    if op in (Min, Max, Product) and compressed.requires_grad:
+        raise NotImplementedError("the gradient of allreduce is defined for Sum and Average only")
+    reduced = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor,
+                               process_set)
+    return compression.decompress(reduced, ctx)
+
+
+def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
+                             process_set):
+    if not tensors:
+        return _register([], (), lambda: [])
+    for t in tensors:
+        _check(t)
+    if len({_device(t) for t in tensors}) > 1:
+        raise ValueError("a group's tensors must all be on one device")
+    wires = [_to_wire(t) for t in tensors]
+    op = _wire_op(tensors[0].dtype, op)
+    if any(_wire_op(t.dtype, op) != op for t in tensors):
+        raise ValueError("a group's op must be defined for every tensor of the group")
+    # Each group member is reduced in place: the tensor itself, its output holding a copy of it,
+    # or its converted copy, which is copied out at the end.
+    targets = []
+    for t, w, o in zip(tensors, wires, outputs):
+        if w is not t:
+            targets.append(w)
+        else:
+            if o is not t:
+                o.copy_(t)
+            targets.append(o)
+    names = [] if name is None else ["grouped_allreduce.%s.%d" % (name, i)
+                                     for i in range(len(tensors))]
+    kind, index = _device(targets[0])
+    handles = _core.grouped_allreduce([t.data_ptr() for t in targets],
+                                      [_DTYPES[t.dtype] for t in targets],
+                                      [list(t.shape) for t in targets], kind, index, names,
+                                      _CORE_OPS[op], prescale_factor, postscale_factor,
+                                      _id_of(process_set))
+
+    def finish():
+        for o, target in zip(outputs, targets):
+            if target is not o:
+                o.copy_(target)
+        return list(outputs)
+
+    return _register(handles, (tensors, outputs, wires, targets), finish)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    op = _op_of(op, average)
+    outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    return _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
+                                    process_set)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    op = _op_of(op, average)
+    if any(not t.is_contiguous() for t in tensors):
+        raise ValueError("Tensors are required to be contiguous.")
+    return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor,
+                                    process_set)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.op = op
+        ctx.scales = (prescale_factor, postscale_factor)
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, op,
+                                                         prescale_factor, postscale_factor,
+                                                         process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = grouped_allreduce(list(grads), op=ctx.op, prescale_factor=ctx.scales[0],
+                                    postscale_factor=ctx.scales[1], process_set=ctx.process_set)
+        return (None, None, None, None, None) + tuple(reduced)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Returns every tensor reduced over the ranks, negotiated and fused as one group."""
+    op = _op_of(op, average)
+    if not tensors:
+        return []
+    compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
+    reduced = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set,
+                                      *compressed)
+    return [compression.decompress(t, c) for t, c in zip(reduced, ctxs)]

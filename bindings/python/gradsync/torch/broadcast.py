@@ -1,0 +1,62 @@
+"""broadcast: the root rank's tensor on every rank, in place or not, differentiable."""
+
+import torch
+
+from gradsync import _core
+from gradsync.torch.allreduce import allreduce
+from gradsync.torch.handles import _register, synchronize
+from gradsync.torch.process_sets import _id_of, global_process_set
+from gradsync.torch.wire import Sum, _args, _check, _name, _to_wire
+
+
+def _broadcast_async(tensor, output, root_rank, name, process_set):
+    _check(tensor)
+    if output is not tensor:
+        output.copy_(tensor)
+    wire = _to_wire(output)
+    h = _core.broadcast(*_args(wire), root_rank, _name("broadcast", name), _id_of(process_set))
+
+    def finish():
+        if wire is not output:
+            output.copy_(wire)
+        return output
+
+    return _register([h], (tensor, output, wire), finish)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts copying ``root_rank``'s ``tensor`` to a new tensor on every rank; returns a handle."""
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    return _broadcast_async(tensor, output, root_rank, name, process_set)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    if not tensor.is_contiguous():
+        raise ValueError("Tensor is required to be contiguous.")
+    return _broadcast_async(tensor, tensor, root_rank, name, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Overwrites ``tensor`` with ``root_rank``'s and returns it."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank = root_rank
+        ctx.process_set = process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        # Only the root's input reached the outputs: it gets the sum of every rank's gradient.
+        grad = allreduce(grad_output, op=Sum, process_set=ctx.process_set)
+        if ctx.process_set.rank() != ctx.root_rank:
+            grad = torch.zeros_like(grad)
+        return grad, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """Returns ``root_rank``'s ``tensor`` on every rank; differentiable."""
+    return _Broadcast.apply(tensor, root_rank, name, process_set)

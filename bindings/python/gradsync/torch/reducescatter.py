@@ -1,0 +1,85 @@
+"""reducescatter and grouped reducescatter: each rank's share of a reduction, differentiable."""
+
+import torch
+
+from gradsync import _core
+from gradsync.torch.allgather import allgather
+from gradsync.torch.compression import Compression
+from gradsync.torch.handles import _register, synchronize
+from gradsync.torch.process_sets import _id_of, global_process_set
+from gradsync.torch.wire import (_CORE_OPS, _DTYPES, Average, _check, _device, _op_of,
+                                 _output_tensor, _to_wire, _wire_op)
+
+
+def _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor, process_set,
+                         prefix):
+    if not tensors:
+        return [], ()
+    for t in tensors:
+        _check(t)
+    op = _wire_op(tensors[0].dtype, op)
+    wires = [_to_wire(t) for t in tensors]
+    kind, index = _device(wires[0])
+    names = [] if name is None else ["%s.%s.%d" % (prefix, name, i) for i in range(len(tensors))]
+    handles = _core.reducescatter([w.data_ptr() for w in wires], [_DTYPES[w.dtype] for w in wires],
+                                  [list(w.shape) for w in wires], kind, index, names,
+                                  _CORE_OPS[op], prescale_factor, postscale_factor,
+                                  _id_of(process_set))
+    return handles, (tensors, wires)
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Starts reducing ``tensor`` and leaving each rank its share of the rows; returns a handle."""
+    op = _op_of(op, None)
+    handles, keep = _reducescatter_async([tensor], None if name is None else name, op,
+                                         prescale_factor, postscale_factor, process_set,
+                                         "reducescatter")
+    return _register(handles, keep, lambda: _output_tensor(handles[0], tensor.dtype))
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        ctx.op = op
+        ctx.scale = prescale_factor * postscale_factor
+        ctx.process_set = process_set
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                               postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        # Every rank's input reached every share: gather the shares' gradients back.
+        grad = allgather(grad_output.contiguous(), process_set=ctx.process_set) * ctx.scale
+        if ctx.op == Average:
+            grad = grad / ctx.process_set.size()
+        return grad, None, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Returns this rank's share of ``tensor`` reduced over the ranks; differentiable."""
+    op = _op_of(op, None)
+    compressed, ctx = compression.compress(tensor)
+    reduced = _Reducescatter.apply(compressed, name, op, process_set, prescale_factor,
+                                   postscale_factor)
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    op = _op_of(op, None)
+    handles, keep = _reducescatter_async(list(tensors), name, op, prescale_factor,
+                                         postscale_factor, process_set, "grouped_reducescatter")
+    return _register(handles, keep,
+                     lambda: [_output_tensor(h, t.dtype) for h, t in zip(handles, tensors)])
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    op = _op_of(op, None)
+    compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
+    reduced = synchronize(grouped_reducescatter_async(list(compressed), name, op, process_set,
+                                                      prescale_factor, postscale_factor))
+    return [compression.decompress(t, c) for t, c in zip(reduced, ctxs)]

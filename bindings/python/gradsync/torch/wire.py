@@ -1,0 +1,98 @@
+"""How torch tensors and Horovod's arguments become the runtime's: dtypes, devices, reduce ops.
+
+int16 and bool tensors, which the runtime does not carry, travel as int32 and uint8 copies (bool
+sums and maxima are logical or, minima and products logical and).
+"""
+
+import torch
+
+# Horovod's reduce op values.
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+
+# Horovod's op -> the runtime's ReduceOp.
+_CORE_OPS = {Sum: 0, Average: 1, Min: 2, Max: 3, Product: 4}
+
+# torch dtype -> the runtime's DataType.
+_DTYPES = {torch.uint8: 0, torch.int8: 1, torch.int32: 2, torch.int64: 3, torch.float16: 4,
+           torch.bfloat16: 5, torch.float32: 6, torch.float64: 7}
+# dtypes the runtime lacks, and the dtype each travels as.
+_WIRE_DTYPES = {torch.int16: torch.int32, torch.bool: torch.uint8}
+
+_DEVICE_CPU, _DEVICE_CUDA = 0, 1
+
+
+def _op_of(op, average, default=Average):
+    """Horovod's rule: ``average`` is the legacy flag, and ``op`` supersedes it."""
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if average is not None:
+        op = Average if average else Sum
+    if op is None:
+        op = default
+    if op == Adasum:
+        raise NotImplementedError("Adasum is not supported by gradsync: use op=Average or op=Sum")
+    if op not in _CORE_OPS:
+        raise ValueError("unknown reduce op %r" % (op,))
+    return op
+
+
+def _name(prefix, name):
+    return "" if name is None else "%s.%s" % (prefix, name)
+
+
+def _device(tensor):
+    if tensor.device.type == "cpu":
+        return _DEVICE_CPU, -1
+    if tensor.device.type == "cuda":
+        return _DEVICE_CUDA, tensor.device.index if tensor.device.index is not None else 0
+    raise ValueError("tensors on %s are not supported by gradsync" % tensor.device)
+
+
+def _check(tensor):
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError("expected a torch.Tensor, got %s" % type(tensor).__name__)
+    if tensor.dtype not in _DTYPES and tensor.dtype not in _WIRE_DTYPES:
+        raise ValueError("Tensor type %s is not supported." % tensor.type())
+    if tensor.is_sparse:
+        raise ValueError("sparse tensors are not supported: densify them (sparse_as_dense=True)")
+
+
+def _args(tensor):
+    """The runtime's view of a contiguous tensor of a dtype it carries."""
+    kind, index = _device(tensor)
+    return tensor.data_ptr(), _DTYPES[tensor.dtype], list(tensor.shape), kind, index
+
+
+def _to_wire(tensor):
+    """The tensor the runtime sees: ``tensor`` itself, or a contiguous copy in a carried dtype."""
+    wire = _WIRE_DTYPES.get(tensor.dtype)
+    if wire is not None:
+        return tensor.to(wire).contiguous()
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+def _wire_op(dtype, op):
+    if dtype != torch.bool:
+        return op
+    if op in (Sum, Max):
+        return Max
+    if op in (Min, Product):
+        return Min
+    raise ValueError("op=Average is not defined for bool tensors; use Sum (or) or Min (and)")
+
+
+def _output_tensor(h, dtype):
+    """A collective's allocated output as a tensor of ``dtype`` that shares its memory."""
+    shape = h.output_shape()
+    wire = _WIRE_DTYPES.get(dtype, dtype)
+    buffer = h.output
+    if buffer is None or buffer.nbytes == 0:
+        result = torch.empty(shape, dtype=wire)
+    else:
+        result = torch.frombuffer(buffer, dtype=wire).reshape(shape)
+    return result if wire == dtype else result.to(dtype)
