@@ -11,6 +11,7 @@ from gradsync.torch.basics import (ccl_built, cross_rank, cross_size, cuda_built
                                    mpi_enabled, mpi_threads_supported, nccl_built, rank,
                                    rocm_built, shutdown, size, start_timeline, stop_timeline)
 from gradsync.torch.compression import Compression
+from gradsync.torch.ddp import DistributedDataParallel
 from gradsync.torch.functions import (allgather_object, broadcast_object,
                                       broadcast_optimizer_state, broadcast_parameters)
 from gradsync.torch.mpi_ops import (Adasum, Average, HorovodInternalError, Max, Min, Product, Sum,

@@ -7,6 +7,7 @@ import torch
 
 from gradsync.torch import mpi_ops
 from gradsync.torch.compression import Compression
+from gradsync.torch.grad_hooks import register_grad_ready_hook
 from gradsync.torch.process_sets import global_process_set
 
 
@@ -86,23 +87,18 @@ class _DistributedOptimizer:
 
     def _register_hooks(self):
         for p in self._requires_update:
-            # The accumulator node of a leaf runs once its gradient is complete for this pass.
-            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-            accumulator.register_hook(self._make_hook(p))
-            self._grad_accumulators.append(accumulator)
+            self._grad_accumulators.append(register_grad_ready_hook(p, self._on_grad_ready))
 
-    def _make_hook(self, p):
-        def hook(*_):
-            pid = id(p)
-            if self._delay[pid] <= 0:
-                raise AssertionError(
-                    "Gradients were computed more than backward_passes_per_step times before "
-                    "call to step(). Increase backward_passes_per_step to accumulate gradients "
-                    "locally.")
-            self._delay[pid] -= 1
-            if self._delay[pid] == 0:
-                self._enqueue(p)
-        return hook
+    def _on_grad_ready(self, p):
+        pid = id(p)
+        if self._delay[pid] <= 0:
+            raise AssertionError(
+                "Gradients were computed more than backward_passes_per_step times before "
+                "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                "locally.")
+        self._delay[pid] -= 1
+        if self._delay[pid] == 0:
+            self._enqueue(p)
 
     def _prepare_grad(self, p):
         if p.grad is None:

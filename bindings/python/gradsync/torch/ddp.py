@@ -1,0 +1,324 @@
+"""DistributedDataParallel: PyTorch DDP's module wrapper, with gradsync doing the communication.
+
+Thread safety: like PyTorch's DDP, one wrapper serves one training loop on one thread.
+"""
+
+import collections
+import contextlib
+import itertools
+import warnings
+
+import torch
+
+from gradsync import _core
+from gradsync.torch.allreduce import allreduce, allreduce_async_, grouped_allreduce_async_
+from gradsync.torch.broadcast import broadcast_async_
+from gradsync.torch.compression import Compression
+from gradsync.torch.functions import broadcast_parameters
+from gradsync.torch.grad_hooks import queue_end_of_backward, register_grad_ready_hook
+from gradsync.torch.handles import synchronize
+from gradsync.torch.process_sets import _id_of, global_process_set
+from gradsync.torch.wire import Average, Sum
+
+# PyTorch DDP starts with a small bucket so that the first allreduce leaves early in backward.
+_FIRST_BUCKET_BYTES = 1024 * 1024
+
+# Wrappers are numbered per process set in construction order, which the set's members share, to
+# keep their collectives' names apart.
+_wrapper_ids = collections.defaultdict(itertools.count)
+
+
+class _Bucket:
+    """Parameters whose gradients are reduced as one grouped allreduce."""
+
+    __slots__ = ("index", "params", "ready", "launched")
+
+    def __init__(self, index, params):
+        self.index = index
+        self.params = params
+        self.ready = set()  # ids of the parameters whose gradient this backward produced
+        self.launched = None  # (handle, [(param, reduced, decompress context)]) once enqueued
+
+
+class _JoinState:
+    """What ``join()`` changes in each step while its context is open."""
+
+    def __init__(self, divide_by_initial_world_size, throw_on_early_termination):
+        self.divide_by_initial_world_size = divide_by_initial_world_size
+        self.throw_on_early_termination = throw_on_early_termination
+        self.active_ranks = None  # ranks still training, from this step's forward
+        self.terminated_early = False
+
+
+def _buckets_of(params, bucket_cap_bytes):
+    """Parameters in reverse order of registration (backward's order, roughly), cut into buckets
+    as PyTorch DDP first assigns them: a 1 MiB first bucket, then ``bucket_cap_bytes`` each."""
+    buckets, current, current_bytes = [], [], 0
+    cap = min(_FIRST_BUCKET_BYTES, bucket_cap_bytes)
+    for p in reversed(params):
+        current.append(p)
+        current_bytes += p.numel() * p.element_size()
+        if current_bytes >= cap:
+            buckets.append(_Bucket(len(buckets), current))
+            current, current_bytes, cap = [], 0, bucket_cap_bytes
+    if current:
+        buckets.append(_Bucket(len(buckets), current))
+    return buckets
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """Wraps ``module`` so that backward leaves every gradient averaged over the ranks.
+
+    As with PyTorch's DDP: rank 0's parameters and buffers are broadcast at construction and, with
+    ``broadcast_buffers``, its buffers again before each forward that will be followed by a
+    synchronized backward. Each gradient is enqueued from a hook as soon as backward produces it,
+    its bucket (``bucket_cap_mb``) as one grouped allreduce once the bucket is complete, and
+    ``loss.backward()`` returns only once every bucket is reduced, so ``optimizer.step()`` sees the
+    averaged gradients. ``no_sync()`` accumulates locally; ``join()`` lets ranks with fewer
+    batches finish early.
+
+    Parameters that took no part in this backward never hang it: every bucket is reduced in every
+    synchronized backward, the missing gradients counting as zeros. With
+    ``find_unused_parameters=True`` a gradient that no rank produced is left as it was (``None``
+    stays ``None``), as DDP leaves it; without, it becomes zeros and a warning names it once.
+
+    ``device_ids``, ``output_device``, ``dim``, ``check_reduction``, ``gradient_as_bucket_view``
+    and ``static_graph`` are accepted for DDP's signature and change nothing here: the module
+    stays on its device and is called with the inputs as they are. Beyond DDP, ``process_set``
+    restricts the replicas to a process set and ``compression`` compresses gradients on the wire.
+    The wrappers of one process set must be created in the same order on each of its ranks: their
+    collectives are named after that order.
+    """
+
+    def __init__(self, module, device_ids=None, output_device=None, dim=0,
+                 broadcast_buffers=True, process_group=None, bucket_cap_mb=25,
+                 find_unused_parameters=False, check_reduction=False,
+                 gradient_as_bucket_view=False, static_graph=False,
+                 process_set=global_process_set, compression=Compression.none):
+        super().__init__()
+        del device_ids, output_device, dim, check_reduction, gradient_as_bucket_view, static_graph
+        if process_group is not None:
+            raise ValueError("gradsync's DistributedDataParallel takes a process_set, not a "
+                             "torch.distributed process_group")
+        if bucket_cap_mb is None or bucket_cap_mb <= 0:
+            raise ValueError("bucket_cap_mb must be positive")
+        if not _core.is_initialized():
+            raise ValueError("gradsync is not initialized: call gradsync.torch.init() first")
+        self.module = module
+        self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
+        self.process_set = process_set
+        self.compression = compression
+        self.require_backward_grad_sync = True
+        set_id = _id_of(process_set)
+        self._prefix = "ddp%d.%d" % (set_id, next(_wrapper_ids[set_id]))
+
+        # Parameters shared between submodules appear once in parameters().
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        self._buffers_to_sync = list(module.named_buffers())
+        self._buckets = _buckets_of(self._params, int(bucket_cap_mb * 1024 * 1024))
+        self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        self._param_index = {id(p): i for i, p in enumerate(self._params)}
+        self._sync_next_backward = False
+        self._in_backward = False
+        self._join = None
+        self._warned_unused = set()
+
+        broadcast_parameters(sorted(module.state_dict().items()), root_rank=0,
+                             process_set=process_set)
+        self._hook_handles = [register_grad_ready_hook(p, self._on_grad_ready)
+                              for p in self._params]
+
+    # ------------------------------------------------------------------------------------------
+    # forward
+
+    def forward(self, *inputs, **kwargs):
+        will_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if self._join is not None and will_sync:
+            self._count_active_ranks()
+        if will_sync and self.broadcast_buffers and self._buffers_to_sync:
+            self._sync_buffers()
+        self._sync_next_backward = will_sync
+        return self.module(*inputs, **kwargs)
+
+    def _count_active_ranks(self):
+        """Learns which ranks still train this step: joined ranks contribute zeros."""
+        mine = torch.zeros(self.process_set.size(), dtype=torch.int32)
+        mine[self.process_set.rank()] = 1
+        active = allreduce(mine, op=Sum, name="%s.active" % self._prefix,
+                           process_set=self.process_set)
+        self._join.active_ranks = [r for r, a in enumerate(active.tolist()) if a]
+        if (self._join.throw_on_early_termination and
+                len(self._join.active_ranks) < self.process_set.size()):
+            self._join.terminated_early = True
+            raise RuntimeError("Detected at least one rank that exhausted inputs. Throwing "
+                               "across all ranks.")
+
+    def _sync_buffers(self):
+        if self._join is None:
+            handles = [broadcast_async_(b, 0, name="%s.buffer.%s" % (self._prefix, name),
+                                        process_set=self.process_set)
+                       for name, b in self._buffers_to_sync]
+            for h in handles:
+                synchronize(h)
+            return
+        # A broadcast cannot run beside joined ranks, so the lowest rank still training hands
+        # its buffers to the others through a sum to which everyone else adds zeros.
+        source = self._join.active_ranks[0]
+        me = self.process_set.rank()
+        contributions = [b if me == source else torch.zeros_like(b)
+                         for _, b in self._buffers_to_sync]
+        h = grouped_allreduce_async_(contributions, name="%s.buffers" % self._prefix, op=Sum,
+                                     process_set=self.process_set)
+        synchronize(h)
+        for (_, b), c in zip(self._buffers_to_sync, contributions):
+            if c is not b:
+                b.copy_(c)
+
+    # ------------------------------------------------------------------------------------------
+    # backward
+
+    def _on_grad_ready(self, p):
+        if not self._sync_next_backward:
+            return
+        if not self._in_backward:
+            self._in_backward = True
+            queue_end_of_backward(self._finish_backward)
+        bucket = self._bucket_of[id(p)]
+        bucket.ready.add(id(p))
+        if len(bucket.ready) == len(bucket.params):
+            self._launch(bucket)
+
+    def _op_and_scale(self):
+        join = self._join
+        if join is None or join.divide_by_initial_world_size or join.active_ranks is None:
+            return Average, 1.0
+        return Sum, 1.0 / len(join.active_ranks)
+
+    def _launch(self, bucket):
+        """Enqueues the bucket's gradients, zeros standing in for those backward did not make."""
+        grads = []
+        for p in bucket.params:
+            produced = id(p) in bucket.ready and p.grad is not None
+            if produced and p.grad.is_sparse:
+                raise ValueError("DistributedDataParallel does not reduce sparse gradients "
+                                 "(parameter of shape %s)" % (tuple(p.shape),))
+            if produced and p.grad.is_contiguous():
+                grads.append(p.grad)
+            elif produced:
+                grads.append(p.grad.contiguous())
+            else:
+                grads.append(torch.zeros_like(p, memory_format=torch.contiguous_format))
+        compressed, contexts = zip(*[self.compression.compress(g) for g in grads])
+        op, postscale = self._op_and_scale()
+        handle = grouped_allreduce_async_(list(compressed),
+                                          name="%s.bucket%d" % (self._prefix, bucket.index),
+                                          op=op, postscale_factor=postscale,
+                                          process_set=self.process_set)
+        bucket.launched = (handle, list(zip(bucket.params, compressed, contexts)))
+
+    def _finish_backward(self):
+        """Runs once backward is over: reduces what is left, waits, writes ``p.grad``."""
+        try:
+            usage = self._launch_usage() if self.find_unused_parameters else None
+            locally_unused = [p for b in self._buckets for p in b.params
+                              if id(p) not in b.ready]
+            for bucket in self._buckets:
+                if bucket.launched is None:
+                    self._launch(bucket)
+            used_anywhere = synchronize(usage).tolist() if usage is not None else None
+            for bucket in self._buckets:
+                handle, members = bucket.launched
+                synchronize(handle)
+                for p, reduced, context in members:
+                    if used_anywhere is None or used_anywhere[self._param_index[id(p)]]:
+                        self._write_grad(p, self.compression.decompress(reduced, context))
+            if not self.find_unused_parameters:
+                self._warn_unused(locally_unused)
+        finally:
+            for bucket in self._buckets:
+                bucket.ready.clear()
+                bucket.launched = None
+            self._in_backward = False
+            self._sync_next_backward = False
+
+    def _launch_usage(self):
+        """Enqueues the count of ranks that produced each gradient in this backward."""
+        used = torch.tensor([int(id(p) in self._bucket_of[id(p)].ready) for p in self._params],
+                            dtype=torch.int32)
+        return allreduce_async_(used, name="%s.used" % self._prefix, op=Sum,
+                                process_set=self.process_set)
+
+    @staticmethod
+    def _write_grad(p, reduced):
+        if p.grad is None:
+            p.grad = reduced
+        elif reduced is not p.grad:
+            p.grad.copy_(reduced)
+
+    def _warn_unused(self, params):
+        names = {id(p): n for n, p in self.module.named_parameters()}
+        new = [names.get(id(p), "?") for p in params if id(p) not in self._warned_unused]
+        if not new:
+            return
+        self._warned_unused.update(id(p) for p in params)
+        warnings.warn("DistributedDataParallel: these parameters got no gradient in this "
+                      "backward on this rank and were reduced as zeros: %s. Pass "
+                      "find_unused_parameters=True to leave the gradients of parameters that "
+                      "no rank used untouched." % ", ".join(new))
+
+    # ------------------------------------------------------------------------------------------
+    # no_sync and join
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Inside, backward accumulates gradients locally; the first synchronized backward after
+        reduces what accumulated."""
+        previous = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = previous
+
+    @contextlib.contextmanager
+    def join(self, divide_by_initial_world_size=True, enable=True,
+             throw_on_early_termination=False):
+        """Wraps a training loop in which ranks may have different numbers of batches.
+
+        A rank that leaves the loop first waits at the end of the context, taking part in the
+        others' gradient allreduces with zeros, until every rank has left it. Gradients are
+        averaged over all ranks (``divide_by_initial_world_size``, DDP's default) or over those
+        still training. With ``throw_on_early_termination`` every rank raises instead, as soon as
+        one has run out.
+        """
+        if not enable:
+            yield
+            return
+        if self.process_set is not global_process_set:
+            raise ValueError("join() covers the global process set only")
+        self._join = _JoinState(divide_by_initial_world_size, throw_on_early_termination)
+        state = self._join
+        failed = False
+        try:
+            yield
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            self._join = None
+            self._end_join(state, failed)
+
+    def _end_join(self, state, failed):
+        try:
+            _core.join()
+            if state.throw_on_early_termination:
+                flag = torch.tensor([int(state.terminated_early)], dtype=torch.int32)
+                anyone = allreduce(flag, op=Sum, name="%s.terminated" % self._prefix)
+                if int(anyone) and not state.terminated_early and not failed:
+                    raise RuntimeError("Detected at least one rank that exhausted inputs. "
+                                       "Throwing across all ranks.")
+        except Exception:
+            # The loop's own error is what the caller needs to see.
+            if not failed:
+                raise

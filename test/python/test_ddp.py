@@ -1,0 +1,256 @@
+"""DistributedDataParallel: replicas match one process on the full batch, no_sync, join, unused
+parameters and buffers behave as PyTorch DDP's do."""
+
+import warnings
+
+import pytest
+import torch
+
+import gradsync.torch as hvd
+
+TOLERANCE = 1e-10  # float64 training; differences come only from summation order
+PER_RANK = 4
+
+
+def make_model():
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 4)).double()
+
+
+def batch(step, rank):
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    return (torch.randn(PER_RANK, 8, generator=gen, dtype=torch.float64),
+            torch.randn(PER_RANK, 4, generator=gen, dtype=torch.float64))
+
+
+def loss_of(model, x, y):
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def flat(tensors):
+    return torch.cat([t.detach().flatten() for t in tensors])
+
+
+def assert_replicas_equal(values):
+    gathered = hvd.allgather(values.unsqueeze(0), name="ddp.replicas")
+    for row in gathered:
+        assert torch.equal(row, gathered[0])
+
+
+def perturbed_model(rank):
+    """Rank 0's weights must win at construction: the others start elsewhere."""
+    model = make_model()
+    if rank != 0:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    return model
+
+
+def reference(size, steps, rows_of_step, divide_by):
+    """One process: the gradient of sum over ranks of each rank's mean loss, over ``divide_by``."""
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        optimizer.zero_grad()
+        ranks = rows_of_step(step)
+        total = sum(loss_of(model, *batch(step, r)) for r in ranks)
+        (total / divide_by(step, len(ranks))).backward()
+        optimizer.step()
+    return flat(model.parameters())
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [25, 0.0002])
+def test_ddp_matches_full_batch(bucket_cap_mb, rank, size):
+    model = hvd.DistributedDataParallel(perturbed_model(rank), bucket_cap_mb=bucket_cap_mb)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    steps = 4
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss_of(model, *batch(step, rank)).backward()
+        # backward returned: the gradients are already the same everywhere.
+        assert_replicas_equal(flat(p.grad for p in model.parameters()))
+        optimizer.step()
+    params = flat(model.parameters())
+    assert_replicas_equal(params)
+    want = reference(size, steps, lambda s: range(size), lambda s, n: size)
+    assert torch.allclose(params, want, atol=TOLERANCE, rtol=0)
+
+
+def test_ddp_state_dict_and_module(rank):
+    inner = make_model()
+    model = hvd.DistributedDataParallel(inner)
+    assert model.module is inner
+    assert all(k.startswith("module.") for k in model.state_dict())
+
+
+def test_ddp_no_sync_accumulates_locally(rank, size):
+    model = hvd.DistributedDataParallel(perturbed_model(rank))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    steps = 3
+    for step in range(steps):
+        optimizer.zero_grad()
+        x, y = batch(step, rank)
+        with model.no_sync():
+            (loss_of(model, x[:2], y[:2]) / 2).backward()
+        local = flat(p.grad for p in model.parameters())
+        if size > 1:
+            gathered = hvd.allgather(local.unsqueeze(0), name="ddp.no_sync.local")
+            assert not torch.equal(gathered[0], gathered[1])
+        (loss_of(model, x[2:], y[2:]) / 2).backward()
+        optimizer.step()
+    params = flat(model.parameters())
+    assert_replicas_equal(params)
+    want = reference(size, steps, lambda s: range(size), lambda s, n: size)
+    assert torch.allclose(params, want, atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("divide_by_initial_world_size", [True, False])
+def test_ddp_join_uneven_inputs(divide_by_initial_world_size, rank, size):
+    # Rank r has one batch fewer than rank r - 1, and a BatchNorm buffer-free model.
+    steps_of = [size + 1 - r for r in range(size)]
+    model = hvd.DistributedDataParallel(perturbed_model(rank))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with model.join(divide_by_initial_world_size=divide_by_initial_world_size):
+        for step in range(steps_of[rank]):
+            optimizer.zero_grad()
+            loss_of(model, *batch(step, rank)).backward()
+            optimizer.step()
+    # The joined ranks stopped stepping: only the longest-running replica has seen every step.
+    params = flat(model.parameters())
+    gathered = hvd.allgather(params.unsqueeze(0), name="ddp.join.params")
+    active = lambda step: [r for r in range(size) if steps_of[r] > step]
+    divisor = (lambda s, n: size) if divide_by_initial_world_size else (lambda s, n: n)
+    want = reference(size, steps_of[0], active, divisor)
+    assert torch.allclose(gathered[0], want, atol=TOLERANCE, rtol=0)
+    # Later collectives work normally.
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="ddp.after_join").item() == size
+
+
+def test_ddp_join_throw_on_early_termination(rank, size):
+    if size == 1:
+        pytest.skip("needs a rank that runs out first")
+    model = hvd.DistributedDataParallel(make_model())
+    batches = 2 if rank == 0 else 4
+    with pytest.raises(RuntimeError, match="exhausted inputs"):
+        with model.join(throw_on_early_termination=True):
+            for step in range(batches):
+                loss_of(model, *batch(step, rank)).backward()
+
+
+class Branchy(torch.nn.Module):
+    """``used_on`` decides per rank whether the side branch takes part in the loss."""
+
+    def __init__(self, used_on):
+        super().__init__()
+        torch.manual_seed(7)
+        self.trunk = torch.nn.Linear(8, 4).double()
+        self.side = torch.nn.Linear(8, 4).double()
+        self.never = torch.nn.Linear(8, 4).double()
+        self.used_on = used_on
+
+    def forward(self, x):
+        out = self.trunk(x)
+        if self.used_on(hvd.rank()):
+            out = out + self.side(x)
+        return out
+
+
+@pytest.mark.parametrize("find_unused", [True, False])
+def test_ddp_unused_parameters_never_hang(find_unused, rank, size):
+    inner = Branchy(lambda r: r == 0)
+    model = hvd.DistributedDataParallel(inner, find_unused_parameters=find_unused)
+    x, y = batch(0, rank)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss_of(model, x, y).backward()
+    # Used on rank 0 only: its gradient is rank 0's over the number of ranks, everywhere.
+    side = inner.side.weight.grad
+    assert side is not None
+    assert_replicas_equal(side)
+    rank0 = Branchy(lambda r: True)
+    loss_of(rank0, *batch(0, 0)).backward()
+    assert torch.allclose(side, rank0.side.weight.grad / size, atol=TOLERANCE, rtol=0)
+    if find_unused:
+        assert inner.never.weight.grad is None
+    else:
+        assert torch.count_nonzero(inner.never.weight.grad) == 0
+        assert any("got no gradient" in str(w.message) and "never.weight" in str(w.message)
+                   for w in caught)
+
+
+class WithBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 2)
+        self.register_buffer("scale", torch.ones(2))
+
+    def forward(self, x):
+        return self.linear(x) * self.scale
+
+
+@pytest.mark.parametrize("broadcast_buffers", [True, False])
+def test_ddp_broadcast_buffers_before_forward(broadcast_buffers, rank, size):
+    inner = WithBuffer()
+    model = hvd.DistributedDataParallel(inner, broadcast_buffers=broadcast_buffers)
+    inner.scale.fill_(rank + 1)
+    with torch.no_grad():
+        model(torch.ones(1, 2))
+    assert inner.scale[0].item() == rank + 1  # no backward follows: nothing is synchronized
+    model(torch.ones(1, 2)).sum().backward()
+    assert inner.scale[0].item() == (1 if broadcast_buffers else rank + 1)
+
+
+def test_ddp_buffers_follow_the_lowest_running_rank_while_joined(rank, size):
+    inner = WithBuffer()
+    model = hvd.DistributedDataParallel(inner)
+    seen = []
+    with model.join():
+        for step in range(1 if rank == 0 else 3):
+            inner.scale.fill_(10 * step + rank)
+            model(torch.ones(1, 2)).sum().backward()
+            seen.append(inner.scale[0].item())
+    if rank == 0:
+        assert seen == [0.0]
+    else:
+        assert seen == [0.0] + [10 * step + 1 for step in range(1, 3)]
+
+
+def test_ddp_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="process_set"):
+        hvd.DistributedDataParallel(make_model(), process_group=object())
+    with pytest.raises(ValueError, match="bucket_cap_mb"):
+        hvd.DistributedDataParallel(make_model(), bucket_cap_mb=0)
+    if hvd.size() == 1:
+        return  # a set of rank 0 alone would be the global set
+    subset = hvd.ProcessSet([0])
+    hvd.add_process_set(subset)
+    try:
+        if hvd.rank() == 0:
+            model = hvd.DistributedDataParallel(make_model(), process_set=subset)
+            with pytest.raises(ValueError, match="global process set"):
+                with model.join():
+                    pass
+    finally:
+        hvd.remove_process_set(subset)
+
+
+def test_ddp_buckets_leave_during_backward(monkeypatch):
+    """With small buckets, most allreduces are enqueued before backward ends, not after."""
+    from gradsync.torch import ddp
+
+    launched = []
+    at_finish = []
+    original_launch = ddp.DistributedDataParallel._launch
+    original_finish = ddp.DistributedDataParallel._finish_backward
+    monkeypatch.setattr(ddp.DistributedDataParallel, "_launch",
+                        lambda self, b: (launched.append(b.index), original_launch(self, b)))
+    monkeypatch.setattr(ddp.DistributedDataParallel, "_finish_backward",
+                        lambda self: (at_finish.append(len(launched)), original_finish(self)))
+    model = hvd.DistributedDataParallel(make_model(), bucket_cap_mb=0.0001)
+    loss_of(model, *batch(0, hvd.rank())).backward()
+    buckets = len(model._buckets)
+    assert buckets >= 3
+    assert sorted(launched) == list(range(buckets))
+    assert at_finish == [buckets]  # every bucket was complete, and enqueued, before the end
