@@ -92,3 +92,36 @@ def test_skip_synchronize_and_groups(rank, size):
 def test_broadcast_object_and_allgather_object(rank, size):
     assert hvd.broadcast_object({"epoch": rank}, root_rank=0) == {"epoch": 0}
     assert hvd.allgather_object(("rank", rank)) == [("rank", r) for r in range(size)]
+
+
+def test_distributed_optimizer_uneven_inputs_with_join(rank, size):
+    """Rank r runs out one step before rank r - 1; hvd.join() lets the others finish, its
+    allreduces seeing zeros from joined ranks and dividing by every rank, as Horovod's do."""
+    steps_of = [size + 1 - r for r in range(size)]
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    for step in range(steps_of[rank]):
+        x, y = full_batch(step, size)
+        mine = slice(rank * 4, rank * 4 + 4)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+        optimizer.step()
+    last = hvd.join()
+    assert last == 0  # rank 0 has the most steps
+    hvd.broadcast_parameters(model.state_dict(), root_rank=last)
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert_replicas_equal(params)
+
+    reference = make_model()
+    sgd = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(steps_of[0]):
+        x, y = full_batch(step, size)
+        sgd.zero_grad()
+        active = [r for r in range(size) if steps_of[r] > step]
+        loss = sum(torch.nn.functional.mse_loss(reference(x[r * 4:r * 4 + 4]), y[r * 4:r * 4 + 4])
+                   for r in active) / size
+        loss.backward()
+        sgd.step()
+    want = torch.cat([p.detach().flatten() for p in reference.parameters()])
+    assert torch.allclose(params, want, atol=TOLERANCE, rtol=0)
