@@ -26,6 +26,7 @@ from gradsync.torch.mpi_ops import (Adasum, Average, HorovodInternalError, Max, 
 from gradsync.torch.optimizer import DistributedOptimizer
 from gradsync.torch.process_sets import (ProcessSet, add_process_set, global_process_set,
                                          remove_process_set)
+from gradsync.torch.sync_batch_norm import SyncBatchNorm
 
 
 class _Elastic:
