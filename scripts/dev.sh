@@ -20,7 +20,8 @@ jobs=${JOBS:-$(nproc)}
 
 # Debian packages the build, tests and demo need.
 packages=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libspdlog-dev
-          libgtest-dev libgmock-dev python3-dev pybind11-dev python3-torch python3-pytest)
+          libgtest-dev libgmock-dev python3-dev pybind11-dev python3-torch python3-pytest
+          python3-venv)
 
 install_missing() {
   local missing=()
@@ -50,8 +51,10 @@ sanitized_build() {
   cmake --build "$sanitized_dir" -j "$jobs"
 }
 
+# CMAKE_BUILD_PARALLEL_LEVEL: the jobs of the builds that tests run (python_pip_install's).
 run_tests() {
-  ctest --test-dir "$1" --output-on-failure --timeout 600 -j "${CTEST_JOBS:-1}"
+  CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$jobs} \
+    ctest --test-dir "$1" --output-on-failure --timeout 600 -j "${CTEST_JOBS:-1}"
 }
 
 # Open MPI refuses to run as root unless told it is intended (containers, CI).
