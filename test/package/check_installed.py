@@ -24,7 +24,9 @@ def check(condition, message):
 
 check(package_dir == os.path.join(site_packages, "gradsync"),
       "gradsync imported from %s, not from %s" % (package_dir, site_packages))
-check(not package_dir.startswith(source_dir + os.sep),
+# The build folder may sit inside the source tree, and the venv inside it: what matters is that
+# the package came from the venv's site-packages, not the sources or the build tree's python/.
+check(package_dir != os.path.join(source_dir, "bindings", "python", "gradsync"),
       "gradsync imported from the source tree (%s)" % package_dir)
 check(importlib.metadata.version("gradsync") == gradsync.__version__,
       "installed version %s, gradsync.__version__ %s"
