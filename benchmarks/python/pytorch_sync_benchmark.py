@@ -1,0 +1,410 @@
+#!/usr/bin/env python3
+"""Synthetic PyTorch training step: how much gradient synchronization adds to a step.
+
+One process per rank, launched by mpirun, for one framework:
+
+  gradsync      gradsync.torch.DistributedOptimizer around torch.optim.SGD (Horovod's API)
+  horovod       horovod.torch.DistributedOptimizer, the same code
+  ddp           torch.nn.parallel.DistributedDataParallel over torch.distributed's gloo backend
+  gradsync-ddp  gradsync.torch.DistributedDataParallel, where the installed gradsync has it
+
+The model has one parameter per tensor of a gradient set (a shared data file: `index name dtype
+shape` per line), with the set's shapes, names and registration order. Its loss reads every
+parameter once and backward writes every gradient once, in reverse registration order as in real
+training, so the step is dominated by synchronization rather than by compute.
+
+Every step starts after an MPI barrier, and a step's time is the slowest rank's. Three phases run
+in one process:
+
+  1. the baseline: the same model's step with a plain optimizer, before the framework starts;
+  2. the framework's steps, alternating with baseline steps that run while the framework is up but
+     idle (its background threads, polling or not, share the cores with the compute);
+  3. the baseline again, after the framework has shut down.
+
+The step time is the median of phase 2's framework steps. The baseline time is the median over
+phases 1 and 3 (half the iterations each), which bracket phase 2 in time, so that a slow drift of
+the machine's speed cancels.
+The synchronization time is step minus baseline: everything a step costs beyond its compute when
+the gradients are synchronized, i.e. communication not hidden behind compute, plus what the
+framework's threads take from the compute by sharing its cores. Phase 2's baseline steps are
+reported beside it (busy_base_ms), to show how much of that is the framework's idle activity.
+
+Output: one JSON line on stdout (rank 0); progress and notes on stderr. Every rank uses mpi4py for
+the barriers, the per-step maximum over ranks and DDP's rendezvous port, identically for every
+framework and always outside the timed region.
+
+  mpirun -np 2 python3 pytorch_sync_benchmark.py --framework gradsync --set resnet50
+"""
+
+import argparse
+import gc
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+FRAMEWORKS = ("gradsync", "horovod", "ddp", "gradsync-ddp")
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradient sets (format: the shared data folder's README; same rules as benchmarks/gradient_set.cc)
+
+class SetError(Exception):
+    pass
+
+
+def parse_gradient_set(path):
+    """[(name, shape tuple)] in registration order; SetError("path:line: why") if malformed."""
+    tensors, seen = [], set()
+    with open(path) as f:
+        for line_no, line in enumerate(f, 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            where = "%s:%d: " % (path, line_no)
+            fields = text.split()
+            if len(fields) != 4:
+                raise SetError(where + "expected 'index name dtype shape', got %r" % text)
+            index, name, dtype, shape_text = fields
+            if not index.isdigit() or int(index) != len(tensors):
+                raise SetError(where + "index %r out of sequence, expected %d"
+                               % (index, len(tensors)))
+            if name in seen:
+                raise SetError(where + "duplicate tensor name %r" % name)
+            # The benchmark measures float32 gradients whatever the file says, as the C++
+            # benchmarks do; the dtype is read only to reject a malformed line.
+            if not dtype.isidentifier():
+                raise SetError(where + "bad dtype %r" % dtype)
+            dims = shape_text.split("x")
+            if not all(d.isdigit() and int(d) >= 1 for d in dims):
+                raise SetError(where + "bad shape %r" % shape_text)
+            seen.add(name)
+            tensors.append((name, tuple(int(d) for d in dims)))
+    if not tensors:
+        raise SetError(path + ": no tensors")
+    return tensors
+
+
+def resolve_set(set_arg, data_dir):
+    """A path to a set file, or a stem looked up in the data folder (`resnet50`)."""
+    if os.sep in set_arg or set_arg.endswith(".txt"):
+        path = set_arg
+    else:
+        path = os.path.join(data_dir, set_arg + ".txt")
+    name = os.path.splitext(os.path.basename(path))[0]
+    return name, path
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+
+def build_model(torch, tensors, scale):
+    """A module with one zero-initialized float32 parameter per tensor of the set.
+
+    Parameters sit in nested submodules named after the set's dotted names, so
+    model.named_parameters() yields the real names (`layer1.0.conv1.weight`) in the file's order,
+    as the model the set was taken from does; the names become the frameworks' tensor names.
+    """
+    nn = torch.nn
+
+    class SyntheticModel(nn.Module):
+        def forward(self):
+            # Each p.sum() reads its parameter once. Backward turns the scalar's gradient into an
+            # expanded (stride-0) view per parameter, so accumulating it into p.grad, which
+            # zero_grad() zeroes in place (torch 1.x's default), touches each gradient once and
+            # allocates nothing after the first step. Autograd runs the independent branches
+            # latest-created first, so gradients become ready in reverse registration order.
+            return torch.stack([p.sum() for p in self._ordered]).sum() * scale
+
+    model = SyntheticModel()
+    for name, shape in tensors:
+        *path, leaf = name.split(".")
+        owner = model
+        try:
+            for part in path:
+                if part not in owner._modules:
+                    owner.add_module(part, nn.Module())
+                owner = owner._modules[part]
+            owner.register_parameter(leaf, nn.Parameter(torch.zeros(shape, dtype=torch.float32)))
+        except (KeyError, TypeError) as e:  # a name clashes with another's module or attribute
+            raise SetError("tensor %s cannot be placed in the module tree: %s" % (name, e))
+    # A plain list (not registered again): forward visits the parameters in registration order.
+    model._ordered = [p for _, p in model.named_parameters()]
+    got = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    if got != list(tensors):
+        raise SetError("the set's names do not nest into modules in the file's order")
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+# Frameworks: each returns (step function, how it was set up)
+
+def make_step(model, optimizer):
+    def step():
+        optimizer.zero_grad()
+        loss = model()
+        loss.backward()
+        optimizer.step()
+    return step
+
+
+def setup_horovod_api(hvd, torch, model, lr):
+    """The Horovod recipe, identical for gradsync.torch and horovod.torch."""
+    hvd.init()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    return make_step(model, optimizer)
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setup_ddp(torch, comm, model, lr):
+    import torch.distributed as dist
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", comm.Get_rank()))
+    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", comm.Get_size()))
+    # Rank 0 picks a free port and tells the others; the window in which another process could
+    # take it is short, and a collision fails loudly in init_process_group.
+    port = comm.bcast(free_port() if rank == 0 else None, root=0)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port,
+                            rank=rank, world_size=size)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)  # default 25 MB buckets
+    return make_step(ddp, torch.optim.SGD(ddp.parameters(), lr=lr))
+
+
+def setup_gradsync_ddp(torch, model, lr):
+    import gradsync.torch as gs
+    gs.init()
+    ddp = gs.DistributedDataParallel(model)
+    return make_step(ddp, torch.optim.SGD(ddp.parameters(), lr=lr))
+
+
+def framework_module(framework):
+    """Imports the framework; ImportError/AttributeError with the reason if it is not there."""
+    if framework in ("gradsync", "gradsync-ddp"):
+        import gradsync.torch as mod
+        if framework == "gradsync-ddp" and not hasattr(mod, "DistributedDataParallel"):
+            raise AttributeError("gradsync.torch has no DistributedDataParallel")
+        return mod
+    if framework == "horovod":
+        import horovod.torch as mod
+        return mod
+    import torch.distributed as mod
+    if not (mod.is_available() and mod.is_gloo_available()):
+        raise ImportError("torch.distributed with gloo is not available")
+    return mod
+
+
+def framework_version(framework):
+    try:
+        if framework.startswith("gradsync"):
+            import gradsync
+            return getattr(gradsync, "__version__", "")
+        if framework == "horovod":
+            import horovod
+            return horovod.__version__
+        import torch
+        return torch.__version__
+    except Exception:  # a version string is informative only
+        return ""
+
+
+def shutdown(framework, hvd):
+    if framework == "ddp":
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    elif hvd is not None:
+        # Before mpi4py finalizes MPI at exit: the background thread must be gone by then.
+        hvd.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking and timing
+
+def check_gradients(torch, model, expected, what):
+    """Every gradient element must equal `expected` (exact: the values are binary fractions)."""
+    for name, p in model.named_parameters():
+        if p.grad is None or not bool(torch.all(p.grad == expected)):
+            bad = "missing" if p.grad is None else "e.g. %r" % p.grad.flatten()[0].item()
+            raise RuntimeError("%s: gradient of %s is %s, expected %r" % (what, name, bad,
+                                                                         expected))
+
+
+def run_steps(comm, steps, warmup, iters, check_first):
+    """Runs every step of `steps` once per iteration, each after a barrier; returns the timed
+    iterations' step times per key, in seconds. check_first(), if given, runs after the first
+    iteration.
+
+    With two steps, their order alternates, so that neither always runs in the other's wake
+    (its cache state, a background thread still finishing).
+    """
+    order = list(steps)
+    times = {k: [] for k in steps}
+    # Garbage collection stays on, as in training; collecting now keeps set-up garbage out.
+    gc.collect()
+    for it in range(warmup + iters):
+        for key in (order if it % 2 == 0 else order[::-1]):
+            comm.Barrier()
+            start = time.perf_counter()
+            steps[key]()
+            elapsed = time.perf_counter() - start
+            if it >= warmup:
+                times[key].append(elapsed)
+        if it == 0 and check_first is not None:
+            check_first()
+    return times
+
+
+def percentile(values, q):
+    """Linear interpolation between closest ranks (numpy's default)."""
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summary_ms(seconds):
+    return {"median": round(statistics.median(seconds) * 1e3, 3),
+            "p90": round(percentile(seconds, 0.9) * 1e3, 3)}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--framework", choices=FRAMEWORKS, required=True)
+    p.add_argument("--set", default="resnet50",
+                   help="gradient-set stem in --data-dir (resnet50, bert_base, vgg16) or a path "
+                        "to a set file (default: resnet50)")
+    p.add_argument("--data-dir", default=os.environ.get("GRADSYNC_DATA_DIR") or "../shared/data",
+                   help="folder with the gradient-set files (default: $GRADSYNC_DATA_DIR, else "
+                        "../shared/data, relative to the working directory)")
+    p.add_argument("--iters", type=int, default=20, help="timed iterations (default: 20)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed iterations first (default: 3): negotiation, caches, DDP's "
+                        "bucket rebuild after its first step")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch.set_num_threads per rank (default: 1, as Horovod's examples "
+                        "recommend; the ranks share the node's cores)")
+    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default: 0.01)")
+    p.add_argument("--tag", default="", help="copied into the JSON line (e.g. a repetition)")
+    p.add_argument("--check", action="store_true",
+                   help="only report whether the framework can be imported (exit 0 if so)")
+    args = p.parse_args(argv)
+    if args.iters < 1 or args.warmup < 1:
+        p.error("--iters and --warmup must be at least 1 (the first warmup step checks results)")
+    return args
+
+
+def main(argv):
+    args = parse_args(argv)
+    if args.check:
+        try:
+            framework_module(args.framework)
+        except (ImportError, AttributeError) as e:
+            print("%s: not available: %s" % (args.framework, e), file=sys.stderr)
+            return 1
+        return 0
+
+    # MPI first, with full thread support, so that gradsync and Horovod find it initialized and
+    # share it (neither then finalizes it; mpi4py does at exit, after shutdown() below).
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+
+    def log(msg):
+        if rank == 0:
+            print("[%s] %s" % (args.framework, msg), file=sys.stderr, flush=True)
+
+    set_name, set_path = resolve_set(args.set, args.data_dir)
+    try:
+        tensors = parse_gradient_set(set_path)
+    except (OSError, SetError) as e:
+        print("rank %d: %s" % (rank, e), file=sys.stderr)
+        return 2
+
+    import torch
+    torch.set_num_threads(args.threads)
+    mod = framework_module(args.framework)
+
+    # Gradients are scale = rank+1 times 2^-10, so the average over ranks is known exactly and
+    # differs from every rank's own value: a framework that skipped a tensor is caught.
+    unit = 2.0 ** -10
+    local_value = unit * (rank + 1)
+    average_value = unit * (size + 1) / 2.0
+
+    baseline = build_model(torch, tensors, local_value)
+    baseline_step = make_step(baseline, torch.optim.SGD(baseline.parameters(), lr=args.lr))
+    numel = sum(p.numel() for p in baseline.parameters())
+    log("set %s: %d tensors, %.1f MB float32, %d ranks, %d warmup + %d timed iterations"
+        % (set_name, len(tensors), numel * 4 / 1e6, size, args.warmup, args.iters))
+
+    def check_baseline():
+        check_gradients(torch, baseline, local_value, "baseline (no communication)")
+
+    # 1. The clean baseline, before the framework exists: no background threads, no sockets.
+    #    Phases 1 and 3 time half the iterations each; together they give as many as phase 2.
+    half = (args.iters + 1) // 2
+    clean = run_steps(comm, {"base": baseline_step}, args.warmup, half, check_baseline)
+
+    # 2. The framework's steps, alternating with baseline steps while the framework is up and
+    #    idle between its own steps (which shows what its background activity costs compute).
+    model = build_model(torch, tensors, local_value)
+    hvd = None
+    if args.framework in ("gradsync", "horovod"):
+        hvd = mod
+        sync_step = setup_horovod_api(mod, torch, model, args.lr)
+    elif args.framework == "ddp":
+        sync_step = setup_ddp(torch, comm, model, args.lr)
+    else:
+        hvd = mod
+        sync_step = setup_gradsync_ddp(torch, model, args.lr)
+
+    def check_both():
+        check_baseline()
+        check_gradients(torch, model, average_value, args.framework + " average")
+
+    busy = run_steps(comm, {"sync": sync_step, "busy": baseline_step}, args.warmup, args.iters,
+                     check_both)
+    shutdown(args.framework, hvd)
+
+    # 3. The clean baseline again, after shutdown, so that the baseline brackets the framework's
+    #    steps in time and a slow drift of the machine's speed cancels out of the difference.
+    #    Its one untimed iteration absorbs the shutdown; the model is warm already.
+    clean_after = run_steps(comm, {"base": baseline_step}, 1, args.iters - half, None)
+
+    # The slowest rank's time of every step, gathered after timing.
+    times = {"base": clean["base"] + clean_after["base"], "sync": busy["sync"],
+             "busy": busy["busy"]}
+    per_rank = comm.gather(times, root=0)
+    record = None
+    if rank == 0:
+        slowest = {k: [max(r[k][i] for r in per_rank) for i in range(len(v))]
+                   for k, v in times.items()}
+        step, base, idle = (summary_ms(slowest[k]) for k in ("sync", "base", "busy"))
+        record = {
+            "benchmark": "pytorch_sync", "framework": args.framework,
+            "framework_version": framework_version(args.framework), "torch": torch.__version__,
+            "set": set_name, "tensors": len(tensors), "mb": round(numel * 4 / 1e6, 1),
+            "ranks": size, "threads": args.threads, "warmup": args.warmup, "iters": args.iters,
+            "step_ms": step["median"], "step_ms_p90": step["p90"],
+            "base_ms": base["median"], "base_ms_p90": base["p90"],
+            "busy_base_ms": idle["median"], "busy_base_ms_p90": idle["p90"],
+            "sync_ms": round(step["median"] - base["median"], 3),
+            "sync_ms_p90": round(step["p90"] - base["median"], 3),
+            "tag": args.tag,
+        }
+        log("step %.1f ms, baseline %.1f ms (%.1f ms beside the framework), sync %.1f ms "
+            "(medians)" % (step["median"], base["median"], idle["median"], record["sync_ms"]))
+    if record is not None:
+        print(json.dumps(record), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
