@@ -9,6 +9,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "ops/scale_element.h"
 #include "runtime/half.h"
 
 // The build targets baseline x86-64 (SSE2), where the 16-bit conversions run about 2.4x slower
@@ -56,37 +57,10 @@ void ZipBlocks(const T* in, T* inout, int64_t n, Fn fn) {
   std::abort();
 }
 
-// Saturates instead of converting an out-of-range double, which C++ leaves undefined; NaN (only
-// possible from a NaN or infinite factor) becomes 0. Selects rather than branches keep the loop
-// vectorizable.
-template <typename T>
-T TruncateToInteger(double v) {
-  constexpr double kMin = static_cast<double>(std::numeric_limits<T>::min());
-  constexpr double kMax = static_cast<double>(std::numeric_limits<T>::max());
-  v = v != v ? 0.0 : v;
-  v = v < kMin ? kMin : v;
-  if constexpr (std::numeric_limits<T>::digits < std::numeric_limits<double>::digits) {
-    v = v > kMax ? kMax : v;
-    return static_cast<T>(v);
-  } else {
-    // kMax rounded up to 2^63, one past the largest int64.
-    return v >= kMax ? std::numeric_limits<T>::max() : static_cast<T>(v);
-  }
-}
-
-// A factor like 1/49 is inexact in binary, so 49 * (1/49) lands just below 1. A product within
-// rounding error of an integer is taken as that integer before truncating, so an average of
-// integers is exact whenever the true quotient is whole.
-inline double SnapToInteger(double v) {
-  const double nearest = std::nearbyint(v);
-  return std::abs(v - nearest) <= 1e-12 * std::max(1.0, std::abs(v)) ? nearest : v;
-}
-
 template <typename T>
 void ScaleIntegers(const void* src, void* dst, int64_t n, double factor) {
-  MapBlocks(static_cast<const T*>(src), static_cast<T*>(dst), n, [factor](T x) {
-    return TruncateToInteger<T>(SnapToInteger(static_cast<double>(x) * factor));
-  });
+  MapBlocks(static_cast<const T*>(src), static_cast<T*>(dst), n,
+            [factor](T x) { return ScaleElement<T>(x, factor); });
 }
 
 template <typename T>

@@ -7,22 +7,24 @@
 // the default floating-point environment (round to nearest); flush-to-zero modes do not change
 // their results.
 //
-// Thread safety: pure functions.
+// Thread safety: pure functions. Host code and CUDA kernels share them (GRADSYNC_HOST_DEVICE).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
+#include "runtime/host_device.h"
+
 namespace gradsync {
 namespace half_internal {
 
-inline uint32_t FloatBits(float f) {
+GRADSYNC_HOST_DEVICE inline uint32_t FloatBits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
   return u;
 }
 
-inline float BitsFloat(uint32_t u) {
+GRADSYNC_HOST_DEVICE inline float BitsFloat(uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof(f));
   return f;
@@ -30,7 +32,7 @@ inline float BitsFloat(uint32_t u) {
 
 }  // namespace half_internal
 
-inline float HalfToFloat(uint16_t h) {
+GRADSYNC_HOST_DEVICE inline float HalfToFloat(uint16_t h) {
   using half_internal::BitsFloat;
   using half_internal::FloatBits;
   const uint32_t w = static_cast<uint32_t>(h) << 16;
@@ -48,7 +50,7 @@ inline float HalfToFloat(uint16_t h) {
   return BitsFloat(sign | magnitude);
 }
 
-inline uint16_t FloatToHalf(float f) {
+GRADSYNC_HOST_DEVICE inline uint16_t FloatToHalf(float f) {
   using half_internal::BitsFloat;
   using half_internal::FloatBits;
   const uint32_t w = FloatBits(f);
@@ -68,11 +70,11 @@ inline uint16_t FloatToHalf(float f) {
   return static_cast<uint16_t>(result);
 }
 
-inline float BFloat16ToFloat(uint16_t b) {
+GRADSYNC_HOST_DEVICE inline float BFloat16ToFloat(uint16_t b) {
   return half_internal::BitsFloat(static_cast<uint32_t>(b) << 16);
 }
 
-inline uint16_t FloatToBFloat16(float f) {
+GRADSYNC_HOST_DEVICE inline uint16_t FloatToBFloat16(float f) {
   const uint32_t w = half_internal::FloatBits(f);
   const uint32_t rounded = (w + 0x7FFFu + ((w >> 16) & 1u)) >> 16;
   // Rounding a NaN could clear every mantissa bit it keeps or carry into the sign; its top half

@@ -1,0 +1,23 @@
+// The batched copy (ops/device/batched_copy.h) launched as one CUDA kernel on a stream. Free of
+// CUDA includes: the stream travels as an opaque pointer (a cudaStream_t), so host-only code can
+// include this header.
+//
+// Thread safety: any thread; the launch is ordered on `stream` like any other kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "gradsync/status.h"
+#include "gradsync/types.h"
+#include "ops/device/batched_copy.h"
+
+namespace gradsync {
+
+// Copies every segment as the plan `device_first_chunk` (PlanCopyChunks, num_segments + 1 values,
+// total_chunks the last) lays out. `device_segments` and `device_first_chunk` are in device memory
+// and must stay valid until the kernel has run; the segments' pointers are device pointers. A
+// launch error is returned with CUDA's message; errors while the kernel runs surface on the stream.
+Status LaunchBatchedCopy(const CopySegment* device_segments, const int64_t* device_first_chunk,
+                         int num_segments, int64_t total_chunks, DataType dtype, void* stream);
+
+}  // namespace gradsync
