@@ -1,0 +1,132 @@
+#include "runtime/host_stream.h"
+
+#include <string>
+#include <utility>
+
+namespace gradsync {
+namespace {
+
+// How often a stream waiting for another stream's event looks for an abort of its own.
+constexpr std::chrono::milliseconds kWaitSlice(2);
+
+}  // namespace
+
+bool HostEvent::Query() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+Status HostEvent::Wait(std::chrono::nanoseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [this] { return done_; })) {
+    return Status::Timeout("the stream's work before this event has not finished after " +
+                           std::to_string(std::chrono::duration<double>(timeout).count()) + " s");
+  }
+  return status_;
+}
+
+void HostEvent::Complete(const Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;
+    done_ = true;
+    status_ = status;
+  }
+  cv_.notify_all();
+}
+
+HostStream::HostStream() : thread_(&HostStream::Run, this) {}
+
+HostStream::~HostStream() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void HostStream::Enqueue(std::function<void()> work) { Push({std::move(work), nullptr, nullptr}); }
+
+std::shared_ptr<StreamEvent> HostStream::Record() {
+  auto event = std::make_shared<HostEvent>();
+  Push({nullptr, nullptr, event});
+  return event;
+}
+
+void HostStream::WaitFor(std::shared_ptr<StreamEvent> event) {
+  Push({nullptr, std::move(event), nullptr});
+}
+
+void HostStream::Push(Item item) {
+  Status refused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_ && !stopping_) {
+      items_.push_back(std::move(item));
+      cv_.notify_all();
+      return;
+    }
+    refused = aborted_ ? abort_status_ : Status::Shutdown("the stream was destroyed first");
+  }
+  // A failed stream runs nothing, and its events complete at once with the failure.
+  if (item.record) item.record->Complete(refused);
+}
+
+void HostStream::Abort(const Status& status) {
+  std::deque<Item> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    abort_status_ = status;
+    dropped.swap(items_);
+  }
+  cv_.notify_all();
+  for (Item& item : dropped) {
+    if (item.record) item.record->Complete(status);
+  }
+}
+
+void HostStream::AwaitEvent(StreamEvent* event) {
+  while (!event->Query()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_ || stopping_) return;
+    }
+    event->Wait(kWaitSlice);
+  }
+}
+
+void HostStream::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stopping_ || !items_.empty(); });
+    if (stopping_) break;
+    Item item = std::move(items_.front());
+    items_.pop_front();
+    lock.unlock();
+    if (item.wait_for) {
+      AwaitEvent(item.wait_for.get());
+    } else if (item.record) {
+      Status status;
+      {
+        std::lock_guard<std::mutex> state(mu_);
+        if (aborted_) status = abort_status_;
+      }
+      item.record->Complete(status);
+    } else if (item.work) {
+      item.work();
+    }
+    lock.lock();
+  }
+  // Work not started is dropped; whoever waits on its events learns that it never ran.
+  std::deque<Item> dropped;
+  dropped.swap(items_);
+  lock.unlock();
+  for (Item& item : dropped) {
+    if (item.record) item.record->Complete(Status::Shutdown("the stream was destroyed first"));
+  }
+}
+
+}  // namespace gradsync

@@ -1,0 +1,70 @@
+// Streams and events in host memory: each HostStream runs its work items in order on a thread of
+// its own, as a device runs a stream's kernels, so that code written against runtime/stream.h
+// runs and is tested without a GPU.
+//
+// Thread safety: as runtime/stream.h. Destroying a HostStream waits for the work it has started
+// and drops the rest; a wait for another stream's event is released by that event or by Abort().
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "runtime/stream.h"
+
+namespace gradsync {
+
+class HostEvent : public StreamEvent {
+ public:
+  bool Query() override;
+  Status Wait(std::chrono::nanoseconds timeout) override;
+
+  // Completes the event with `status` (the first completion wins).
+  void Complete(const Status& status);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+};
+
+class HostStream : public Stream {
+ public:
+  HostStream();
+  ~HostStream() override;
+  HostStream(const HostStream&) = delete;
+  HostStream& operator=(const HostStream&) = delete;
+
+  // Runs `work` after everything given to this stream before it, on the stream's thread.
+  void Enqueue(std::function<void()> work);
+
+  std::shared_ptr<StreamEvent> Record() override;
+  void WaitFor(std::shared_ptr<StreamEvent> event) override;
+  void Abort(const Status& status) override;
+
+ private:
+  struct Item {
+    std::function<void()> work;             // run, unless the stream is aborted
+    std::shared_ptr<StreamEvent> wait_for;  // or: wait for this event first
+    std::shared_ptr<HostEvent> record;      // or: complete this event
+  };
+
+  void Push(Item item);
+  void Run();
+  // Waits for `event` in slices, so that an abort or the destructor is seen.
+  void AwaitEvent(StreamEvent* event);
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> items_;
+  bool stopping_ = false;
+  bool aborted_ = false;
+  Status abort_status_;
+  std::thread thread_;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,47 @@
+// The narrow interface the device data plane is written against: streams that run their work in
+// order, and events that mark a point in a stream. The CUDA implementation wraps cudaStream_t and
+// cudaEvent_t; the host implementation (host_stream.h) runs each stream on a thread of its own,
+// so that the plane's ordering, completion, timeout and abort logic is tested without a GPU.
+//
+// Thread safety: a Stream may be used from several threads; work enqueued by one thread runs in
+// that thread's order. Events may be queried and waited on from any thread.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "gradsync/status.h"
+
+namespace gradsync {
+
+class StreamEvent {
+ public:
+  virtual ~StreamEvent() = default;
+
+  // True once everything the recording stream had been given before the event was recorded has
+  // run, or once that stream was aborted. Never blocks.
+  virtual bool Query() = 0;
+
+  // Blocks until Query() is true, for at most `timeout`: OK when the work ran, Timeout when it
+  // has not yet, and the abort's status when the stream was aborted first.
+  virtual Status Wait(std::chrono::nanoseconds timeout) = 0;
+};
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+
+  // An event that completes once everything given to this stream so far has run.
+  virtual std::shared_ptr<StreamEvent> Record() = 0;
+
+  // Work given to this stream after this call starts only once `event` has completed. Returns at
+  // once: the stream waits, not the caller.
+  virtual void WaitFor(std::shared_ptr<StreamEvent> event) = 0;
+
+  // Fails the stream: work not yet started is dropped, later work is never run, and every event
+  // of this stream, recorded or to be recorded, completes with `status`. For an operation that
+  // does not finish in time; the stream cannot be used again.
+  virtual void Abort(const Status& status) = 0;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,104 @@
+// Host streams and events: the ordering, stream-ordered completion, timeout and abort that the
+// device data plane relies on, without a GPU.
+#include "runtime/host_stream.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <memory>
+#include <vector>
+
+namespace gradsync {
+namespace {
+
+constexpr std::chrono::seconds kLong(30);  // only reached when the code under test is broken
+constexpr std::chrono::milliseconds kShort(20);
+
+TEST(HostStreamTest, RunsWorkInTheOrderGiven) {
+  HostStream stream;
+  std::vector<int> seen;
+  for (int i = 0; i < 100; ++i) stream.Enqueue([&seen, i] { seen.push_back(i); });
+  ASSERT_TRUE(stream.Record()->Wait(kLong).ok());
+  ASSERT_EQ(100u, seen.size());
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(i, seen[i]);
+}
+
+// A consumer stream reads a tensor only after its producer finished writing it, and neither the
+// wait nor the enqueue holds up the caller: everything below is enqueued while the producer is
+// still blocked.
+TEST(HostStreamTest, ConsumerWaitsOnTheProducersEventNotTheCaller) {
+  HostStream producer, consumer;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  int tensor = 0;
+  int read = -1;
+  producer.Enqueue([&] {
+    released.wait();
+    tensor = 42;
+  });
+  consumer.WaitFor(producer.Record());
+  consumer.Enqueue([&] { read = tensor; });
+  std::shared_ptr<StreamEvent> done = consumer.Record();
+  EXPECT_FALSE(done->Query());
+  EXPECT_EQ(StatusCode::kTimeout, done->Wait(kShort).code());
+  release.set_value();
+  ASSERT_TRUE(done->Wait(kLong).ok());
+  EXPECT_EQ(42, read);
+}
+
+// Stream-ordered completion: the framework's stream waits on the reduction's event, so its next
+// work sees the result without the host waiting on anything.
+TEST(HostStreamTest, FrameworkStreamOrderedAfterTheReduction) {
+  HostStream communication, framework;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  int gradient = 1;
+  int used = 0;
+  communication.Enqueue([&] {
+    released.wait();
+    gradient = 7;  // the reduced value
+  });
+  framework.WaitFor(communication.Record());
+  framework.Enqueue([&] { used = gradient; });
+  std::shared_ptr<StreamEvent> step = framework.Record();
+  release.set_value();
+  ASSERT_TRUE(step->Wait(kLong).ok());
+  EXPECT_EQ(7, used);
+}
+
+// An operation stuck behind a producer that never finishes: the wait times out, and aborting the
+// stream fails the operation's event and every later one, running none of the dropped work.
+TEST(HostStreamTest, AbortFailsWhatIsStuckAndEverythingAfter) {
+  HostEvent never;
+  HostStream communication;
+  bool ran = false;
+  communication.WaitFor(std::shared_ptr<StreamEvent>(&never, [](StreamEvent*) {}));
+  communication.Enqueue([&] { ran = true; });
+  std::shared_ptr<StreamEvent> stuck = communication.Record();
+  EXPECT_EQ(StatusCode::kTimeout, stuck->Wait(kShort).code());
+
+  communication.Abort(Status::Timeout("allreduce of 'w' did not finish within 1 s"));
+  const Status failed = stuck->Wait(kLong);
+  EXPECT_EQ(StatusCode::kTimeout, failed.code());
+  EXPECT_NE(std::string::npos, failed.ToString().find("allreduce of 'w'")) << failed.ToString();
+  communication.Enqueue([&] { ran = true; });
+  const Status later = communication.Record()->Wait(kLong);
+  EXPECT_EQ(failed.ToString(), later.ToString());
+  EXPECT_FALSE(ran);
+  never.Complete(Status::OK());  // released only now: the stream must not run the dropped work
+  EXPECT_FALSE(ran);
+}
+
+TEST(HostStreamTest, DestroyingAStreamCompletesItsPendingEvents) {
+  HostEvent never;
+  std::shared_ptr<StreamEvent> pending;
+  {
+    HostStream stream;
+    stream.WaitFor(std::shared_ptr<StreamEvent>(&never, [](StreamEvent*) {}));
+    pending = stream.Record();
+  }
+  EXPECT_EQ(StatusCode::kShutdown, pending->Wait(kLong).code());
+}
+
+}  // namespace
+}  // namespace gradsync
