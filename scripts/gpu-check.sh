@@ -94,7 +94,7 @@ run() {
     -DCMAKE_PREFIX_PATH="$work/root/usr;$work/root/usr/lib/x86_64-linux-gnu/cmake" \
     -DGRADSYNC_BUILD_PYTHON=OFF -DGRADSYNC_BUILD_BENCHMARKS=OFF -DGRADSYNC_BUILD_EXAMPLES=OFF \
     2>&1 | tee "$out/build.log"
-  cmake --build "$work/build" -j "$(nproc)" --target batched_copy_gpu_test 2>&1 |
+  cmake --build "$work/build" -j "$(nproc)" --target gpu_tests 2>&1 |
     tee -a "$out/build.log" | tail -5
   local status=0
   ctest --test-dir "$work/build" -L gpu --output-on-failure --timeout 300 2>&1 |

@@ -35,8 +35,8 @@ Status LaunchBatchedCopy(const CopySegment* device_segments, const int64_t* devi
   if (!known) return Status::InvalidArgument("a batched copy of an unknown data type");
   const cudaError_t launched = cudaGetLastError();
   if (launched != cudaSuccess) {
-    return Status::Internal(std::string("batched copy kernel launch failed: ") +
-                            cudaGetErrorString(launched));
+    return Status(StatusCode::kCudaError, std::string("batched copy kernel launch failed: ") +
+                                              cudaGetErrorString(launched));
   }
   return Status::OK();
 }

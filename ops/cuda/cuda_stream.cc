@@ -1,0 +1,122 @@
+#include "ops/cuda/cuda_stream.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <thread>
+
+namespace gradsync {
+namespace {
+
+Status CudaFailure(const char* call, int device, cudaError_t error) {
+  return Status(StatusCode::kCudaError, std::string(call) + " on cuda:" + std::to_string(device) +
+                                            " failed: " + cudaGetErrorName(error) + " (" +
+                                            cudaGetErrorString(error) + ")");
+}
+
+// An event that failed before it was recorded: it reports `status` and owns no CUDA event.
+class FailedEvent : public StreamEvent {
+ public:
+  explicit FailedEvent(Status status) : status_(std::move(status)) {}
+  bool Query() override { return true; }
+  Status Wait(std::chrono::nanoseconds) override { return status_; }
+
+ private:
+  Status status_;
+};
+
+Status FailureOf(CudaStreamFailure* failure) {
+  std::lock_guard<std::mutex> lock(failure->mu);
+  return failure->failed ? failure->status : Status::OK();
+}
+
+void Fail(CudaStreamFailure* failure, const Status& status) {
+  std::lock_guard<std::mutex> lock(failure->mu);
+  if (failure->failed) return;
+  failure->failed = true;
+  failure->status = status;
+}
+
+}  // namespace
+
+CudaEvent::CudaEvent(void* event, int device, std::shared_ptr<CudaStreamFailure> failure)
+    : event_(event), device_(device), failure_(std::move(failure)) {}
+
+CudaEvent::~CudaEvent() { cudaEventDestroy(static_cast<cudaEvent_t>(event_)); }
+
+Status CudaEvent::Poll() {
+  GRADSYNC_RETURN_IF_ERROR(FailureOf(failure_.get()));
+  const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+  if (state == cudaSuccess) return Status::OK();
+  if (state == cudaErrorNotReady) return Status::Timeout("not yet");
+  return CudaFailure("cudaEventQuery", device_, state);
+}
+
+bool CudaEvent::Query() { return Poll().code() != StatusCode::kTimeout; }
+
+Status CudaEvent::Wait(std::chrono::nanoseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::microseconds(20);
+  for (;;) {
+    Status status = Poll();
+    if (status.code() != StatusCode::kTimeout) return status;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status::Timeout("the stream's work before this event has not finished on cuda:" +
+                             std::to_string(device_) + " after " +
+                             std::to_string(std::chrono::duration<double>(timeout).count()) + " s");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
+Status CudaStream::Create(int device, std::unique_ptr<CudaStream>* stream) {
+  cudaError_t error = cudaSetDevice(device);
+  if (error != cudaSuccess) return CudaFailure("cudaSetDevice", device, error);
+  int least = 0;
+  int greatest = 0;  // numerically lowest: the highest priority
+  error = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+  if (error != cudaSuccess) return CudaFailure("cudaDeviceGetStreamPriorityRange", device, error);
+  cudaStream_t raw = nullptr;
+  error = cudaStreamCreateWithPriority(&raw, cudaStreamNonBlocking, greatest);
+  if (error != cudaSuccess) return CudaFailure("cudaStreamCreateWithPriority", device, error);
+  stream->reset(new CudaStream(raw, device));
+  return Status::OK();
+}
+
+CudaStream::CudaStream(void* stream, int device) : stream_(stream), device_(device) {}
+
+CudaStream::~CudaStream() { cudaStreamDestroy(static_cast<cudaStream_t>(stream_)); }
+
+std::shared_ptr<StreamEvent> CudaStream::Record() {
+  Status failed = FailureOf(failure_.get());
+  if (!failed.ok()) return std::make_shared<FailedEvent>(failed);
+  cudaEvent_t event = nullptr;
+  cudaError_t error = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (error != cudaSuccess) {
+    return std::make_shared<FailedEvent>(CudaFailure("cudaEventCreateWithFlags", device_, error));
+  }
+  auto recorded = std::make_shared<CudaEvent>(event, device_, failure_);
+  error = cudaEventRecord(event, static_cast<cudaStream_t>(stream_));
+  if (error != cudaSuccess) {
+    return std::make_shared<FailedEvent>(CudaFailure("cudaEventRecord", device_, error));
+  }
+  return recorded;
+}
+
+void CudaStream::WaitFor(std::shared_ptr<StreamEvent> event) {
+  auto* cuda_event = dynamic_cast<CudaEvent*>(event.get());
+  if (cuda_event == nullptr) {
+    Fail(failure_.get(), Status::InvalidArgument("a CUDA stream can wait only for CUDA events"));
+    return;
+  }
+  const cudaError_t error = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_),
+                                                static_cast<cudaEvent_t>(cuda_event->native()), 0);
+  if (error != cudaSuccess)
+    Fail(failure_.get(), CudaFailure("cudaStreamWaitEvent", device_, error));
+}
+
+void CudaStream::Abort(const Status& status) { Fail(failure_.get(), status); }
+
+}  // namespace gradsync

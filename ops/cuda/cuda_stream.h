@@ -1,0 +1,74 @@
+// runtime/stream.h over CUDA: a non-blocking, highest-priority stream of one device, and events
+// recorded on it. Free of CUDA includes (native handles travel as void*), so host-only code can
+// include it.
+//
+// Abort cannot take back work already launched on a device. It marks the stream failed: every
+// event of the stream then reports the abort's status, and later records fail at once. Whoever
+// aborts must also release what the stuck work waits for (an NCCL communicator is aborted with
+// ncclCommAbort) before the stream's resources are freed.
+//
+// Thread safety: as runtime/stream.h. Every CUDA call's result is checked where it is made; a
+// failure becomes a CudaError status naming the call, the device and CUDA's message.
+#pragma once
+
+#include <memory>
+#include <mutex>
+
+#include "runtime/stream.h"
+
+namespace gradsync {
+
+// The abort state one stream shares with its events.
+struct CudaStreamFailure {
+  std::mutex mu;
+  bool failed = false;
+  Status status;
+};
+
+class CudaEvent : public StreamEvent {
+ public:
+  CudaEvent(void* event, int device, std::shared_ptr<CudaStreamFailure> failure);
+  ~CudaEvent() override;
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+
+  bool Query() override;
+  // Polls the event, sleeping between looks, so the waiting thread does not spin a core.
+  Status Wait(std::chrono::nanoseconds timeout) override;
+
+  void* native() const { return event_; }  // a cudaEvent_t
+
+ private:
+  // OK once the event has completed, Timeout while it has not, or the failure.
+  Status Poll();
+
+  void* event_;
+  int device_;
+  std::shared_ptr<CudaStreamFailure> failure_;
+};
+
+class CudaStream : public Stream {
+ public:
+  // A stream on `device` (cudaStreamNonBlocking, the device's highest priority).
+  static Status Create(int device, std::unique_ptr<CudaStream>* stream);
+  ~CudaStream() override;
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+
+  std::shared_ptr<StreamEvent> Record() override;
+  // `event` must be a CudaEvent; any other kind fails the stream with InvalidArgument.
+  void WaitFor(std::shared_ptr<StreamEvent> event) override;
+  void Abort(const Status& status) override;
+
+  void* native() const { return stream_; }  // a cudaStream_t
+  int device() const { return device_; }
+
+ private:
+  CudaStream(void* stream, int device);
+
+  void* stream_;
+  int device_;
+  std::shared_ptr<CudaStreamFailure> failure_ = std::make_shared<CudaStreamFailure>();
+};
+
+}  // namespace gradsync

@@ -1,0 +1,101 @@
+// CudaStream and CudaEvent on a device: a consumer stream runs after a slow producer kernel
+// without the host waiting, the framework's stream is ordered after the reduction's event, a wait
+// on work stuck behind a producer times out, and an abort fails the stuck event and later ones.
+// Exits 77 (skipped) without a CUDA device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "ops/cuda/cuda_stream.h"
+
+namespace gradsync {
+namespace {
+
+constexpr std::chrono::seconds kLong(30);
+constexpr std::chrono::milliseconds kShort(50);
+
+// Spins until the host sets *release (in mapped host memory), then writes `value`.
+__global__ void SlowProducer(volatile int* release, int* out, int value) {
+  while (*release == 0) {
+  }
+  *out = value;
+}
+
+__global__ void CopyOne(const int* in, int* out) { *out = *in; }
+
+struct Memory {
+  int* release = nullptr;         // mapped host memory the kernel polls
+  int* release_device = nullptr;  // its device alias
+  int* a = nullptr;
+  int* b = nullptr;
+  Memory() {
+    EXPECT_EQ(cudaSuccess, cudaHostAlloc(&release, sizeof(int), cudaHostAllocMapped));
+    *release = 0;
+    EXPECT_EQ(cudaSuccess, cudaHostGetDevicePointer(&release_device, release, 0));
+    EXPECT_EQ(cudaSuccess, cudaMalloc(&a, sizeof(int)));
+    EXPECT_EQ(cudaSuccess, cudaMalloc(&b, sizeof(int)));
+    EXPECT_EQ(cudaSuccess, cudaMemset(a, 0, sizeof(int)));
+    EXPECT_EQ(cudaSuccess, cudaMemset(b, 0, sizeof(int)));
+  }
+  ~Memory() {
+    cudaDeviceSynchronize();
+    cudaFree(a);
+    cudaFree(b);
+    cudaFreeHost(release);
+  }
+  int Read(const int* p) {
+    int v = -1;
+    EXPECT_EQ(cudaSuccess, cudaMemcpy(&v, p, sizeof(int), cudaMemcpyDeviceToHost));
+    return v;
+  }
+};
+
+cudaStream_t Native(const CudaStream& s) { return static_cast<cudaStream_t>(s.native()); }
+
+TEST(CudaStreamTest, ConsumerRunsAfterTheProducerWithoutTheHostWaiting) {
+  std::unique_ptr<CudaStream> producer, consumer;
+  ASSERT_TRUE(CudaStream::Create(0, &producer).ok());
+  ASSERT_TRUE(CudaStream::Create(0, &consumer).ok());
+  Memory m;
+  SlowProducer<<<1, 1, 0, Native(*producer)>>>(m.release_device, m.a, 42);
+  consumer->WaitFor(producer->Record());
+  CopyOne<<<1, 1, 0, Native(*consumer)>>>(m.a, m.b);
+  std::shared_ptr<StreamEvent> done = consumer->Record();
+  // Everything above returned while the producer still spins.
+  EXPECT_FALSE(done->Query());
+  EXPECT_EQ(StatusCode::kTimeout, done->Wait(kShort).code());
+  *reinterpret_cast<volatile int*>(m.release) = 1;
+  ASSERT_TRUE(done->Wait(kLong).ok());
+  EXPECT_EQ(42, m.Read(m.b));
+}
+
+TEST(CudaStreamTest, AbortFailsTheStuckEventAndLaterRecords) {
+  std::unique_ptr<CudaStream> producer, communication;
+  ASSERT_TRUE(CudaStream::Create(0, &producer).ok());
+  ASSERT_TRUE(CudaStream::Create(0, &communication).ok());
+  Memory m;
+  SlowProducer<<<1, 1, 0, Native(*producer)>>>(m.release_device, m.a, 7);
+  communication->WaitFor(producer->Record());
+  std::shared_ptr<StreamEvent> stuck = communication->Record();
+  EXPECT_EQ(StatusCode::kTimeout, stuck->Wait(kShort).code());
+  communication->Abort(Status::Timeout("allreduce of 'w' did not finish within 1 s"));
+  EXPECT_EQ(StatusCode::kTimeout, stuck->Wait(kLong).code());
+  EXPECT_NE(std::string::npos, stuck->Wait(kLong).ToString().find("allreduce of 'w'"));
+  EXPECT_EQ(StatusCode::kTimeout, communication->Record()->Wait(kLong).code());
+  *reinterpret_cast<volatile int*>(m.release) = 1;  // let the kernel end before freeing
+}
+
+}  // namespace
+}  // namespace gradsync
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("no CUDA device: skipped\n");
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
