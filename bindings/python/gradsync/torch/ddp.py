@@ -3,9 +3,7 @@
 Thread safety: like PyTorch's DDP, one wrapper serves one training loop on one thread.
 """
 
-import collections
 import contextlib
-import itertools
 import warnings
 
 import torch
@@ -17,15 +15,12 @@ from gradsync.torch.compression import Compression
 from gradsync.torch.functions import broadcast_parameters
 from gradsync.torch.grad_hooks import queue_end_of_backward, register_grad_ready_hook
 from gradsync.torch.handles import synchronize
-from gradsync.torch.process_sets import _id_of, global_process_set
+from gradsync.torch.process_sets import _collective_prefix, global_process_set
 from gradsync.torch.wire import Average, Sum
 
 # PyTorch DDP starts with a small bucket so that the first allreduce leaves early in backward.
 _FIRST_BUCKET_BYTES = 1024 * 1024
 
-# Wrappers are numbered per process set in construction order, which the set's members share, to
-# keep their collectives' names apart.
-_wrapper_ids = collections.defaultdict(itertools.count)
 
 
 class _Bucket:
@@ -110,8 +105,7 @@ class DistributedDataParallel(torch.nn.Module):
         self.process_set = process_set
         self.compression = compression
         self.require_backward_grad_sync = True
-        set_id = _id_of(process_set)
-        self._prefix = "ddp%d.%d" % (set_id, next(_wrapper_ids[set_id]))
+        self._prefix = _collective_prefix("ddp", process_set)
 
         # Parameters shared between submodules appear once in parameters().
         self._params = [p for p in module.parameters() if p.requires_grad]

@@ -5,6 +5,9 @@ run time with ``add_process_set``; inside a set, ranks are numbered 0..size-1 in
 rank.
 """
 
+import collections
+import itertools
+
 from gradsync import _core
 
 
@@ -64,6 +67,20 @@ def _after_init(requested):
     for set_id, process_set in zip(_core.process_set_ids()[1:], requested):
         if isinstance(process_set, ProcessSet):
             process_set.process_set_id = set_id
+
+
+# (kind, process set id) -> the numbers objects of that kind on that set take.
+_ordinals = collections.defaultdict(itertools.count)
+
+
+def _collective_prefix(kind, process_set):
+    """Names the n-th object of ``kind`` that communicates on a set: ``<kind><set id>.<n>``.
+
+    The set's ranks create (or first use) such objects in the same order, so the prefixes agree
+    across ranks, and they stay the same step after step, where the response cache serves them.
+    """
+    set_id = _id_of(process_set)
+    return "%s%d.%d" % (kind, set_id, next(_ordinals[(kind, set_id)]))
 
 
 def _id_of(process_set):

@@ -7,20 +7,14 @@ included. A training forward costs one allreduce and its backward one more; eval
 batch normalization and does not communicate.
 """
 
-import itertools
-
 import torch
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from gradsync.torch.allreduce import allreduce_
-from gradsync.torch.process_sets import _id_of, global_process_set
+from gradsync.torch.process_sets import _collective_prefix, global_process_set
 from gradsync.torch.wire import Sum
 
-# Process set id -> the numbers its layers take. A layer takes its number the first time it
-# communicates, which every rank does in the same order (it is the order of their collectives),
-# so the names agree across ranks and recur every step, where the response cache serves them.
-_layer_numbers = {}
 
 
 def _reduced_dims(x):
@@ -108,10 +102,9 @@ class SyncBatchNorm(_BatchNorm):
             raise ValueError("expected at least 2D input (got {}D input)".format(input.dim()))
 
     def _name(self):
+        # Taken the first time the layer communicates, which every rank does in the same order.
         if self._collective_name is None:
-            set_id = _id_of(self.process_set)
-            number = next(_layer_numbers.setdefault(set_id, itertools.count()))
-            self._collective_name = "sync_batch_norm.%d.%d" % (set_id, number)
+            self._collective_name = _collective_prefix("sync_batch_norm.", self.process_set)
         return self._collective_name
 
     def _global_stats(self, x):
