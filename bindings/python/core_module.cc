@@ -130,6 +130,15 @@ ProcessSet SetById(int id) {
                                       " does not exist (it was never added or was removed)"));
 }
 
+// The reduction fields that allreduce, grouped allreduce and reducescatter options share.
+template <typename Options>
+void SetReduction(Options* o, int op, double prescale, double postscale, int process_set) {
+  o->op = static_cast<ReduceOp>(op);
+  o->prescale = prescale;
+  o->postscale = postscale;
+  o->process_set = SetById(process_set);
+}
+
 void Wait(const PyHandle& h) {
   try {
     py::gil_scoped_release release;
@@ -229,10 +238,7 @@ void BindCollectives(py::module_& m) {
     return Enqueue([&] {
       AllreduceOptions o;
       o.name = std::move(name);
-      o.op = static_cast<ReduceOp>(op);
-      o.prescale = prescale;
-      o.postscale = postscale;
-      o.process_set = SetById(process_set);
+      SetReduction(&o, op, prescale, postscale, process_set);
       const TensorView input = View(in, dtype, shape, device_kind, device_index);
       const TensorView output = View(out, dtype, std::move(shape), device_kind, device_index);
       return PyHandle{allreduce(input, output, o), nullptr};
@@ -245,10 +251,7 @@ void BindCollectives(py::module_& m) {
     return Enqueue([&] {
       GroupedAllreduceOptions o;
       o.names = std::move(names);
-      o.op = static_cast<ReduceOp>(op);
-      o.prescale = prescale;
-      o.postscale = postscale;
-      o.process_set = SetById(process_set);
+      SetReduction(&o, op, prescale, postscale, process_set);
       std::vector<PyHandle> out;
       for (Handle& h :
            grouped_allreduce(Views(data, dtypes, std::move(shapes), device_kind, device_index), o))
@@ -313,10 +316,7 @@ void BindCollectives(py::module_& m) {
     return Enqueue([&] {
       GroupedReducescatterOptions o;
       o.names = std::move(names);
-      o.op = static_cast<ReduceOp>(op);
-      o.prescale = prescale;
-      o.postscale = postscale;
-      o.process_set = SetById(process_set);
+      SetReduction(&o, op, prescale, postscale, process_set);
       GroupOutputs outputs(data.size());
       return outputs.Wrap(
           grouped_reducescatter(Views(data, dtypes, std::move(shapes), device_kind, device_index),
