@@ -23,7 +23,10 @@ BackgroundLoop::BackgroundLoop(const Config& config, const MpiContext& mpi, Tens
       mpi_(mpi),
       queue_(queue),
       timeline_(timeline),
-      sets_(mpi, config, timeline, registry) {}
+      sets_(mpi, config, timeline, registry),
+      finalizer_([this](const std::vector<TensorEntry*>& entries, const Status& status) {
+        Complete(entries, status);
+      }) {}
 
 BackgroundLoop::~BackgroundLoop() {
   if (thread_.joinable()) Shutdown();
@@ -192,22 +195,35 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
       if (entries[i] != nullptr) {
         members_.push_back(entries[i]);
       } else if (responses[i]->type == ResponseType::kAllreduce) {
-        members_.push_back(StandIn(*responses[i]));
+        TensorEntry* stand_in = nullptr;
+        GRADSYNC_RETURN_IF_ERROR(StandIn(set, *responses[i], &stand_in));
+        members_.push_back(stand_in);
       }
     }
     if (members_.empty()) continue;  // a joined rank's barrier: nothing to do
     local_failures_.clear();
-    const Status executed = ExecuteBucket(set, *responses[bucket.responses.front()], members_);
+    DataPlane* plane = nullptr;
+    const Status executed =
+        ExecuteBucket(set, *responses[bucket.responses.front()], members_, &plane);
     if (!local_failures_.empty()) CompleteLocalFailures();
-    Complete(members_, executed);
+    std::shared_ptr<StreamEvent> launched;
+    if (executed.ok() && plane != nullptr) launched = plane->TakeCompletion();
+    if (launched != nullptr) {
+      finalizer_.Add(plane, set->id(), members_, std::move(launched));
+    } else {
+      Complete(members_, executed);
+    }
   }
   return fatal;
 }
 
 Status BackgroundLoop::ExecuteBucket(ProcessSetRuntime* set, const Response& first,
-                                     const std::vector<TensorEntry*>& members) {
+                                     const std::vector<TensorEntry*>& members,
+                                     DataPlane** plane_used) {
   TensorEntry* first_entry = members.front();
-  DataPlane* plane = set->PlaneFor(first.device);
+  DataPlane* plane = nullptr;
+  GRADSYNC_RETURN_IF_ERROR(set->PlaneFor(first.device, &plane));
+  *plane_used = plane;
   const bool needs_plane =
       first.type == ResponseType::kAllreduce || first.type == ResponseType::kAllgather ||
       first.type == ResponseType::kBroadcast || first.type == ResponseType::kReducescatter ||
@@ -224,9 +240,9 @@ Status BackgroundLoop::ExecuteBucket(ProcessSetRuntime* set, const Response& fir
     case ResponseType::kBroadcast:
       return plane->Broadcast(first_entry, first.root);
     case ResponseType::kReducescatter:
-      return plane->Reducescatter(
-          members, {first.dtype, first.reduce_op, first.prescale, first.postscale},
-          &local_failures_);
+      return plane->Reducescatter(members,
+                                  {first.dtype, first.reduce_op, first.prescale, first.postscale},
+                                  &local_failures_);
     case ResponseType::kAlltoall:
       return plane->Alltoall(first_entry);
     case ResponseType::kBarrier:
@@ -235,7 +251,10 @@ Status BackgroundLoop::ExecuteBucket(ProcessSetRuntime* set, const Response& fir
     case ResponseType::kJoin:
       first_entry->state->result = first.root;
       // Every rank is back: the stand-ins (as large as the gradients) are not needed any more.
-      // The join runs alone, after every bucket that used them has completed.
+      // The join runs alone, after every bucket that used them has completed (device buckets
+      // once the finalizer has them done).
+      finalizer_.Drain();
+      set->ReleaseStandIns();
       stand_ins_.clear();
       stand_ins_used_ = 0;
       return Status::OK();
@@ -264,6 +283,7 @@ Status BackgroundLoop::ExecuteRemoveProcessSet(TensorEntry* entry) {
   GRADSYNC_RETURN_IF_ERROR(
       CheckSameOnEveryRank(mpi_.data_comm(), entry->splits, "remove_process_set"));
   const auto id = static_cast<int32_t>(entry->splits.at(0));
+  finalizer_.Drain();  // the set's device work, before its plane goes
   std::vector<TensorEntry*> orphaned;
   GRADSYNC_RETURN_IF_ERROR(sets_.Remove(id, &orphaned));
   if (!orphaned.empty()) {
@@ -273,7 +293,8 @@ Status BackgroundLoop::ExecuteRemoveProcessSet(TensorEntry* entry) {
   return Status::OK();
 }
 
-TensorEntry* BackgroundLoop::StandIn(const Response& response) {
+Status BackgroundLoop::StandIn(ProcessSetRuntime* set, const Response& response,
+                               TensorEntry** stand_in_entry) {
   if (stand_ins_used_ == stand_ins_.size()) stand_ins_.push_back(std::make_unique<StandInEntry>());
   StandInEntry& stand_in = *stand_ins_[stand_ins_used_++];
   TensorEntry& entry = stand_in.entry;
@@ -291,12 +312,17 @@ TensorEntry* BackgroundLoop::StandIn(const Response& response) {
   entry.reduce_op = response.reduce_op;
   entry.prescale = response.prescale;
   entry.postscale = response.postscale;
-  return &entry;
+  *stand_in_entry = &entry;
+  if (response.device.kind == DeviceKind::kCpu) return Status::OK();
+  DataPlane* plane = nullptr;
+  GRADSYNC_RETURN_IF_ERROR(set->PlaneFor(response.device, &plane));
+  return plane->AdoptStandIn(&entry);
 }
 
 void BackgroundLoop::Complete(const std::vector<TensorEntry*>& members, const Status& status) {
   // Names are released first so a caller woken by its handle may reuse the name at once; the
   // entries (and their states) go back to the pool only once completed.
+  std::lock_guard<std::mutex> lock(completion_mu_);
   releasing_.clear();
   for (TensorEntry* entry : members) {
     if (entry->state == nullptr) continue;  // a stand-in: not the queue's, no handle
@@ -320,6 +346,7 @@ void BackgroundLoop::CompleteLocalFailures() {
 
 void BackgroundLoop::CloseSet(int32_t id, const Status& reason,
                               const std::vector<TensorEntry*>& taken) {
+  finalizer_.Drain();
   std::vector<TensorEntry*> orphaned;
   for (TensorEntry* entry : taken) {
     if (entry != nullptr) orphaned.push_back(entry);
@@ -330,6 +357,7 @@ void BackgroundLoop::CloseSet(int32_t id, const Status& reason,
 
 void BackgroundLoop::FailEverything(const Status& reason) {
   queue_->Close(reason);
+  finalizer_.Drain();  // launched device work completes on its own (or by its timeout)
   TakeFreshEntries();
   Complete(queue_->InFlight(), reason);
 }

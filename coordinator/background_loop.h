@@ -5,18 +5,24 @@
 // cycle time between cycles (one small control allreduce per set per cycle) and wakes early when
 // work arrives.
 //
+// Buckets that a device plane launched are completed later by the finalizer's thread; everything
+// else completes on the loop's thread before the next bucket runs.
+//
 // Owns the process sets (their negotiators and data planes); uses the entries it drains until it
 // releases them to the queue, which owns them. The constructor, AddProcessSet, Start and Shutdown
-// are called by init()/shutdown() on one caller thread; everything else runs on the loop's thread.
+// are called by init()/shutdown() on one caller thread; everything else runs on the loop's thread,
+// but for Complete, which the finalizer calls too.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "coordinator/finalizer.h"
 #include "coordinator/fusion_planner.h"
 #include "coordinator/negotiator.h"
 #include "coordinator/process_sets.h"
@@ -64,15 +70,19 @@ class BackgroundLoop {
   // Runs the cycle's responses in order; a non-OK result is fatal to the set (a stall shutdown).
   Status Execute(ProcessSetRuntime* set, const CycleOutcome& outcome);
   // Runs one bucket: `response` is its first response, `members` this rank's entries for all.
-  // Entries that failed on this rank alone are left in local_failures_.
+  // Entries that failed on this rank alone are left in local_failures_. *plane is the data plane
+  // it ran on (null for those that need none).
   Status ExecuteBucket(ProcessSetRuntime* set, const Response& response,
-                       const std::vector<TensorEntry*>& members);
+                       const std::vector<TensorEntry*>& members, DataPlane** plane);
   Status ExecuteAddProcessSet(TensorEntry* entry);
   Status ExecuteRemoveProcessSet(TensorEntry* entry);
   // On a joined rank: an allreduce input of the response's shape holding the identity of its
-  // reduce op, so the rank takes part without changing the result. Valid until the next Execute.
-  TensorEntry* StandIn(const Response& response);
-  // Releases the names and entries, then completes their handles. Stand-ins are skipped.
+  // reduce op, so the rank takes part without changing the result. Valid until the next Execute;
+  // a device response's stand-in is moved to its device plane, which keeps it until the join.
+  // A failure is fatal to the set: this rank could not take part.
+  Status StandIn(ProcessSetRuntime* set, const Response& response, TensorEntry** stand_in);
+  // Releases the names and entries, then completes their handles. Stand-ins are skipped. Called
+  // by the loop's thread and the finalizer's, one at a time.
   void Complete(const std::vector<TensorEntry*>& members, const Status& status);
   // Completes each of the bucket's local failures with its own status and takes it out of
   // members_, so that the bucket's status goes to the others only.
@@ -94,15 +104,19 @@ class BackgroundLoop {
   TensorQueue* queue_;
   Timeline* timeline_;
   ProcessSets sets_;
-  std::vector<TensorEntry*> releasing_;  // Complete's scratch
-  std::vector<TensorEntry*> members_;    // Execute's scratch
+  std::mutex completion_mu_;                  // one Complete at a time
+  std::vector<TensorEntry*> releasing_;       // Complete's scratch, under completion_mu_
+  std::vector<TensorEntry*> members_;         // Execute's scratch
   std::vector<LocalFailure> local_failures_;  // ExecuteBucket's, for the bucket being run
   std::vector<std::unique_ptr<StandInEntry>> stand_ins_;
   size_t stand_ins_used_ = 0;
-  size_t held_ = 0;              // entries drained from the queue and not yet completed
+  // Entries drained from the queue and not yet completed.
+  std::atomic<size_t> held_{0};
   int unproductive_cycles_ = 0;  // consecutive cycles that executed nothing
   std::atomic<bool> shutdown_requested_{false};
   std::thread thread_;
+  // Last: destroyed first, completing what it still holds while the rest is intact.
+  Finalizer finalizer_;
 };
 
 }  // namespace gradsync

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "coordinator/mpi_control_channel.h"
+#include "ops/device/device_plane_factory.h"
 #include "ops/mpi/mpi_data_plane.h"
 #include "runtime/logging.h"
 
@@ -35,10 +36,37 @@ ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Com
       // The global set's ranks are their own labels; a subset's messages name global ranks.
       negotiator_(std::make_unique<Negotiator>(channel_.get(), config, nullptr, timeline,
                                                id_ == 0 ? std::vector<int>() : ranks_)),
-      host_plane_(std::make_unique<MpiDataPlane>(data, timeline, config.shm_threshold_bytes)) {}
+      host_plane_(std::make_unique<MpiDataPlane>(data, timeline, config.shm_threshold_bytes)),
+      data_comm_(data),
+      config_(config) {}
 
-DataPlane* ProcessSetRuntime::PlaneFor(const Device& device) {
-  return device.kind == DeviceKind::kCpu ? host_plane_.get() : nullptr;
+Status ProcessSetRuntime::PlaneFor(const Device& device, DataPlane** plane) {
+  if (device.kind == DeviceKind::kCpu) {
+    *plane = host_plane_.get();
+    return Status::OK();
+  }
+  for (DevicePlaneSlot& slot : device_planes_) {
+    if (slot.device != device) continue;
+    *plane = slot.plane.get();
+    return slot.failure;
+  }
+  DevicePlaneSlot slot{device, nullptr, Status::OK()};
+  slot.failure = MakeDevicePlane(config_, data_comm_, device, &slot.plane);
+  if (slot.failure.ok()) {
+    Log().info("process set {}: device plane for {} ready", id_, DeviceName(device));
+  } else {
+    Log().error("process set {}: no device plane for {}: {}", id_, DeviceName(device),
+                slot.failure.ToString());
+  }
+  *plane = slot.plane.get();
+  device_planes_.push_back(std::move(slot));
+  return device_planes_.back().failure;
+}
+
+void ProcessSetRuntime::ReleaseStandIns() {
+  for (DevicePlaneSlot& slot : device_planes_) {
+    if (slot.plane != nullptr) slot.plane->ReleaseStandIns();
+  }
 }
 
 ProcessSets::ProcessSets(const MpiContext& mpi, const Config& config, Timeline* timeline,

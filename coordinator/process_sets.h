@@ -43,8 +43,12 @@ class ProcessSetRuntime {
   int32_t id() const { return id_; }
   const std::vector<int>& ranks() const { return ranks_; }
   Negotiator& negotiator() { return *negotiator_; }
-  // The plane for tensors on `device`, or null when this build has none.
-  DataPlane* PlaneFor(const Device& device);
+  // The plane for tensors on `device`. A device's plane is created by its first operation (the
+  // same one on every member), which fails when this build or machine cannot serve the device;
+  // the failure is kept and returned for every later operation there.
+  Status PlaneFor(const Device& device, DataPlane** plane);
+  // The joined ranks' stand-ins every device plane holds are not needed any more.
+  void ReleaseStandIns();
   // Entries drained for this set since its last cycle.
   std::vector<TensorEntry*>& fresh() { return fresh_; }
 
@@ -55,6 +59,14 @@ class ProcessSetRuntime {
   std::unique_ptr<ControlChannel> channel_;
   std::unique_ptr<Negotiator> negotiator_;
   std::unique_ptr<DataPlane> host_plane_;
+  MPI_Comm data_comm_;
+  Config config_;
+  struct DevicePlaneSlot {
+    Device device;
+    std::unique_ptr<DataPlane> plane;  // null when creating it failed
+    Status failure;
+  };
+  std::vector<DevicePlaneSlot> device_planes_;
   std::vector<TensorEntry*> fresh_;
 };
 

@@ -1,14 +1,26 @@
-// DataPlane: the interface every backend (MPI for host memory; NCCL for device memory) implements,
-// one collective per file. The background thread calls it with entries whose negotiation has
-// finished, in the same order on every rank.
+// DataPlane: the interface every backend (MPI for host memory; NCCL or staged MPI for device
+// memory) implements, one collective per file. The background thread calls it with entries whose
+// negotiation has finished, in the same order on every rank.
 //
-// Called by the background thread only. A non-OK Status fails the entries of that call only.
+// Two kinds of plane fit it. A host plane runs each call's work inside the call: the returned
+// Status is the result and TakeCompletion() gives null. A device plane returns once the work is
+// queued on its communication stream: the Status says whether launching worked, and
+// TakeCompletion() gives the event that completes when the work has run. The background thread
+// hands that event, with the bucket's entries, to the finalizer (coordinator/finalizer.h), which
+// completes them later, and goes straight on. The host path pays one virtual call per bucket.
+//
+// Thread safety: the collectives and TakeCompletion are called by the background thread only;
+// CheckAsyncError and Abort by the finalizer thread, concurrently with them. A non-OK Status
+// fails the entries of that call only.
 #pragma once
 
+#include <chrono>
+#include <memory>
 #include <vector>
 
 #include "gradsync/status.h"
 #include "gradsync/types.h"
+#include "runtime/stream.h"
 #include "runtime/tensor_entry.h"
 
 namespace gradsync {
@@ -67,6 +79,32 @@ class DataPlane {
   // order. The output is allocated through entry->allocator; entry->output,
   // entry->state->output_shape and entry->state->received_splits are set.
   virtual Status Alltoall(TensorEntry* entry) = 0;
+
+  // A joined rank's stand-in: an entry whose input, in host memory, holds the identity of its
+  // reduce op. A device plane moves it to memory of its own (input and output point there after)
+  // and keeps that until ReleaseStandIns(); host planes leave it as it is.
+  virtual Status AdoptStandIn(TensorEntry* stand_in) {
+    (void)stand_in;
+    return Status::OK();
+  }
+  // Called once every rank has joined and no work that used a stand-in is in flight.
+  virtual void ReleaseStandIns() {}
+
+  // After a call that returned OK: null when its work has finished already (host planes), or the
+  // event that completes, OK or failed, once it has run. Each call's event is taken once.
+  virtual std::shared_ptr<StreamEvent> TakeCompletion() { return nullptr; }
+
+  // How long launched work may run before the finalizer gives up on it and calls Abort().
+  virtual std::chrono::nanoseconds completion_timeout() const {
+    return std::chrono::nanoseconds::max();
+  }
+  // Errors the backend reports on its own, apart from any one call (NCCL's asynchronous errors):
+  // polled while work is in flight; a non-OK result is handed to Abort().
+  virtual Status CheckAsyncError() { return Status::OK(); }
+  // Stops the plane: work in flight is abandoned and its completion events fail with `status`,
+  // and every later call fails with it too. For work that did not finish in time or a backend
+  // that reported an error; idempotent (the first status is kept).
+  virtual void Abort(const Status& status) { (void)status; }
 };
 
 }  // namespace gradsync

@@ -76,6 +76,8 @@ const RealSpec kCycleTime{"GRADSYNC_CYCLE_TIME_MS", 0.05, false, 10000.0, "milli
 const RealSpec kStallWarning{"GRADSYNC_STALL_WARNING_SECONDS", 0.0, true, 1e6, "seconds", ""};
 const RealSpec kStallShutdown{
     "GRADSYNC_STALL_SHUTDOWN_SECONDS", 0.0, false, 1e6, "seconds", " (0 disables)"};
+const RealSpec kNcclTimeout{
+    "GRADSYNC_NCCL_TIMEOUT_SECONDS", 0.0, false, 1e6, "seconds", " (0 disables)"};
 
 // Accepts only ASCII digits: from_chars alone would take a leading '-', and strtoll would also
 // take whitespace, '+' and trailing junk.
@@ -112,6 +114,18 @@ Status ParseLogLevel(const char* name, std::string_view text, LogLevel* out) {
     }
   }
   return BadValue(name, text, "one of trace, debug, info, warning (or warn), error, off");
+}
+
+Status ParseGpuBackend(const char* name, std::string_view text, GpuBackend* out) {
+  std::string lower(text);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (GpuBackend backend : {GpuBackend::kAuto, GpuBackend::kNccl, GpuBackend::kMpi}) {
+    if (lower == GpuBackendName(backend)) {
+      *out = backend;
+      return Status::OK();
+    }
+  }
+  return BadValue(name, text, "one of auto, nccl, mpi");
 }
 
 // Treats an empty variable like an unset one: `export GRADSYNC_X=` is a common way to clear it.
@@ -161,6 +175,10 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kStallShutdown, &c.stall_shutdown_seconds));
   GRADSYNC_RETURN_IF_ERROR(CheckStallOrder(c));
   GRADSYNC_RETURN_IF_ERROR(ParseLogLevelVar(getenv, "GRADSYNC_LOG_LEVEL", &c.log_level));
+  GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kNcclTimeout, &c.nccl_timeout_seconds));
+  if (std::string_view backend = Lookup(getenv, "GRADSYNC_GPU_BACKEND"); !backend.empty()) {
+    GRADSYNC_RETURN_IF_ERROR(ParseGpuBackend("GRADSYNC_GPU_BACKEND", backend, &c.gpu_backend));
+  }
   c.timeline_path = std::string(Lookup(getenv, "GRADSYNC_TIMELINE"));
   *out = c;
   return Status::OK();
@@ -175,6 +193,8 @@ std::string Config::ToString() const {
          " GRADSYNC_STALL_WARNING_SECONDS=" + FormatDouble(stall_warning_seconds) +
          " GRADSYNC_STALL_SHUTDOWN_SECONDS=" + FormatDouble(stall_shutdown_seconds) +
          " GRADSYNC_LOG_LEVEL=" + LogLevelName(log_level) +
+         " GRADSYNC_GPU_BACKEND=" + GpuBackendName(gpu_backend) +
+         " GRADSYNC_NCCL_TIMEOUT_SECONDS=" + FormatDouble(nccl_timeout_seconds) +
          " GRADSYNC_TIMELINE=" + (timeline_path.empty() ? "(off)" : timeline_path);
 }
 
@@ -192,6 +212,18 @@ const char* LogLevelName(LogLevel level) {
       return "error";
     case LogLevel::kOff:
       return "off";
+  }
+  return "unknown";
+}
+
+const char* GpuBackendName(GpuBackend backend) {
+  switch (backend) {
+    case GpuBackend::kAuto:
+      return "auto";
+    case GpuBackend::kNccl:
+      return "nccl";
+    case GpuBackend::kMpi:
+      return "mpi";
   }
   return "unknown";
 }

@@ -13,6 +13,13 @@ namespace gradsync {
 
 enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
 
+// Which backend reduces device tensors.
+enum class GpuBackend {
+  kAuto,  // NCCL when this build has it, else MPI
+  kNccl,  // NCCL collectives on the communication stream
+  kMpi,   // staged through pinned host buffers (or device memory, when MPI is CUDA-aware)
+};
+
 struct Config {
   // GRADSYNC_FUSION_THRESHOLD: bytes of one fusion buffer; 0 disables fusion.
   int64_t fusion_threshold_bytes = 64ll << 20;
@@ -32,6 +39,11 @@ struct Config {
   double stall_shutdown_seconds = 300.0;
   // GRADSYNC_LOG_LEVEL: trace, debug, info, warning, error, off.
   LogLevel log_level = LogLevel::kWarn;
+  // GRADSYNC_GPU_BACKEND: auto, nccl or mpi.
+  GpuBackend gpu_backend = GpuBackend::kAuto;
+  // GRADSYNC_NCCL_TIMEOUT_SECONDS: launched device work that has not finished after this long
+  // aborts its process set's device plane and fails; 0 disables.
+  double nccl_timeout_seconds = 600.0;
   // GRADSYNC_TIMELINE: file rank 0 writes a Chrome trace / Perfetto timeline to; empty = off.
   std::string timeline_path;
 
@@ -46,5 +58,6 @@ struct Config {
 };
 
 const char* LogLevelName(LogLevel level);
+const char* GpuBackendName(GpuBackend backend);
 
 }  // namespace gradsync

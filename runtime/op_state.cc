@@ -1,10 +1,12 @@
 #include "runtime/op_state.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <thread>
 
 namespace gradsync {
 
@@ -41,9 +43,36 @@ void OpState::Renew(std::shared_ptr<OpState>* state, Callback callback) {
   // Each assignment only when it changes something: most operations succeed and have no callback.
   if (!op.status_.ok()) op.status_ = Status::OK();
   if (callback || op.callback_) op.callback_ = std::move(callback);
+  if (op.launched_ != nullptr) std::atomic_store(&op.launched_, std::shared_ptr<StreamEvent>());
   op.output_shape.clear();
   op.received_splits.clear();
   op.result = 0;
+}
+
+void OpState::SetLaunched(std::shared_ptr<StreamEvent> event) {
+  std::atomic_store(&launched_, std::move(event));
+}
+
+// Launching follows negotiation, which takes microseconds to a cycle: a short poll is cheaper
+// than a condition per operation.
+std::shared_ptr<StreamEvent> OpState::WaitLaunched(std::chrono::nanoseconds timeout,
+                                                   bool* timed_out) {
+  *timed_out = false;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::microseconds(2);
+  for (;;) {
+    // Done is read first: an operation is launched before it is done, so a done one that had an
+    // event shows it below.
+    const bool finished = done();
+    std::shared_ptr<StreamEvent> event = std::atomic_load(&launched_);
+    if (event != nullptr || finished) return event;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      *timed_out = true;
+      return nullptr;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
 }
 
 void OpState::RunCallback(const Status& status) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gradsync/status.h"
+#include "runtime/stream.h"
 
 namespace gradsync {
 
@@ -48,12 +49,23 @@ class OpState {
   // The final status once done; OK while pending.
   Status status() const { return done() ? status_ : Status::OK(); }
 
+  // Device operations, for stream-ordered completion: the event that completes once the
+  // operation's work has run on the communication stream. Set by the background thread when it
+  // launches the work, before the operation completes.
+  void SetLaunched(std::shared_ptr<StreamEvent> event);
+  // Blocks until the work is launched (never until it has run) or the operation is done, for
+  // at most `timeout`; returns the event, or null when the operation completed without one (it
+  // ran on the host or failed before launch) or the timeout passed first (*timed_out is set).
+  std::shared_ptr<StreamEvent> WaitLaunched(std::chrono::nanoseconds timeout, bool* timed_out);
+
  private:
   // First, so that with make_shared's control block what every operation touches (the flag, the
   // callback's emptiness, the status code) shares one cache line.
   std::atomic<bool> done_{false};
   Callback callback_;
   Status status_;  // written once, before done_ is set
+  // Through std::atomic_load/atomic_store: set by the background thread, read by callers.
+  std::shared_ptr<StreamEvent> launched_;
 
  public:
   // Allgather, reducescatter, alltoall: the output shape, set by the background thread before

@@ -54,6 +54,7 @@ void TensorEntry::Clear() {
   group_size = 0;
   process_set = 0;
   allocator = nullptr;
+  ready = nullptr;
   in_flight = false;
   // `state` stays: the next operation on this entry reuses it (OpState::Renew).
 }

@@ -13,6 +13,7 @@
 #include "gradsync/types.h"
 #include "runtime/name_key.h"
 #include "runtime/op_state.h"
+#include "runtime/stream.h"
 
 namespace gradsync {
 
@@ -78,6 +79,10 @@ struct TensorEntry {
   // Alltoall: rows of the first dimension sent to each rank, in rank order; empty for even splits.
   std::vector<int64_t> splits;
   OutputAllocator allocator;
+  // Device tensors: completes once the producer has written the input (a CUDA event recorded on
+  // the producer's stream). The communication stream waits for it on the device; null when the
+  // input is ready at enqueue.
+  std::shared_ptr<StreamEvent> ready;
 
   // Back to a default entry, keeping the name's and shapes' storage so that a recycled entry is
   // filled without allocating. A new field must be reset there too (tensor_queue_test checks).

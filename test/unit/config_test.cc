@@ -219,6 +219,24 @@ TEST(ConfigTest, LogLevelNameRoundTrips) {
   EXPECT_STREQ(LogLevelName(LogLevel::kWarn), "warning");
 }
 
+TEST(ConfigTest, GpuBackendNamesAreCaseInsensitive) {
+  EXPECT_EQ(Config().gpu_backend, GpuBackend::kAuto);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_GPU_BACKEND", "NCCL"}}).gpu_backend, GpuBackend::kNccl);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_GPU_BACKEND", "mpi"}}).gpu_backend, GpuBackend::kMpi);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_GPU_BACKEND", "Auto"}}).gpu_backend, GpuBackend::kAuto);
+  for (const char* bad : {"gloo", "cuda", "1", " nccl"})
+    ExpectRejected("GRADSYNC_GPU_BACKEND", bad);
+}
+
+TEST(ConfigTest, NcclTimeoutAcceptsSecondsAndZeroDisables) {
+  EXPECT_EQ(Config().nccl_timeout_seconds, 600.0);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_NCCL_TIMEOUT_SECONDS", "0"}}).nccl_timeout_seconds, 0.0);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_NCCL_TIMEOUT_SECONDS", "0.25"}}).nccl_timeout_seconds, 0.25);
+  for (const char* bad : {"-1", "nan", "inf", "10s"}) {
+    ExpectRejected("GRADSYNC_NCCL_TIMEOUT_SECONDS", bad);
+  }
+}
+
 TEST(ConfigTest, ToStringListsEveryKnob) {
   Config config = ParseOk({{"GRADSYNC_FUSION_THRESHOLD", "1024"},
                            {"GRADSYNC_INPLACE_THRESHOLD", "0"},
@@ -228,12 +246,15 @@ TEST(ConfigTest, ToStringListsEveryKnob) {
                            {"GRADSYNC_STALL_WARNING_SECONDS", "1.5"},
                            {"GRADSYNC_STALL_SHUTDOWN_SECONDS", "1000000"},
                            {"GRADSYNC_LOG_LEVEL", "debug"},
+                           {"GRADSYNC_GPU_BACKEND", "MPI"},
+                           {"GRADSYNC_NCCL_TIMEOUT_SECONDS", "2.5"},
                            {"GRADSYNC_TIMELINE", "trace.json"}});
   EXPECT_EQ(config.ToString(),
             "GRADSYNC_FUSION_THRESHOLD=1024 GRADSYNC_INPLACE_THRESHOLD=0 GRADSYNC_SHM_THRESHOLD=0 "
             "GRADSYNC_CYCLE_TIME_MS=0.05 GRADSYNC_CACHE_CAPACITY=0 "
             "GRADSYNC_STALL_WARNING_SECONDS=1.5 GRADSYNC_STALL_SHUTDOWN_SECONDS=1000000 "
-            "GRADSYNC_LOG_LEVEL=debug GRADSYNC_TIMELINE=trace.json");
+            "GRADSYNC_LOG_LEVEL=debug GRADSYNC_GPU_BACKEND=mpi GRADSYNC_NCCL_TIMEOUT_SECONDS=2.5 "
+            "GRADSYNC_TIMELINE=trace.json");
   EXPECT_NE(Config().ToString().find("GRADSYNC_TIMELINE=(off)"), std::string::npos);
 }
 

@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/host_stream.h"
+
 namespace gradsync {
 namespace {
 
@@ -137,6 +139,7 @@ TEST(TensorQueueTest, ReleasedEntriesAreReusedCleared) {
   entry->group_size = 2;
   entry->process_set = 4;
   entry->allocator = [](const std::vector<int64_t>&, DataType) { return nullptr; };
+  entry->ready = std::make_shared<HostEvent>();
   entry->state = std::make_shared<OpState>();
   const TensorEntry* address = entry.get();
   const OpState* state = entry->state.get();
@@ -167,6 +170,7 @@ TEST(TensorQueueTest, ReleasedEntriesAreReusedCleared) {
   EXPECT_EQ(reused->group_size, fresh.group_size);
   EXPECT_EQ(reused->process_set, fresh.process_set);
   EXPECT_FALSE(reused->allocator);
+  EXPECT_EQ(reused->ready, nullptr);
   EXPECT_FALSE(reused->in_flight);
   EXPECT_EQ(reused->state.get(), state);       // kept for OpState::Renew
   EXPECT_NE(queue.NewEntry().get(), address);  // the pool is empty again: a new one

@@ -1,0 +1,156 @@
+#include "coordinator/finalizer.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "runtime/logging.h"
+#include "runtime/thread_role.h"
+
+namespace gradsync {
+
+namespace {
+
+// The finalizer sleeps between looks while nothing completes, from a few microseconds (a small
+// reduction's latency) up to a millisecond (what a step's last reduction may wait at most).
+constexpr std::chrono::microseconds kFirstPause(5);
+constexpr std::chrono::microseconds kLongestPause(1000);
+// How often asynchronous errors are polled while work is in flight.
+constexpr std::chrono::milliseconds kErrorPollInterval(10);
+
+std::string Seconds(std::chrono::nanoseconds d) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.3g s", std::chrono::duration<double>(d).count());
+  return text;
+}
+
+}  // namespace
+
+Finalizer::Finalizer(CompleteFn complete) : complete_(std::move(complete)) {}
+
+Finalizer::~Finalizer() {
+  Drain();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Finalizer::Add(DataPlane* plane, int32_t process_set, const std::vector<TensorEntry*>& entries,
+                    std::shared_ptr<StreamEvent> done) {
+  const auto timeout = plane->completion_timeout();
+  const auto now = std::chrono::steady_clock::now();
+  const auto deadline = timeout >= std::chrono::steady_clock::time_point::max() - now
+                            ? std::chrono::steady_clock::time_point::max()
+                            : now + timeout;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    buckets_.push_back(Bucket{plane, process_set, entries, std::move(done), deadline});
+    if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+  }
+  wake_.notify_one();
+}
+
+void Finalizer::Drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  drained_.wait(lock, [this] { return buckets_.empty() && completing_ == 0; });
+}
+
+size_t Finalizer::pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return buckets_.size() + completing_;
+}
+
+void Finalizer::Run() {
+  // Completion callbacks run here as on the background thread, with the same limits.
+  MarkBackgroundThread();
+  auto pause = kFirstPause;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (buckets_.empty()) {
+        wake_.wait(lock, [this] { return stopping_ || !buckets_.empty(); });
+        pause = kFirstPause;
+      } else {
+        wake_.wait_for(lock, pause);
+      }
+      if (stopping_ && buckets_.empty()) return;
+    }
+    pause = Sweep() > 0 ? kFirstPause : std::min(pause * 2, kLongestPause);
+  }
+}
+
+size_t Finalizer::Sweep() {
+  std::vector<Bucket> finished;
+  std::vector<std::pair<DataPlane*, Status>> aborts;
+  std::vector<DataPlane*> busy_planes;
+  const auto now = std::chrono::steady_clock::now();
+  const bool poll_errors = now - last_error_poll_ >= kErrorPollInterval;
+  if (poll_errors) last_error_poll_ = now;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = buckets_.begin(); it != buckets_.end();) {
+      if (it->done->Query()) {
+        finished.push_back(std::move(*it));
+        it = buckets_.erase(it);
+        continue;
+      }
+      if (now >= it->deadline) {
+        const auto timeout = it->plane->completion_timeout();
+        aborts.emplace_back(
+            it->plane,
+            Status::Timeout(Describe(*it) + " did not complete within " + Seconds(timeout) +
+                            " (GRADSYNC_NCCL_TIMEOUT_SECONDS); the process set's device plane "
+                            "was aborted and its later device operations fail"));
+        it->deadline = std::chrono::steady_clock::time_point::max();  // abort once
+      } else if (poll_errors && std::find(busy_planes.begin(), busy_planes.end(), it->plane) ==
+                                    busy_planes.end()) {
+        busy_planes.push_back(it->plane);
+      }
+      ++it;
+    }
+    completing_ += finished.size();
+  }
+  for (DataPlane* plane : busy_planes) {
+    const Status error = plane->CheckAsyncError();
+    if (!error.ok()) aborts.emplace_back(plane, error);
+  }
+  for (auto& [plane, status] : aborts) {
+    Log().error("{}", status.ToString());
+    plane->Abort(status);
+  }
+  for (Bucket& bucket : finished) {
+    const Status status = bucket.done->Wait(std::chrono::nanoseconds(0));
+    complete_(bucket.entries, status);
+  }
+  if (!finished.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      completing_ -= finished.size();
+    }
+    drained_.notify_all();
+  }
+  return finished.size();
+}
+
+std::string Finalizer::Describe(const Bucket& bucket) {
+  // Stand-ins (no state) are the background thread's to reuse: only the named entries are read.
+  std::vector<const TensorEntry*> named;
+  for (const TensorEntry* entry : bucket.entries) {
+    if (entry->state != nullptr) named.push_back(entry);
+  }
+  const std::string where = " in process set " + std::to_string(bucket.process_set);
+  if (named.empty()) return "a joined rank's stand-in allreduce" + where;
+  std::string text =
+      OpTypeName(named.front()->op) + (named.size() == 1 ? " of tensor " : " of tensors ");
+  const size_t shown = std::min<size_t>(named.size(), 3);
+  for (size_t i = 0; i < shown; ++i) {
+    if (i > 0) text += i + 1 == named.size() ? " and " : ", ";
+    text += "'" + named[i]->name + "'";
+  }
+  if (named.size() > shown) text += " and " + std::to_string(named.size() - shown) + " more";
+  return text + " on " + DeviceName(named.front()->input.device) + where;
+}
+
+}  // namespace gradsync

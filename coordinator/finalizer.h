@@ -1,0 +1,83 @@
+// Finalizer: the thread that completes device operations. The background thread launches a bucket
+// on a device plane and hands the bucket's entries here with the plane's completion event; the
+// finalizer watches every such event and completes the bucket when its event does, so that the
+// background thread goes straight on to its next cycle instead of waiting for the device.
+//
+// It is also where device work is kept from hanging: while a plane has work in flight the
+// finalizer polls the plane's asynchronous errors, and aborts the plane when one is reported or
+// when a bucket has not finished within the plane's completion timeout. Aborting fails the events
+// of everything in flight on that plane, so those buckets complete too, with the abort's status,
+// which names the bucket that timed out and its tensors.
+//
+// Thread safety: Add and Drain are called by the background thread (and by shutdown on the
+// thread that joined it); the completion function runs on the finalizer's own thread, which is
+// started by the first Add, so a process that never touches a device has no such thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradsync/status.h"
+#include "ops/data_plane.h"
+#include "runtime/stream.h"
+#include "runtime/tensor_entry.h"
+
+namespace gradsync {
+
+class Finalizer {
+ public:
+  // Completes a bucket's entries with its status. Runs on the finalizer's thread.
+  using CompleteFn = std::function<void(const std::vector<TensorEntry*>&, const Status&)>;
+
+  explicit Finalizer(CompleteFn complete);
+  // Drains, then stops the thread.
+  ~Finalizer();
+  Finalizer(const Finalizer&) = delete;
+  Finalizer& operator=(const Finalizer&) = delete;
+
+  // Takes a launched bucket: `entries` (stand-ins included; the function skips what it must) are
+  // completed once `done` completes. `plane` must outlive the bucket; `process_set` is for
+  // messages.
+  void Add(DataPlane* plane, int32_t process_set, const std::vector<TensorEntry*>& entries,
+           std::shared_ptr<StreamEvent> done);
+  // Blocks until every bucket handed over so far has completed. Each does, by its event, an
+  // error, or its timeout, so this ends.
+  void Drain();
+  // Buckets handed over and not completed yet.
+  size_t pending() const;
+
+ private:
+  struct Bucket {
+    DataPlane* plane;
+    int32_t process_set;
+    std::vector<TensorEntry*> entries;
+    std::shared_ptr<StreamEvent> done;
+    std::chrono::steady_clock::time_point deadline;
+  };
+
+  void Run();
+  // One look at every bucket: completes the finished ones, aborts the planes of late ones and of
+  // those reporting errors. Returns the number completed.
+  size_t Sweep();
+  // "allreduce of tensors 'a', 'b' and 3 more on process set 0": the bucket, for messages.
+  static std::string Describe(const Bucket& bucket);
+
+  CompleteFn complete_;
+  mutable std::mutex mu_;
+  std::condition_variable wake_;     // work arrived, or stopping
+  std::condition_variable drained_;  // a bucket completed
+  std::deque<Bucket> buckets_;
+  size_t completing_ = 0;  // taken out of buckets_ and being completed
+  std::chrono::steady_clock::time_point last_error_poll_;  // the finalizer thread's
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace gradsync

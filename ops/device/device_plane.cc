@@ -1,0 +1,359 @@
+#include "ops/device/device_plane.h"
+
+#include <utility>
+
+#include "ops/mpi/mpi_types.h"
+#include "runtime/fusion_buffer.h"
+#include "runtime/mpi_context.h"
+
+namespace gradsync {
+namespace {
+
+// Elements of one row: the product of every dimension after the first (1 for a vector).
+int64_t RowElements(const TensorView& view) {
+  int64_t row = 1;
+  for (size_t d = 1; d < view.shape.size(); ++d) row *= view.shape[d];
+  return row;
+}
+
+std::vector<int64_t> Scaled(const std::vector<int64_t>& rows, int64_t row_elements) {
+  std::vector<int64_t> counts(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) counts[r] = rows[r] * row_elements;
+  return counts;
+}
+
+std::vector<int64_t> WithFirstDim(const std::vector<int64_t>& shape, int64_t first) {
+  std::vector<int64_t> out = shape;
+  if (out.empty()) out.push_back(first);
+  out[0] = first;
+  return out;
+}
+
+char* At(void* base, int64_t elements, size_t element_size) {
+  return static_cast<char*>(base) + elements * static_cast<int64_t>(element_size);
+}
+
+}  // namespace
+
+DevicePlane::DevicePlane(std::unique_ptr<DeviceBackend> backend, MPI_Comm comm,
+                         std::chrono::nanoseconds timeout)
+    : backend_(std::move(backend)), comm_(comm), timeout_(timeout) {}
+
+DevicePlane::~DevicePlane() {
+  ReleaseStandIns();
+  if (fusion_ != nullptr) backend_->FreeAfterWork(fusion_);
+}
+
+Status DevicePlane::Failed() const {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  return aborted_ ? abort_status_ : Status::OK();
+}
+
+void DevicePlane::Abort(const Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    abort_status_ = status;
+  }
+  backend_->Abort(status);
+}
+
+Status DevicePlane::CheckAsyncError() { return backend_->CheckAsyncError(); }
+
+std::shared_ptr<StreamEvent> DevicePlane::TakeCompletion() { return std::move(completion_); }
+
+Status DevicePlane::InContext(const Status& status, const std::string& collective,
+                              const std::vector<TensorEntry*>& entries) {
+  std::string what = collective + (entries.size() == 1 ? " of tensor " : " of tensors ");
+  for (size_t i = 0; i < entries.size() && i < 3; ++i) {
+    what += (i > 0 ? ", '" : "'") + entries[i]->name + "'";
+  }
+  if (entries.size() > 3) what += " and " + std::to_string(entries.size() - 3) + " more";
+  return Status(status.code(), what + ": " + status.message());
+}
+
+void DevicePlane::WaitForInputs(const std::vector<TensorEntry*>& entries) {
+  for (TensorEntry* entry : entries) {
+    if (entry->ready != nullptr) backend_->stream()->WaitFor(entry->ready);
+  }
+}
+
+Status DevicePlane::FinishLaunch(const std::vector<TensorEntry*>& entries) {
+  completion_ = backend_->stream()->Record();
+  for (TensorEntry* entry : entries) {
+    if (entry->state != nullptr) entry->state->SetLaunched(completion_);
+  }
+  return Status::OK();
+}
+
+Status DevicePlane::FusionBuffer(size_t bytes, void** buffer) {
+  if (bytes > fusion_capacity_) {
+    // Twice what is asked, at most 64 MiB more: the next larger bucket rarely needs a new one.
+    const size_t grown = bytes + std::min<size_t>(bytes, size_t{64} << 20);
+    void* fresh = nullptr;
+    GRADSYNC_RETURN_IF_ERROR(backend_->Allocate(grown, &fresh));
+    if (fusion_ != nullptr) backend_->FreeAfterWork(fusion_);  // once queued work is done with it
+    fusion_ = fresh;
+    fusion_capacity_ = grown;
+  }
+  *buffer = fusion_;
+  return Status::OK();
+}
+
+// Any failure after the first queued piece of work leaves this rank out of step with the others
+// (some may be inside the collective already): the plane is aborted, so that nothing later
+// waits on it and every rank's finalizer sees the failure or its timeout.
+#define GRADSYNC_LAUNCH(call, collective, entries)                     \
+  do {                                                                 \
+    const Status launch_status_ = (call);                              \
+    if (!launch_status_.ok()) {                                        \
+      Status failed_ = InContext(launch_status_, collective, entries); \
+      Abort(failed_);                                                  \
+      return failed_;                                                  \
+    }                                                                  \
+  } while (false)
+
+Status DevicePlane::Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) {
+  GRADSYNC_RETURN_IF_ERROR(Failed());
+  if (entries.empty()) return Status::OK();
+  const ReduceOp op = spec.op == ReduceOp::kAverage ? ReduceOp::kSum : spec.op;
+  const double postscale =
+      spec.op == ReduceOp::kAverage ? spec.postscale / backend_->size() : spec.postscale;
+  const size_t element_size = DataTypeSize(spec.dtype);
+  for (const TensorEntry* entry : entries) {
+    if (entry->input.dtype != spec.dtype || entry->input.num_elements() < 0) {
+      return InContext(Status::InvalidArgument("dtype or shape differs from the bucket's"),
+                       "allreduce", entries);
+    }
+  }
+  WaitForInputs(entries);
+  segments_.clear();
+  if (entries.size() == 1) {
+    TensorEntry* entry = entries.front();
+    const int64_t count = entry->input.num_elements();
+    if (count > 0) {
+      void* out = entry->output.data;
+      if (entry->input.data != out || spec.prescale != 1.0) {
+        segments_.push_back({entry->input.data, out, count, spec.prescale});
+        GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
+      }
+      GRADSYNC_LAUNCH(backend_->Allreduce(out, out, count, spec.dtype, op), "allreduce", entries);
+      if (postscale != 1.0) {
+        segments_.assign(1, CopySegment{out, out, count, postscale});
+        GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
+      }
+    }
+    return FinishLaunch(entries);
+  }
+  size_t offset = 0;
+  std::vector<size_t> offsets(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    offsets[i] = offset;
+    offset = AlignFusionOffset(offset + entries[i]->input.num_elements() * element_size);
+  }
+  void* fusion = nullptr;
+  GRADSYNC_RETURN_IF_ERROR(FusionBuffer(offset, &fusion));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    segments_.push_back({entries[i]->input.data, static_cast<char*>(fusion) + offsets[i],
+                         entries[i]->input.num_elements(), spec.prescale});
+  }
+  const auto total = static_cast<int64_t>(offset / element_size);
+  GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
+  GRADSYNC_LAUNCH(backend_->Allreduce(fusion, fusion, total, spec.dtype, op), "allreduce", entries);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    segments_[i] = {static_cast<char*>(fusion) + offsets[i], entries[i]->output.data,
+                    entries[i]->input.num_elements(), postscale};
+  }
+  GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
+  return FinishLaunch(entries);
+}
+
+Status DevicePlane::Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims) {
+  GRADSYNC_RETURN_IF_ERROR(Failed());
+  const std::vector<TensorEntry*> entries{entry};
+  const int64_t row = RowElements(entry->input);
+  const std::vector<int64_t> counts = Scaled(first_dims, row);
+  int64_t rows = 0;
+  for (int64_t d : first_dims) rows += d;
+  const std::vector<int64_t> shape = WithFirstDim(entry->input.shape, rows);
+  const size_t bytes = static_cast<size_t>(rows * row) * DataTypeSize(entry->input.dtype);
+  void* output = bytes == 0 ? nullptr : entry->allocator(shape, entry->input.dtype);
+  Status local;
+  if (output == nullptr && bytes > 0) {
+    // The other ranks are committed: take part, receiving into scratch, and fail here alone.
+    local = InContext(Status::InvalidArgument("the output allocator returned no memory for " +
+                                              ShapeString(shape)),
+                      "allgather", entries);
+    GRADSYNC_RETURN_IF_ERROR(FusionBuffer(bytes, &output));
+  } else {
+    entry->output = TensorView(output, entry->input.dtype, shape, entry->input.device);
+    entry->state->output_shape = shape;
+  }
+  WaitForInputs(entries);
+  GRADSYNC_LAUNCH(backend_->Allgatherv(entry->input.data, output, counts, entry->input.dtype),
+                  "allgather", entries);
+  GRADSYNC_RETURN_IF_ERROR(FinishLaunch(entries));
+  return local;
+}
+
+Status DevicePlane::Broadcast(TensorEntry* entry, int root) {
+  GRADSYNC_RETURN_IF_ERROR(Failed());
+  const std::vector<TensorEntry*> entries{entry};
+  WaitForInputs(entries);
+  const int64_t count = entry->input.num_elements();
+  if (count > 0) {
+    GRADSYNC_LAUNCH(backend_->Broadcast(entry->input.data, count, entry->input.dtype, root),
+                    "broadcast", entries);
+  }
+  entry->output = entry->input;
+  return FinishLaunch(entries);
+}
+
+Status DevicePlane::Alltoall(TensorEntry* entry) {
+  GRADSYNC_RETURN_IF_ERROR(Failed());
+  const std::vector<TensorEntry*> entries{entry};
+  const int size = backend_->size();
+  const int64_t rows = entry->input.shape.empty() ? 1 : entry->input.shape[0];
+  std::vector<int64_t> splits = entry->splits.empty() ? EvenSplits(rows, size) : entry->splits;
+  GRADSYNC_RETURN_IF_ERROR(CheckSplits(splits, rows, size));
+  std::vector<int64_t> received(size);
+  // The host side learns what it receives first, so that it can size the output.
+  GRADSYNC_MPI_CALL(
+      MPI_Alltoall(splits.data(), 1, MPI_INT64_T, received.data(), 1, MPI_INT64_T, comm_));
+  int64_t received_rows = 0;
+  for (int64_t r : received) received_rows += r;
+  const int64_t row = RowElements(entry->input);
+  const std::vector<int64_t> shape = WithFirstDim(entry->input.shape, received_rows);
+  const size_t bytes = static_cast<size_t>(received_rows * row) * DataTypeSize(entry->input.dtype);
+  void* output = bytes == 0 ? nullptr : entry->allocator(shape, entry->input.dtype);
+  Status local;
+  if (output == nullptr && bytes > 0) {
+    local = InContext(Status::InvalidArgument("the output allocator returned no memory for " +
+                                              ShapeString(shape)),
+                      "alltoall", entries);
+    GRADSYNC_RETURN_IF_ERROR(FusionBuffer(bytes, &output));
+  } else {
+    entry->output = TensorView(output, entry->input.dtype, shape, entry->input.device);
+    entry->state->output_shape = shape;
+    entry->state->received_splits = received;
+  }
+  WaitForInputs(entries);
+  GRADSYNC_LAUNCH(backend_->Alltoallv(entry->input.data, Scaled(splits, row), output,
+                                      Scaled(received, row), entry->input.dtype),
+                  "alltoall", entries);
+  GRADSYNC_RETURN_IF_ERROR(FinishLaunch(entries));
+  return local;
+}
+
+Status DevicePlane::Reducescatter(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+                                  std::vector<LocalFailure>* local_failures) {
+  GRADSYNC_RETURN_IF_ERROR(Failed());
+  if (entries.empty()) return Status::OK();
+  const int size = backend_->size();
+  const int rank = backend_->rank();
+  const ReduceOp op = spec.op == ReduceOp::kAverage ? ReduceOp::kSum : spec.op;
+  const double postscale = spec.op == ReduceOp::kAverage ? spec.postscale / size : spec.postscale;
+  const size_t element_size = DataTypeSize(spec.dtype);
+  // shares[i][r]: the elements of entry i that rank r receives.
+  std::vector<std::vector<int64_t>> shares(entries.size());
+  std::vector<int64_t> counts(size, 0);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const TensorView& input = entries[i]->input;
+    if (input.dtype != spec.dtype || input.shape.empty()) {
+      return InContext(Status::InvalidArgument("dtype or shape differs from the bucket's"),
+                       "reducescatter", entries);
+    }
+    shares[i] = Scaled(EvenSplits(input.shape[0], size), RowElements(input));
+    for (int r = 0; r < size; ++r) counts[r] += shares[i][r];
+  }
+  // Outputs first: an allocator that fails fails its tensor on this rank alone.
+  std::vector<bool> allocated(entries.size(), true);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    TensorEntry* entry = entries[i];
+    const std::vector<int64_t> shape =
+        WithFirstDim(entry->input.shape, EvenSplits(entry->input.shape[0], size)[rank]);
+    const size_t bytes = static_cast<size_t>(shares[i][rank]) * element_size;
+    void* output = bytes == 0 ? nullptr : entry->allocator(shape, spec.dtype);
+    if (output == nullptr && bytes > 0) {
+      allocated[i] = false;
+      local_failures->push_back(
+          {entry, InContext(Status::InvalidArgument("the output allocator returned no memory "
+                                                    "for " +
+                                                    ShapeString(shape)),
+                            "reducescatter", {entry})});
+      continue;
+    }
+    entry->output = TensorView(output, spec.dtype, shape, entry->input.device);
+    entry->state->output_shape = shape;
+  }
+  WaitForInputs(entries);
+  segments_.clear();
+  if (entries.size() == 1 && spec.prescale == 1.0 && allocated[0]) {
+    TensorEntry* entry = entries.front();
+    GRADSYNC_LAUNCH(
+        backend_->ReduceScatterv(entry->input.data, entry->output.data, counts, spec.dtype, op),
+        "reducescatter", entries);
+    if (postscale != 1.0 && counts[rank] > 0) {
+      segments_.push_back({entry->output.data, entry->output.data, counts[rank], postscale});
+      GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "reducescatter", entries);
+    }
+    return FinishLaunch(entries);
+  }
+  // Rank-major in the fusion buffer: every tensor's share for rank 0, then for rank 1, ...; this
+  // rank's result lands after them.
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  void* fusion = nullptr;
+  GRADSYNC_RETURN_IF_ERROR(
+      FusionBuffer(AlignFusionOffset(total * element_size) + counts[rank] * element_size, &fusion));
+  void* result = At(fusion, 0, 1) + AlignFusionOffset(total * element_size);
+  int64_t offset = 0;
+  std::vector<int64_t> sent(entries.size(), 0);  // elements of entry i packed so far
+  for (int r = 0; r < size; ++r) {
+    for (size_t i = 0; i < entries.size(); ++i) {
+      segments_.push_back({At(entries[i]->input.data, sent[i], element_size),
+                           At(fusion, offset, element_size), shares[i][r], spec.prescale});
+      sent[i] += shares[i][r];
+      offset += shares[i][r];
+    }
+  }
+  GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "reducescatter", entries);
+  GRADSYNC_LAUNCH(backend_->ReduceScatterv(fusion, result, counts, spec.dtype, op), "reducescatter",
+                  entries);
+  // This rank's result holds each tensor's share in turn.
+  segments_.clear();
+  int64_t result_offset = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (allocated[i]) {
+      segments_.push_back({At(result, result_offset, element_size), entries[i]->output.data,
+                           shares[i][rank], postscale});
+    }
+    result_offset += shares[i][rank];
+  }
+  GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "reducescatter", entries);
+  return FinishLaunch(entries);
+}
+
+#undef GRADSYNC_LAUNCH
+
+Status DevicePlane::AdoptStandIn(TensorEntry* stand_in) {
+  GRADSYNC_RETURN_IF_ERROR(Failed());
+  const int64_t bytes = stand_in->input.num_bytes();
+  if (bytes <= 0) return Status::OK();
+  void* memory = nullptr;
+  GRADSYNC_RETURN_IF_ERROR(backend_->Allocate(static_cast<size_t>(bytes), &memory));
+  stand_ins_.push_back(memory);
+  GRADSYNC_RETURN_IF_ERROR(
+      backend_->Upload(stand_in->input.data, memory, static_cast<size_t>(bytes)));
+  stand_in->input.data = memory;
+  stand_in->output = stand_in->input;
+  return Status::OK();
+}
+
+void DevicePlane::ReleaseStandIns() {
+  for (void* memory : stand_ins_) backend_->FreeAfterWork(memory);
+  stand_ins_.clear();
+}
+
+}  // namespace gradsync

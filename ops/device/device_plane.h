@@ -1,0 +1,80 @@
+// DevicePlane: the data plane for device tensors, written once over DeviceBackend so that the same
+// logic runs over NCCL, over MPI staged through host memory, and, in the tests of machines without
+// a GPU, over host threads and MPI.
+//
+// Each call returns once its work is queued on the backend's communication stream, in this order:
+// waits for the inputs' producers (each entry's `ready` event; the stream waits, not the caller),
+// the batched copy into the fusion buffer with the prescale folded in, one collective, the batched
+// copy out with the postscale (and an average's division) folded in, and a recorded event that
+// TakeCompletion() hands to the finalizer. A bucket of one tensor skips the copies and is reduced
+// in place (scaled in place when it must be). The fusion buffer is the backend's memory, kept and
+// reused; it grows when a bucket needs more, the old one freed once the work using it has run.
+//
+// After Abort every call fails with the abort's status: the communicator may be left in any state.
+//
+// Thread safety: as DataPlane.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ops/data_plane.h"
+#include "ops/device/device_backend.h"
+
+namespace gradsync {
+
+class DevicePlane : public DataPlane {
+ public:
+  // `comm` (the process set's data communicator, host MPI) exchanges the small host-side values
+  // some collectives need first (alltoall's splits). `timeout`: completion_timeout().
+  DevicePlane(std::unique_ptr<DeviceBackend> backend, MPI_Comm comm,
+              std::chrono::nanoseconds timeout);
+  ~DevicePlane() override;
+
+  Status Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) override;
+  Status Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims) override;
+  Status Broadcast(TensorEntry* entry, int root) override;
+  Status Reducescatter(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+                       std::vector<LocalFailure>* local_failures) override;
+  Status Alltoall(TensorEntry* entry) override;
+
+  Status AdoptStandIn(TensorEntry* stand_in) override;
+  void ReleaseStandIns() override;
+  std::shared_ptr<StreamEvent> TakeCompletion() override;
+  std::chrono::nanoseconds completion_timeout() const override { return timeout_; }
+  Status CheckAsyncError() override;
+  void Abort(const Status& status) override;
+
+  DeviceBackend* backend() { return backend_.get(); }
+
+ private:
+  // OK, or the abort's status once aborted.
+  Status Failed() const;
+  // Every entry's input has its producer's readiness waited for on the stream.
+  void WaitForInputs(const std::vector<TensorEntry*>& entries);
+  // Records the launch's completion event and gives it to the entries' handles.
+  Status FinishLaunch(const std::vector<TensorEntry*>& entries);
+  // The fusion buffer, at least `bytes` large.
+  Status FusionBuffer(size_t bytes, void** buffer);
+  // `status` with the collective and the tensors in front.
+  static Status InContext(const Status& status, const std::string& collective,
+                          const std::vector<TensorEntry*>& entries);
+
+  std::unique_ptr<DeviceBackend> backend_;
+  MPI_Comm comm_;
+  std::chrono::nanoseconds timeout_;
+  void* fusion_ = nullptr;
+  size_t fusion_capacity_ = 0;
+  std::vector<void*> stand_ins_;
+  std::shared_ptr<StreamEvent> completion_;
+  std::vector<CopySegment> segments_;  // scratch
+  mutable std::mutex abort_mu_;
+  bool aborted_ = false;
+  Status abort_status_;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,28 @@
+// Creates the data plane for tensors on a device, with the backend GRADSYNC_GPU_BACKEND picks:
+// NCCL (auto's choice when the build has it) or MPI staged through pinned host memory. A build
+// without CUDA has no device plane: every call fails with Unsupported, saying so.
+//
+// Called by the background thread when a process set's first operation on the device runs.
+// Collective over `comm`: every member gets there at the same operation, and every member fails
+// alike when one cannot create its plane (the failing ranks are named), so that none is left
+// waiting for the others.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+
+#include "gradsync/status.h"
+#include "gradsync/types.h"
+#include "ops/data_plane.h"
+#include "runtime/config.h"
+
+namespace gradsync {
+
+Status MakeDevicePlane(const Config& config, MPI_Comm comm, const Device& device,
+                       std::unique_ptr<DataPlane>* plane);
+
+// True when this build reduces device tensors (it was built with CUDA).
+bool BuiltWithCuda();
+
+}  // namespace gradsync

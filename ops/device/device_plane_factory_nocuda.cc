@@ -1,0 +1,15 @@
+// The device plane factory of a build without CUDA.
+#include "ops/device/device_plane_factory.h"
+
+namespace gradsync {
+
+Status MakeDevicePlane(const Config&, MPI_Comm, const Device& device, std::unique_ptr<DataPlane>*) {
+  return Status::Unsupported(
+      "a tensor on " + DeviceName(device) +
+      " arrived, but this gradsync was built without CUDA (GRADSYNC_WITH_CUDA=OFF, or no CUDA "
+      "toolkit found at build time); rebuild with CUDA and NCCL to reduce device tensors");
+}
+
+bool BuiltWithCuda() { return false; }
+
+}  // namespace gradsync

@@ -1,0 +1,164 @@
+#include "ops/device/host_device_backend.h"
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "ops/mpi/mpi_types.h"
+#include "runtime/fusion_buffer.h"
+#include "runtime/mpi_context.h"
+
+namespace gradsync {
+namespace {
+
+// The lanes of a simulated block: any count gives the same bytes; several exercise the stride.
+constexpr int kHostLanes = 32;
+
+Status IntCounts(const std::vector<int64_t>& counts, std::vector<int>* ints,
+                 std::vector<int>* displacements) {
+  ints->resize(counts.size());
+  displacements->resize(counts.size());
+  int64_t offset = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r] > INT_MAX || offset > INT_MAX) {
+      return Status::Unsupported("the host device backend takes at most INT_MAX elements");
+    }
+    (*ints)[r] = static_cast<int>(counts[r]);
+    (*displacements)[r] = static_cast<int>(offset);
+    offset += counts[r];
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+HostDeviceBackend::HostDeviceBackend(MPI_Comm comm) : comm_(comm) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+Status HostDeviceBackend::Create(MPI_Comm comm, std::unique_ptr<HostDeviceBackend>* backend) {
+  MPI_Comm dup = MPI_COMM_NULL;
+  GRADSYNC_MPI_CALL(MPI_Comm_dup(comm, &dup));
+  backend->reset(new HostDeviceBackend(dup));
+  return Status::OK();
+}
+
+HostDeviceBackend::~HostDeviceBackend() {
+  // The stream's thread must be done with the communicator first: drain it.
+  stream_.Record()->Wait(std::chrono::hours(24));
+  MPI_Comm_free(&comm_);
+}
+
+void HostDeviceBackend::Enqueue(std::function<Status()> work) {
+  stream_.Enqueue([this, work = std::move(work)] {
+    const Status status = work();
+    if (!status.ok()) stream_.Abort(status);
+  });
+}
+
+Status HostDeviceBackend::Allocate(size_t bytes, void** ptr) {
+  const size_t rounded = AlignFusionOffset(bytes == 0 ? 1 : bytes);
+  *ptr = std::aligned_alloc(FusionBuffer::kAlignment, rounded);
+  if (*ptr == nullptr) {
+    return Status::Internal("out of host memory for " + std::to_string(bytes) + " bytes");
+  }
+  return Status::OK();
+}
+
+void HostDeviceBackend::FreeAfterWork(void* ptr) {
+  // Owned by the work item, so that a stream that drops it (aborted) frees it still.
+  std::shared_ptr<void> owned(ptr, std::free);
+  stream_.Enqueue([owned] {});
+}
+
+Status HostDeviceBackend::Upload(const void* host, void* dst, size_t bytes) {
+  std::memcpy(dst, host, bytes);
+  return Status::OK();
+}
+
+Status HostDeviceBackend::BatchedCopy(const std::vector<CopySegment>& segments, DataType dtype) {
+  Enqueue([segments, dtype] { return RunBatchedCopyOnHost(segments, dtype, kHostLanes); });
+  return Status::OK();
+}
+
+Status HostDeviceBackend::Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                                    ReduceOp op) {
+  if (count > INT_MAX) {
+    return Status::Unsupported("the host device backend takes at most INT_MAX elements");
+  }
+  MPI_Op mpi_op = MPI_OP_NULL;
+  GRADSYNC_RETURN_IF_ERROR(MpiReduceOpOf(dtype, op, &mpi_op));  // on the background thread
+  const MPI_Datatype type = MpiDatatypeOf(dtype);
+  MPI_Comm comm = comm_;
+  Enqueue([=] {
+    const void* source = send == recv ? MPI_IN_PLACE : send;
+    return MpiResult(MPI_Allreduce(source, recv, static_cast<int>(count), type, mpi_op, comm),
+                     "MPI_Allreduce");
+  });
+  return Status::OK();
+}
+
+Status HostDeviceBackend::Allgatherv(const void* send, void* recv,
+                                     const std::vector<int64_t>& counts, DataType dtype) {
+  std::vector<int> ints;
+  std::vector<int> displacements;
+  GRADSYNC_RETURN_IF_ERROR(IntCounts(counts, &ints, &displacements));
+  const MPI_Datatype type = MpiDatatypeOf(dtype);
+  MPI_Comm comm = comm_;
+  const int mine = ints[rank_];
+  Enqueue([=] {
+    return MpiResult(
+        MPI_Allgatherv(send, mine, type, recv, ints.data(), displacements.data(), type, comm),
+        "MPI_Allgatherv");
+  });
+  return Status::OK();
+}
+
+Status HostDeviceBackend::Broadcast(void* buffer, int64_t count, DataType dtype, int root) {
+  if (count > INT_MAX) {
+    return Status::Unsupported("the host device backend takes at most INT_MAX elements");
+  }
+  const MPI_Datatype type = MpiDatatypeOf(dtype);
+  MPI_Comm comm = comm_;
+  Enqueue([=] {
+    return MpiResult(MPI_Bcast(buffer, static_cast<int>(count), type, root, comm), "MPI_Bcast");
+  });
+  return Status::OK();
+}
+
+Status HostDeviceBackend::Alltoallv(const void* send, const std::vector<int64_t>& send_counts,
+                                    void* recv, const std::vector<int64_t>& recv_counts,
+                                    DataType dtype) {
+  std::vector<int> sends, send_displacements, receives, receive_displacements;
+  GRADSYNC_RETURN_IF_ERROR(IntCounts(send_counts, &sends, &send_displacements));
+  GRADSYNC_RETURN_IF_ERROR(IntCounts(recv_counts, &receives, &receive_displacements));
+  const MPI_Datatype type = MpiDatatypeOf(dtype);
+  MPI_Comm comm = comm_;
+  Enqueue([=] {
+    return MpiResult(MPI_Alltoallv(send, sends.data(), send_displacements.data(), type, recv,
+                                   receives.data(), receive_displacements.data(), type, comm),
+                     "MPI_Alltoallv");
+  });
+  return Status::OK();
+}
+
+Status HostDeviceBackend::ReduceScatterv(const void* send, void* recv,
+                                         const std::vector<int64_t>& counts, DataType dtype,
+                                         ReduceOp op) {
+  std::vector<int> ints;
+  std::vector<int> displacements;
+  GRADSYNC_RETURN_IF_ERROR(IntCounts(counts, &ints, &displacements));
+  MPI_Op mpi_op = MPI_OP_NULL;
+  GRADSYNC_RETURN_IF_ERROR(MpiReduceOpOf(dtype, op, &mpi_op));
+  const MPI_Datatype type = MpiDatatypeOf(dtype);
+  MPI_Comm comm = comm_;
+  Enqueue([=] {
+    return MpiResult(MPI_Reduce_scatter(send, recv, ints.data(), type, mpi_op, comm),
+                     "MPI_Reduce_scatter");
+  });
+  return Status::OK();
+}
+
+}  // namespace gradsync

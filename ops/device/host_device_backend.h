@@ -1,0 +1,60 @@
+// HostDeviceBackend: DeviceBackend over host memory, with a HostStream (a thread) as the
+// communication stream and MPI, called from that thread, as the collective library. The device
+// plane's logic (readiness waits, fusion, the batched copy's work split, completion, timeouts and
+// abort) runs over it exactly as over NCCL, which is how machines without a GPU test that logic.
+// Not a data plane users select: device tensors go to NCCL or to the staged MPI backend.
+//
+// Thread safety: as DeviceBackend. MPI is called from the stream's thread on a communicator of
+// its own, which needs MPI_THREAD_MULTIPLE (gradsync asks for it at init).
+#pragma once
+
+#include <mpi.h>
+
+#include <functional>
+#include <memory>
+
+#include "ops/device/device_backend.h"
+#include "runtime/host_stream.h"
+
+namespace gradsync {
+
+class HostDeviceBackend : public DeviceBackend {
+ public:
+  // Collectives over a duplicate of `comm`, freed by the destructor. Collective over `comm`.
+  static Status Create(MPI_Comm comm, std::unique_ptr<HostDeviceBackend>* backend);
+  ~HostDeviceBackend() override;
+
+  const char* name() const override { return "host"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Stream* stream() override { return &stream_; }
+  HostStream* host_stream() { return &stream_; }
+
+  Status Allocate(size_t bytes, void** ptr) override;
+  void FreeAfterWork(void* ptr) override;
+  Status Upload(const void* host, void* dst, size_t bytes) override;
+  Status BatchedCopy(const std::vector<CopySegment>& segments, DataType dtype) override;
+  Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                   ReduceOp op) override;
+  Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                    DataType dtype) override;
+  Status Broadcast(void* buffer, int64_t count, DataType dtype, int root) override;
+  Status Alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                   const std::vector<int64_t>& recv_counts, DataType dtype) override;
+  Status ReduceScatterv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                        DataType dtype, ReduceOp op) override;
+  Status CheckAsyncError() override { return Status::OK(); }
+  void Abort(const Status& status) override { stream_.Abort(status); }
+
+ private:
+  explicit HostDeviceBackend(MPI_Comm comm);
+  // Runs `work` on the stream; a failure fails the stream with it.
+  void Enqueue(std::function<Status()> work);
+
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  HostStream stream_;  // last: its thread stops before the communicator is freed
+};
+
+}  // namespace gradsync
