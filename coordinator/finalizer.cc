@@ -96,7 +96,10 @@ size_t Finalizer::Sweep() {
         it = buckets_.erase(it);
         continue;
       }
-      if (now >= it->deadline) {
+      const bool aborting = std::any_of(aborts.begin(), aborts.end(), [&](const auto& abort) {
+        return abort.first == it->plane;
+      });
+      if (now >= it->deadline && !aborting) {
         const auto timeout = it->plane->completion_timeout();
         aborts.emplace_back(
             it->plane,

@@ -1,0 +1,353 @@
+// The device plane's logic over the host backend (a thread as the communication stream, MPI as
+// the collective library), at 1, 2 and 4 ranks: fusion and the batched copy's scaling for every
+// dtype and reduce op, every collective, readiness waits on a slow producer, stream-ordered
+// completion, the finalizer's completion, and the timeout that aborts the plane.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coordinator/finalizer.h"
+#include "ops/device/device_plane.h"
+#include "ops/device/host_device_backend.h"
+#include "runtime/host_stream.h"
+#include "test/mpi/multi_rank_test.h"
+
+namespace gradsync {
+namespace testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// One operation as the background thread holds it: the entry, its handle's state and its input.
+struct Op {
+  Op(const std::string& name, DataType dtype, std::vector<int64_t> shape)
+      : input(dtype, shape), result(dtype, shape) {
+    entry.name = name;
+    entry.input = input.view();
+    entry.output = entry.input;
+    entry.state = std::make_shared<OpState>();
+  }
+  // The reduction writes into `result` instead of the input.
+  void OutOfPlace() { entry.output = result.view(); }
+
+  TensorEntry entry;
+  HostTensor input;
+  HostTensor result;
+};
+
+class DevicePlaneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    MakePlane(seconds(60));
+  }
+  void TearDown() override {
+    plane_.reset();
+    int failed_here = HasFailure() ? 1 : 0;
+    int failed_anywhere = 0;
+    MPI_Allreduce(&failed_here, &failed_anywhere, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (failed_anywhere && !failed_here) ADD_FAILURE() << "this test failed on another rank";
+  }
+
+  void MakePlane(std::chrono::nanoseconds timeout) {
+    plane_.reset();
+    std::unique_ptr<HostDeviceBackend> backend;
+    ASSERT_TRUE(HostDeviceBackend::Create(MPI_COMM_WORLD, &backend).ok());
+    backend_ = backend.get();
+    plane_ = std::make_unique<DevicePlane>(std::move(backend), MPI_COMM_WORLD, timeout);
+  }
+
+  // Waits for the launch's completion event, as the finalizer would.
+  Status Finish() {
+    std::shared_ptr<StreamEvent> done = plane_->TakeCompletion();
+    if (done == nullptr) return Status::Internal("no completion event");
+    return done->Wait(kWaitLimit);
+  }
+
+  int rank_ = 0;
+  int size_ = 1;
+  HostDeviceBackend* backend_ = nullptr;
+  std::unique_ptr<DevicePlane> plane_;
+};
+
+void Fill(HostTensor* tensor, ReduceOp op, int rank) {
+  for (int64_t i = 0; i < tensor->size(); ++i) tensor->Set(i, Value(op, rank, i));
+}
+
+::testing::AssertionResult Reduced(const HostTensor& tensor, ReduceOp op, DataType dtype, int size,
+                                   double scale = 1.0) {
+  for (int64_t i = 0; i < tensor.size(); ++i) {
+    const double expected = Expected(op, dtype, size, i) * scale;
+    if (std::abs(tensor.Get(i) - expected) > Tolerance(dtype, expected)) {
+      return ::testing::AssertionFailure()
+             << DataTypeName(dtype) << " " << ReduceOpName(op) << " element " << i << ": "
+             << tensor.Get(i) << ", wanted " << expected;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(DevicePlaneTest, AllreduceEveryDtypeAndOpFusedAndAlone) {
+  for (DataType dtype : AllDataTypes()) {
+    for (ReduceOp op : kAllReduceOps) {
+      // Sizes around the copy's chunks and vectors, and an empty tensor among them.
+      std::vector<std::unique_ptr<Op>> ops;
+      for (int64_t n : {int64_t{3}, int64_t{0}, int64_t{4097}, int64_t{20000}}) {
+        ops.push_back(
+            std::make_unique<Op>("t" + std::to_string(n), dtype, std::vector<int64_t>{n}));
+        Fill(&ops.back()->input, op, rank_);
+      }
+      ops[2]->OutOfPlace();
+      std::vector<TensorEntry*> fused;
+      for (auto& o : ops) fused.push_back(&o->entry);
+      ASSERT_TRUE(plane_->Allreduce(fused, {dtype, op}).ok());
+      ASSERT_TRUE(Finish().ok());
+      for (size_t i = 0; i < ops.size(); ++i) {
+        const HostTensor& out = i == 2 ? ops[i]->result : ops[i]->input;
+        EXPECT_TRUE(Reduced(out, op, dtype, size_)) << "fused, tensor " << i;
+      }
+      Op alone("alone", dtype, {1000});
+      Fill(&alone.input, op, rank_);
+      ASSERT_TRUE(plane_->Allreduce({&alone.entry}, {dtype, op}).ok());
+      ASSERT_TRUE(Finish().ok());
+      EXPECT_TRUE(Reduced(alone.input, op, dtype, size_)) << "alone";
+    }
+  }
+}
+
+TEST_F(DevicePlaneTest, ScalesAreFoldedIntoTheCopies) {
+  for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
+                         DataType::kFloat64, DataType::kInt32}) {
+    for (bool fused : {false, true}) {
+      Op a("a", dtype, {777});
+      Op b("b", dtype, {5});
+      Fill(&a.input, ReduceOp::kSum, rank_);
+      Fill(&b.input, ReduceOp::kSum, rank_);
+      a.OutOfPlace();
+      std::vector<TensorEntry*> entries{&a.entry};
+      if (fused) entries.push_back(&b.entry);
+      // prescale 4, postscale 0.25 and the average's 1/size: the sum divided by size.
+      ASSERT_TRUE(plane_->Allreduce(entries, {dtype, ReduceOp::kAverage, 4.0, 0.25}).ok());
+      ASSERT_TRUE(Finish().ok());
+      EXPECT_TRUE(Reduced(a.result, ReduceOp::kAverage, dtype, size_)) << fused;
+      if (fused) {
+        EXPECT_TRUE(Reduced(b.input, ReduceOp::kAverage, dtype, size_));
+      }
+    }
+  }
+}
+
+TEST_F(DevicePlaneTest, WaitsOnTheStreamForASlowProducer) {
+  Op op("late", DataType::kFloat32, {4096});
+  HostStream producer;
+  // The producer writes the input only after a while; until then the input holds garbage.
+  for (int64_t i = 0; i < op.input.size(); ++i) op.input.Set(i, -1000);
+  producer.Enqueue([&] {
+    std::this_thread::sleep_for(milliseconds(300));
+    Fill(&op.input, ReduceOp::kSum, rank_);
+  });
+  op.entry.ready = producer.Record();
+  ASSERT_TRUE(plane_->Allreduce({&op.entry}, {DataType::kFloat32, ReduceOp::kSum}).ok());
+  // Launching did not wait for the producer.
+  EXPECT_FALSE(op.entry.ready->Query());
+  ASSERT_TRUE(Finish().ok());
+  EXPECT_TRUE(Reduced(op.input, ReduceOp::kSum, DataType::kFloat32, size_));
+}
+
+TEST_F(DevicePlaneTest, StreamOrderedCompletionOrdersAConsumerAfterTheReduction) {
+  Op op("ordered", DataType::kFloat64, {1000});
+  HostStream producer;
+  producer.Enqueue([&] {
+    std::this_thread::sleep_for(milliseconds(200));
+    Fill(&op.input, ReduceOp::kSum, rank_);
+  });
+  op.entry.ready = producer.Record();
+  ASSERT_TRUE(plane_->Allreduce({&op.entry}, {DataType::kFloat64, ReduceOp::kSum}).ok());
+  std::shared_ptr<StreamEvent> done = plane_->TakeCompletion();
+  // The consumer's stream waits for the launched event; its work reads the result.
+  bool timed_out = true;
+  std::shared_ptr<StreamEvent> launched = op.entry.state->WaitLaunched(seconds(10), &timed_out);
+  ASSERT_FALSE(timed_out);
+  ASSERT_EQ(launched, done);
+  HostStream consumer;
+  consumer.WaitFor(launched);
+  std::atomic<double> seen{-1};
+  consumer.Enqueue([&] { seen = op.input.Get(999); });
+  ASSERT_TRUE(consumer.Record()->Wait(kWaitLimit).ok());
+  EXPECT_EQ(seen.load(), Expected(ReduceOp::kSum, DataType::kFloat64, size_, 999));
+}
+
+TEST_F(DevicePlaneTest, AllgatherOfVariableFirstDimensions) {
+  const int64_t mine = rank_ + 1;  // rank r gives r + 1 rows of 3
+  Op op("gather", DataType::kInt32, {mine, 3});
+  for (int64_t i = 0; i < op.input.size(); ++i) op.input.Set(i, rank_ * 100 + i);
+  std::vector<int64_t> first_dims;
+  for (int r = 0; r < size_; ++r) first_dims.push_back(r + 1);
+  std::unique_ptr<HostTensor> out;
+  op.entry.allocator = Into(&out);
+  ASSERT_TRUE(plane_->Allgather(&op.entry, first_dims).ok());
+  ASSERT_TRUE(Finish().ok());
+  ASSERT_NE(out, nullptr);
+  int64_t at = 0;
+  for (int r = 0; r < size_; ++r) {
+    for (int64_t i = 0; i < (r + 1) * 3; ++i) EXPECT_EQ(out->Get(at++), r * 100 + i);
+  }
+  EXPECT_EQ(op.entry.state->output_shape, (std::vector<int64_t>{size_ * (size_ + 1) / 2, 3}));
+}
+
+TEST_F(DevicePlaneTest, BroadcastFromEveryRoot) {
+  for (int root = 0; root < size_; ++root) {
+    Op op("bcast", DataType::kBFloat16, {33});
+    for (int64_t i = 0; i < op.input.size(); ++i) op.input.Set(i, rank_ == root ? i : -1);
+    ASSERT_TRUE(plane_->Broadcast(&op.entry, root).ok());
+    ASSERT_TRUE(Finish().ok());
+    for (int64_t i = 0; i < op.input.size(); ++i) EXPECT_EQ(op.input.Get(i), i);
+  }
+}
+
+TEST_F(DevicePlaneTest, AlltoallWithSplits) {
+  // Rank r sends q + 1 rows (of 2) to rank q.
+  std::vector<int64_t> splits;
+  int64_t rows = 0;
+  for (int q = 0; q < size_; ++q) {
+    splits.push_back(q + 1);
+    rows += q + 1;
+  }
+  Op op("a2a", DataType::kInt64, {rows, 2});
+  for (int64_t i = 0; i < op.input.size(); ++i) op.input.Set(i, rank_ * 1000 + i);
+  op.entry.splits = splits;
+  std::unique_ptr<HostTensor> out;
+  op.entry.allocator = Into(&out);
+  ASSERT_TRUE(plane_->Alltoall(&op.entry).ok());
+  ASSERT_TRUE(Finish().ok());
+  EXPECT_EQ(op.entry.state->received_splits, std::vector<int64_t>(size_, rank_ + 1));
+  ASSERT_NE(out, nullptr);
+  int64_t at = 0;
+  const int64_t first_row = rank_ * (rank_ + 1) / 2;  // rows sent to ranks before this one
+  for (int r = 0; r < size_; ++r) {
+    for (int64_t i = 0; i < (rank_ + 1) * 2; ++i) {
+      EXPECT_EQ(out->Get(at++), r * 1000 + first_row * 2 + i);
+    }
+  }
+}
+
+TEST_F(DevicePlaneTest, ReducescatterFusedWithUnevenRowsAndAlone) {
+  for (bool fused : {false, true}) {
+    Op a("rs.a", DataType::kFloat32, {2 * size_ + 1, 3});  // a remainder row for rank 0
+    Op b("rs.b", DataType::kFloat32, {1});                 // fewer rows than ranks
+    Fill(&a.input, ReduceOp::kSum, rank_);
+    Fill(&b.input, ReduceOp::kSum, rank_);
+    std::unique_ptr<HostTensor> out_a;
+    std::unique_ptr<HostTensor> out_b;
+    a.entry.allocator = Into(&out_a);
+    b.entry.allocator = Into(&out_b);
+    std::vector<TensorEntry*> entries{&a.entry};
+    if (fused) entries.push_back(&b.entry);
+    std::vector<LocalFailure> failures;
+    const double prescale = fused ? 2.0 : 1.0;
+    ASSERT_TRUE(
+        plane_
+            ->Reducescatter(entries, {DataType::kFloat32, ReduceOp::kSum, prescale, 0.5}, &failures)
+            .ok());
+    ASSERT_TRUE(Finish().ok());
+    EXPECT_TRUE(failures.empty());
+    const std::vector<int64_t> rows = EvenSplits(2 * size_ + 1, size_);
+    int64_t first = 0;
+    for (int r = 0; r < rank_; ++r) first += rows[r] * 3;
+    ASSERT_NE(out_a, nullptr);
+    ASSERT_EQ(out_a->size(), rows[rank_] * 3);
+    for (int64_t i = 0; i < out_a->size(); ++i) {
+      EXPECT_EQ(out_a->Get(i),
+                Expected(ReduceOp::kSum, DataType::kFloat32, size_, first + i) * prescale * 0.5);
+    }
+    if (fused) {
+      const int64_t b_rows = EvenSplits(1, size_)[rank_];
+      if (b_rows == 1) {
+        ASSERT_NE(out_b, nullptr);
+        EXPECT_EQ(out_b->Get(0), Expected(ReduceOp::kSum, DataType::kFloat32, size_, 0));
+      }
+      EXPECT_EQ(b.entry.state->output_shape, std::vector<int64_t>{b_rows});
+    }
+  }
+}
+
+TEST_F(DevicePlaneTest, JoinedRanksStandInHoldsTheIdentity) {
+  // Every rank takes part through a stand-in moved into the backend's memory.
+  std::vector<float> identity(100, 1.0f);  // the product's identity
+  TensorEntry stand_in;
+  stand_in.name = "stand-in";
+  stand_in.input = TensorView(identity.data(), DataType::kFloat32, {100});
+  stand_in.output = stand_in.input;
+  ASSERT_TRUE(plane_->AdoptStandIn(&stand_in).ok());
+  EXPECT_NE(stand_in.input.data, identity.data());
+  ASSERT_TRUE(plane_->Allreduce({&stand_in}, {DataType::kFloat32, ReduceOp::kProduct}).ok());
+  ASSERT_TRUE(Finish().ok());
+  EXPECT_EQ(static_cast<float*>(stand_in.output.data)[7], 1.0f);
+  plane_->ReleaseStandIns();
+}
+
+TEST_F(DevicePlaneTest, FinalizerCompletesLaunchedBucketsInOrder) {
+  std::mutex mu;
+  std::vector<std::string> completed;
+  Finalizer finalizer([&](const std::vector<TensorEntry*>& entries, const Status& status) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (TensorEntry* entry : entries) {
+      completed.push_back(entry->name + (status.ok() ? "" : " failed"));
+      entry->state->Record(status);
+    }
+    OpState::AnnounceCompletions();
+  });
+  std::vector<std::unique_ptr<Op>> ops;
+  for (int i = 0; i < 20; ++i) {
+    ops.push_back(std::make_unique<Op>("op" + std::to_string(i), DataType::kFloat32,
+                                       std::vector<int64_t>{64 + i}));
+    Fill(&ops.back()->input, ReduceOp::kSum, rank_);
+    ASSERT_TRUE(plane_->Allreduce({&ops.back()->entry}, {DataType::kFloat32, ReduceOp::kSum}).ok());
+    finalizer.Add(plane_.get(), 0, {&ops.back()->entry}, plane_->TakeCompletion());
+  }
+  finalizer.Drain();
+  EXPECT_EQ(finalizer.pending(), 0u);
+  ASSERT_EQ(completed.size(), 20u);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(completed[i], "op" + std::to_string(i));
+    EXPECT_TRUE(Reduced(ops[i]->input, ReduceOp::kSum, DataType::kFloat32, size_));
+  }
+}
+
+TEST_F(DevicePlaneTest, NeverReadyProducerTimesOutAndAbortsThePlane) {
+  MakePlane(milliseconds(500));
+  Status failure;
+  Finalizer finalizer(
+      [&](const std::vector<TensorEntry*>&, const Status& status) { failure = status; });
+  Op stuck("stuck.grad", DataType::kFloat32, {16});
+  stuck.entry.ready = std::make_shared<HostEvent>();  // a producer that never finishes
+  ASSERT_TRUE(plane_->Allreduce({&stuck.entry}, {DataType::kFloat32, ReduceOp::kSum}).ok());
+  const auto start = std::chrono::steady_clock::now();
+  finalizer.Add(plane_.get(), 3, {&stuck.entry}, plane_->TakeCompletion());
+  finalizer.Drain();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(450));
+  EXPECT_EQ(failure.code(), StatusCode::kTimeout) << failure.ToString();
+  for (const char* needle : {"allreduce of tensor 'stuck.grad'", "process set 3",
+                             "GRADSYNC_NCCL_TIMEOUT_SECONDS", "aborted"}) {
+    EXPECT_NE(failure.message().find(needle), std::string::npos) << failure.message();
+  }
+  // Every later operation on the plane fails at once, with the same cause.
+  Op later("later", DataType::kFloat32, {16});
+  const Status refused = plane_->Allreduce({&later.entry}, {DataType::kFloat32, ReduceOp::kSum});
+  EXPECT_EQ(refused.code(), StatusCode::kTimeout);
+  EXPECT_NE(refused.message().find("stuck.grad"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsync

@@ -1,0 +1,153 @@
+#include "coordinator/finalizer.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/host_stream.h"
+
+namespace gradsync {
+namespace {
+
+using std::chrono::milliseconds;
+
+// A device plane reduced to what the finalizer uses: its events, its asynchronous error and its
+// abort, which fails every event it handed out.
+class FakePlane : public DataPlane {
+ public:
+  Status Allreduce(const std::vector<TensorEntry*>&, const ReduceSpec&) override { return {}; }
+  Status Allgather(TensorEntry*, const std::vector<int64_t>&) override { return {}; }
+  Status Broadcast(TensorEntry*, int) override { return {}; }
+  Status Reducescatter(const std::vector<TensorEntry*>&, const ReduceSpec&,
+                       std::vector<LocalFailure>*) override {
+    return {};
+  }
+  Status Alltoall(TensorEntry*) override { return {}; }
+  std::chrono::nanoseconds completion_timeout() const override { return timeout; }
+  Status CheckAsyncError() override {
+    std::lock_guard<std::mutex> lock(mu);
+    return async_error;
+  }
+  void Abort(const Status& status) override {
+    aborts++;
+    for (auto& event : events) event->Complete(status);
+  }
+
+  std::shared_ptr<HostEvent> NewEvent() {
+    events.push_back(std::make_shared<HostEvent>());
+    return events.back();
+  }
+
+  std::chrono::nanoseconds timeout = std::chrono::hours(1);
+  std::mutex mu;
+  Status async_error;
+  std::atomic<int> aborts{0};
+  std::vector<std::shared_ptr<HostEvent>> events;
+};
+
+struct Completions {
+  std::mutex mu;
+  std::vector<std::pair<std::string, Status>> seen;
+
+  Finalizer::CompleteFn Fn() {
+    return [this](const std::vector<TensorEntry*>& entries, const Status& status) {
+      std::lock_guard<std::mutex> lock(mu);
+      for (TensorEntry* entry : entries) seen.emplace_back(entry->name, status);
+    };
+  }
+};
+
+std::unique_ptr<TensorEntry> Entry(const std::string& name) {
+  auto entry = std::make_unique<TensorEntry>();
+  entry->name = name;
+  entry->state = std::make_shared<OpState>();
+  return entry;
+}
+
+TEST(FinalizerTest, CompletesABucketWhenItsEventDoes) {
+  Completions done;
+  FakePlane plane;
+  Finalizer finalizer(done.Fn());
+  auto a = Entry("a");
+  auto b = Entry("b");
+  auto event = plane.NewEvent();
+  finalizer.Add(&plane, 0, {a.get(), b.get()}, event);
+  EXPECT_EQ(finalizer.pending(), 1u);
+  std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_TRUE(done.seen.empty()) << "completed before its event";
+  event->Complete(Status::OK());
+  finalizer.Drain();
+  ASSERT_EQ(done.seen.size(), 2u);
+  EXPECT_EQ(done.seen[0].first, "a");
+  EXPECT_TRUE(done.seen[1].second.ok());
+  EXPECT_EQ(finalizer.pending(), 0u);
+}
+
+TEST(FinalizerTest, AFailedEventFailsItsBucket) {
+  Completions done;
+  FakePlane plane;
+  Finalizer finalizer(done.Fn());
+  auto a = Entry("a");
+  auto event = plane.NewEvent();
+  finalizer.Add(&plane, 0, {a.get()}, event);
+  event->Complete(Status(StatusCode::kCudaError, "ncclSystemError"));
+  finalizer.Drain();
+  ASSERT_EQ(done.seen.size(), 1u);
+  EXPECT_EQ(done.seen[0].second.code(), StatusCode::kCudaError);
+}
+
+TEST(FinalizerTest, ALateBucketAbortsItsPlaneOnceNamingItsTensors) {
+  Completions done;
+  FakePlane plane;
+  plane.timeout = milliseconds(100);
+  Finalizer finalizer(done.Fn());
+  std::vector<std::unique_ptr<TensorEntry>> entries;
+  std::vector<TensorEntry*> bucket;
+  for (const char* name : {"w1", "w2", "w3", "w4", "w5"}) {
+    entries.push_back(Entry(name));
+    bucket.push_back(entries.back().get());
+  }
+  auto later = Entry("later");
+  finalizer.Add(&plane, 2, bucket, plane.NewEvent());
+  finalizer.Add(&plane, 2, {later.get()}, plane.NewEvent());
+  finalizer.Drain();
+  EXPECT_EQ(plane.aborts.load(), 1);
+  ASSERT_EQ(done.seen.size(), 6u);
+  for (const auto& [name, status] : done.seen) {
+    EXPECT_EQ(status.code(), StatusCode::kTimeout) << name;
+    EXPECT_NE(status.message().find("allreduce of tensors 'w1', 'w2', 'w3' and 2 more"),
+              std::string::npos)
+        << status.message();
+    EXPECT_NE(status.message().find("process set 2"), std::string::npos);
+  }
+}
+
+TEST(FinalizerTest, AnAsynchronousErrorAbortsThePlane) {
+  Completions done;
+  FakePlane plane;
+  Finalizer finalizer(done.Fn());
+  auto a = Entry("a");
+  finalizer.Add(&plane, 0, {a.get()}, plane.NewEvent());
+  {
+    std::lock_guard<std::mutex> lock(plane.mu);
+    plane.async_error = Status(StatusCode::kCudaError, "NCCL reported unhandled system error");
+  }
+  finalizer.Drain();
+  EXPECT_EQ(plane.aborts.load(), 1);
+  ASSERT_EQ(done.seen.size(), 1u);
+  EXPECT_NE(done.seen[0].second.message().find("unhandled system error"), std::string::npos);
+}
+
+TEST(FinalizerTest, NoThreadUntilTheFirstBucket) {
+  Completions done;
+  { Finalizer unused(done.Fn()); }  // constructing and destroying one is free and immediate
+  EXPECT_TRUE(done.seen.empty());
+}
+
+}  // namespace
+}  // namespace gradsync
