@@ -149,7 +149,7 @@ bool ReplicasIdentical(const std::vector<double>& weights) {
   };
   gradsync::TensorView input(const_cast<double*>(weights.data()), gradsync::DataType::kFloat64,
                              {1, n});
-  gradsync::allgather(input, allocate, {"final_weights", nullptr, {}}).wait();
+  gradsync::allgather(input, allocate, {"final_weights", nullptr, {}, {}}).wait();
   bool identical = true;
   for (int r = 0; r < gradsync::size(); ++r) {
     if (std::memcmp(all.data() + r * n, weights.data(), n * sizeof(double)) != 0) {
@@ -206,7 +206,7 @@ bool ParseArgs(int argc, char** argv, Options* opt) {
 bool ShareVerdict(bool replicas_ok, bool reference_ok) {
   int32_t verdict[2] = {replicas_ok ? 1 : 0, reference_ok ? 1 : 0};
   gradsync::TensorView view(verdict, gradsync::DataType::kInt32, {2});
-  gradsync::broadcast(view, 0, {"verdict", nullptr, {}}).wait();
+  gradsync::broadcast(view, 0, {"verdict", nullptr, {}, {}}).wait();
   return verdict[0] == 1 && verdict[1] == 1;
 }
 

@@ -40,10 +40,13 @@ void Fail(CudaStreamFailure* failure, const Status& status) {
 
 }  // namespace
 
-CudaEvent::CudaEvent(void* event, int device, std::shared_ptr<CudaStreamFailure> failure)
-    : event_(event), device_(device), failure_(std::move(failure)) {}
+CudaEvent::CudaEvent(void* event, int device, std::shared_ptr<CudaStreamFailure> failure,
+                     bool owned)
+    : event_(event), device_(device), failure_(std::move(failure)), owned_(owned) {}
 
-CudaEvent::~CudaEvent() { cudaEventDestroy(static_cast<cudaEvent_t>(event_)); }
+CudaEvent::~CudaEvent() {
+  if (owned_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
 
 Status CudaEvent::Poll() {
   GRADSYNC_RETURN_IF_ERROR(FailureOf(failure_.get()));

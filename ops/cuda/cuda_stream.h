@@ -27,7 +27,8 @@ struct CudaStreamFailure {
 
 class CudaEvent : public StreamEvent {
  public:
-  CudaEvent(void* event, int device, std::shared_ptr<CudaStreamFailure> failure);
+  // `owned`: destroyed with this object (false for a caller's event).
+  CudaEvent(void* event, int device, std::shared_ptr<CudaStreamFailure> failure, bool owned = true);
   ~CudaEvent() override;
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
@@ -37,6 +38,7 @@ class CudaEvent : public StreamEvent {
   Status Wait(std::chrono::nanoseconds timeout) override;
 
   void* native() const { return event_; }  // a cudaEvent_t
+  int device() const { return device_; }
 
  private:
   // OK once the event has completed, Timeout while it has not, or the failure.
@@ -45,6 +47,7 @@ class CudaEvent : public StreamEvent {
   void* event_;
   int device_;
   std::shared_ptr<CudaStreamFailure> failure_;
+  bool owned_;
 };
 
 class CudaStream : public Stream {

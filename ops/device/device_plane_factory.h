@@ -24,5 +24,8 @@ Status MakeDevicePlane(const Config& config, MPI_Comm comm, const Device& device
 
 // True when this build reduces device tensors (it was built with CUDA).
 bool BuiltWithCuda();
+// Whether CUDA can be used here at all: false (and *devices 0) without a driver or a device, or
+// in a build without CUDA.
+bool UsableCudaDevices(int* devices);
 
 }  // namespace gradsync

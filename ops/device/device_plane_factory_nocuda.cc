@@ -12,4 +12,9 @@ Status MakeDevicePlane(const Config&, MPI_Comm, const Device& device, std::uniqu
 
 bool BuiltWithCuda() { return false; }
 
+bool UsableCudaDevices(int* devices) {
+  *devices = 0;
+  return false;
+}
+
 }  // namespace gradsync

@@ -46,10 +46,13 @@ class HostDeviceBackend : public DeviceBackend {
   Status CheckAsyncError() override { return Status::OK(); }
   void Abort(const Status& status) override { stream_.Abort(status); }
 
+  // Runs `work` on the stream, in order with the collectives; a failure fails the stream with it.
+  // For backends built on this one (the staged MPI backend moves device memory around the
+  // collectives with it).
+  void Enqueue(std::function<Status()> work);
+
  private:
   explicit HostDeviceBackend(MPI_Comm comm);
-  // Runs `work` on the stream; a failure fails the stream with it.
-  void Enqueue(std::function<Status()> work);
 
   MPI_Comm comm_;
   int rank_ = 0;

@@ -5,6 +5,7 @@
 #include <memory>
 #include <thread>
 
+#include "ops/device/device_plane_factory.h"
 #include "test/mpi/multi_rank_test.h"
 
 namespace gradsync {
@@ -80,8 +81,8 @@ TEST_F(ErrorsTest, MismatchedPostscale) {
 TEST_F(ErrorsTest, MismatchedOperation) {
   if (size_ < 2) GTEST_SKIP() << "needs two ranks";
   HostTensor t(DataType::kFloat32, {4});
-  Handle h = rank_ == 0 ? broadcast(t.view(), 0, {"op.x", nullptr, {}})
-                        : allreduce(t.view(), {"op.x", ReduceOp::kSum, 1.0, 1.0, nullptr, {}});
+  Handle h = rank_ == 0 ? broadcast(t.view(), 0, {"op.x", nullptr, {}, {}})
+                        : allreduce(t.view(), {"op.x", ReduceOp::kSum, 1.0, 1.0, nullptr, {}, {}});
   EXPECT_TRUE(FailsWith(h, StatusCode::kMismatch, "operation"));
   ExpectLaterAllreduceWorks("after.op");
 }
@@ -89,7 +90,7 @@ TEST_F(ErrorsTest, MismatchedOperation) {
 TEST_F(ErrorsTest, MismatchedRoot) {
   if (size_ < 2) GTEST_SKIP() << "needs two ranks";
   HostTensor t(DataType::kFloat32, {4});
-  Handle h = broadcast(t.view(), rank_ == 0 ? 0 : 1, {"root.x", nullptr, {}});
+  Handle h = broadcast(t.view(), rank_ == 0 ? 0 : 1, {"root.x", nullptr, {}, {}});
   EXPECT_TRUE(FailsWith(h, StatusCode::kMismatch, "root rank"));
   ExpectLaterAllreduceWorks("after.root");
 }
@@ -230,21 +231,35 @@ TEST_F(ErrorsTest, AllgatherAllocatorFailureFailsTheHandle) {
   ExpectLaterAllreduceWorks("after.alloc");
 }
 
-TEST_F(ErrorsTest, DeviceTensorsNeedTheGpuDataPlane) {
+// A device tensor on a machine without a GPU (or a build without CUDA) fails at its first
+// operation, on every rank alike, with an error saying why; host work goes on.
+TEST_F(ErrorsTest, DeviceTensorWithoutAUsableDeviceFailsClearly) {
+  int devices = 0;
+  if (BuiltWithCuda() && UsableCudaDevices(&devices) && devices > 0) {
+    GTEST_SKIP() << "this machine has a CUDA device";
+  }
   float x[4] = {};
-  EXPECT_TRUE(
-      ThrowsWith([&] { allreduce(TensorView(x, DataType::kFloat32, {4}, Device::Cuda(0))); },
-                 StatusCode::kUnsupported, "cuda:0"));
+  for (int attempt = 0; attempt < 2; ++attempt) {  // the failure is kept, not retried
+    Handle h =
+        allreduce(TensorView(x, DataType::kFloat32, {4}, Device::Cuda(0)),
+                  {"device." + std::to_string(attempt), ReduceOp::kSum, 1, 1, nullptr, {}, {}});
+    if (BuiltWithCuda()) {
+      EXPECT_TRUE(FailsWith(h, StatusCode::kCudaError, "no CUDA device is usable"));
+    } else {
+      EXPECT_TRUE(FailsWith(h, StatusCode::kUnsupported, "built without CUDA"));
+    }
+  }
+  ExpectLaterAllreduceWorks("after.device");
 }
 
 TEST_F(ErrorsTest, UnknownDeviceKindIsAnInvalidArgument) {
   float x[4] = {};
   TensorView v(x, DataType::kFloat32, {4});
   v.device.kind = static_cast<DeviceKind>(7);
-  EXPECT_TRUE(ThrowsWith([&] { allreduce(v); }, StatusCode::kInvalidArgument,
-                         "unknown device kind 7"));
-  EXPECT_TRUE(ThrowsWith([&] { broadcast(v, 0); }, StatusCode::kInvalidArgument,
-                         "unknown device kind 7"));
+  EXPECT_TRUE(
+      ThrowsWith([&] { allreduce(v); }, StatusCode::kInvalidArgument, "unknown device kind 7"));
+  EXPECT_TRUE(
+      ThrowsWith([&] { broadcast(v, 0); }, StatusCode::kInvalidArgument, "unknown device kind 7"));
 }
 
 // What a blocking call made inside a completion callback threw, if anything.
@@ -254,9 +269,9 @@ struct CallbackOutcome {
   std::string message;
 };
 
-// Runs `call` inside the callback of an allreduce on every rank and returns what it threw. Callbacks
-// run on gradsync's background thread, which completes every handle, so a blocking call there must
-// be refused with an error rather than deadlock; every rank then goes on.
+// Runs `call` inside the callback of an allreduce on every rank and returns what it threw.
+// Callbacks run on gradsync's background thread, which completes every handle, so a blocking call
+// there must be refused with an error rather than deadlock; every rank then goes on.
 template <typename Call>
 void RunInsideCallback(CallbackOutcome* outcome, const Call& call) {
   float x[4] = {};
@@ -307,7 +322,8 @@ TEST_F(ErrorsTest, WaitingInsideACallbackIsAnErrorAndEveryRankGoesOn) {
 
   // Another handle, even a finished one, and with a time limit.
   float y[4] = {};
-  const Handle other = allreduce(TensorView(y, DataType::kFloat32, {4}), Named<AllreduceOptions>("callback.other"));
+  const Handle other =
+      allreduce(TensorView(y, DataType::kFloat32, {4}), Named<AllreduceOptions>("callback.other"));
   ASSERT_TRUE(Succeeds(other));
   CallbackOutcome waited_other;
   RunInsideCallback(&waited_other, [other] { other.wait_for(std::chrono::seconds(30)); });
@@ -317,8 +333,7 @@ TEST_F(ErrorsTest, WaitingInsideACallbackIsAnErrorAndEveryRankGoesOn) {
 
   CallbackOutcome joined;
   RunInsideCallback(&joined, [] { join(); });
-  EXPECT_NE(joined.message.find("join() was called from a completion callback"),
-            std::string::npos)
+  EXPECT_NE(joined.message.find("join() was called from a completion callback"), std::string::npos)
       << joined.message;
   ExpectLaterAllreduceWorks("after.callback.wait");
 }

@@ -30,11 +30,11 @@ TEST_F(StallTest, MissingRankFailsEveryPendingHandleWithoutSpinning) {
   Handle h;
   if (rank_ != missing) {
     h = allreduce(TensorView(x, DataType::kFloat32, {8}),
-                  {"stall.x", ReduceOp::kSum, 1, 1, {}, {}});
+                  {"stall.x", ReduceOp::kSum, 1, 1, {}, {}, {}});
   } else {
     // Waits for a tensor no other rank submits, so this rank's handle is stuck too.
     h = allreduce(TensorView(only_here, DataType::kFloat32, {8}),
-                  {"stall.only_on_last", ReduceOp::kSum, 1, 1, {}, {}});
+                  {"stall.only_on_last", ReduceOp::kSum, 1, 1, {}, {}, {}});
   }
   const double cpu0 = ProcessCpuSeconds(), wall0 = WallSeconds();
   EXPECT_TRUE(FailsWith(h, StatusCode::kStalled, "missing on rank"));

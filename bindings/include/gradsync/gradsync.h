@@ -122,6 +122,18 @@ int join();
 
 using CompletionCallback = std::function<void(const Status&)>;
 
+// Device tensors whose producer is still running: gradsync's communication stream waits for the
+// producer on the device, so neither the caller nor gradsync's threads block on it. Give the
+// producer's stream (a cudaStream_t: gradsync records an event on it at enqueue), or an event (a
+// cudaEvent_t the caller recorded after the producing work, and does not record again until the
+// operation is launched, which wait() or synchronize_stream() assure). Opaque handles, so that
+// this header needs no CUDA headers. Both null (the default): the input is ready at enqueue.
+// Ignored for host tensors.
+struct DeviceReadiness {
+  void* cuda_stream = nullptr;
+  void* cuda_event = nullptr;
+};
+
 // The result of one enqueued collective. Copyable; copies share the same operation.
 class Handle {
  public:
@@ -139,6 +151,13 @@ class Handle {
   std::vector<int64_t> output_shape() const;
   // Alltoall: the rows received from each rank, in rank order, once finished.
   std::vector<int64_t> received_splits() const;
+  // Stream-ordered completion for device tensors: work given to `cuda_stream` (a cudaStream_t)
+  // after this call runs after the operation, ordered on the device (as DDP orders its next
+  // kernels after its communication stream). Blocks the host only until the operation is launched
+  // (its negotiation done), never until it has run; with the MPI device backend, and for host
+  // tensors, it waits on the host until the operation finishes. Throws Error if the operation
+  // failed before launch, or if its work is known to have failed.
+  void synchronize_stream(void* cuda_stream) const;
   bool valid() const { return state_ != nullptr; }
 
  private:
@@ -153,6 +172,7 @@ struct AllreduceOptions {
   double postscale = 1.0;  // applied to the result (average folds 1/size in as well)
   CompletionCallback on_complete;
   ProcessSet process_set;  // the global set by default
+  DeviceReadiness ready;   // device tensors: when the producer is done
 };
 
 // Reduces `tensor` across ranks in place.
@@ -170,6 +190,7 @@ struct AllgatherOptions {
   std::string name;
   CompletionCallback on_complete;
   ProcessSet process_set;  // the global set by default
+  DeviceReadiness ready;   // device tensors: when the producer is done
 };
 
 // Concatenates every rank's `input` along the first dimension, in rank order. Ranks may differ in
@@ -180,6 +201,7 @@ struct BroadcastOptions {
   std::string name;
   CompletionCallback on_complete;
   ProcessSet process_set;  // the global set by default
+  DeviceReadiness ready;   // device tensors: when the producer is done
 };
 
 // Overwrites `tensor` on every rank with the root's.
@@ -192,6 +214,7 @@ struct ReducescatterOptions {
   double postscale = 1.0;
   CompletionCallback on_complete;
   ProcessSet process_set;  // the global set by default
+  DeviceReadiness ready;   // device tensors: when the producer is done
 };
 
 // Reduces `input` (same shape on every rank, at least one dimension) across ranks and leaves each
@@ -212,6 +235,7 @@ struct AlltoallOptions {
   std::vector<int64_t> splits;
   CompletionCallback on_complete;
   ProcessSet process_set;  // the global set by default
+  DeviceReadiness ready;   // device tensors: when the producer is done
 };
 
 // Sends consecutive slices of `input` (at least one dimension) along the first dimension to each
@@ -230,6 +254,7 @@ struct GroupedAllreduceOptions {
   double prescale = 1.0;
   double postscale = 1.0;
   ProcessSet process_set;
+  DeviceReadiness ready;  // device tensors: when the producer is done
 };
 // Reduces every tensor in place.
 std::vector<Handle> grouped_allreduce(const std::vector<TensorView>& tensors,
@@ -238,6 +263,7 @@ std::vector<Handle> grouped_allreduce(const std::vector<TensorView>& tensors,
 struct GroupedAllgatherOptions {
   std::vector<std::string> names;
   ProcessSet process_set;
+  DeviceReadiness ready;  // device tensors: when the producer is done
 };
 // allgather() of every input; allocators[i] provides input i's output.
 std::vector<Handle> grouped_allgather(const std::vector<TensorView>& inputs,
@@ -250,6 +276,7 @@ struct GroupedReducescatterOptions {
   double prescale = 1.0;
   double postscale = 1.0;
   ProcessSet process_set;
+  DeviceReadiness ready;  // device tensors: when the producer is done
 };
 // reducescatter() of every input; allocators[i] provides input i's output.
 std::vector<Handle> grouped_reducescatter(const std::vector<TensorView>& inputs,

@@ -1,0 +1,75 @@
+// MpiStagedBackend (GRADSYNC_GPU_BACKEND=mpi): device tensors reduced with MPI. The batched copy
+// runs on the device, on a CUDA stream of this backend's own; the collective runs on host memory
+// through HostDeviceBackend, whose thread is the communication stream: it waits for the
+// producers' events, drives each step's device work to completion and then calls MPI. Without a
+// CUDA-aware MPI, each collective's data is staged through pinned host buffers (device to host
+// before, host to device after); with one (detected at creation), MPI reads and writes device
+// memory directly.
+//
+// What it costs: one host thread per process set and device, and a host wait per step on that
+// thread (never on the caller's or the background thread). What it gives: a fallback where NCCL
+// is absent, and ranks that share one GPU, which NCCL refuses. Its completion events are host
+// events, so stream-ordered completion waits on the host (docs/user_guide.md says so).
+//
+// Thread safety: as DeviceBackend.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+
+#include "ops/cuda/cuda_batched_copy.h"
+#include "ops/device/device_backend.h"
+#include "ops/device/host_device_backend.h"
+
+namespace gradsync {
+
+class MpiStagedBackend : public DeviceBackend {
+ public:
+  // Collective over `comm`.
+  static Status Create(MPI_Comm comm, int device, std::unique_ptr<MpiStagedBackend>* backend);
+  ~MpiStagedBackend() override;
+
+  const char* name() const override { return "mpi"; }
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+  Stream* stream() override { return host_->stream(); }
+  bool cuda_aware() const { return cuda_aware_; }
+
+  Status Allocate(size_t bytes, void** ptr) override;
+  void FreeAfterWork(void* ptr) override;
+  Status Upload(const void* host, void* dst, size_t bytes) override;
+  Status BatchedCopy(const std::vector<CopySegment>& segments, DataType dtype) override;
+  Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                   ReduceOp op) override;
+  Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                    DataType dtype) override;
+  Status Broadcast(void* buffer, int64_t count, DataType dtype, int root) override;
+  Status Alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                   const std::vector<int64_t>& recv_counts, DataType dtype) override;
+  Status ReduceScatterv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                        DataType dtype, ReduceOp op) override;
+  Status CheckAsyncError() override { return Status::OK(); }
+  void Abort(const Status& status) override { host_->Abort(status); }
+
+ private:
+  MpiStagedBackend(int device, bool cuda_aware) : device_(device), cuda_aware_(cuda_aware) {}
+  // Pinned host memory of at least `bytes`, valid for work enqueued from now on.
+  Status Staging(size_t bytes, char** pinned);
+  // Enqueues a copy between host and device memory, finished before the next step starts.
+  void Copy(void* dst, const void* src, size_t bytes);
+
+  int device_;
+  bool cuda_aware_;
+  void* cuda_stream_ = nullptr;  // cudaStream_t for the copies and kernels
+  std::unique_ptr<CudaBatchedCopier> copier_;
+  char* staging_ = nullptr;
+  size_t staging_capacity_ = 0;
+  std::unique_ptr<HostDeviceBackend> host_;  // last: its thread stops first
+};
+
+// Whether the MPI library reads and writes device memory itself (Open MPI's
+// MPIX_Query_cuda_support); false where the library cannot say.
+bool MpiIsCudaAware();
+
+}  // namespace gradsync

@@ -1,0 +1,26 @@
+// A framework's CUDA handles as the device plane's events, for the public API: a producer's
+// readiness in, and stream-ordered completion out. Free of CUDA includes (handles are void*).
+//
+// Thread safety: any thread.
+#pragma once
+
+#include <memory>
+
+#include "gradsync/status.h"
+#include "runtime/stream.h"
+
+namespace gradsync {
+
+// The producer's readiness for an input on cuda:`device`: `cuda_event` (a cudaEvent_t the caller
+// recorded after the work that writes the input, and does not record again until the operation
+// is launched), or else an event gradsync records now on `cuda_stream` (a cudaStream_t). Sets
+// *ready to null when both are null. Unsupported in a build without CUDA.
+Status ImportReadiness(void* cuda_event, void* cuda_stream, int device,
+                       std::shared_ptr<StreamEvent>* ready);
+
+// Orders the work given to `cuda_stream` from now on after `done`: on the device, without
+// blocking, when `done` is a CUDA event; otherwise (a host event: the MPI backend's) by waiting
+// on the host until it completes. Returns the failure of an operation that failed.
+Status OrderStreamAfter(const std::shared_ptr<StreamEvent>& done, void* cuda_stream);
+
+}  // namespace gradsync

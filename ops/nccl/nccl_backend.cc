@@ -1,0 +1,150 @@
+#include "ops/nccl/nccl_backend.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <string>
+
+#include "ops/cuda/cuda_status.h"
+#include "runtime/mpi_context.h"
+
+namespace gradsync {
+
+int NcclDataTypeOf(DataType dtype) {
+  switch (dtype) {
+    case DataType::kUInt8:
+      return ncclUint8;
+    case DataType::kInt8:
+      return ncclInt8;
+    case DataType::kInt32:
+      return ncclInt32;
+    case DataType::kInt64:
+      return ncclInt64;
+    case DataType::kFloat16:
+      return ncclFloat16;
+    case DataType::kBFloat16:
+      return ncclBfloat16;
+    case DataType::kFloat32:
+      return ncclFloat32;
+    case DataType::kFloat64:
+      return ncclFloat64;
+  }
+  return ncclFloat32;
+}
+
+int NcclRedOpOf(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kProduct:
+      return ncclProd;
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      return ncclSum;
+  }
+  return ncclSum;
+}
+
+Status NcclBackend::Create(MPI_Comm comm, int device, std::unique_ptr<NcclBackend>* backend) {
+  int rank = 0;
+  int size = 1;
+  GRADSYNC_MPI_CALL(MPI_Comm_rank(comm, &rank));
+  GRADSYNC_MPI_CALL(MPI_Comm_size(comm, &size));
+  GRADSYNC_CUDA_CALL(cudaSetDevice(device), device);
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  Status made;
+  if (rank == 0) made = NcclResult(ncclGetUniqueId(&id), "ncclGetUniqueId", device);
+  // Rank 0's failure travels with the id (an all-zero id), so no rank waits for a communicator
+  // that will never form.
+  int ok = made.ok() ? 1 : 0;
+  GRADSYNC_MPI_CALL(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
+  GRADSYNC_MPI_CALL(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm));
+  if (!ok) {
+    return made.ok() ? Status(StatusCode::kCudaError, "ncclGetUniqueId failed on rank 0") : made;
+  }
+  std::unique_ptr<NcclBackend> created(new NcclBackend(device, rank, size));
+  GRADSYNC_RETURN_IF_ERROR(CudaStream::Create(device, &created->stream_));
+  ncclComm_t nccl_comm = nullptr;
+  GRADSYNC_NCCL_CALL(ncclCommInitRank(&nccl_comm, size, id, rank), device);
+  created->comm_ = nccl_comm;
+  created->copier_ = std::make_unique<CudaBatchedCopier>(device);
+  *backend = std::move(created);
+  return Status::OK();
+}
+
+NcclBackend::~NcclBackend() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cudaSetDevice(device_);
+  copier_.reset();  // waits for the kernels that read its staging blocks
+  if (comm_ == nullptr) return;
+  if (aborted_) return;  // ncclCommAbort freed it
+  cudaStreamSynchronize(static_cast<cudaStream_t>(cuda_stream()));
+  ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+}
+
+Status NcclBackend::Enter() {
+  if (aborted_) return abort_status_;
+  GRADSYNC_CUDA_CALL(cudaSetDevice(device_), device_);
+  return Status::OK();
+}
+
+Status NcclBackend::Allocate(size_t bytes, void** ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  GRADSYNC_RETURN_IF_ERROR(Enter());
+  GRADSYNC_CUDA_CALL(
+      cudaMallocAsync(ptr, bytes == 0 ? 1 : bytes, static_cast<cudaStream_t>(cuda_stream())),
+      device_);
+  return Status::OK();
+}
+
+void NcclBackend::FreeAfterWork(void* ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_) return;  // stuck work may still hold it: leaked, with the aborted communicator
+  cudaSetDevice(device_);
+  cudaFreeAsync(ptr, static_cast<cudaStream_t>(cuda_stream()));
+}
+
+Status NcclBackend::Upload(const void* host, void* dst, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  GRADSYNC_RETURN_IF_ERROR(Enter());
+  const auto stream = static_cast<cudaStream_t>(cuda_stream());
+  GRADSYNC_CUDA_CALL(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream), device_);
+  GRADSYNC_CUDA_CALL(cudaStreamSynchronize(stream), device_);
+  return Status::OK();
+}
+
+Status NcclBackend::BatchedCopy(const std::vector<CopySegment>& segments, DataType dtype) {
+  std::lock_guard<std::mutex> lock(mu_);
+  GRADSYNC_RETURN_IF_ERROR(Enter());
+  return copier_->Launch(segments, dtype, cuda_stream());
+}
+
+Status NcclBackend::CheckAsyncError() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_ || comm_ == nullptr) return Status::OK();
+  ncclResult_t async = ncclSuccess;
+  GRADSYNC_NCCL_CALL(ncclCommGetAsyncError(static_cast<ncclComm_t>(comm_), &async), device_);
+  if (async == ncclSuccess || async == ncclInProgress) return Status::OK();
+  std::string message = std::string("NCCL reported an asynchronous error on cuda:") +
+                        std::to_string(device_) + ": " + ncclGetErrorString(async);
+  const char* detail = ncclGetLastError(static_cast<ncclComm_t>(comm_));
+  if (detail != nullptr && detail[0] != '\0') message += std::string(" (") + detail + ")";
+  return Status(StatusCode::kCudaError, message);
+}
+
+void NcclBackend::Abort(const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_) return;
+  aborted_ = true;
+  abort_status_ = status;
+  // The stream first: its events then report the abort even while stuck kernels drain.
+  stream_->Abort(status);
+  cudaSetDevice(device_);
+  if (comm_ != nullptr) ncclCommAbort(static_cast<ncclComm_t>(comm_));
+}
+
+}  // namespace gradsync

@@ -1,0 +1,72 @@
+// NcclBackend: DeviceBackend over one NCCL communicator of a process set on one device, with a
+// non-blocking highest-priority CUDA stream as the communication stream. Each collective lives in
+// its own file (allreduce.cc, allgather.cc, broadcast.cc, alltoall.cc, reducescatter.cc), as the
+// MPI plane's do.
+//
+// Abort calls ncclCommAbort, which releases kernels stuck waiting on peers, and fails the stream.
+// A mutex keeps it from racing with an enqueue on the background thread.
+//
+// Thread safety: as DeviceBackend.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <mutex>
+
+#include "ops/cuda/cuda_batched_copy.h"
+#include "ops/cuda/cuda_stream.h"
+#include "ops/device/device_backend.h"
+
+namespace gradsync {
+
+class NcclBackend : public DeviceBackend {
+ public:
+  // Collective over `comm`: rank 0 makes the NCCL unique id, MPI broadcasts it, every rank joins
+  // the communicator on `device`.
+  static Status Create(MPI_Comm comm, int device, std::unique_ptr<NcclBackend>* backend);
+  ~NcclBackend() override;
+
+  const char* name() const override { return "nccl"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Stream* stream() override { return stream_.get(); }
+
+  Status Allocate(size_t bytes, void** ptr) override;
+  void FreeAfterWork(void* ptr) override;
+  Status Upload(const void* host, void* dst, size_t bytes) override;
+  Status BatchedCopy(const std::vector<CopySegment>& segments, DataType dtype) override;
+  Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                   ReduceOp op) override;
+  Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                    DataType dtype) override;
+  Status Broadcast(void* buffer, int64_t count, DataType dtype, int root) override;
+  Status Alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                   const std::vector<int64_t>& recv_counts, DataType dtype) override;
+  Status ReduceScatterv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                        DataType dtype, ReduceOp op) override;
+  Status CheckAsyncError() override;
+  void Abort(const Status& status) override;
+
+ private:
+  NcclBackend(int device, int rank, int size) : device_(device), rank_(rank), size_(size) {}
+  // Makes the calling thread's current device this backend's; OK or the abort's status.
+  Status Enter();
+  void* cuda_stream() const { return stream_->native(); }
+
+  int device_;
+  int rank_;
+  int size_;
+  void* comm_ = nullptr;  // ncclComm_t
+  std::unique_ptr<CudaStream> stream_;
+  std::unique_ptr<CudaBatchedCopier> copier_;
+  std::mutex mu_;  // comm_'s use against Abort
+  bool aborted_ = false;
+  Status abort_status_;
+};
+
+// The NCCL value of a gradsync dtype and reduce op (never kAverage).
+int NcclDataTypeOf(DataType dtype);
+int NcclRedOpOf(ReduceOp op);
+
+}  // namespace gradsync
