@@ -1,0 +1,268 @@
+// gradsync's public API on CUDA tensors: every collective, fused and alone, fp16/bf16, process
+// sets, a slow producer ordered through DeviceReadiness, stream-ordered completion, and a producer
+// that never finishes ending in the timeout error. Run at world size 1 through NCCL, and at 2 and 4
+// ranks sharing one GPU through the MPI backend (GRADSYNC_GPU_BACKEND=mpi). Run at 2 ranks with
+// GRADSYNC_GPU_BACKEND=nccl it checks the shared-GPU error instead. Skipped without a device.
+#include <cuda_runtime.h>
+#include <gradsync/gradsync.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/half.h"
+#include "test/gpu/gpu_test_kernels.h"
+
+namespace gradsync {
+namespace testing {
+namespace {
+
+constexpr std::chrono::seconds kLimit(120);
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+bool NcclSharingOneGpu() {
+  const char* backend = std::getenv("GRADSYNC_GPU_BACKEND");
+  return backend != nullptr && std::string(backend) == "nccl" && gradsync::size() > 1;
+}
+
+// Device memory holding floats, filled and read through the host.
+class DeviceFloats {
+ public:
+  explicit DeviceFloats(size_t n) : n_(n) { cudaMalloc(&data_, n * sizeof(float) + 1); }
+  ~DeviceFloats() { cudaFree(data_); }
+  void Set(const std::vector<float>& values) {
+    cudaMemcpy(data_, values.data(), n_ * sizeof(float), cudaMemcpyHostToDevice);
+  }
+  std::vector<float> Get() const {
+    std::vector<float> out(n_);
+    cudaMemcpy(out.data(), data_, n_ * sizeof(float), cudaMemcpyDeviceToHost);
+    return out;
+  }
+  TensorView view() {
+    return TensorView(data_, DataType::kFloat32, {static_cast<int64_t>(n_)}, Device::Cuda(0));
+  }
+  float* data() { return static_cast<float*>(data_); }
+
+ private:
+  size_t n_;
+  void* data_ = nullptr;
+};
+
+// Outputs the collectives allocate, in device memory freed at the end of the test.
+struct DeviceOutputs {
+  std::vector<void*> blocks;
+  ~DeviceOutputs() {
+    for (void* p : blocks) cudaFree(p);
+  }
+  Allocator Allocate() {
+    return [this](const std::vector<int64_t>& shape, DataType dtype) -> void* {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      void* p = nullptr;
+      if (cudaMalloc(&p, n * DataTypeSize(dtype) + 1) != cudaSuccess) return nullptr;
+      blocks.push_back(p);
+      return p;
+    };
+  }
+};
+
+class DeviceCollectivesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cudaSetDevice(0);
+    init();
+    rank_ = gradsync::rank();
+    size_ = gradsync::size();
+  }
+  void TearDown() override { shutdown(); }
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+TEST_F(DeviceCollectivesTest, AllreduceFusedAndAloneWithEveryOp) {
+  if (NcclSharingOneGpu()) GTEST_SKIP() << "the shared-GPU error is checked instead";
+  for (ReduceOp op :
+       {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    std::vector<std::unique_ptr<DeviceFloats>> tensors;
+    std::vector<Handle> handles;
+    for (size_t n : {1, 3, 4097, 300000}) {
+      tensors.push_back(std::make_unique<DeviceFloats>(n));
+      tensors.back()->Set(std::vector<float>(n, static_cast<float>(rank_ + 1)));
+      AllreduceOptions options;
+      options.op = op;
+      options.name = "ar." + ReduceOpName(op) + "." + std::to_string(n);
+      handles.push_back(allreduce(tensors.back()->view(), options));
+    }
+    for (Handle& h : handles) ASSERT_TRUE(h.wait_for(kLimit));
+    double sum = 0, product = 1;
+    for (int r = 1; r <= size_; ++r) {
+      sum += r;
+      product *= r;
+    }
+    const double expected = op == ReduceOp::kSum       ? sum
+                            : op == ReduceOp::kAverage ? sum / size_
+                            : op == ReduceOp::kMin     ? 1
+                            : op == ReduceOp::kMax     ? size_
+                                                       : product;
+    for (auto& t : tensors) {
+      for (float v : t->Get()) ASSERT_FLOAT_EQ(v, expected) << ReduceOpName(op);
+    }
+  }
+}
+
+TEST_F(DeviceCollectivesTest, HalfPrecisionWithScales) {
+  if (NcclSharingOneGpu()) GTEST_SKIP();
+  for (DataType dtype : {DataType::kFloat16, DataType::kBFloat16}) {
+    const int n = 1000;
+    std::vector<uint16_t> host(n);
+    for (int i = 0; i < n; ++i) {
+      host[i] = dtype == DataType::kFloat16 ? FloatToHalf(1.5f) : FloatToBFloat16(1.5f);
+    }
+    void* data = nullptr;
+    CUDA_OK(cudaMalloc(&data, n * 2));
+    CUDA_OK(cudaMemcpy(data, host.data(), n * 2, cudaMemcpyHostToDevice));
+    AllreduceOptions options;
+    options.op = ReduceOp::kAverage;
+    options.prescale = 2.0;
+    options.postscale = 0.5;
+    ASSERT_TRUE(allreduce(TensorView(data, dtype, {n}, Device::Cuda(0)), options).wait_for(kLimit));
+    CUDA_OK(cudaMemcpy(host.data(), data, n * 2, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; ++i) {
+      const float v = dtype == DataType::kFloat16 ? HalfToFloat(host[i]) : BFloat16ToFloat(host[i]);
+      ASSERT_NEAR(v, 1.5f, 0.01f);
+    }
+    cudaFree(data);
+  }
+}
+
+TEST_F(DeviceCollectivesTest, GatherBroadcastScatterAndAlltoall) {
+  if (NcclSharingOneGpu()) GTEST_SKIP();
+  DeviceOutputs outputs;
+  DeviceFloats mine(rank_ + 1);
+  mine.Set(std::vector<float>(rank_ + 1, static_cast<float>(rank_)));
+  Handle gathered =
+      allgather(TensorView(mine.data(), DataType::kFloat32, {rank_ + 1}, Device::Cuda(0)),
+                outputs.Allocate());
+  ASSERT_TRUE(gathered.wait_for(kLimit));
+  EXPECT_EQ(gathered.output_shape(), std::vector<int64_t>{size_ * (size_ + 1) / 2});
+
+  DeviceFloats root_value(8);
+  root_value.Set(std::vector<float>(8, rank_ == 0 ? 42.0f : -1.0f));
+  ASSERT_TRUE(broadcast(root_value.view(), 0).wait_for(kLimit));
+  for (float v : root_value.Get()) EXPECT_EQ(v, 42.0f);
+
+  DeviceFloats rows(size_ * 4);
+  rows.Set(std::vector<float>(size_ * 4, 1.0f));
+  Handle scattered =
+      reducescatter(TensorView(rows.data(), DataType::kFloat32, {size_ * 2, 2}, Device::Cuda(0)),
+                    outputs.Allocate());
+  ASSERT_TRUE(scattered.wait_for(kLimit));
+  EXPECT_EQ(scattered.output_shape(), (std::vector<int64_t>{2, 2}));
+
+  DeviceFloats sent(size_);
+  sent.Set(std::vector<float>(size_, static_cast<float>(rank_)));
+  Handle exchanged = alltoall(sent.view(), outputs.Allocate());
+  ASSERT_TRUE(exchanged.wait_for(kLimit));
+  EXPECT_EQ(exchanged.received_splits(), std::vector<int64_t>(size_, 1));
+  ASSERT_TRUE(barrier("gpu.barrier").wait_for(kLimit));
+}
+
+TEST_F(DeviceCollectivesTest, ProcessSetOfEveryOtherRank) {
+  if (NcclSharingOneGpu()) GTEST_SKIP();
+  std::vector<int> evens;
+  for (int r = 0; r < size_; r += 2) evens.push_back(r);
+  ProcessSet set = add_process_set(evens);
+  if (set.included()) {
+    DeviceFloats t(100);
+    t.Set(std::vector<float>(100, 1.0f));
+    AllreduceOptions options;
+    options.process_set = set;
+    ASSERT_TRUE(allreduce(t.view(), options).wait_for(kLimit));
+    for (float v : t.Get()) EXPECT_EQ(v, static_cast<float>(evens.size()));
+  }
+  remove_process_set(set);
+}
+
+TEST_F(DeviceCollectivesTest, SlowProducerAndStreamOrderedCompletion) {
+  if (NcclSharingOneGpu()) GTEST_SKIP();
+  cudaStream_t producer = nullptr;
+  cudaStream_t consumer = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking));
+  int* release = nullptr;
+  CUDA_OK(cudaHostAlloc(&release, sizeof(int), cudaHostAllocMapped));
+  *release = 0;
+  const size_t n = 1 << 20;
+  DeviceFloats grad(n);
+  DeviceFloats seen(n);
+  grad.Set(std::vector<float>(n, -100.0f));
+  // The producer spins for up to half a second before writing the gradient.
+  LaunchSlowFill(producer, release, grad.data(), n, static_cast<float>(rank_ + 1), 500000000LL);
+  AllreduceOptions options;
+  options.ready.cuda_stream = producer;
+  Handle h = allreduce(grad.view(), options);
+  // Stream-ordered: the consumer copies the result without the host waiting for it.
+  h.synchronize_stream(consumer);
+  CUDA_OK(cudaMemcpyAsync(seen.data(), grad.data(), n * sizeof(float), cudaMemcpyDeviceToDevice,
+                          consumer));
+  CUDA_OK(cudaStreamSynchronize(consumer));
+  const float expected = static_cast<float>(size_ * (size_ + 1) / 2);
+  for (float v : seen.Get()) ASSERT_EQ(v, expected);
+  ASSERT_TRUE(h.wait_for(kLimit));
+  cudaFreeHost(release);
+  cudaStreamDestroy(producer);
+  cudaStreamDestroy(consumer);
+}
+
+TEST_F(DeviceCollectivesTest, NcclRefusesRanksSharingOneGpu) {
+  if (!NcclSharingOneGpu()) GTEST_SKIP() << "needs GRADSYNC_GPU_BACKEND=nccl and 2 ranks";
+  DeviceFloats t(16);
+  Handle h = allreduce(t.view());
+  try {
+    h.wait_for(kLimit);
+    FAIL() << "NCCL ran two ranks on one GPU";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("share the GPU"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("GRADSYNC_GPU_BACKEND=mpi"), std::string::npos);
+  }
+}
+
+// Last: it aborts the plane. A producer that never finishes (until released after the check).
+TEST_F(DeviceCollectivesTest, NeverFinishingProducerEndsInTheTimeoutError) {
+  if (NcclSharingOneGpu()) GTEST_SKIP();
+  shutdown();
+  setenv("GRADSYNC_NCCL_TIMEOUT_SECONDS", "2", 1);
+  init();
+  cudaStream_t producer = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+  int* release = nullptr;
+  CUDA_OK(cudaHostAlloc(&release, sizeof(int), cudaHostAllocMapped));
+  *release = 0;
+  DeviceFloats grad(1024);
+  LaunchSlowFill(producer, release, grad.data(), 1024, 1.0f, 1LL << 62);
+  AllreduceOptions options;
+  options.name = "never.ready";
+  options.ready.cuda_stream = producer;
+  Handle h = allreduce(grad.view(), options);
+  try {
+    h.wait_for(kLimit);
+    ADD_FAILURE() << "completed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), StatusCode::kTimeout) << e.what();
+    EXPECT_NE(std::string(e.what()).find("never.ready"), std::string::npos) << e.what();
+  }
+  *release = 1;  // let the device drain before shutdown
+  cudaStreamSynchronize(producer);
+  unsetenv("GRADSYNC_NCCL_TIMEOUT_SECONDS");
+  cudaFreeHost(release);
+  cudaStreamDestroy(producer);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsync

@@ -1,0 +1,14 @@
+// Small kernels the GPU tests launch, behind a CUDA-free interface (streams as void*), so that the
+// tests themselves build as host C++ with MPI and GoogleTest.
+#pragma once
+
+namespace gradsync {
+namespace testing {
+
+// Launches on `stream` a kernel that spins until *release (mapped host memory) is non-zero or
+// `max_spin_ns` passes, then fills `count` floats at `out` with `value`.
+void LaunchSlowFill(void* stream, volatile int* release, float* out, long long count, float value,
+                    long long max_spin_ns);
+
+}  // namespace testing
+}  // namespace gradsync
