@@ -92,13 +92,21 @@ run() {
     -DGRADSYNC_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-native}" \
     -DGRADSYNC_NCCL_LIBRARY="$nccl" -DMPI_HOME="$mpi_prefix" \
     -DCMAKE_PREFIX_PATH="$work/root/usr;$work/root/usr/lib/x86_64-linux-gnu/cmake" \
-    -DGRADSYNC_BUILD_PYTHON=OFF -DGRADSYNC_BUILD_BENCHMARKS=OFF -DGRADSYNC_BUILD_EXAMPLES=OFF \
+    -DGRADSYNC_BUILD_PYTHON=OFF -DGRADSYNC_BUILD_BENCHMARKS=ON -DGRADSYNC_BUILD_EXAMPLES=OFF \
     2>&1 | tee "$out/build.log"
-  cmake --build "$work/build" -j "$(nproc)" --target gpu_tests 2>&1 |
+  cmake --build "$work/build" -j "$(nproc)" --target gpu_tests gradsync_bench_gpu 2>&1 |
     tee -a "$out/build.log" | tail -5
   local status=0
   ctest --test-dir "$work/build" -L gpu --output-on-failure --timeout 300 2>&1 |
     tee "$out/gpu-tests.log" || status=$?
+  # The benchmarks: one rank through NCCL, then two sharing the GPU through the MPI backend.
+  local bench=$work/build/benchmarks/gradsync_bench_gpu
+  local data=${GRADSYNC_DATA_DIR:-$repo_root/../shared/data}
+  {
+    "$bench" --data-dir "$data" --iters "${BENCH_ITERS:-20}" || true
+    GRADSYNC_GPU_BACKEND=mpi mpirun -np 2 --oversubscribe "$bench" --data-dir "$data" \
+      --iters "${BENCH_ITERS:-20}" --max-bytes $((1 << 28)) || true
+  } 2>&1 | tee "$out/gpu-bench.log"
   echo "gpu-check: logs in $out"
   return "$status"
 }

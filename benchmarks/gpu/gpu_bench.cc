@@ -1,0 +1,246 @@
+// gradsync_bench_gpu: the device data plane's figures, on a GPU machine.
+//
+//   1. Fusion copy: the batched copy of a real model's gradient set into the fusion buffer and out
+//      again, against cudaMemcpyAsync moving the same bytes as one block (the device's copy
+//      bandwidth) and tensor by tensor, interleaved in one run. "of memcpy" is the block copy's
+//      time over the batched copy's: the fraction of memcpy bandwidth the batched copy reaches.
+//   2. An nccl-tests-style table (bytes, time, algbw, busbw) for gradsync's allreduce of one
+//      float32 tensor, beside a raw ncclAllReduce on a communicator of its own, 4 B to --max-bytes.
+//
+// Run as `mpirun -np N gradsync_bench_gpu` or alone; each rank uses GPU local_rank() % devices.
+#include <cuda_runtime.h>
+#include <gradsync/gradsync.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gradient_set.h"
+#include "ops/cuda/cuda_batched_copy.h"
+#include "runtime/fusion_buffer.h"
+
+namespace {
+
+#define CHECK_CUDA(call)                                                      \
+  do {                                                                        \
+    cudaError_t e_ = (call);                                                  \
+    if (e_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                           \
+    }                                                                         \
+  } while (0)
+#define CHECK_NCCL(call)                                                      \
+  do {                                                                        \
+    ncclResult_t r_ = (call);                                                 \
+    if (r_ != ncclSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #call, ncclGetErrorString(r_)); \
+      std::exit(1);                                                           \
+    }                                                                         \
+  } while (0)
+
+struct Options {
+  std::string data_dir;
+  int iters = 20;
+  int64_t max_bytes = int64_t{1} << 30;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Milliseconds of `work` on `stream`, timed with events.
+template <typename Work>
+double TimeOnStream(cudaStream_t stream, Work work) {
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  CHECK_CUDA(cudaEventRecord(start, stream));
+  work();
+  CHECK_CUDA(cudaEventRecord(stop, stream));
+  CHECK_CUDA(cudaEventSynchronize(stop));
+  float ms = 0;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms;
+}
+
+void FusionCopy(const Options& options, const std::string& set_name, int device) {
+  const gradsync_bench::GradientSet set =
+      gradsync_bench::LoadGradientSet(options.data_dir + "/" + set_name + ".txt");
+  std::vector<void*> tensors;
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (const auto& spec : set.tensors) {
+    void* p = nullptr;
+    const size_t bytes = static_cast<size_t>(spec.num_elements()) * sizeof(float);
+    CHECK_CUDA(cudaMalloc(&p, bytes));
+    CHECK_CUDA(cudaMemset(p, 1, bytes));
+    tensors.push_back(p);
+    offsets.push_back(total);
+    total = gradsync::AlignFusionOffset(total + bytes);
+  }
+  void* fusion = nullptr;
+  void* block_src = nullptr;
+  CHECK_CUDA(cudaMalloc(&fusion, total));
+  CHECK_CUDA(cudaMalloc(&block_src, total));
+  std::vector<gradsync::CopySegment> in, out;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int64_t n = set.tensors[i].num_elements();
+    in.push_back({tensors[i], static_cast<char*>(fusion) + offsets[i], n, 1.0});
+    out.push_back({static_cast<char*>(fusion) + offsets[i], tensors[i], n, 1.0});
+  }
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  gradsync::CudaBatchedCopier copier(device);
+  std::vector<double> batched_in, batched_out, scaled_in, block, per_tensor;
+  std::vector<gradsync::CopySegment> scaled = in;
+  for (auto& s : scaled) s.scale = 0.5;
+  for (int i = 0; i < options.iters + 2; ++i) {
+    const double a =
+        TimeOnStream(stream, [&] { copier.Launch(in, gradsync::DataType::kFloat32, stream); });
+    const double b =
+        TimeOnStream(stream, [&] { copier.Launch(out, gradsync::DataType::kFloat32, stream); });
+    const double c =
+        TimeOnStream(stream, [&] { copier.Launch(scaled, gradsync::DataType::kFloat32, stream); });
+    const double d = TimeOnStream(stream, [&] {
+      CHECK_CUDA(cudaMemcpyAsync(fusion, block_src, total, cudaMemcpyDeviceToDevice, stream));
+    });
+    const double e = TimeOnStream(stream, [&] {
+      for (size_t t = 0; t < tensors.size(); ++t) {
+        CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(fusion) + offsets[t], tensors[t],
+                                   set.tensors[t].num_elements() * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, stream));
+      }
+    });
+    if (i < 2) continue;  // warm-up
+    batched_in.push_back(a);
+    batched_out.push_back(b);
+    scaled_in.push_back(c);
+    block.push_back(d);
+    per_tensor.push_back(e);
+  }
+  const double gb = static_cast<double>(total) / 1e9;
+  const double block_ms = Median(block);
+  std::printf("%-10s %7zu %9.1f %9.3f %9.3f %9.3f %9.3f %9.3f %8.2f %8.2f %8.2f %8.1f\n",
+              set_name.c_str(), tensors.size(), total / 1e6, Median(batched_in),
+              Median(batched_out), Median(scaled_in), block_ms, Median(per_tensor),
+              block_ms / Median(batched_in), block_ms / Median(batched_out),
+              block_ms / Median(scaled_in), 2 * gb / (block_ms / 1e3));
+  for (void* p : tensors) cudaFree(p);
+  cudaFree(fusion);
+  cudaFree(block_src);
+  cudaStreamDestroy(stream);
+}
+
+void AllreduceTable(const Options& options, int device) {
+  const int rank = gradsync::rank();
+  const int size = gradsync::size();
+  // Ranks sharing the GPU (the MPI backend's runs) cannot form a raw NCCL communicator.
+  const char* backend = std::getenv("GRADSYNC_GPU_BACKEND");
+  const bool raw = backend == nullptr || std::string(backend) != "mpi";
+  ncclUniqueId id;
+  ncclComm_t comm = nullptr;
+  if (raw) {
+    if (rank == 0) CHECK_NCCL(ncclGetUniqueId(&id));
+    MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+    CHECK_NCCL(ncclCommInitRank(&comm, size, id, rank));
+  }
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* buffer = nullptr;
+  CHECK_CUDA(cudaMalloc(&buffer, static_cast<size_t>(options.max_bytes)));
+  CHECK_CUDA(cudaMemset(buffer, 0, static_cast<size_t>(options.max_bytes)));
+  if (rank == 0) {
+    std::printf("\n# allreduce, float32 sum, %d rank(s), median of %d\n", size, options.iters);
+    std::printf("%12s %12s %10s %10s %12s %10s %10s %8s\n", "bytes", "gs_us", "gs_algbw",
+                "gs_busbw", "nccl_us", "nc_algbw", "nc_busbw", "gs/nccl");
+  }
+  for (int64_t bytes = 4; bytes <= options.max_bytes; bytes *= 4) {
+    const int64_t count = bytes / 4;
+    std::vector<double> gs, raw_times;
+    for (int i = 0; i < options.iters + 2; ++i) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      auto t0 = MPI_Wtime();
+      gradsync::allreduce(gradsync::TensorView(buffer, gradsync::DataType::kFloat32, {count},
+                                               gradsync::Device::Cuda(device)))
+          .wait();
+      const double gs_s = MPI_Wtime() - t0;
+      double raw_s = 1e-30;
+      if (raw) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        t0 = MPI_Wtime();
+        CHECK_NCCL(ncclAllReduce(buffer, buffer, count, ncclFloat32, ncclSum, comm, stream));
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        raw_s = MPI_Wtime() - t0;
+      }
+      if (i < 2) continue;
+      gs.push_back(gs_s);
+      raw_times.push_back(raw_s);
+    }
+    double gs_med = Median(gs), raw_med = Median(raw_times);
+    MPI_Allreduce(MPI_IN_PLACE, &gs_med, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &raw_med, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    const double bus = size > 1 ? 2.0 * (size - 1) / size : 1.0;
+    if (rank == 0) {
+      const double gs_alg = bytes / gs_med / 1e9, raw_alg = bytes / raw_med / 1e9;
+      std::printf("%12lld %12.1f %10.2f %10.2f %12.1f %10.2f %10.2f %8.2f\n",
+                  static_cast<long long>(bytes), gs_med * 1e6, gs_alg, gs_alg * bus, raw_med * 1e6,
+                  raw_alg, raw_alg * bus, gs_med / raw_med);
+    }
+  }
+  cudaFree(buffer);
+  if (comm != nullptr) ncclCommDestroy(comm);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  const char* env_dir = std::getenv("GRADSYNC_DATA_DIR");
+  options.data_dir = env_dir != nullptr ? env_dir : "../shared/data";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--data-dir")
+      options.data_dir = argv[i + 1];
+    else if (flag == "--iters")
+      options.iters = std::atoi(argv[i + 1]);
+    else if (flag == "--max-bytes")
+      options.max_bytes = std::atoll(argv[i + 1]);
+    else {
+      std::fprintf(stderr,
+                   "usage: gradsync_bench_gpu [--data-dir DIR] [--iters N] [--max-bytes B]\n");
+      return 2;
+    }
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("gradsync_bench_gpu: no CUDA device\n");
+    return 77;
+  }
+  gradsync::init();
+  const int device = gradsync::local_rank() % devices;
+  CHECK_CUDA(cudaSetDevice(device));
+  if (gradsync::rank() == 0) {
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, device);
+    std::printf("# gradsync_bench_gpu on %s, %d rank(s)\n", prop.name, gradsync::size());
+    std::printf("# fusion copy, float32, median of %d; ms; 'of memcpy' = block memcpy / batched\n",
+                options.iters);
+    std::printf("%-10s %7s %9s %9s %9s %9s %9s %9s %8s %8s %8s %8s\n", "set", "tensors", "MB",
+                "in_ms", "out_ms", "in_x0.5", "block_ms", "pertns_ms", "in/mcpy", "out/mcpy",
+                "sc/mcpy", "mcpyGB/s");
+    for (const char* set : {"resnet50", "bert_base"}) FusionCopy(options, set, device);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  AllreduceTable(options, device);
+  gradsync::shutdown();
+  return 0;
+}
