@@ -9,6 +9,7 @@
 #include "coordinator/wire_format.h"
 #include "ops/data_plane.h"
 #include "ops/device/device_events.h"
+#include "ops/device/device_plane_factory.h"
 #include "runtime/op_state.h"
 
 namespace gradsync {
@@ -301,6 +302,10 @@ Handle MakeHandle(std::shared_ptr<OpState> state) {
   return h;
 }
 
+bool cuda_built() { return BuiltWithCuda(); }
+
+int nccl_version() { return NcclVersion(); }
+
 Handle allreduce(const TensorView& tensor, const AllreduceOptions& options) {
   return allreduce(tensor, tensor, options);
 }
@@ -455,7 +460,7 @@ void Handle::synchronize_stream(void* cuda_stream) const {
   if (!state_) Throw(Status::InvalidArgument("synchronize_stream() on an empty handle"));
   bool timed_out = false;
   const std::shared_ptr<StreamEvent> launched =
-      state_->WaitLaunched(std::chrono::nanoseconds::max(), &timed_out);
+      state_->WaitLaunched(kWaitForever, &timed_out);
   if (launched == nullptr) {
     // Ran on the host, or failed before launch: its completion is the handle's.
     wait();

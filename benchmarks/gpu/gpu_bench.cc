@@ -4,7 +4,12 @@
 //      again, against cudaMemcpyAsync moving the same bytes as one block (the device's copy
 //      bandwidth) and tensor by tensor, interleaved in one run. "of memcpy" is the block copy's
 //      time over the batched copy's: the fraction of memcpy bandwidth the batched copy reaches.
-//   2. An nccl-tests-style table (bytes, time, algbw, busbw) for gradsync's allreduce of one
+//   2. Overlap: a synthetic backward on a compute stream (one busy kernel per gradient of
+//      ResNet-50, last layer first, calibrated so that compute alone takes as long as the
+//      reductions alone), each gradient enqueued as its kernel is launched with the compute
+//      stream as its readiness. The step (launch to every handle done) against compute alone and
+//      communication alone, same run; the goal is step <= 1.1 x max(compute, communication).
+//   3. An nccl-tests-style table (bytes, time, algbw, busbw) for gradsync's allreduce of one
 //      float32 tensor, beside a raw ncclAllReduce on a communicator of its own, 4 B to --max-bytes.
 //
 // Run as `mpirun -np N gradsync_bench_gpu` or alone; each rank uses GPU local_rank() % devices.
@@ -20,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "busy_kernel.h"
 #include "gradient_set.h"
 #include "ops/cuda/cuda_batched_copy.h"
 #include "runtime/fusion_buffer.h"
@@ -139,6 +145,95 @@ void FusionCopy(const Options& options, const std::string& set_name, int device)
   cudaStreamDestroy(stream);
 }
 
+double Seconds(double start) { return MPI_Wtime() - start; }
+
+void Overlap(const Options& options, int device) {
+  const gradsync_bench::GradientSet set =
+      gradsync_bench::LoadGradientSet(options.data_dir + "/resnet50.txt");
+  std::vector<float*> grads;
+  for (const auto& spec : set.tensors) {
+    void* p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, spec.num_elements() * sizeof(float)));
+    grads.push_back(static_cast<float*>(p));
+  }
+  cudaStream_t compute;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+  auto reduce_all = [&] {
+    std::vector<gradsync::Handle> handles;
+    for (size_t i = grads.size(); i-- > 0;) {
+      gradsync::AllreduceOptions o;
+      o.name = "overlap." + std::to_string(i);
+      handles.push_back(gradsync::allreduce(
+          gradsync::TensorView(grads[i], gradsync::DataType::kFloat32,
+                               {set.tensors[i].num_elements()}, gradsync::Device::Cuda(device)),
+          o));
+    }
+    for (auto& h : handles) h.wait();
+  };
+  auto backward = [&](long long cycles, bool reduce) {
+    std::vector<gradsync::Handle> handles;
+    for (size_t i = grads.size(); i-- > 0;) {
+      gradsync_bench::LaunchBusyLayer(compute, grads[i], set.tensors[i].num_elements(), 1.0f,
+                                      cycles);
+      if (!reduce) continue;
+      gradsync::AllreduceOptions o;
+      o.name = "overlap." + std::to_string(i);
+      o.ready.cuda_stream = compute;
+      handles.push_back(gradsync::allreduce(
+          gradsync::TensorView(grads[i], gradsync::DataType::kFloat32,
+                               {set.tensors[i].num_elements()}, gradsync::Device::Cuda(device)),
+          o));
+    }
+    CHECK_CUDA(cudaStreamSynchronize(compute));
+    for (auto& h : handles) h.wait();
+  };
+  // Communication alone decides the compute per layer.
+  for (int i = 0; i < 2; ++i) reduce_all();
+  std::vector<double> comm;
+  for (int i = 0; i < 5; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t = MPI_Wtime();
+    reduce_all();
+    comm.push_back(Seconds(t));
+  }
+  double comm_s = Median(comm);
+  MPI_Allreduce(MPI_IN_PLACE, &comm_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  int clock_khz = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
+  const long long cycles =
+      static_cast<long long>(comm_s / grads.size() * static_cast<double>(clock_khz) * 1e3);
+  std::vector<double> compute_only, communication, step;
+  for (int i = 0; i < options.iters + 2; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t = MPI_Wtime();
+    backward(cycles, false);
+    const double c = Seconds(t);
+    MPI_Barrier(MPI_COMM_WORLD);
+    t = MPI_Wtime();
+    reduce_all();
+    const double m = Seconds(t);
+    MPI_Barrier(MPI_COMM_WORLD);
+    t = MPI_Wtime();
+    backward(cycles, true);
+    const double s = Seconds(t);
+    if (i < 2) continue;
+    compute_only.push_back(c);
+    communication.push_back(m);
+    step.push_back(s);
+  }
+  double c = Median(compute_only), m = Median(communication), s = Median(step);
+  for (double* v : {&c, &m, &s})
+    MPI_Allreduce(MPI_IN_PLACE, v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (gradsync::rank() == 0) {
+    std::printf("\n# overlap, ResNet-50 gradients, %d rank(s), median of %d; ms\n",
+                gradsync::size(), options.iters);
+    std::printf("%10s %10s %10s %16s\n", "compute", "comm", "step", "step/max(c,m)");
+    std::printf("%10.2f %10.2f %10.2f %16.2f\n", c * 1e3, m * 1e3, s * 1e3, s / std::max(c, m));
+  }
+  for (float* p : grads) cudaFree(p);
+  cudaStreamDestroy(compute);
+}
+
 void AllreduceTable(const Options& options, int device) {
   const int rank = gradsync::rank();
   const int size = gradsync::size();
@@ -240,6 +335,7 @@ int main(int argc, char** argv) {
     for (const char* set : {"resnet50", "bert_base"}) FusionCopy(options, set, device);
   }
   MPI_Barrier(MPI_COMM_WORLD);
+  Overlap(options, device);
   AllreduceTable(options, device);
   gradsync::shutdown();
   return 0;

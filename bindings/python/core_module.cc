@@ -185,6 +185,8 @@ void BindRuntime(py::module_& m) {
   m.def("cross_rank", [] { return Enqueue([] { return cross_rank(); }); });
   m.def("cross_size", [] { return Enqueue([] { return cross_size(); }); });
   m.def("mpi_threads_supported", &MpiThreadsSupported);
+  m.def("built_with_cuda", &cuda_built);
+  m.def("nccl_version", &nccl_version);
   m.def("start_timeline", [](const std::string& path) { Enqueue([&] { start_timeline(path); }); });
   m.def("stop_timeline", [] { Enqueue([] { stop_timeline(); }); });
   m.def("join", [] {

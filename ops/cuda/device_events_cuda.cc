@@ -34,7 +34,7 @@ Status OrderStreamAfter(const std::shared_ptr<StreamEvent>& done, void* cuda_str
   if (done == nullptr) return Status::OK();
   auto* cuda_event = dynamic_cast<CudaEvent*>(done.get());
   if (cuda_event == nullptr || cuda_stream == nullptr) {
-    return done->Wait(std::chrono::nanoseconds::max());
+    return done->Wait(kWaitForever);
   }
   // An event that already failed (an aborted plane) is reported instead of waited for.
   if (cuda_event->Query()) {

@@ -1,5 +1,6 @@
 // The device plane factory of a build with CUDA and NCCL.
 #include <cuda_runtime.h>
+#include <nccl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -106,6 +107,11 @@ Status AgreeCreated(MPI_Comm comm, const Status& created) {
 }  // namespace
 
 bool BuiltWithCuda() { return true; }
+
+int NcclVersion() {
+  int version = 0;
+  return ncclGetVersion(&version) == ncclSuccess ? version : 0;
+}
 
 bool UsableCudaDevices(int* devices) {
   *devices = 0;

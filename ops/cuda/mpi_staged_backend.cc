@@ -51,9 +51,8 @@ void MpiStagedBackend::FreeAfterWork(void* ptr) {
 }
 
 Status MpiStagedBackend::Upload(const void* host, void* dst, size_t bytes) {
-  GRADSYNC_CUDA_CALL(cudaSetDevice(device_), device_);
-  GRADSYNC_CUDA_CALL(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice), device_);
-  return Status::OK();
+  Copy(dst, host, bytes);
+  return host_->stream()->Record()->Wait(kWaitForever);
 }
 
 Status MpiStagedBackend::Staging(size_t bytes, char** pinned) {

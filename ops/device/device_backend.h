@@ -38,8 +38,8 @@ class DeviceBackend {
   // far has run.
   virtual Status Allocate(size_t bytes, void** ptr) = 0;
   virtual void FreeAfterWork(void* ptr) = 0;
-  // Copies `bytes` from host memory into the backend's memory before returning: for joined
-  // ranks' stand-ins, which are rare and made while the rank has nothing else to do.
+  // Copies `bytes` from host memory into the backend's memory before returning, after the work
+  // enqueued so far: for joined ranks' stand-ins, made while the rank has nothing else to do.
   virtual Status Upload(const void* host, void* dst, size_t bytes) = 0;
 
   // The batched copy (batched_copy.h) of `segments`, in the backend's memory.

@@ -15,7 +15,7 @@ Status ImportReadiness(void* cuda_event, void* cuda_stream, int,
 }
 
 Status OrderStreamAfter(const std::shared_ptr<StreamEvent>& done, void*) {
-  return done == nullptr ? Status::OK() : done->Wait(std::chrono::nanoseconds::max());
+  return done == nullptr ? Status::OK() : done->Wait(kWaitForever);
 }
 
 }  // namespace gradsync

@@ -339,20 +339,28 @@ Status DevicePlane::Reducescatter(const std::vector<TensorEntry*>& entries, cons
 
 Status DevicePlane::AdoptStandIn(TensorEntry* stand_in) {
   GRADSYNC_RETURN_IF_ERROR(Failed());
-  const int64_t bytes = stand_in->input.num_bytes();
-  if (bytes <= 0) return Status::OK();
-  void* memory = nullptr;
-  GRADSYNC_RETURN_IF_ERROR(backend_->Allocate(static_cast<size_t>(bytes), &memory));
-  stand_ins_.push_back(memory);
-  GRADSYNC_RETURN_IF_ERROR(
-      backend_->Upload(stand_in->input.data, memory, static_cast<size_t>(bytes)));
-  stand_in->input.data = memory;
+  const int64_t signed_bytes = stand_in->input.num_bytes();
+  if (signed_bytes <= 0) return Status::OK();
+  const auto bytes = static_cast<size_t>(signed_bytes);
+  StandInMemory* slot = nullptr;
+  for (StandInMemory& held : stand_ins_) {
+    if (held.host == stand_in->input.data && held.bytes >= bytes) slot = &held;
+  }
+  if (slot == nullptr) {
+    void* memory = nullptr;
+    GRADSYNC_RETURN_IF_ERROR(backend_->Allocate(bytes, &memory));
+    stand_ins_.push_back({stand_in->input.data, memory, bytes});
+    slot = &stand_ins_.back();
+  }
+  // In stream order: after the last bucket that reduced into this block.
+  GRADSYNC_RETURN_IF_ERROR(backend_->Upload(stand_in->input.data, slot->memory, bytes));
+  stand_in->input.data = slot->memory;
   stand_in->output = stand_in->input;
   return Status::OK();
 }
 
 void DevicePlane::ReleaseStandIns() {
-  for (void* memory : stand_ins_) backend_->FreeAfterWork(memory);
+  for (const StandInMemory& held : stand_ins_) backend_->FreeAfterWork(held.memory);
   stand_ins_.clear();
 }
 

@@ -69,7 +69,14 @@ class DevicePlane : public DataPlane {
   std::chrono::nanoseconds timeout_;
   void* fusion_ = nullptr;
   size_t fusion_capacity_ = 0;
-  std::vector<void*> stand_ins_;
+  // Joined ranks' stand-ins in the backend's memory, by the host buffer they were made from: the
+  // background thread refills the same host buffers every cycle, so one block each is reused.
+  struct StandInMemory {
+    const void* host;
+    void* memory;
+    size_t bytes;
+  };
+  std::vector<StandInMemory> stand_ins_;
   std::shared_ptr<StreamEvent> completion_;
   std::vector<CopySegment> segments_;  // scratch
   mutable std::mutex abort_mu_;

@@ -24,6 +24,8 @@ Status MakeDevicePlane(const Config& config, MPI_Comm comm, const Device& device
 
 // True when this build reduces device tensors (it was built with CUDA).
 bool BuiltWithCuda();
+// NCCL's version code (ncclGetVersion, 22800 for 2.28.0) in a build with NCCL, else 0.
+int NcclVersion();
 // Whether CUDA can be used here at all: false (and *devices 0) without a driver or a device, or
 // in a build without CUDA.
 bool UsableCudaDevices(int* devices);

@@ -12,6 +12,8 @@ Status MakeDevicePlane(const Config&, MPI_Comm, const Device& device, std::uniqu
 
 bool BuiltWithCuda() { return false; }
 
+int NcclVersion() { return 0; }
+
 bool UsableCudaDevices(int* devices) {
   *devices = 0;
   return false;

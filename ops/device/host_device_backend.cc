@@ -47,7 +47,7 @@ Status HostDeviceBackend::Create(MPI_Comm comm, std::unique_ptr<HostDeviceBacken
 
 HostDeviceBackend::~HostDeviceBackend() {
   // The stream's thread must be done with the communicator first: drain it.
-  stream_.Record()->Wait(std::chrono::hours(24));
+  stream_.Record()->Wait(kWaitForever);
   MPI_Comm_free(&comm_);
 }
 
@@ -74,8 +74,8 @@ void HostDeviceBackend::FreeAfterWork(void* ptr) {
 }
 
 Status HostDeviceBackend::Upload(const void* host, void* dst, size_t bytes) {
-  std::memcpy(dst, host, bytes);
-  return Status::OK();
+  stream_.Enqueue([=] { std::memcpy(dst, host, bytes); });
+  return stream_.Record()->Wait(kWaitForever);
 }
 
 Status HostDeviceBackend::BatchedCopy(const std::vector<CopySegment>& segments, DataType dtype) {

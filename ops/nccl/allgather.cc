@@ -9,7 +9,7 @@ namespace gradsync {
 // a broadcast from every rank into its place in the output, in one NCCL group.
 Status NcclBackend::Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
                                DataType dtype) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::timed_mutex> lock(mu_);
   GRADSYNC_RETURN_IF_ERROR(Enter());
   const auto type = static_cast<ncclDataType_t>(NcclDataTypeOf(dtype));
   const auto comm = static_cast<ncclComm_t>(comm_);

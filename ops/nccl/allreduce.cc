@@ -7,7 +7,7 @@ namespace gradsync {
 
 Status NcclBackend::Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
                               ReduceOp op) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::timed_mutex> lock(mu_);
   GRADSYNC_RETURN_IF_ERROR(Enter());
   GRADSYNC_NCCL_CALL(
       ncclAllReduce(send, recv, static_cast<size_t>(count),

@@ -8,7 +8,7 @@ namespace gradsync {
 // Point to point in one NCCL group: a send and a receive per peer.
 Status NcclBackend::Alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                               const std::vector<int64_t>& recv_counts, DataType dtype) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::timed_mutex> lock(mu_);
   GRADSYNC_RETURN_IF_ERROR(Enter());
   const auto type = static_cast<ncclDataType_t>(NcclDataTypeOf(dtype));
   const auto comm = static_cast<ncclComm_t>(comm_);

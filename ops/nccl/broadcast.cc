@@ -6,7 +6,7 @@
 namespace gradsync {
 
 Status NcclBackend::Broadcast(void* buffer, int64_t count, DataType dtype, int root) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::timed_mutex> lock(mu_);
   GRADSYNC_RETURN_IF_ERROR(Enter());
   GRADSYNC_NCCL_CALL(
       ncclBroadcast(buffer, buffer, static_cast<size_t>(count),

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ops/cuda/cuda_status.h"
+#include "runtime/logging.h"
 #include "runtime/mpi_context.h"
 
 namespace gradsync {
@@ -77,7 +78,7 @@ Status NcclBackend::Create(MPI_Comm comm, int device, std::unique_ptr<NcclBacken
 }
 
 NcclBackend::~NcclBackend() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::timed_mutex> lock(mu_);
   cudaSetDevice(device_);
   copier_.reset();  // waits for the kernels that read its staging blocks
   if (comm_ == nullptr) return;
@@ -87,13 +88,16 @@ NcclBackend::~NcclBackend() {
 }
 
 Status NcclBackend::Enter() {
-  if (aborted_) return abort_status_;
+  if (aborted_) {
+    std::lock_guard<std::mutex> state(abort_mu_);
+    return abort_status_;
+  }
   GRADSYNC_CUDA_CALL(cudaSetDevice(device_), device_);
   return Status::OK();
 }
 
 Status NcclBackend::Allocate(size_t bytes, void** ptr) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::timed_mutex> lock(mu_);
   GRADSYNC_RETURN_IF_ERROR(Enter());
   GRADSYNC_CUDA_CALL(
       cudaMallocAsync(ptr, bytes == 0 ? 1 : bytes, static_cast<cudaStream_t>(cuda_stream())),
@@ -102,14 +106,14 @@ Status NcclBackend::Allocate(size_t bytes, void** ptr) {
 }
 
 void NcclBackend::FreeAfterWork(void* ptr) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::timed_mutex> lock(mu_);
   if (aborted_) return;  // stuck work may still hold it: leaked, with the aborted communicator
   cudaSetDevice(device_);
   cudaFreeAsync(ptr, static_cast<cudaStream_t>(cuda_stream()));
 }
 
 Status NcclBackend::Upload(const void* host, void* dst, size_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::timed_mutex> lock(mu_);
   GRADSYNC_RETURN_IF_ERROR(Enter());
   const auto stream = static_cast<cudaStream_t>(cuda_stream());
   GRADSYNC_CUDA_CALL(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream), device_);
@@ -118,13 +122,13 @@ Status NcclBackend::Upload(const void* host, void* dst, size_t bytes) {
 }
 
 Status NcclBackend::BatchedCopy(const std::vector<CopySegment>& segments, DataType dtype) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::timed_mutex> lock(mu_);
   GRADSYNC_RETURN_IF_ERROR(Enter());
   return copier_->Launch(segments, dtype, cuda_stream());
 }
 
 Status NcclBackend::CheckAsyncError() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::timed_mutex> lock(mu_);
   if (aborted_ || comm_ == nullptr) return Status::OK();
   ncclResult_t async = ncclSuccess;
   GRADSYNC_NCCL_CALL(ncclCommGetAsyncError(static_cast<ncclComm_t>(comm_), &async), device_);
@@ -137,10 +141,14 @@ Status NcclBackend::CheckAsyncError() {
 }
 
 void NcclBackend::Abort(const Status& status) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (aborted_) return;
-  aborted_ = true;
-  abort_status_ = status;
+  std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
+  const bool locked = lock.try_lock_for(std::chrono::seconds(1));
+  if (aborted_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> state(abort_mu_);
+    abort_status_ = status;
+  }
+  if (!locked) Log().warn("aborting NCCL on cuda:{} while a call into it is stuck", device_);
   // The stream first: its events then report the abort even while stuck kernels drain.
   stream_->Abort(status);
   cudaSetDevice(device_);

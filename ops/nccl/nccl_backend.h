@@ -4,13 +4,16 @@
 // MPI plane's do.
 //
 // Abort calls ncclCommAbort, which releases kernels stuck waiting on peers, and fails the stream.
-// A mutex keeps it from racing with an enqueue on the background thread.
+// A mutex keeps it from racing with an enqueue on the background thread; when that enqueue is
+// itself stuck inside NCCL (connecting to a peer that is gone), Abort stops waiting for the mutex
+// after a second and aborts anyway, which is what releases the enqueue.
 //
 // Thread safety: as DeviceBackend.
 #pragma once
 
 #include <mpi.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 
@@ -60,8 +63,9 @@ class NcclBackend : public DeviceBackend {
   void* comm_ = nullptr;  // ncclComm_t
   std::unique_ptr<CudaStream> stream_;
   std::unique_ptr<CudaBatchedCopier> copier_;
-  std::mutex mu_;  // comm_'s use against Abort
-  bool aborted_ = false;
+  std::timed_mutex mu_;  // comm_'s use against Abort
+  std::atomic<bool> aborted_{false};
+  std::mutex abort_mu_;  // abort_status_
   Status abort_status_;
 };
 

@@ -9,7 +9,7 @@ namespace gradsync {
 // reduce to each rank of its share, in one NCCL group.
 Status NcclBackend::ReduceScatterv(const void* send, void* recv, const std::vector<int64_t>& counts,
                                    DataType dtype, ReduceOp op) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::timed_mutex> lock(mu_);
   GRADSYNC_RETURN_IF_ERROR(Enter());
   const auto type = static_cast<ncclDataType_t>(NcclDataTypeOf(dtype));
   const auto red = static_cast<ncclRedOp_t>(NcclRedOpOf(op));

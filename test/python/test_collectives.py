@@ -263,3 +263,6 @@ def test_barrier_and_basics(rank, size):
     assert hvd.is_initialized() and 0 <= hvd.local_rank() < hvd.local_size()
     assert hvd.mpi_built() and hvd.mpi_enabled() and not hvd.gloo_enabled()
     assert hvd.is_homogeneous()
+    # A CUDA build reports NCCL's version; a CUDA-free one reports neither.
+    assert hvd.cuda_built() == (hvd.nccl_built() > 0)
+    assert hvd.nccl_built() == 0 or hvd.nccl_built() >= 20000

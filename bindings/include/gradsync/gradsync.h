@@ -84,6 +84,11 @@ void init(const InitOptions& options);
 void shutdown();
 bool is_initialized();
 
+// Whether this build reduces CUDA tensors, and the NCCL version it was built with (NCCL's code:
+// 22800 for 2.28.0; 0 without NCCL). Callable at any time, before init() too.
+bool cuda_built();
+int nccl_version();
+
 int rank();
 int size();
 int local_rank();  // rank among the processes on this node

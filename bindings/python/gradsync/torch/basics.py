@@ -105,12 +105,12 @@ def gloo_built():
 
 
 def nccl_built():
-    """0 until the NCCL data plane exists: device tensors are refused with a clear error."""
-    return 0
+    """NCCL's version code (as Horovod reports it) when this build reduces CUDA tensors, else 0."""
+    return _core.nccl_version()
 
 
 def cuda_built():
-    return False
+    return bool(_core.built_with_cuda())
 
 
 def rocm_built():

@@ -49,6 +49,9 @@ def _device(tensor):
     if tensor.device.type == "cpu":
         return _DEVICE_CPU, -1
     if tensor.device.type == "cuda":
+        # The kernels that produce the tensor may still be queued on the current stream: the
+        # enqueue waits for them here, so that gradsync reads finished values.
+        torch.cuda.current_stream(tensor.device).synchronize()
         return _DEVICE_CUDA, tensor.device.index if tensor.device.index is not None else 0
     raise ValueError("tensors on %s are not supported by gradsync" % tensor.device)
 
