@@ -51,7 +51,9 @@ Status ProcessSetRuntime::PlaneFor(const Device& device, DataPlane** plane) {
     return slot.failure;
   }
   DevicePlaneSlot slot{device, nullptr, Status::OK()};
-  slot.failure = MakeDevicePlane(config_, data_comm_, device, &slot.plane);
+  const DevicePlaneFactory make =
+      DevicePlaneFactoryForTesting() != nullptr ? DevicePlaneFactoryForTesting() : MakeDevicePlane;
+  slot.failure = make(config_, data_comm_, device, &slot.plane);
   if (slot.failure.ok()) {
     Log().info("process set {}: device plane for {} ready", id_, DeviceName(device));
   } else {

@@ -22,6 +22,15 @@ namespace gradsync {
 Status MakeDevicePlane(const Config& config, MPI_Comm comm, const Device& device,
                        std::unique_ptr<DataPlane>* plane);
 
+// For tests of the whole path without a GPU: while set, process sets make their device planes
+// with `factory` instead of MakeDevicePlane (a DevicePlane over the host backend, say, so that
+// "device" tensors in host memory run through the finalizer). Set before init(), cleared after
+// shutdown(); null restores MakeDevicePlane.
+using DevicePlaneFactory = Status (*)(const Config& config, MPI_Comm comm, const Device& device,
+                                      std::unique_ptr<DataPlane>* plane);
+void SetDevicePlaneFactoryForTesting(DevicePlaneFactory factory);
+DevicePlaneFactory DevicePlaneFactoryForTesting();
+
 // True when this build reduces device tensors (it was built with CUDA).
 bool BuiltWithCuda();
 // NCCL's version code (ncclGetVersion, 22800 for 2.28.0) in a build with NCCL, else 0.

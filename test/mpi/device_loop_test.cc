@@ -1,0 +1,176 @@
+// The whole path of device tensors without a GPU: the public API, negotiation, the background
+// loop's hand-off to the finalizer thread, and completion, with the process sets' device planes
+// made over the host backend (SetDevicePlaneFactoryForTesting). The "device" tensors are host
+// memory labelled cuda:0; everything above the backend runs as it does on a GPU.
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ops/device/device_plane.h"
+#include "ops/device/device_plane_factory.h"
+#include "ops/device/host_device_backend.h"
+#include "test/mpi/multi_rank_test.h"
+
+namespace gradsync {
+namespace testing {
+namespace {
+
+Status HostBackedPlane(const Config& config, MPI_Comm comm, const Device&,
+                       std::unique_ptr<DataPlane>* plane) {
+  std::unique_ptr<HostDeviceBackend> backend;
+  GRADSYNC_RETURN_IF_ERROR(HostDeviceBackend::Create(comm, &backend));
+  const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(config.nccl_timeout_seconds));
+  *plane = std::make_unique<DevicePlane>(std::move(backend), comm, timeout);
+  return Status::OK();
+}
+
+class DeviceLoopTest : public MultiRankTest {
+ protected:
+  void SetUp() override {
+    SetDevicePlaneFactoryForTesting(&HostBackedPlane);
+    MultiRankTest::SetUp();
+  }
+  void TearDown() override {
+    MultiRankTest::TearDown();
+    SetDevicePlaneFactoryForTesting(nullptr);
+  }
+};
+
+// A host tensor relabelled as a device tensor.
+TensorView OnDevice(HostTensor* tensor) {
+  TensorView view = tensor->view();
+  view.device = Device::Cuda(0);
+  return view;
+}
+
+Allocator IntoDevice(std::unique_ptr<HostTensor>* out) { return Into(out); }
+
+TEST_F(DeviceLoopTest, DeviceAndHostTensorsInFlightTogether) {
+  for (int step = 0; step < 3; ++step) {
+    std::vector<std::unique_ptr<HostTensor>> tensors;
+    std::vector<Handle> handles;
+    std::atomic<int> callbacks{0};
+    for (int i = 0; i < 40; ++i) {
+      const bool device = i % 2 == 0;
+      tensors.push_back(
+          std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{1 + i * 37}));
+      for (int64_t k = 0; k < tensors.back()->size(); ++k) tensors.back()->Set(k, rank_ + k % 3);
+      AllreduceOptions options;
+      options.name = std::string(device ? "dev." : "host.") + std::to_string(i);
+      options.op = ReduceOp::kAverage;
+      options.on_complete = [&callbacks](const Status& s) {
+        if (s.ok()) callbacks++;
+      };
+      handles.push_back(
+          allreduce(device ? OnDevice(tensors.back().get()) : tensors.back()->view(), options));
+    }
+    for (Handle& h : handles) ASSERT_TRUE(Succeeds(h));
+    EXPECT_EQ(callbacks.load(), 40);
+    const double mean_rank = (size_ - 1) / 2.0;
+    for (auto& t : tensors) {
+      for (int64_t k = 0; k < t->size(); ++k) ASSERT_EQ(t->Get(k), mean_rank + k % 3);
+    }
+  }
+}
+
+TEST_F(DeviceLoopTest, EveryCollectiveOnDeviceTensors) {
+  HostTensor mine(DataType::kInt32, {rank_ + 1, 2});
+  for (int64_t i = 0; i < mine.size(); ++i) mine.Set(i, rank_);
+  std::unique_ptr<HostTensor> gathered;
+  Handle g = allgather(OnDevice(&mine), IntoDevice(&gathered));
+  HostTensor root(DataType::kFloat64, {4});
+  for (int64_t i = 0; i < 4; ++i) root.Set(i, rank_ == 0 ? 7 : 0);
+  Handle b = broadcast(OnDevice(&root), 0);
+  HostTensor rows(DataType::kFloat32, {2 * size_ + 1});
+  for (int64_t i = 0; i < rows.size(); ++i) rows.Set(i, 1);
+  std::unique_ptr<HostTensor> share;
+  Handle r = reducescatter(OnDevice(&rows), IntoDevice(&share));
+  HostTensor sent(DataType::kInt64, {size_});
+  for (int64_t i = 0; i < size_; ++i) sent.Set(i, rank_ * 10 + i);
+  std::unique_ptr<HostTensor> received;
+  Handle a = alltoall(OnDevice(&sent), IntoDevice(&received));
+  std::vector<std::unique_ptr<HostTensor>> group;
+  std::vector<TensorView> views;
+  for (int i = 0; i < 3; ++i) {
+    group.push_back(std::make_unique<HostTensor>(DataType::kBFloat16, std::vector<int64_t>{9}));
+    for (int64_t k = 0; k < 9; ++k) group.back()->Set(k, 2);
+    views.push_back(OnDevice(group.back().get()));
+  }
+  std::vector<Handle> grouped = grouped_allreduce(views);
+  for (Handle* h : {&g, &b, &r, &a}) ASSERT_TRUE(Succeeds(*h));
+  for (Handle& h : grouped) ASSERT_TRUE(Succeeds(h));
+
+  ASSERT_NE(gathered, nullptr);
+  int64_t at = 0;
+  for (int q = 0; q < size_; ++q) {
+    for (int i = 0; i < (q + 1) * 2; ++i) EXPECT_EQ(gathered->Get(at++), q);
+  }
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(root.Get(i), 7);
+  ASSERT_NE(share, nullptr);
+  for (int64_t i = 0; i < share->size(); ++i) EXPECT_EQ(share->Get(i), size_);
+  ASSERT_NE(received, nullptr);
+  for (int q = 0; q < size_; ++q) EXPECT_EQ(received->Get(q), q * 10 + rank_);
+  for (auto& t : group) EXPECT_EQ(t->Get(8), 2 * size_);
+}
+
+// Rank r has r + 1 steps of device gradients: the joined ranks' stand-ins live in the device
+// plane's memory, and each step's sum counts the ranks still running.
+TEST_F(DeviceLoopTest, JoinWithDeviceTensors) {
+  for (int step = 0; step <= rank_; ++step) {
+    HostTensor grad(DataType::kFloat32, {1000});
+    for (int64_t i = 0; i < grad.size(); ++i) grad.Set(i, 1);
+    AllreduceOptions options;
+    options.name = "join.grad";
+    ASSERT_TRUE(Succeeds(allreduce(OnDevice(&grad), options)));
+    int running = 0;
+    for (int q = 0; q < size_; ++q) running += q >= step ? 1 : 0;
+    EXPECT_EQ(grad.Get(999), running) << "step " << step;
+  }
+  const int last = join();
+  EXPECT_EQ(last, size_ - 1);
+}
+
+TEST_F(DeviceLoopTest, StreamOrderedCompletionOfAHostEventWaitsForTheResult) {
+  HostTensor grad(DataType::kFloat64, {50000});
+  for (int64_t i = 0; i < grad.size(); ++i) grad.Set(i, rank_ + 1);
+  Handle h = allreduce(OnDevice(&grad));
+  h.synchronize_stream(nullptr);  // a host completion event: waited on the host
+  EXPECT_TRUE(h.poll() || h.wait_for(kWaitLimit));
+  EXPECT_EQ(grad.Get(49999), size_ * (size_ + 1) / 2);
+}
+
+TEST_F(DeviceLoopTest, ProcessSetsGetDevicePlanesOfTheirOwn) {
+  if (size_ < 2) GTEST_SKIP() << "a set of every other rank is the global set at 1 rank";
+  std::vector<int> evens;
+  for (int q = 0; q < size_; q += 2) evens.push_back(q);
+  ProcessSet set = add_process_set(evens);
+  HostTensor in_set(DataType::kFloat32, {64});
+  HostTensor global(DataType::kFloat32, {64});
+  for (int64_t i = 0; i < 64; ++i) {
+    in_set.Set(i, 1);
+    global.Set(i, 1);
+  }
+  Handle h_set;
+  if (set.included()) {
+    AllreduceOptions options;
+    options.process_set = set;
+    options.name = "set.grad";
+    h_set = allreduce(OnDevice(&in_set), options);
+  }
+  Handle h_global = allreduce(OnDevice(&global));
+  ASSERT_TRUE(Succeeds(h_global));
+  EXPECT_EQ(global.Get(0), size_);
+  if (set.included()) {
+    ASSERT_TRUE(Succeeds(h_set));
+    EXPECT_EQ(in_set.Get(0), static_cast<float>(evens.size()));
+  }
+  remove_process_set(set);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsync
