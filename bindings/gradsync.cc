@@ -459,8 +459,7 @@ void Handle::synchronize_stream(void* cuda_stream) const {
   RequireCallerThread("Handle::synchronize_stream");
   if (!state_) Throw(Status::InvalidArgument("synchronize_stream() on an empty handle"));
   bool timed_out = false;
-  const std::shared_ptr<StreamEvent> launched =
-      state_->WaitLaunched(kWaitForever, &timed_out);
+  const std::shared_ptr<StreamEvent> launched = state_->WaitLaunched(kWaitForever, &timed_out);
   if (launched == nullptr) {
     // Ran on the host, or failed before launch: its completion is the handle's.
     wait();

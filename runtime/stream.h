@@ -14,6 +14,10 @@
 
 namespace gradsync {
 
+// A wait without a deadline, for Wait and the like: long enough never to end, short enough that
+// adding it to a clock's now() does not overflow (nanoseconds::max() would).
+constexpr std::chrono::nanoseconds kWaitForever = std::chrono::hours(24 * 365 * 10);
+
 class StreamEvent {
  public:
   virtual ~StreamEvent() = default;

@@ -129,8 +129,7 @@ void Unpack(const char* block, const ScatterLayout& layout, int rank, DataType d
 
 }  // namespace
 
-Status MpiDataPlane::Reducescatter(const std::vector<TensorEntry*>& entries,
-                                   const ReduceSpec& spec,
+Status MpiDataPlane::Reducescatter(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                                    std::vector<LocalFailure>* local_failures) {
   if (entries.empty()) return Status::OK();
   for (const TensorEntry* entry : entries) GRADSYNC_RETURN_IF_ERROR(ValidateEntry(*entry, spec));

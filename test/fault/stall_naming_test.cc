@@ -51,8 +51,7 @@ class StallNamingTest : public MultiRankTest {
       for (int t = 0; t < kPending; ++t) {
         AllreduceOptions options;
         options.name = "stalled." + std::to_string(t);
-        handles.push_back(
-            allreduce(TensorView(&data[t * 4], DataType::kFloat32, {4}), options));
+        handles.push_back(allreduce(TensorView(&data[t * 4], DataType::kFloat32, {4}), options));
       }
       message = MessageOf(handles.front());
       EXPECT_EQ(message.rfind("Stalled: ", 0), 0u) << message;

@@ -519,8 +519,7 @@ TEST_F(MpiDataPlaneTest, ReducescatterZeroRowsMayAllocateNull) {
   entry.state = std::make_shared<OpState>();
   entry.allocator = [](const std::vector<int64_t>&, DataType) -> void* { return nullptr; };
   for (double prescale : {1.0, 2.0}) {
-    const Status s =
-        Reducescatter({&entry}, Spec(DataType::kFloat32, ReduceOp::kSum, prescale));
+    const Status s = Reducescatter({&entry}, Spec(DataType::kFloat32, ReduceOp::kSum, prescale));
     ASSERT_TRUE(s.ok()) << s.ToString();
     EXPECT_EQ(entry.state->output_shape, (std::vector<int64_t>{0, 4}));
     EXPECT_EQ(entry.output.shape, (std::vector<int64_t>{0, 4}));
@@ -580,8 +579,7 @@ TEST_F(MpiDataPlaneTest, ReducescatterRefusesBadEntriesBeforeAllocating) {
   EXPECT_NE(s.message().find("'on_gpu'"), std::string::npos) << s.message();
 
   AllocatedEntry odd_op("odd_op", DataType::kFloat32, {3}, 0);
-  s = Reducescatter({odd_op.entry.get()},
-                            Spec(DataType::kFloat32, static_cast<ReduceOp>(99)));
+  s = Reducescatter({odd_op.entry.get()}, Spec(DataType::kFloat32, static_cast<ReduceOp>(99)));
   EXPECT_EQ(s.code(), StatusCode::kUnsupported);
   EXPECT_NE(s.message().find("'odd_op'"), std::string::npos) << s.message();
 
