@@ -123,7 +123,17 @@ void ThrowIfRefused(const Runtime& rt, TensorEntry* entry, const Status& checked
 void NameIfUnnamed(Runtime& rt, TensorEntry* entry) {
   if (!entry->name.empty()) return;
   const auto op = static_cast<int>(entry->op);
-  entry->name = OpTypeName(entry->op) + ".noname." + std::to_string(rt.unnamed_counters[op]++);
+  if (entry->process_set == 0) {
+    entry->name = OpTypeName(entry->op) + ".noname." + std::to_string(rt.unnamed_counters[op]++);
+    return;
+  }
+  uint64_t n = 0;
+  {
+    std::lock_guard<std::mutex> lock(rt.unnamed_in_sets_mu);
+    n = rt.unnamed_in_sets[{op, entry->process_set}]++;
+  }
+  entry->name = OpTypeName(entry->op) + ".set" + std::to_string(entry->process_set) +
+                ".noname." + std::to_string(n);
 }
 
 // Enqueues a group atomically: every member is accepted or the call throws and none is enqueued.

@@ -6,7 +6,10 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -27,7 +30,11 @@ struct Runtime {
   Timeline timeline;  // written on rank 0 only; outlives the loop that records into it
   ProcessSetRegistry registry;
   std::unique_ptr<BackgroundLoop> loop;
+  // Generated names: the global set's counters per op type, and the other sets' per op type and
+  // set (their operations match only among the set's members, in the members' order).
   std::atomic<uint64_t> unnamed_counters[kNumOpTypes] = {};
+  std::mutex unnamed_in_sets_mu;
+  std::map<std::pair<int, int32_t>, uint64_t> unnamed_in_sets;
   // add_process_set and remove_process_set calls so far; collective, so the same on every rank.
   std::atomic<uint64_t> process_set_calls{0};
 };

@@ -1,16 +1,27 @@
 /* Built by a C-only project against the installed package: the include paths and MPI come from
- * gradsync::gradsync, and the program links and runs on two ranks. */
+ * gradsync::gradsync, and the program reduces through gradsync's C API on two ranks. */
+#include <gradsync/c_api.h>
 #include <mpi.h>
 #include <stdio.h>
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0, size = 0, sum = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  const int one = 1;
-  MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (rank == 0) printf("C consumer: %d ranks: %s\n", size, sum == size ? "ok" : "WRONG");
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int ok = gradsync_init_comm((int)MPI_Comm_c2f(MPI_COMM_WORLD)) == GRADSYNC_OK;
+  int rank = 0, size = 0;
+  ok = ok && gradsync_rank(&rank) == GRADSYNC_OK && gradsync_size(&size) == GRADSYNC_OK;
+  float grad[3] = {1.0f, 2.0f, 3.0f};
+  const int64_t shape[1] = {3};
+  gradsync_handle* handle = NULL;
+  ok = ok && gradsync_allreduce_async("consumer.grad", grad, GRADSYNC_FLOAT32, shape, 1,
+                                      GRADSYNC_AVERAGE, 1.0, 1.0, GRADSYNC_GLOBAL_PROCESS_SET,
+                                      &handle) == GRADSYNC_OK;
+  ok = ok && gradsync_wait(handle) == GRADSYNC_OK;
+  gradsync_release(handle);
+  ok = ok && grad[0] == 1.0f && grad[2] == 3.0f;
+  if (!ok) fprintf(stderr, "C consumer: %s\n", gradsync_last_error());
+  gradsync_shutdown();
+  if (rank == 0) printf("C consumer: %d ranks: %s\n", size, ok ? "ok" : "WRONG");
   MPI_Finalize();
-  return sum == size ? 0 : 1;
+  return ok ? 0 : 1;
 }
