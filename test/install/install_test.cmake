@@ -1,7 +1,7 @@
-# Installs the built tree into a scratch prefix, then builds three projects against it with
+# Installs the built tree into a scratch prefix, then builds projects against it with
 # find_package(gradsync), as trainers' own builds would: one that enables C and C++, one that
-# enables C++ alone (as most C++ projects do), and one that enables C alone. Each runs on two
-# ranks.
+# enables C++ alone (as most C++ projects do), one that enables C alone (using the C API), and,
+# when the package has the libtorch adapter, a libtorch trainer. Each runs on two ranks.
 # Inputs: BUILD_DIR, CONSUMERS_DIR, WORK_DIR, MPIEXEC.
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
@@ -12,7 +12,13 @@ endfunction()
 
 file(REMOVE_RECURSE ${WORK_DIR})
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
-foreach(consumer consumer_c_cxx consumer_cxx consumer_c)
+set(consumers consumer_c_cxx consumer_cxx consumer_c)
+# The libtorch adapter's consumer, when the package has it.
+if(EXISTS ${WORK_DIR}/prefix/lib/cmake/gradsync/gradsyncTorchTargets.cmake OR
+   EXISTS ${WORK_DIR}/prefix/lib64/cmake/gradsync/gradsyncTorchTargets.cmake)
+  list(APPEND consumers consumer_torch)
+endif()
+foreach(consumer ${consumers})
   set(build ${WORK_DIR}/${consumer})
   run(${CMAKE_COMMAND} -S ${CONSUMERS_DIR}/${consumer} -B ${build}
       -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)

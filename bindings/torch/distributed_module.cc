@@ -1,0 +1,178 @@
+#include "gradsync/torch.h"
+
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+
+#include <stdexcept>
+#include <utility>
+
+namespace gradsync {
+namespace torch {
+namespace {
+
+DataType DataTypeOf(const ::torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case ::torch::kUInt8:
+      return DataType::kUInt8;
+    case ::torch::kInt8:
+      return DataType::kInt8;
+    case ::torch::kInt32:
+      return DataType::kInt32;
+    case ::torch::kInt64:
+      return DataType::kInt64;
+    case ::torch::kFloat16:
+      return DataType::kFloat16;
+    case ::torch::kBFloat16:
+      return DataType::kBFloat16;
+    case ::torch::kFloat32:
+      return DataType::kFloat32;
+    case ::torch::kFloat64:
+      return DataType::kFloat64;
+    default:
+      throw Error(Status::InvalidArgument(std::string("gradsync cannot reduce tensors of ") +
+                                          c10::toString(t.scalar_type())));
+  }
+}
+
+// gradsync's view of a contiguous tensor.
+TensorView View(const ::torch::Tensor& t) {
+  std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+  const Device device = t.is_cuda() ? Device::Cuda(t.device().index()) : Device::Cpu();
+  return TensorView(t.data_ptr(), DataTypeOf(t), std::move(shape), device);
+}
+
+// Broadcasts each tensor in place (through a contiguous copy where it is not contiguous).
+void BroadcastTensors(const std::vector<std::pair<std::string, ::torch::Tensor>>& tensors, int root,
+                      const ProcessSet& process_set, const std::string& prefix) {
+  ::torch::NoGradGuard no_grad;
+  std::vector<::torch::Tensor> wires;
+  std::vector<Handle> handles;
+  for (const auto& [name, tensor] : tensors) {
+    wires.push_back(tensor.is_contiguous() ? tensor : tensor.contiguous());
+    BroadcastOptions options;
+    options.name = prefix + "." + name;
+    options.process_set = process_set;
+    handles.push_back(broadcast(View(wires.back()), root, options));
+  }
+  for (size_t i = 0; i < handles.size(); ++i) {
+    handles[i].wait();
+    if (!wires[i].is_same(tensors[i].second)) tensors[i].second.copy_(wires[i]);
+  }
+}
+
+}  // namespace
+
+void broadcast_state(::torch::nn::Module& module, int root, const ProcessSet& process_set,
+                     const std::string& name) {
+  std::vector<std::pair<std::string, ::torch::Tensor>> tensors;
+  for (const auto& item : module.named_parameters()) tensors.emplace_back(item.key(), item.value());
+  for (const auto& item : module.named_buffers()) tensors.emplace_back(item.key(), item.value());
+  BroadcastTensors(tensors, root, process_set, name + ".state");
+}
+
+DistributedModule::DistributedModule(::torch::nn::Module& module, Options options)
+    : module_(module), options_(std::move(options)) {
+  broadcast_state(module_, 0, options_.process_set, options_.name);
+  for (const ::torch::Tensor& p : module_.parameters()) {
+    if (p.requires_grad()) params_.push_back(p);
+  }
+  // Buckets in reverse registration order, the order backward usually produces gradients in.
+  bucket_of_.assign(params_.size(), 0);
+  int64_t filled = 0;
+  for (size_t k = params_.size(); k-- > 0;) {
+    const int64_t bytes = params_[k].numel() * params_[k].element_size();
+    if (buckets_.empty() || (filled > 0 && filled + bytes > options_.bucket_bytes)) {
+      buckets_.emplace_back();
+      filled = 0;
+    }
+    buckets_.back().params.push_back(k);
+    bucket_of_[k] = buckets_.size() - 1;
+    filled += bytes;
+  }
+  for (size_t k = 0; k < params_.size(); ++k) {
+    std::shared_ptr<::torch::autograd::Node> accumulator =
+        ::torch::autograd::impl::grad_accumulator(params_[k]);
+    if (accumulator == nullptr) {
+      throw Error(Status::InvalidArgument("parameter " + std::to_string(k) +
+                                          " is not a leaf: it has no gradient accumulator"));
+    }
+    std::weak_ptr<bool> alive = alive_;
+    accumulator->add_post_hook(std::make_unique<::torch::autograd::utils::LambdaPostHook>(
+        [this, alive, k](const ::torch::autograd::variable_list& outputs,
+                         const ::torch::autograd::variable_list&) {
+          if (auto still = alive.lock(); still != nullptr && *still) OnGradientReady(k);
+          return outputs;
+        }));
+    accumulators_.push_back(std::move(accumulator));
+  }
+}
+
+DistributedModule::~DistributedModule() { *alive_ = false; }
+
+void DistributedModule::OnGradientReady(size_t param) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!syncing_) return;
+  const size_t b = bucket_of_[param];
+  Bucket& bucket = buckets_[b];
+  if (bucket.launched) return;
+  if (++bucket.ready == bucket.params.size()) Launch(b);
+}
+
+void DistributedModule::Launch(size_t b) {
+  ::torch::NoGradGuard no_grad;
+  Bucket& bucket = buckets_[b];
+  std::vector<TensorView> views;
+  GroupedAllreduceOptions options;
+  options.op = options_.op;
+  options.process_set = options_.process_set;
+  for (size_t k : bucket.params) {
+    ::torch::Tensor& param = params_[k];
+    if (!param.grad().defined()) param.mutable_grad() = ::torch::zeros_like(param);
+    const ::torch::Tensor& grad = param.grad();
+    ::torch::Tensor wire;
+    switch (options_.compression) {
+      case Compression::kNone:
+        wire = grad.is_contiguous() ? grad : grad.contiguous();
+        break;
+      case Compression::kFloat16:
+        wire = grad.to(::torch::kFloat16).contiguous();
+        break;
+      case Compression::kBFloat16:
+        wire = grad.to(::torch::kBFloat16).contiguous();
+        break;
+    }
+    bucket.wires.push_back(wire);
+    views.push_back(View(wire));
+    options.names.push_back(options_.name + ".grad." + std::to_string(b) + "." + std::to_string(k));
+  }
+  bucket.handles = grouped_allreduce(views, options);
+  bucket.launched = true;
+}
+
+void DistributedModule::synchronize() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!syncing_) return;  // inside no_sync(): the gradients stay local
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!buckets_[b].launched) Launch(b);
+  }
+  ::torch::NoGradGuard no_grad;
+  for (Bucket& bucket : buckets_) {
+    for (Handle& h : bucket.handles) h.wait();
+    for (size_t i = 0; i < bucket.params.size(); ++i) {
+      ::torch::Tensor& grad = params_[bucket.params[i]].mutable_grad();
+      if (!bucket.wires[i].is_same(grad)) grad.copy_(bucket.wires[i]);
+    }
+    bucket.wires.clear();
+    bucket.handles.clear();
+    bucket.ready = 0;
+    bucket.launched = false;
+  }
+}
+
+void DistributedModule::broadcast_buffers() {
+  std::vector<std::pair<std::string, ::torch::Tensor>> tensors;
+  for (const auto& item : module_.named_buffers()) tensors.emplace_back(item.key(), item.value());
+  BroadcastTensors(tensors, 0, options_.process_set, options_.name + ".buffers");
+}
+
+}  // namespace torch
+}  // namespace gradsync
