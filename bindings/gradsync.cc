@@ -132,8 +132,8 @@ void NameIfUnnamed(Runtime& rt, TensorEntry* entry) {
     std::lock_guard<std::mutex> lock(rt.unnamed_in_sets_mu);
     n = rt.unnamed_in_sets[{op, entry->process_set}]++;
   }
-  entry->name = OpTypeName(entry->op) + ".set" + std::to_string(entry->process_set) +
-                ".noname." + std::to_string(n);
+  entry->name = OpTypeName(entry->op) + ".set" + std::to_string(entry->process_set) + ".noname." +
+                std::to_string(n);
 }
 
 // Enqueues a group atomically: every member is accepted or the call throws and none is enqueued.

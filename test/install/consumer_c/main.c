@@ -13,9 +13,9 @@ int main(int argc, char** argv) {
   float grad[3] = {1.0f, 2.0f, 3.0f};
   const int64_t shape[1] = {3};
   gradsync_handle* handle = NULL;
-  ok = ok && gradsync_allreduce_async("consumer.grad", grad, GRADSYNC_FLOAT32, shape, 1,
-                                      GRADSYNC_AVERAGE, 1.0, 1.0, GRADSYNC_GLOBAL_PROCESS_SET,
-                                      &handle) == GRADSYNC_OK;
+  ok = ok &&
+       gradsync_allreduce_async("consumer.grad", grad, GRADSYNC_FLOAT32, shape, 1, GRADSYNC_AVERAGE,
+                                1.0, 1.0, GRADSYNC_GLOBAL_PROCESS_SET, &handle) == GRADSYNC_OK;
   ok = ok && gradsync_wait(handle) == GRADSYNC_OK;
   gradsync_release(handle);
   ok = ok && grad[0] == 1.0f && grad[2] == 3.0f;

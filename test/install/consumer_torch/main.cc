@@ -16,7 +16,8 @@ int main() {
   const int n = gradsync::size();
   const float expected = (n + 1) / 2.0f;
   const bool ok = std::abs(model->bias.grad().item<float>() - expected) < 1e-6f;
-  if (gradsync::rank() == 0) std::printf("libtorch consumer: %d ranks: %s\n", n, ok ? "ok" : "WRONG");
+  if (gradsync::rank() == 0)
+    std::printf("libtorch consumer: %d ranks: %s\n", n, ok ? "ok" : "WRONG");
   gradsync::shutdown();
   return ok ? 0 : 1;
 }
