@@ -178,6 +178,30 @@ int GetInt(const char* call, int* out, int (*get)()) {
   });
 }
 
+// A value of process set `id` into *out.
+template <typename Get>
+int QuerySet(const char* call, int id, int* out, const char* what, Get get) {
+  ProcessSet set;
+  if (int rc = SetProcessSet(id, call, &set)) return rc;
+  if (int rc = CheckOut(out, call, what)) return rc;
+  return Guarded(call, [&] {
+    *out = get(set);
+    return kOk;
+  });
+}
+
+// The reduction fields every reducing collective's options have.
+template <typename Options>
+int SetReduction(const char* call, int op, double prescale, double postscale, int process_set,
+                 Options* options) {
+  if (int rc = CheckOp(op, call)) return rc;
+  if (int rc = SetProcessSet(process_set, call, &options->process_set)) return rc;
+  options->op = static_cast<ReduceOp>(op);
+  options->prescale = prescale;
+  options->postscale = postscale;
+  return kOk;
+}
+
 }  // namespace
 }  // namespace gradsync
 
@@ -240,12 +264,8 @@ int gradsync_allreduce_async(const char* name, void* data, int dtype, const int6
   TensorView view;
   AllreduceOptions options;
   if (int rc = MakeView(call, data, dtype, shape, ndim, &view)) return rc;
-  if (int rc = CheckOp(op, call)) return rc;
-  if (int rc = SetProcessSet(process_set, call, &options.process_set)) return rc;
+  if (int rc = SetReduction(call, op, prescale, postscale, process_set, &options)) return rc;
   options.name = Name(name);
-  options.op = static_cast<ReduceOp>(op);
-  options.prescale = prescale;
-  options.postscale = postscale;
   return Submit(call, handle, [&](gradsync_handle* h) { h->handle = allreduce(view, options); });
 }
 
@@ -296,12 +316,8 @@ int gradsync_reducescatter_async(const char* name, const void* data, int dtype,
   TensorView view;
   ReducescatterOptions options;
   if (int rc = MakeView(call, data, dtype, shape, ndim, &view)) return rc;
-  if (int rc = CheckOp(op, call)) return rc;
-  if (int rc = SetProcessSet(process_set, call, &options.process_set)) return rc;
+  if (int rc = SetReduction(call, op, prescale, postscale, process_set, &options)) return rc;
   options.name = Name(name);
-  options.op = static_cast<ReduceOp>(op);
-  options.prescale = prescale;
-  options.postscale = postscale;
   return Submit(call, handle, [&](gradsync_handle* h) {
     h->handle = reducescatter(view, IntoHandle(h), options);
   });
@@ -318,12 +334,8 @@ int gradsync_grouped_allreduce_async(int count, const char* const* names, void* 
                          &views)) {
     return rc;
   }
-  if (int rc = CheckOp(op, call)) return rc;
-  if (int rc = SetProcessSet(process_set, call, &options.process_set)) return rc;
+  if (int rc = SetReduction(call, op, prescale, postscale, process_set, &options)) return rc;
   options.names = Names(count, names);
-  options.op = static_cast<ReduceOp>(op);
-  options.prescale = prescale;
-  options.postscale = postscale;
   return SubmitGroup(call, count, handles, [&](const std::vector<gradsync_handle*>&) {
     return grouped_allreduce(views, options);
   });
@@ -354,12 +366,8 @@ int gradsync_grouped_reducescatter_async(int count, const char* const* names,
   std::vector<TensorView> views;
   GroupedReducescatterOptions options;
   if (int rc = MakeViews(call, count, data, dtypes, shapes, ndims, &views)) return rc;
-  if (int rc = CheckOp(op, call)) return rc;
-  if (int rc = SetProcessSet(process_set, call, &options.process_set)) return rc;
+  if (int rc = SetReduction(call, op, prescale, postscale, process_set, &options)) return rc;
   options.names = Names(count, names);
-  options.op = static_cast<ReduceOp>(op);
-  options.prescale = prescale;
-  options.postscale = postscale;
   return SubmitGroup(call, count, handles, [&](const std::vector<gradsync_handle*>& made) {
     std::vector<Allocator> allocators;
     for (gradsync_handle* h : made) allocators.push_back(IntoHandle(h));
@@ -458,25 +466,13 @@ int gradsync_remove_process_set(int process_set) {
 }
 
 int gradsync_process_set_rank(int process_set, int* rank) {
-  const char* call = "gradsync_process_set_rank";
-  ProcessSet set;
-  if (int rc = SetProcessSet(process_set, call, &set)) return rc;
-  if (int rc = CheckOut(rank, call, "rank")) return rc;
-  return Guarded(call, [&] {
-    *rank = set.rank();
-    return kOk;
-  });
+  return QuerySet("gradsync_process_set_rank", process_set, rank, "rank",
+                  [](const ProcessSet& set) { return set.rank(); });
 }
 
 int gradsync_process_set_size(int process_set, int* size) {
-  const char* call = "gradsync_process_set_size";
-  ProcessSet set;
-  if (int rc = SetProcessSet(process_set, call, &set)) return rc;
-  if (int rc = CheckOut(size, call, "size")) return rc;
-  return Guarded(call, [&] {
-    *size = set.size();
-    return kOk;
-  });
+  return QuerySet("gradsync_process_set_size", process_set, size, "size",
+                  [](const ProcessSet& set) { return set.size(); });
 }
 
 int gradsync_join(int* last_rank) {

@@ -139,21 +139,14 @@ size_t Finalizer::Sweep() {
 
 std::string Finalizer::Describe(const Bucket& bucket) {
   // Stand-ins (no state) are the background thread's to reuse: only the named entries are read.
-  std::vector<const TensorEntry*> named;
-  for (const TensorEntry* entry : bucket.entries) {
+  std::vector<TensorEntry*> named;
+  for (TensorEntry* entry : bucket.entries) {
     if (entry->state != nullptr) named.push_back(entry);
   }
   const std::string where = " in process set " + std::to_string(bucket.process_set);
   if (named.empty()) return "a joined rank's stand-in allreduce" + where;
-  std::string text =
-      OpTypeName(named.front()->op) + (named.size() == 1 ? " of tensor " : " of tensors ");
-  const size_t shown = std::min<size_t>(named.size(), 3);
-  for (size_t i = 0; i < shown; ++i) {
-    if (i > 0) text += i + 1 == named.size() ? " and " : ", ";
-    text += "'" + named[i]->name + "'";
-  }
-  if (named.size() > shown) text += " and " + std::to_string(named.size() - shown) + " more";
-  return text + " on " + DeviceName(named.front()->input.device) + where;
+  return DescribeBucket(OpTypeName(named.front()->op), named, 3) + " on " +
+         DeviceName(named.front()->input.device) + where;
 }
 
 }  // namespace gradsync

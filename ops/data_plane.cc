@@ -35,4 +35,16 @@ Status CheckSplits(const std::vector<int64_t>& splits, int64_t rows, int size) {
   return Status::OK();
 }
 
+std::string DescribeBucket(const std::string& collective, const std::vector<TensorEntry*>& entries,
+                           size_t max_named) {
+  std::string s = collective + (entries.size() == 1 ? " of tensor " : " of tensors ");
+  for (size_t i = 0; i < entries.size() && i < max_named; ++i) {
+    s += (i ? ", '" : "'") + entries[i]->name + "'";
+  }
+  if (entries.size() > max_named) {
+    s += " and " + std::to_string(entries.size() - max_named) + " more";
+  }
+  return s;
+}
+
 }  // namespace gradsync

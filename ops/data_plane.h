@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gradsync/status.h"
@@ -31,6 +32,11 @@ std::vector<int64_t> EvenSplits(int64_t rows, int parts);
 // Alltoall splits for `rows` over `size` ranks: one per rank, none negative, adding up to `rows`.
 // The enqueue refuses bad splits with this; the data plane checks again before its collectives.
 Status CheckSplits(const std::vector<int64_t>& splits, int64_t rows, int size);
+
+// "allreduce of tensor 'a'", "allreduce of tensors 'a', 'b' and 3 more": a bucket, for messages,
+// naming at most `max_named` tensors.
+std::string DescribeBucket(const std::string& collective, const std::vector<TensorEntry*>& entries,
+                           size_t max_named = 4);
 
 // What every entry of an allreduce bucket has in common.
 struct ReduceSpec {

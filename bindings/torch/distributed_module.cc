@@ -59,14 +59,23 @@ void BroadcastTensors(const std::vector<std::pair<std::string, ::torch::Tensor>>
   }
 }
 
+// The module's parameters (when asked) and buffers, by name.
+std::vector<std::pair<std::string, ::torch::Tensor>> NamedState(const ::torch::nn::Module& module,
+                                                                bool with_parameters) {
+  std::vector<std::pair<std::string, ::torch::Tensor>> tensors;
+  if (with_parameters) {
+    for (const auto& item : module.named_parameters())
+      tensors.emplace_back(item.key(), item.value());
+  }
+  for (const auto& item : module.named_buffers()) tensors.emplace_back(item.key(), item.value());
+  return tensors;
+}
+
 }  // namespace
 
 void broadcast_state(::torch::nn::Module& module, int root, const ProcessSet& process_set,
                      const std::string& name) {
-  std::vector<std::pair<std::string, ::torch::Tensor>> tensors;
-  for (const auto& item : module.named_parameters()) tensors.emplace_back(item.key(), item.value());
-  for (const auto& item : module.named_buffers()) tensors.emplace_back(item.key(), item.value());
-  BroadcastTensors(tensors, root, process_set, name + ".state");
+  BroadcastTensors(NamedState(module, true), root, process_set, name + ".state");
 }
 
 DistributedModule::DistributedModule(::torch::nn::Module& module, Options options)
@@ -169,9 +178,7 @@ void DistributedModule::synchronize() {
 }
 
 void DistributedModule::broadcast_buffers() {
-  std::vector<std::pair<std::string, ::torch::Tensor>> tensors;
-  for (const auto& item : module_.named_buffers()) tensors.emplace_back(item.key(), item.value());
-  BroadcastTensors(tensors, 0, options_.process_set, options_.name + ".buffers");
+  BroadcastTensors(NamedState(module_, false), 0, options_.process_set, options_.name + ".buffers");
 }
 
 }  // namespace torch

@@ -65,12 +65,7 @@ std::shared_ptr<StreamEvent> DevicePlane::TakeCompletion() { return std::move(co
 
 Status DevicePlane::InContext(const Status& status, const std::string& collective,
                               const std::vector<TensorEntry*>& entries) {
-  std::string what = collective + (entries.size() == 1 ? " of tensor " : " of tensors ");
-  for (size_t i = 0; i < entries.size() && i < 3; ++i) {
-    what += (i > 0 ? ", '" : "'") + entries[i]->name + "'";
-  }
-  if (entries.size() > 3) what += " and " + std::to_string(entries.size() - 3) + " more";
-  return Status(status.code(), what + ": " + status.message());
+  return Status(status.code(), DescribeBucket(collective, entries) + ": " + status.message());
 }
 
 void DevicePlane::WaitForInputs(const std::vector<TensorEntry*>& entries) {

@@ -58,7 +58,7 @@ Status MpiDataPlane::Allreduce(const std::vector<TensorEntry*>& entries, const R
     status = entries.size() == 1 ? AllreduceOne(entries[0], effective, type, op)
                                  : AllreduceFused(entries, effective, type, op);
   }
-  return status.ok() ? status : InContext(status, DescribeEntries("allreduce", entries));
+  return status.ok() ? status : InContext(status, DescribeBucket("allreduce", entries));
 }
 
 Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MPI_Datatype type,

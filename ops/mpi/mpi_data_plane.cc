@@ -30,19 +30,6 @@ MpiDataPlane::MpiDataPlane(MPI_Comm comm, Timeline* timeline, int64_t shm_thresh
       shared_memory_(comm, shm_threshold_bytes, kSharedMemoryMaxRanks),
       timeline_(timeline) {}
 
-std::string MpiDataPlane::DescribeEntries(const std::string& collective,
-                                          const std::vector<TensorEntry*>& entries) {
-  constexpr size_t kMaxNamed = 4;
-  std::string s = collective + (entries.size() == 1 ? " of tensor " : " of tensors ");
-  for (size_t i = 0; i < entries.size() && i < kMaxNamed; ++i) {
-    s += (i ? ", '" : "'") + entries[i]->name + "'";
-  }
-  if (entries.size() > kMaxNamed) {
-    s += " and " + std::to_string(entries.size() - kMaxNamed) + " more";
-  }
-  return s;
-}
-
 Status MpiDataPlane::InContext(const Status& status, const std::string& what) {
   if (status.ok()) return status;
   return Status(status.code(), what + ": " + status.message());

@@ -52,9 +52,6 @@ class MpiDataPlane : public DataPlane {
   // `send` may be MPI_IN_PLACE.
   Status AllreduceChunks(const void* send, void* recv, int64_t count, size_t elem_size,
                          MPI_Datatype type, MPI_Op op);
-  // "allreduce of tensor 'a'", "allreduce of tensors 'a', 'b' and 3 more": a bucket, for messages.
-  static std::string DescribeEntries(const std::string& collective,
-                                     const std::vector<TensorEntry*>& entries);
   // `status` with `what` (the collective and its tensors) in front of its message.
   static Status InContext(const Status& status, const std::string& what);
   // Allocates the output of `shape` (in the input's dtype) through entry->allocator; on success

@@ -137,7 +137,7 @@ Status MpiDataPlane::Reducescatter(const std::vector<TensorEntry*>& entries, con
   Status status = MpiReduceOpOf(spec.dtype, spec.op, &op);
   ScatterLayout layout;
   if (status.ok()) status = PlanLayout(entries, size_, &layout);
-  if (!status.ok()) return InContext(status, DescribeEntries("reducescatter", entries));
+  if (!status.ok()) return InContext(status, DescribeBucket("reducescatter", entries));
 
   // Every output is allocated before the collective, so that a single entry can receive its
   // share directly. An allocation failure is this rank's alone: the entry still sends its input,
@@ -184,7 +184,7 @@ Status MpiDataPlane::Reducescatter(const std::vector<TensorEntry*>& entries, con
         InContext(MpiResult(MPI_Reduce_scatter(send, receive, layout.counts.data(),
                                                MpiDatatypeOf(spec.dtype), op, comm_),
                             "MPI_Reduce_scatter"),
-                  DescribeEntries("reducescatter", entries)));
+                  DescribeBucket("reducescatter", entries)));
   }
   if (failures == entries.size()) return Status::OK();
 

@@ -14,9 +14,7 @@ Status NcclBackend::Allgatherv(const void* send, void* recv, const std::vector<i
   const auto type = static_cast<ncclDataType_t>(NcclDataTypeOf(dtype));
   const auto comm = static_cast<ncclComm_t>(comm_);
   const auto stream = static_cast<cudaStream_t>(cuda_stream());
-  bool equal = true;
-  for (int64_t c : counts) equal &= c == counts.front();
-  if (equal) {
+  if (AllEqual(counts)) {
     if (counts.front() == 0) return Status::OK();
     GRADSYNC_NCCL_CALL(
         ncclAllGather(send, recv, static_cast<size_t>(counts.front()), type, comm, stream),

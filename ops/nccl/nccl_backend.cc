@@ -12,6 +12,13 @@
 
 namespace gradsync {
 
+bool AllEqual(const std::vector<int64_t>& counts) {
+  for (int64_t c : counts) {
+    if (c != counts.front()) return false;
+  }
+  return true;
+}
+
 int NcclDataTypeOf(DataType dtype) {
   switch (dtype) {
     case DataType::kUInt8:

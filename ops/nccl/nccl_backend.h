@@ -69,6 +69,9 @@ class NcclBackend : public DeviceBackend {
   Status abort_status_;
 };
 
+// Whether every rank's count is the same: one NCCL collective then serves, not a group.
+bool AllEqual(const std::vector<int64_t>& counts);
+
 // The NCCL value of a gradsync dtype and reduce op (never kAverage).
 int NcclDataTypeOf(DataType dtype);
 int NcclRedOpOf(ReduceOp op);

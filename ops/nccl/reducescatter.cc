@@ -15,9 +15,7 @@ Status NcclBackend::ReduceScatterv(const void* send, void* recv, const std::vect
   const auto red = static_cast<ncclRedOp_t>(NcclRedOpOf(op));
   const auto comm = static_cast<ncclComm_t>(comm_);
   const auto stream = static_cast<cudaStream_t>(cuda_stream());
-  bool equal = true;
-  for (int64_t c : counts) equal &= c == counts.front();
-  if (equal) {
+  if (AllEqual(counts)) {
     if (counts.front() == 0) return Status::OK();
     GRADSYNC_NCCL_CALL(
         ncclReduceScatter(send, recv, static_cast<size_t>(counts.front()), type, red, comm, stream),
