@@ -223,14 +223,7 @@ Status BackgroundLoop::ExecuteBucket(ProcessSetRuntime* set, const Response& fir
   TensorEntry* first_entry = members.front();
   DataPlane* plane = nullptr;
   GRADSYNC_RETURN_IF_ERROR(set->PlaneFor(first.device, &plane));
-  *plane_used = plane;
-  const bool needs_plane =
-      first.type == ResponseType::kAllreduce || first.type == ResponseType::kAllgather ||
-      first.type == ResponseType::kBroadcast || first.type == ResponseType::kReducescatter ||
-      first.type == ResponseType::kAlltoall;
-  if (plane == nullptr && needs_plane) {
-    return Status::Unsupported("no data plane for " + DeviceName(first.device) + " tensors");
-  }
+  *plane_used = plane;  // PlaneFor gives a plane whenever it returns OK
   switch (first.type) {
     case ResponseType::kAllreduce:
       return plane->Allreduce(members,

@@ -3,8 +3,10 @@
 // Released entries, once their handles are completed, are recycled into a pool that NewEntry
 // draws from: once a training loop has run a step, enqueueing allocates nothing here.
 //
-// NewEntry, Push and Close may be called from any thread; WaitForWork, Drain, Release, Recycle and
-// InFlight only from the background thread, which may use a drained entry until it recycles it.
+// NewEntry, Push and Close may be called from any thread; WaitForWork, Drain and InFlight only from
+// the background thread, which may use a drained entry until it recycles it; Release and Recycle
+// from one thread at a time (the background loop's completions, on its thread or the
+// finalizer's, take a lock of the loop's).
 // Every member takes one mutex at most (NewEntry often none); no member blocks except WaitForWork.
 #pragma once
 
