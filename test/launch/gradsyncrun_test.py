@@ -1,0 +1,102 @@
+"""gradsyncrun's argument handling, host lists and the commands it builds (no job is started)."""
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "..", "..", "launch", "gradsyncrun")
+loader = importlib.machinery.SourceFileLoader("gradsyncrun", SCRIPT)
+spec = importlib.util.spec_from_loader("gradsyncrun", loader)
+run = importlib.util.module_from_spec(spec)
+loader.exec_module(run)
+
+
+def command(argv, environ=None, pmix=False):
+    environ = {} if environ is None else environ
+    return run.build_command(run.parse(argv, environ), environ, pmix)[0]
+
+
+class HostsTest(unittest.TestCase):
+    def test_host_list(self):
+        self.assertEqual(run.parse_hosts("a:2,b,c:4"), [("a", 2), ("b", 1), ("c", 4)])
+        for bad in ("a:0", "a:-1", "a:x", ""):
+            with self.assertRaises(run.UsageError):
+                run.parse_hosts(bad)
+
+    def test_hostfile_in_both_formats(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write("# a comment\nnode1 slots=2\nnode2:3  # horovodrun style\n\nnode3\n")
+        try:
+            self.assertEqual(run.parse_hostfile(f.name), [("node1", 2), ("node2", 3), ("node3", 1)])
+        finally:
+            os.unlink(f.name)
+
+    def test_unreadable_or_bad_hostfile(self):
+        with self.assertRaisesRegex(run.UsageError, "No such file"):
+            run.parse_hostfile("/nonexistent/hosts")
+        with tempfile.NamedTemporaryFile("w", delete=False) as f:
+            f.write("node1 colour=blue\n")
+        try:
+            with self.assertRaisesRegex(run.UsageError, "unknown field"):
+                run.parse_hostfile(f.name)
+        finally:
+            os.unlink(f.name)
+
+    def test_slurm_nodelist(self):
+        self.assertEqual(run.expand_nodelist("n[01-03,07],login"),
+                         ["n01", "n02", "n03", "n07", "login"])
+        self.assertEqual(run.expand_tasks_per_node("2(x3),1", 4), [2, 2, 2, 1])
+        self.assertEqual(run.expand_tasks_per_node("", 2), [1, 1])
+
+
+class CommandTest(unittest.TestCase):
+    def test_settings_become_forwarded_variables(self):
+        argv = ["-np", "4", "--fusion-threshold-mb", "32", "--hierarchical-allreduce", "./t"]
+        cmd = command(argv, {"NCCL_DEBUG": "INFO", "HOME": "/root"})
+        self.assertEqual(cmd[:3], ["mpirun", "-np", "4"])
+        for name in ("GRADSYNC_FUSION_THRESHOLD", "GRADSYNC_HIERARCHICAL_ALLREDUCE", "NCCL_DEBUG"):
+            self.assertIn(name, cmd[cmd.index("-x", cmd.index(name) - 1) + 1:])
+        self.assertNotIn("HOME", cmd)
+        self.assertEqual(cmd[-1], "./t")
+
+    def test_more_ranks_than_slots_is_refused_unless_oversubscribed(self):
+        with self.assertRaisesRegex(run.UsageError, "only 4 slots"):
+            command(["-np", "5", "-H", "a:2,b:2", "./t"])
+        cmd = command(["-np", "5", "-H", "a:2,b:2", "--oversubscribe", "./t"])
+        self.assertIn("--oversubscribe", cmd)
+        self.assertIn("a:2,b:2", cmd)
+
+    def test_slurm_allocation_without_hosts(self):
+        env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
+               "SLURM_TASKS_PER_NODE": "2(x2)"}
+        self.assertEqual(command(["./t"], env, pmix=True)[:4],
+                         ["srun", "--mpi=pmix", "--ntasks=4", "--export=ALL"])
+        cmd = command(["./t"], env, pmix=False)
+        self.assertEqual(cmd[:3], ["mpirun", "-np", "4"])
+        self.assertIn("n1:2,n2:2", cmd)
+
+    def test_bad_flags(self):
+        for argv, message in ((["-np", "2", "--bogus", "./t"], "unknown flag"),
+                              (["-np", "2"], "no program"),
+                              (["./t"], "-np N is required"),
+                              (["-np", "0", "./t"], "positive"),
+                              (["-np", "2", "--cycle-time-ms"], "needs a value"),
+                              (["-np", "2", "--fusion-threshold-mb", "lots", "./t"], "not a number"),
+                              (["-np", "2", "--launcher", "ssh", "./t"], "--launcher")):
+            with self.assertRaisesRegex(run.UsageError, message):
+                command(argv)
+
+    def test_dry_run_quotes_each_argument(self):
+        import contextlib
+        import io
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            self.assertEqual(run.main(["-np", "2", "--dry-run", "./t", "a b", "c'd"], {}), 0)
+        self.assertIn("./t 'a b' 'c'\"'\"'d'", out.getvalue())
+
+
+if __name__ == "__main__":
+    unittest.main()
