@@ -21,7 +21,8 @@ jobs=${JOBS:-$(nproc)}
 # Debian packages the build, tests and demo need.
 packages=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libspdlog-dev
           libgtest-dev libgmock-dev python3-dev pybind11-dev python3-torch python3-pytest
-          python3-venv python3-mpi4py libtorch-dev)
+          python3-venv python3-mpi4py libtorch-dev libhwloc-dev iproute2 slurm-wlm munge
+          python3-matplotlib)
 
 install_missing() {
   local missing=()
