@@ -36,7 +36,8 @@ ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Com
       // The global set's ranks are their own labels; a subset's messages name global ranks.
       negotiator_(std::make_unique<Negotiator>(channel_.get(), config, nullptr, timeline,
                                                id_ == 0 ? std::vector<int>() : ranks_)),
-      host_plane_(std::make_unique<MpiDataPlane>(data, timeline, config.shm_threshold_bytes)),
+      host_plane_(std::make_unique<MpiDataPlane>(data, timeline, config.shm_threshold_bytes,
+                                                 config.hierarchical_allreduce)),
       data_comm_(data),
       config_(config) {}
 

@@ -128,6 +128,25 @@ Status ParseGpuBackend(const char* name, std::string_view text, GpuBackend* out)
   return BadValue(name, text, "one of auto, nccl, mpi");
 }
 
+// Horovod's switches take 1 and 0; the words are what users also try.
+Status ParseSwitch(const char* name, std::string_view text, bool* out) {
+  std::string lower(text);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* yes : {"1", "true", "yes", "on"}) {
+    if (lower == yes) {
+      *out = true;
+      return Status::OK();
+    }
+  }
+  for (const char* no : {"0", "false", "no", "off"}) {
+    if (lower == no) {
+      *out = false;
+      return Status::OK();
+    }
+  }
+  return BadValue(name, text, "1 or 0 (also true/false, yes/no, on/off)");
+}
+
 // Treats an empty variable like an unset one: `export GRADSYNC_X=` is a common way to clear it.
 std::string_view Lookup(const Config::Getenv& getenv, const char* name) {
   const char* value = getenv ? getenv(name) : std::getenv(name);
@@ -179,6 +198,10 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
   if (std::string_view backend = Lookup(getenv, "GRADSYNC_GPU_BACKEND"); !backend.empty()) {
     GRADSYNC_RETURN_IF_ERROR(ParseGpuBackend("GRADSYNC_GPU_BACKEND", backend, &c.gpu_backend));
   }
+  if (std::string_view text = Lookup(getenv, "GRADSYNC_HIERARCHICAL_ALLREDUCE"); !text.empty()) {
+    GRADSYNC_RETURN_IF_ERROR(
+        ParseSwitch("GRADSYNC_HIERARCHICAL_ALLREDUCE", text, &c.hierarchical_allreduce));
+  }
   c.timeline_path = std::string(Lookup(getenv, "GRADSYNC_TIMELINE"));
   *out = c;
   return Status::OK();
@@ -188,6 +211,7 @@ std::string Config::ToString() const {
   return "GRADSYNC_FUSION_THRESHOLD=" + std::to_string(fusion_threshold_bytes) +
          " GRADSYNC_INPLACE_THRESHOLD=" + std::to_string(inplace_threshold_bytes) +
          " GRADSYNC_SHM_THRESHOLD=" + std::to_string(shm_threshold_bytes) +
+         " GRADSYNC_HIERARCHICAL_ALLREDUCE=" + (hierarchical_allreduce ? "1" : "0") +
          " GRADSYNC_CYCLE_TIME_MS=" + FormatDouble(cycle_time_ms) +
          " GRADSYNC_CACHE_CAPACITY=" + std::to_string(cache_capacity) +
          " GRADSYNC_STALL_WARNING_SECONDS=" + FormatDouble(stall_warning_seconds) +

@@ -27,8 +27,11 @@ struct Config {
   // rather than copied into a fusion buffer (copies cost as much as the reduction in host memory).
   int64_t inplace_threshold_bytes = 256ll << 10;
   // GRADSYNC_SHM_THRESHOLD: a fused allreduce bucket up to this size goes through memory shared by
-  // the ranks when they all run on one node (2 to 4 ranks); 0 sends every bucket through MPI.
+  // the ranks when they all run on one node (2 to 64 ranks); 0 sends every bucket through MPI.
   int64_t shm_threshold_bytes = 16ll << 20;
+  // GRADSYNC_HIERARCHICAL_ALLREDUCE: host-memory allreduces of a process set that spans hosts
+  // reduce within each host, then across hosts, then spread back within the host.
+  bool hierarchical_allreduce = false;
   // GRADSYNC_CYCLE_TIME_MS: the longest the background thread sleeps between cycles when idle.
   double cycle_time_ms = 1.0;
   // GRADSYNC_CACHE_CAPACITY: response cache entries; 0 disables the cache.

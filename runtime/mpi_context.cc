@@ -12,7 +12,6 @@
 #include "runtime/logging.h"
 
 namespace gradsync {
-namespace {
 
 bool MpiUsable() {
   int initialized = 0;
@@ -21,6 +20,8 @@ bool MpiUsable() {
   MPI_Finalized(&finalized);
   return initialized && !finalized;
 }
+
+namespace {
 
 // The CPUs this process may run on (all of the node's where that cannot be asked).
 int AllowedCpus(int node_cpus) {

@@ -19,6 +19,10 @@ namespace gradsync {
 // OK for MPI_SUCCESS; otherwise an MpiError "<call> failed on rank R: <MPI error string>".
 Status MpiResult(int rc, const char* call);
 
+// Whether MPI calls may be made now: initialized and not yet finalized. Destructors that free MPI
+// handles ask first, since the application may finalize MPI before gradsync lets go of them.
+bool MpiUsable();
+
 // Checks an MPI call's return code where it happens and returns its Status on failure.
 #define GRADSYNC_MPI_CALL(call) GRADSYNC_RETURN_IF_ERROR(::gradsync::MpiResult((call), #call))
 

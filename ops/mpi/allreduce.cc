@@ -7,6 +7,7 @@
 
 #include "ops/mpi/mpi_data_plane.h"
 #include "ops/mpi/mpi_types.h"
+#include "ops/mpi/shared_memory_allreduce.h"
 #include "ops/scale.h"
 #include "runtime/mpi_context.h"
 #include "runtime/timeline_activity.h"
@@ -69,15 +70,28 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
   const size_t elem_size = DataTypeSize(spec.dtype);
   void* out = entry->output.data;
   const void* in = entry->input.data;
-  TimelineActivity activity(timeline_, entry, "MPI_ALLREDUCE");
-  if (in != out && spec.prescale == 1.0) {
-    GRADSYNC_RETURN_IF_ERROR(AllreduceChunks(in, out, n, elem_size, type, op));
-  } else {
+  bool hierarchical = false;
+  GRADSYNC_RETURN_IF_ERROR(UseHierarchical(&hierarchical));
+  if (hierarchical) {
+    TimelineActivity activity(timeline_, entry, "HIERARCHICAL_ALLREDUCE");
     ScaledCopy(in, out, n, spec.dtype, spec.prescale);
-    GRADSYNC_RETURN_IF_ERROR(AllreduceChunks(MPI_IN_PLACE, out, n, elem_size, type, op));
+    GRADSYNC_RETURN_IF_ERROR(hierarchical_->AllreduceInPlace(out, n, elem_size, type, op));
+  } else if (in != out && spec.prescale == 1.0) {
+    TimelineActivity activity(timeline_, entry, "MPI_ALLREDUCE");
+    GRADSYNC_RETURN_IF_ERROR(AllreduceInPieces(in, out, n, elem_size, type, op, comm_));
+  } else {
+    TimelineActivity activity(timeline_, entry, "MPI_ALLREDUCE");
+    ScaledCopy(in, out, n, spec.dtype, spec.prescale);
+    GRADSYNC_RETURN_IF_ERROR(AllreduceInPieces(MPI_IN_PLACE, out, n, elem_size, type, op, comm_));
   }
   ScaledCopy(out, out, n, spec.dtype, spec.postscale);
   return Status::OK();
+}
+
+Status MpiDataPlane::UseHierarchical(bool* use) {
+  *use = false;
+  if (hierarchical_ == nullptr) return Status::OK();
+  return hierarchical_->Applies(use);
 }
 
 Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
@@ -100,9 +114,20 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
     total = offset + bytes;
   }
   if (total == 0) return Status::OK();
+  bool hierarchical = false;
+  GRADSYNC_RETURN_IF_ERROR(UseHierarchical(&hierarchical));
+  if (hierarchical) {
+    return AllreduceFusedHierarchical(entries, spec, offsets, counts, total, type, op);
+  }
   bool shared = false;
   GRADSYNC_RETURN_IF_ERROR(shared_memory_.Prepare(total, &shared));
-  if (shared) return AllreduceFusedShared(entries, spec, offsets, counts);
+  if (shared && size_ <= kFoldEveryRegionMaxRanks) {
+    return AllreduceFusedShared(entries, spec, offsets, counts);
+  }
+  if (shared) {
+    return AllreduceFusedSlices(entries, spec, offsets, counts, &shared_memory_, rank_, size_,
+                                MPI_COMM_NULL, type, op);
+  }
 
   auto* buffer = static_cast<char*>(fusion_buffer_.Get(total));
   PackFused(entries, spec, offsets, counts, buffer);
@@ -111,13 +136,72 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
   const auto count = static_cast<int64_t>(total / elem_size);
   {
     TimelineActivity activity(timeline_, entries, "MPI_ALLREDUCE");
-    GRADSYNC_RETURN_IF_ERROR(AllreduceChunks(MPI_IN_PLACE, buffer, count, elem_size, type, op));
+    GRADSYNC_RETURN_IF_ERROR(
+        AllreduceInPieces(MPI_IN_PLACE, buffer, count, elem_size, type, op, comm_));
   }
+  UnpackFused(entries, spec, offsets, counts, buffer, spec.postscale);
+  return Status::OK();
+}
+
+Status MpiDataPlane::AllreduceFusedHierarchical(const std::vector<TensorEntry*>& entries,
+                                                const ReduceSpec& spec,
+                                                const std::vector<size_t>& offsets,
+                                                const std::vector<int64_t>& counts, size_t total,
+                                                MPI_Datatype type, MPI_Op op) {
+  NodeSharedMemory* memory = hierarchical_->host_memory();
+  bool shared = false;
+  GRADSYNC_RETURN_IF_ERROR(memory->Prepare(total, &shared));
+  if (shared) {
+    return AllreduceFusedSlices(entries, spec, offsets, counts, memory, hierarchical_->local_rank(),
+                                hierarchical_->local_size(), hierarchical_->cross_comm(), type, op);
+  }
+  auto* buffer = static_cast<char*>(fusion_buffer_.Get(total));
+  PackFused(entries, spec, offsets, counts, buffer);
+  const size_t elem_size = DataTypeSize(spec.dtype);
+  {
+    TimelineActivity activity(timeline_, entries, "HIERARCHICAL_ALLREDUCE");
+    GRADSYNC_RETURN_IF_ERROR(hierarchical_->AllreduceInPlace(
+        buffer, static_cast<int64_t>(total / elem_size), elem_size, type, op));
+  }
+  UnpackFused(entries, spec, offsets, counts, buffer, spec.postscale);
+  return Status::OK();
+}
+
+Status MpiDataPlane::AllreduceFusedSlices(const std::vector<TensorEntry*>& entries,
+                                          const ReduceSpec& spec,
+                                          const std::vector<size_t>& offsets,
+                                          const std::vector<int64_t>& counts,
+                                          NodeSharedMemory* memory, int rank, int size,
+                                          MPI_Comm cross, MPI_Datatype type, MPI_Op op) {
+  PackFused(entries, spec, offsets, counts, memory->Region(rank));
+  const size_t elem_size = DataTypeSize(spec.dtype);
+  const size_t total = offsets.back() + static_cast<size_t>(counts.back()) * elem_size;
+  SliceReduction how;
+  how.dtype = spec.dtype;
+  how.op = spec.op;
+  how.postscale = spec.postscale;
+  how.cross = cross;
+  how.mpi_type = type;
+  how.mpi_op = op;
+  {
+    TimelineActivity activity(timeline_, entries,
+                              cross == MPI_COMM_NULL ? "SHM_ALLREDUCE" : "HIERARCHICAL_ALLREDUCE");
+    GRADSYNC_RETURN_IF_ERROR(ReduceSlicesThroughSharedMemory(
+        memory, rank, size, static_cast<int64_t>(total / elem_size), how));
+  }
+  UnpackFused(entries, spec, offsets, counts, memory->Result(), 1.0);
+  memory->Flip();
+  return Status::OK();
+}
+
+void MpiDataPlane::UnpackFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+                               const std::vector<size_t>& offsets,
+                               const std::vector<int64_t>& counts, const char* buffer,
+                               double postscale) {
   TimelineActivity activity(timeline_, entries, "MEMCPY_OUT_FUSION_BUFFER");
   for (size_t i = 0; i < entries.size(); ++i) {
-    ScaledCopy(buffer + offsets[i], entries[i]->output.data, counts[i], spec.dtype, spec.postscale);
+    ScaledCopy(buffer + offsets[i], entries[i]->output.data, counts[i], spec.dtype, postscale);
   }
-  return Status::OK();
 }
 
 void MpiDataPlane::PackFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
@@ -148,21 +232,6 @@ Status MpiDataPlane::AllreduceFusedShared(const std::vector<TensorEntry*>& entri
                 spec.postscale);
   }
   shared_memory_.Flip();
-  return Status::OK();
-}
-
-Status MpiDataPlane::AllreduceChunks(const void* send, void* recv, int64_t count, size_t elem_size,
-                                     MPI_Datatype type, MPI_Op op) {
-  const bool in_place = send == MPI_IN_PLACE;
-  for (int64_t done = 0; done < count;) {
-    const int piece = static_cast<int>(std::min<int64_t>(count - done, INT_MAX));
-    const size_t offset = static_cast<size_t>(done) * elem_size;
-    const void* piece_send = in_place ? MPI_IN_PLACE : static_cast<const char*>(send) + offset;
-    const int rc =
-        MPI_Allreduce(piece_send, static_cast<char*>(recv) + offset, piece, type, op, comm_);
-    GRADSYNC_RETURN_IF_ERROR(MpiResult(rc, "MPI_Allreduce"));
-    done += piece;
-  }
   return Status::OK();
 }
 

@@ -23,11 +23,15 @@ int CommAttributeOrDie(int (*query)(MPI_Comm, int*), MPI_Comm comm, const char* 
 
 }  // namespace
 
-MpiDataPlane::MpiDataPlane(MPI_Comm comm, Timeline* timeline, int64_t shm_threshold_bytes)
+MpiDataPlane::MpiDataPlane(MPI_Comm comm, Timeline* timeline, int64_t shm_threshold_bytes,
+                           bool hierarchical_allreduce)
     : comm_(comm),
       size_(CommAttributeOrDie(MPI_Comm_size, comm, "MPI_Comm_size")),
       rank_(CommAttributeOrDie(MPI_Comm_rank, comm, "MPI_Comm_rank")),
       shared_memory_(comm, shm_threshold_bytes, kSharedMemoryMaxRanks),
+      hierarchical_(hierarchical_allreduce
+                        ? std::make_unique<HierarchicalAllreduce>(comm, shm_threshold_bytes)
+                        : nullptr),
       timeline_(timeline) {}
 
 Status MpiDataPlane::InContext(const Status& status, const std::string& what) {

@@ -6,10 +6,12 @@
 
 #include <mpi.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "ops/data_plane.h"
+#include "ops/mpi/hierarchical_allreduce.h"
 #include "ops/mpi/node_shared_memory.h"
 #include "runtime/fusion_buffer.h"
 #include "runtime/timeline.h"
@@ -18,14 +20,18 @@ namespace gradsync {
 
 class MpiDataPlane : public DataPlane {
  public:
-  // Fused allreduces of at most this many ranks may go through node shared memory.
-  static constexpr int kSharedMemoryMaxRanks = 4;
+  // Fused allreduces of at most this many ranks of one node may go through node shared memory.
+  static constexpr int kSharedMemoryMaxRanks = 64;
+  // Up to this many ranks every rank folds every region (one barrier); above, each rank folds a
+  // slice and gathers the others' (two barriers, but work that does not grow with the ranks).
+  static constexpr int kFoldEveryRegionMaxRanks = 4;
 
   // `timeline`, when not null, receives each tensor's copies and collectives; it must outlive
   // the plane. `shm_threshold_bytes`: the largest fused allreduce bucket that may go through
-  // memory shared by the ranks when they share a node (0: never).
+  // memory shared by the ranks of a node (0: never). `hierarchical_allreduce`: reduce within each
+  // host, then across hosts, when the communicator spans hosts (see hierarchical_allreduce.h).
   explicit MpiDataPlane(MPI_Comm comm, Timeline* timeline = nullptr,
-                        int64_t shm_threshold_bytes = 0);
+                        int64_t shm_threshold_bytes = 0, bool hierarchical_allreduce = false);
 
   Status Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) override;
   Status Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims) override;
@@ -44,14 +50,27 @@ class MpiDataPlane : public DataPlane {
   Status AllreduceFusedShared(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                               const std::vector<size_t>& offsets,
                               const std::vector<int64_t>& counts);
+  // The fused bucket by slices through `memory` (ranks `rank` of `size`), across hosts over
+  // `cross` when it is not null; see shared_memory_allreduce.h.
+  Status AllreduceFusedSlices(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+                              const std::vector<size_t>& offsets,
+                              const std::vector<int64_t>& counts, NodeSharedMemory* memory,
+                              int rank, int size, MPI_Comm cross, MPI_Datatype type, MPI_Op op);
+  // The fused bucket across hosts; see hierarchical_allreduce.h.
+  Status AllreduceFusedHierarchical(const std::vector<TensorEntry*>& entries,
+                                    const ReduceSpec& spec, const std::vector<size_t>& offsets,
+                                    const std::vector<int64_t>& counts, size_t total,
+                                    MPI_Datatype type, MPI_Op op);
+  // Whether this allreduce goes hierarchically (collective on first use).
+  Status UseHierarchical(bool* use);
+  // Copies the reduced bucket in `buffer` out to the entries' outputs, scaled by `postscale`.
+  void UnpackFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+                   const std::vector<size_t>& offsets, const std::vector<int64_t>& counts,
+                   const char* buffer, double postscale);
   // Packs the entries' inputs, scaled by spec.prescale, at `offsets` in `buffer`, zeroing the gaps.
   void PackFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                  const std::vector<size_t>& offsets, const std::vector<int64_t>& counts,
                  char* buffer);
-  // MPI_Allreduce over `count` elements of `elem_size` bytes, in pieces that fit MPI's int count.
-  // `send` may be MPI_IN_PLACE.
-  Status AllreduceChunks(const void* send, void* recv, int64_t count, size_t elem_size,
-                         MPI_Datatype type, MPI_Op op);
   // `status` with `what` (the collective and its tensors) in front of its message.
   static Status InContext(const Status& status, const std::string& what);
   // Allocates the output of `shape` (in the input's dtype) through entry->allocator; on success
@@ -65,6 +84,7 @@ class MpiDataPlane : public DataPlane {
   int rank_ = 0;
   FusionBuffer fusion_buffer_;
   NodeSharedMemory shared_memory_;
+  std::unique_ptr<HierarchicalAllreduce> hierarchical_;  // null unless requested
   Timeline* timeline_;
 };
 

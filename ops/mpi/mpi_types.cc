@@ -1,5 +1,7 @@
 #include "ops/mpi/mpi_types.h"
 
+#include <algorithm>
+#include <climits>
 #include <string>
 
 #include "ops/scale.h"
@@ -147,6 +149,21 @@ Status MpiReduceOpOf(DataType dtype, ReduceOp op, MPI_Op* out) {
   }
   static const MPI_Op kNativeOps[kNumOps] = {MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD};
   *out = kNativeOps[index];
+  return Status::OK();
+}
+
+Status AllreduceInPieces(const void* send, void* recv, int64_t count, size_t elem_size,
+                         MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
+  const bool in_place = send == MPI_IN_PLACE;
+  for (int64_t done = 0; done < count;) {
+    const int piece = static_cast<int>(std::min<int64_t>(count - done, INT_MAX));
+    const size_t offset = static_cast<size_t>(done) * elem_size;
+    const void* piece_send = in_place ? MPI_IN_PLACE : static_cast<const char*>(send) + offset;
+    const int rc =
+        MPI_Allreduce(piece_send, static_cast<char*>(recv) + offset, piece, type, op, comm);
+    GRADSYNC_RETURN_IF_ERROR(MpiResult(rc, "MPI_Allreduce"));
+    done += piece;
+  }
   return Status::OK();
 }
 

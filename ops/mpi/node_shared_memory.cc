@@ -74,7 +74,7 @@ Status NodeSharedMemory::Decide() {
 // rank 0 unlinks it. posix_fallocate reserves the memory up front, so a full /dev/shm is an error
 // here rather than a SIGBUS at the first store.
 Status NodeSharedMemory::Map(size_t region_bytes) {
-  const size_t total = region_bytes * 2 * static_cast<size_t>(size_);
+  const size_t total = region_bytes * (2 * static_cast<size_t>(size_) + 1);
   char name[kNameBytes] = {};
   std::string failure;
   int fd = -1;
@@ -133,6 +133,10 @@ void NodeSharedMemory::Unmap() {
 
 char* NodeSharedMemory::Region(int rank) const {
   return base_ + (static_cast<size_t>(rank) * 2 + static_cast<size_t>(current_)) * region_bytes_;
+}
+
+char* NodeSharedMemory::Result() const {
+  return base_ + 2 * static_cast<size_t>(size_) * region_bytes_;
 }
 
 // The fences keep the compiler (and weakly ordered CPUs) from moving the region accesses across

@@ -4,8 +4,13 @@
 // then reads the regions of all ranks directly.
 //
 // Each rank owns two regions (a double buffer) used by alternate collectives. A rank starts writing
-// a region again only two collectives later, after the barrier of the collective in between, which
-// no rank passes before it has finished reading: one barrier per collective is enough.
+// a region again only two collectives later, after the first barrier of the collective in between,
+// which no rank passes before it has finished reading: one barrier per collective is enough.
+//
+// One result area, as large as a region, follows: collectives that reduce a slice per rank
+// (reduce-scatter, then all-gather) write each slice there after their first barrier and read it
+// back after their second. A collective's first barrier is passed by no rank before every rank has
+// finished reading the previous collective's results, so one area serves every collective.
 //
 // The segment is unlinked as soon as every rank has mapped it, so nothing is left in /dev/shm if a
 // process dies. Unmapping is local: destruction never waits for other ranks.
@@ -42,6 +47,8 @@ class NodeSharedMemory {
   Status Prepare(size_t bytes, bool* usable);
   // Rank `rank`'s region of the current buffer, at least the `bytes` of the last Prepare().
   char* Region(int rank) const;
+  // The result area, at least the `bytes` of the last Prepare().
+  char* Result() const;
   // Collective: every rank's writes to its region before the call are visible to every rank's
   // reads after it.
   Status Barrier();

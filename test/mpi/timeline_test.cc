@@ -111,11 +111,10 @@ TEST_F(TimelineTest, StartedAtRunTimeRecordsEveryPhase) {
   // A group always runs in one cycle, so its members are certain to share the fusion buffer;
   // loose small tensors may be picked up one per cycle on a fast background thread.
   const std::vector<std::string> fused = RowOf(trace, "tl.group.3");
-  // These runs share one node: 2 to 4 ranks reduce fused buckets in shared memory unless it is
-  // turned off, folding straight into the outputs (no copy out).
+  // These runs share one node: fused buckets go through shared memory unless it is turned off
+  // (at 2 to 4 ranks folding straight into the outputs, with no copy out).
   const char* shm_threshold = std::getenv("GRADSYNC_SHM_THRESHOLD");
-  const bool shared =
-      size_ >= 2 && size_ <= 4 && (shm_threshold == nullptr || std::string(shm_threshold) != "0");
+  const bool shared = size_ >= 2 && (shm_threshold == nullptr || std::string(shm_threshold) != "0");
   const std::vector<std::string> phases =
       shared ? std::vector<std::string>{"B QUEUE", "B NEGOTIATE_ALLREDUCE",
                                         "B MEMCPY_IN_FUSION_BUFFER", "B SHM_ALLREDUCE"}

@@ -228,6 +228,22 @@ TEST(ConfigTest, GpuBackendNamesAreCaseInsensitive) {
     ExpectRejected("GRADSYNC_GPU_BACKEND", bad);
 }
 
+TEST(ConfigTest, HierarchicalAllreduceIsASwitch) {
+  EXPECT_FALSE(Config().hierarchical_allreduce);
+  for (const char* on : {"1", "true", "YES", "On"}) {
+    EXPECT_TRUE(ParseOk({{"GRADSYNC_HIERARCHICAL_ALLREDUCE", on}}).hierarchical_allreduce) << on;
+  }
+  for (const char* off : {"0", "false", "no", "OFF"}) {
+    EXPECT_FALSE(ParseOk({{"GRADSYNC_HIERARCHICAL_ALLREDUCE", off}}).hierarchical_allreduce) << off;
+  }
+  for (const char* bad : {"2", "enabled", " 1"})
+    ExpectRejected("GRADSYNC_HIERARCHICAL_ALLREDUCE", bad);
+  EXPECT_NE(ParseOk({{"GRADSYNC_HIERARCHICAL_ALLREDUCE", "1"}})
+                .ToString()
+                .find("GRADSYNC_HIERARCHICAL_ALLREDUCE=1"),
+            std::string::npos);
+}
+
 TEST(ConfigTest, NcclTimeoutAcceptsSecondsAndZeroDisables) {
   EXPECT_EQ(Config().nccl_timeout_seconds, 600.0);
   EXPECT_EQ(ParseOk({{"GRADSYNC_NCCL_TIMEOUT_SECONDS", "0"}}).nccl_timeout_seconds, 0.0);
@@ -241,6 +257,7 @@ TEST(ConfigTest, ToStringListsEveryKnob) {
   Config config = ParseOk({{"GRADSYNC_FUSION_THRESHOLD", "1024"},
                            {"GRADSYNC_INPLACE_THRESHOLD", "0"},
                            {"GRADSYNC_SHM_THRESHOLD", "0"},
+                           {"GRADSYNC_HIERARCHICAL_ALLREDUCE", "yes"},
                            {"GRADSYNC_CYCLE_TIME_MS", "0.05"},
                            {"GRADSYNC_CACHE_CAPACITY", "0"},
                            {"GRADSYNC_STALL_WARNING_SECONDS", "1.5"},
@@ -251,7 +268,7 @@ TEST(ConfigTest, ToStringListsEveryKnob) {
                            {"GRADSYNC_TIMELINE", "trace.json"}});
   EXPECT_EQ(config.ToString(),
             "GRADSYNC_FUSION_THRESHOLD=1024 GRADSYNC_INPLACE_THRESHOLD=0 GRADSYNC_SHM_THRESHOLD=0 "
-            "GRADSYNC_CYCLE_TIME_MS=0.05 GRADSYNC_CACHE_CAPACITY=0 "
+            "GRADSYNC_HIERARCHICAL_ALLREDUCE=1 GRADSYNC_CYCLE_TIME_MS=0.05 GRADSYNC_CACHE_CAPACITY=0 "
             "GRADSYNC_STALL_WARNING_SECONDS=1.5 GRADSYNC_STALL_SHUTDOWN_SECONDS=1000000 "
             "GRADSYNC_LOG_LEVEL=debug GRADSYNC_GPU_BACKEND=mpi GRADSYNC_NCCL_TIMEOUT_SECONDS=2.5 "
             "GRADSYNC_TIMELINE=trace.json");

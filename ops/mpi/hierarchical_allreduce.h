@@ -1,0 +1,74 @@
+// HierarchicalAllreduce: the allreduce for communicators that span hosts. The ranks of each host
+// reduce their data within the host, each rank ending with one slice reduced; the ranks holding the
+// same slice on the different hosts allreduce it across hosts; the host's ranks then gather every
+// slice. Each byte crosses the network once per host instead of once per rank, and every rank of a
+// host sends its share of it at the same time.
+//
+// Within a host the data goes through node shared memory when the bucket fits it (see
+// shared_memory_allreduce.h), else through MPI_Reduce_scatter and MPI_Allgatherv on the host's
+// communicator. Both cut the bucket into the same slices (SliceOf), so hosts may take different
+// paths for one bucket and still meet in the same allreduce across hosts.
+//
+// Used only when it applies: several hosts, and the same number of ranks, more than one, on each.
+//
+// Thread safety: none; used by the background thread only. Every method but the accessors is
+// collective over the communicator and must be called by every rank at the same point.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "gradsync/status.h"
+#include "ops/mpi/node_shared_memory.h"
+
+namespace gradsync {
+
+// Tests only: with n > 0, the ranks of each communicator are taken as hosts of n consecutive ranks
+// instead of the nodes MPI reports, so the hierarchy runs on one machine; 0 restores the nodes.
+// Set before the first collective of the planes it is meant for, with no plane in use.
+void SetRanksPerHostForTesting(int ranks_per_host);
+
+class HierarchicalAllreduce {
+ public:
+  // `shm_threshold_bytes` bounds the buckets that go through shared memory within a host (0: none);
+  // the ranks use the smallest value of any rank. No MPI call is made until Applies().
+  HierarchicalAllreduce(MPI_Comm comm, int64_t shm_threshold_bytes);
+  ~HierarchicalAllreduce();
+  HierarchicalAllreduce(const HierarchicalAllreduce&) = delete;
+  HierarchicalAllreduce& operator=(const HierarchicalAllreduce&) = delete;
+
+  // Collective. Sets *applies when the communicator has several hosts with the same number of
+  // ranks, more than one, on each; the first call splits the communicators and decides, later
+  // calls return the decision. Every rank gets the same answer.
+  Status Applies(bool* applies);
+
+  // In place over `count` elements of `elem_size` bytes in `buffer`, through MPI on the host's
+  // communicator. Unscaled: the caller applies its scales.
+  Status AllreduceInPlace(void* buffer, int64_t count, size_t elem_size, MPI_Datatype type,
+                          MPI_Op op);
+
+  // Valid once Applies() said yes.
+  NodeSharedMemory* host_memory() { return host_memory_.get(); }
+  MPI_Comm cross_comm() const { return cross_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+
+ private:
+  enum class State { kUndecided, kNo, kYes };
+
+  Status Decide();
+
+  MPI_Comm comm_;
+  int64_t shm_threshold_bytes_;
+  State state_ = State::kUndecided;
+  MPI_Comm local_ = MPI_COMM_NULL;  // this host's ranks
+  MPI_Comm cross_ = MPI_COMM_NULL;  // the ranks of the same local rank on every host
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  std::unique_ptr<NodeSharedMemory> host_memory_;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,217 @@
+// The host allreduce paths of MpiDataPlane at 1, 2, 4 and 8 ranks: MPI messages, node shared memory
+// folding every region (up to 4 ranks) and by slices (more), and the hierarchical allreduce over
+// hosts simulated as groups of consecutive ranks (the real thing across network namespaces is the
+// multihost test). Every dtype and op, in place and out of place, buckets smaller than the rank
+// count, scales, and many buckets in a row so the double buffers and the result area are reused.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "ops/mpi/hierarchical_allreduce.h"
+#include "ops/mpi/mpi_data_plane.h"
+#include "ops/mpi/shared_memory_allreduce.h"
+#include "test/mpi/multi_rank_test.h"
+
+namespace gradsync {
+namespace testing {
+namespace {
+
+constexpr int64_t kUnlimitedShm = int64_t{1} << 30;
+
+// One tensor of a bucket: its input and, when reduced out of place, its own output.
+struct Op {
+  Op(const std::string& name, DataType dtype, int64_t elements, bool in_place)
+      : input(dtype, {elements}), result(dtype, {elements}) {
+    entry.name = name;
+    entry.input = input.view();
+    entry.output = in_place ? input.view() : result.view();
+    entry.state = std::make_shared<OpState>();
+  }
+  const HostTensor& output() const {
+    return entry.output.data == entry.input.data ? input : result;
+  }
+
+  TensorEntry entry;
+  HostTensor input;
+  HostTensor result;
+};
+
+// Which path a plane takes, as the test names say.
+struct PlaneShape {
+  const char* name;
+  int64_t shm_threshold;
+  int ranks_per_host;  // 0: the real nodes (one, here)
+};
+
+void PrintTo(const PlaneShape& shape, std::ostream* out) { *out << shape.name; }
+
+class HostAllreduceTest : public ::testing::TestWithParam<PlaneShape> {
+ protected:
+  void SetUp() override {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), MPI_SUCCESS);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    const PlaneShape& shape = GetParam();
+    SetRanksPerHostForTesting(shape.ranks_per_host);
+    plane_ = std::make_unique<MpiDataPlane>(comm_, nullptr, shape.shm_threshold,
+                                            shape.ranks_per_host > 0);
+  }
+  void TearDown() override {
+    plane_.reset();
+    SetRanksPerHostForTesting(0);
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    int failed_here = HasFailure() ? 1 : 0;
+    int failed_anywhere = 0;
+    MPI_Allreduce(&failed_here, &failed_anywhere, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (failed_anywhere && !failed_here) ADD_FAILURE() << "this test failed on another rank";
+  }
+
+  // Reduces one bucket of tensors of `sizes` elements (every other one in place) holding
+  // Value(op, rank, i + shift) and checks every element; `scale` is prescale times postscale.
+  void ReduceAndCheck(DataType dtype, ReduceOp op, const std::vector<int64_t>& sizes,
+                      int64_t shift = 0, double prescale = 1.0, double postscale = 1.0) {
+    SCOPED_TRACE(DataTypeName(dtype) + " " + ReduceOpName(op));
+    std::vector<std::unique_ptr<Op>> ops;
+    std::vector<TensorEntry*> entries;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      ops.push_back(std::make_unique<Op>("t" + std::to_string(t), dtype, sizes[t], t % 2 == 1));
+      for (int64_t i = 0; i < sizes[t]; ++i) ops[t]->input.Set(i, Value(op, rank_, i + shift));
+      entries.push_back(&ops[t]->entry);
+    }
+    ReduceSpec spec;
+    spec.dtype = dtype;
+    spec.op = op;
+    spec.prescale = prescale;
+    spec.postscale = postscale;
+    const Status status = plane_->Allreduce(entries, spec);
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      for (int64_t i = 0; i < sizes[t]; ++i) {
+        double expected = Expected(op, dtype, size_, i + shift) * prescale * postscale;
+        if (!IsFloatingPoint(dtype)) expected = std::trunc(expected);
+        const double actual = ops[t]->output().Get(i);
+        ASSERT_LE(std::abs(actual - expected), Tolerance(dtype, expected))
+            << "tensor " << t << " element " << i << ": " << actual << " != " << expected;
+      }
+    }
+    ExpectSameBitsOnEveryRank(ops);
+  }
+
+  // Every rank must hold the same bits, or replicas drift apart step by step.
+  void ExpectSameBitsOnEveryRank(const std::vector<std::unique_ptr<Op>>& ops) {
+    uint64_t hash = 1469598103934665603ull;
+    for (const auto& op : ops) {
+      const auto* bytes = static_cast<const unsigned char*>(op->entry.output.data);
+      for (int64_t b = 0; b < op->entry.output.num_bytes(); ++b)
+        hash = (hash ^ bytes[b]) * 1099511628211ull;
+    }
+    uint64_t lowest = hash, highest = hash;
+    MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &highest, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(lowest, highest) << "the ranks' results differ in their bits";
+  }
+
+  int rank_ = 0;
+  int size_ = 1;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::unique_ptr<MpiDataPlane> plane_;
+};
+
+TEST_P(HostAllreduceTest, FusedBucketsEveryDtypeAndOp) {
+  for (DataType dtype : AllDataTypes()) {
+    for (ReduceOp op : kAllReduceOps) {
+      ASSERT_NO_FATAL_FAILURE(ReduceAndCheck(dtype, op, {0, 1, 3, 17, 100, 7, 64, 1000}));
+    }
+  }
+}
+
+TEST_P(HostAllreduceTest, LoneTensorsEveryDtype) {
+  for (DataType dtype : AllDataTypes()) {
+    for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{4099}}) {
+      ASSERT_NO_FATAL_FAILURE(ReduceAndCheck(dtype, ReduceOp::kSum, {n}));
+    }
+  }
+}
+
+// Fewer elements than ranks: most slices are empty.
+TEST_P(HostAllreduceTest, BucketsSmallerThanTheRankCount) {
+  ASSERT_NO_FATAL_FAILURE(ReduceAndCheck(DataType::kFloat32, ReduceOp::kSum, {1, 1}));
+  ASSERT_NO_FATAL_FAILURE(ReduceAndCheck(DataType::kInt8, ReduceOp::kMax, {2, 0, 1}));
+}
+
+TEST_P(HostAllreduceTest, ScalesApplyOnce) {
+  ASSERT_NO_FATAL_FAILURE(
+      ReduceAndCheck(DataType::kFloat64, ReduceOp::kSum, {3, 300, 33}, 0, 2.0, 0.25));
+  ASSERT_NO_FATAL_FAILURE(
+      ReduceAndCheck(DataType::kFloat32, ReduceOp::kAverage, {4097}, 0, 4.0, 1.0));
+}
+
+// Consecutive buckets of changing sizes reuse both buffers and the result area; a rank that wrote
+// too early would corrupt another rank's reads.
+TEST_P(HostAllreduceTest, ManyBucketsInARow) {
+  for (int64_t step = 0; step < 60; ++step) {
+    const int64_t n = 1 + (step * 37) % 5000;
+    ASSERT_NO_FATAL_FAILURE(
+        ReduceAndCheck(DataType::kFloat32, ReduceOp::kSum, {n, 3, n / 2 + 1}, step));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, HostAllreduceTest,
+                         ::testing::Values(PlaneShape{"MpiMessages", 0, 0},
+                                           PlaneShape{"SharedMemory", kUnlimitedShm, 0},
+                                           PlaneShape{"HierarchicalTwoPerHost", kUnlimitedShm, 2},
+                                           PlaneShape{"HierarchicalFourPerHost", kUnlimitedShm, 4},
+                                           PlaneShape{"HierarchicalWithoutSharedMemory", 0, 2},
+                                           PlaneShape{"HierarchicalSmallSharedMemory", 4096, 2}),
+                         [](const ::testing::TestParamInfo<PlaneShape>& info) {
+                           return info.param.name;
+                         });
+
+// The hierarchy is taken exactly when there are several hosts with the same number of ranks, more
+// than one, on each.
+TEST(HierarchicalAllreduce, AppliesOnlyToEvenHostsOfSeveralRanks) {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  for (int per_host : {1, 2, 3, 4}) {
+    SetRanksPerHostForTesting(per_host);
+    HierarchicalAllreduce hierarchical(MPI_COMM_WORLD, 0);
+    bool applies = false;
+    ASSERT_TRUE(hierarchical.Applies(&applies).ok());
+    const bool expected = per_host > 1 && size % per_host == 0 && size / per_host > 1;
+    EXPECT_EQ(applies, expected) << per_host << " ranks per host of " << size;
+  }
+  SetRanksPerHostForTesting(0);
+}
+
+TEST(SliceOf, PartsCoverTheBucketOnCacheLineBoundaries) {
+  for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17},
+                        int64_t{1000}, int64_t{4099}}) {
+    for (size_t elem_size : {size_t{1}, size_t{2}, size_t{4}, size_t{8}}) {
+      for (int parts : {1, 2, 3, 8, 64}) {
+        int64_t next = 0;
+        for (int p = 0; p < parts; ++p) {
+          const ElementRange slice = SliceOf(count, elem_size, parts, p);
+          ASSERT_EQ(slice.begin, next) << count << " " << elem_size << " " << parts << " " << p;
+          ASSERT_LE(slice.begin, slice.end);
+          if (slice.end != count) {
+            EXPECT_EQ(slice.end * static_cast<int64_t>(elem_size) % 64, 0);
+          }
+          next = slice.end;
+        }
+        EXPECT_EQ(next, count);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsync
