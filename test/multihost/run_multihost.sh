@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The multi-host test: 2 namespace hosts x 2 ranks, running topology_check and collectives_test
-# across them; the hosts are removed at the end whatever happens. Skips (77) where namespaces
-# cannot be made.
-#   run_multihost.sh MPIRUN TOPOLOGY_CHECK COLLECTIVES_TEST WORK_DIR
+# The multi-host test: 2 namespace hosts x 2 ranks. topology_check runs flat and hierarchical, and
+# each run's timeline shows which path its allreduces took: node shared memory never spans the
+# hosts, and the hierarchical run reduces within each host first. host_allreduce_test and
+# collectives_test run across the hosts too. The hosts are removed at the end whatever happens.
+# Skips (77) where namespaces cannot be made.
+#   run_multihost.sh MPIRUN TOPOLOGY_CHECK HOST_ALLREDUCE_TEST COLLECTIVES_TEST WORK_DIR
 set -euo pipefail
-mpirun=$1 topology=$2 collectives=$3 work=$4
+mpirun=$1 topology=$2 host_allreduce=$3 collectives=$4 work=$5
 here=$(cd "$(dirname "$0")" && pwd)
 "$here/namespace_hosts.sh" down 2
 trap '"$here/namespace_hosts.sh" down 2' EXIT
@@ -14,9 +16,30 @@ status=$?
 set -e
 [ "$status" -eq 0 ] || exit "$status"
 mca=${flags% --hosts *}
-for program in "$topology" "$collectives"; do
+
+# Runs a program on 2 hosts x 2 ranks, passing on the variables named after it.
+run() {
+  local program=$1; shift
+  local exports=(-x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
+                 -x GRADSYNC_STALL_WARNING_SECONDS -x GRADSYNC_STALL_SHUTDOWN_SECONDS)
+  for setting in "$@"; do exports+=(-x "$setting"); done
+  echo "== $(basename "$program") $*"
   # shellcheck disable=SC2086
-  "$mpirun" $mca -H 10.77.0.1:2,10.77.0.2:2 -np 4 -x OMPI_ALLOW_RUN_AS_ROOT \
-    -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -x GRADSYNC_STALL_WARNING_SECONDS \
-    -x GRADSYNC_STALL_SHUTDOWN_SECONDS "$program"
-done
+  "$mpirun" $mca -H 10.77.0.1:2,10.77.0.2:2 -np 4 "${exports[@]}" "$program"
+}
+
+# The timeline must name `present` and must not name `absent`.
+expect_paths() {
+  local trace=$1 present=$2 absent=$3
+  grep -q "\"$present\"" "$trace" || { echo "FAIL: $trace has no $present" >&2; exit 1; }
+  if grep -q "\"$absent\"" "$trace"; then echo "FAIL: $trace has $absent" >&2; exit 1; fi
+}
+
+run "$topology" GRADSYNC_TIMELINE="$work/flat.json"
+expect_paths "$work/flat.json" MPI_ALLREDUCE SHM_ALLREDUCE
+run "$topology" GRADSYNC_HIERARCHICAL_ALLREDUCE=1 GRADSYNC_TIMELINE="$work/hierarchical.json"
+expect_paths "$work/hierarchical.json" HIERARCHICAL_ALLREDUCE SHM_ALLREDUCE
+run "$host_allreduce"
+run "$collectives"
+run "$collectives" GRADSYNC_HIERARCHICAL_ALLREDUCE=1
+echo "multihost: every run passed"
