@@ -1,0 +1,205 @@
+// The host allreduce paths of the MPI data plane, side by side in one run: MPI's own allreduce on
+// one contiguous buffer (no copies), the plane through MPI messages (copy in, MPI_Allreduce, copy
+// out), the plane through node shared memory (when every rank shares the node), and the
+// hierarchical allreduce (when the ranks form several hosts of the same size). Each bucket is
+// `--tensors` float32 tensors totalling the row's bytes, as a fused gradient bucket is.
+//
+//   mpirun -np 8 gradsync_bench_host_paths [--min-bytes B] [--max-bytes B] [--factor F]
+//                                          [--tensors T] [--iters N] [--warmup N]
+//
+// Columns are median microseconds (the slowest rank's, interleaved round-robin) and each path's
+// time over MPI's own; "-" where a path does not apply to this layout.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "ops/mpi/hierarchical_allreduce.h"
+#include "ops/mpi/mpi_data_plane.h"
+
+namespace gradsync_bench {
+namespace {
+
+using gradsync::DataType;
+using gradsync::MpiDataPlane;
+using gradsync::TensorEntry;
+
+constexpr int64_t kUnlimitedShm = int64_t{1} << 34;
+constexpr int64_t kBytesPerSize = int64_t{256} << 20;
+constexpr int kMinIters = 5;
+
+struct Config {
+  int64_t min_bytes = 4096;
+  int64_t max_bytes = int64_t{64} << 20;
+  int64_t factor = 4;
+  int tensors = 8;
+  int iters = 50;
+  int warmup = 3;
+};
+
+// One plane, on its own communicator, and the bucket it reduces.
+class PlaneBench {
+ public:
+  PlaneBench(int64_t shm_threshold, bool hierarchical, const std::vector<int64_t>& counts) {
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    plane_ = std::make_unique<MpiDataPlane>(comm_, nullptr, shm_threshold, hierarchical);
+    for (int64_t count : counts) {
+      tensors_.emplace_back(count, 0.0f);
+      auto entry = std::make_unique<TensorEntry>();
+      entry->name = "bucket." + std::to_string(entries_.size());
+      entry->input = gradsync::TensorView(tensors_.back().data(), DataType::kFloat32, {count});
+      entry->output = entry->input;
+      entries_.push_back(entry.get());
+      owned_.push_back(std::move(entry));
+    }
+  }
+  ~PlaneBench() {
+    plane_.reset();
+    MPI_Comm_free(&comm_);
+  }
+
+  void Step() {
+    gradsync::ReduceSpec spec;
+    const gradsync::Status status = plane_->Allreduce(entries_, spec);
+    if (!status.ok()) throw std::runtime_error(status.ToString());
+  }
+
+  // One step on patterns, checked on every rank, then zeros for the timed steps.
+  bool Verify(int rank, int size) {
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      FillPattern(tensors_[t].data(), static_cast<int64_t>(tensors_[t].size()), t, rank);
+    }
+    Step();
+    bool ok = true;
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      ok = ok &&
+           FirstMismatch(tensors_[t].data(), static_cast<int64_t>(tensors_[t].size()), t, size) < 0;
+      std::fill(tensors_[t].begin(), tensors_[t].end(), 0.0f);
+    }
+    return ok;
+  }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::unique_ptr<MpiDataPlane> plane_;
+  std::vector<std::vector<float>> tensors_;
+  std::vector<std::unique_ptr<TensorEntry>> owned_;
+  std::vector<TensorEntry*> entries_;
+};
+
+// Whether every rank shares one node, and whether the ranks form several hosts of equal size.
+struct Layout {
+  bool one_node = false;
+  bool hierarchical = false;
+  int hosts = 1;
+};
+
+Layout DescribeLayout() {
+  Layout layout;
+  int size = 1, node_size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &node_size);
+  MPI_Comm_free(&node);
+  layout.one_node = node_size == size;
+  gradsync::HierarchicalAllreduce probe(MPI_COMM_WORLD, 0);
+  probe.Applies(&layout.hierarchical);
+  layout.hosts = size / std::max(1, node_size);
+  return layout;
+}
+
+std::vector<int64_t> TensorCounts(int64_t bytes, int tensors) {
+  const int64_t total = bytes / 4;
+  std::vector<int64_t> counts;
+  for (int t = 0; t < tensors; ++t)
+    counts.push_back(total * (t + 1) / tensors - total * t / tensors);
+  return counts;
+}
+
+int Run(int argc, char** argv) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  Config c;
+  Flags flags(argc, argv,
+              {"--min-bytes", "--max-bytes", "--factor", "--tensors", "--iters", "--warmup"});
+  c.min_bytes = flags.GetInt("--min-bytes", c.min_bytes, 64);
+  c.max_bytes = flags.GetInt("--max-bytes", c.max_bytes, c.min_bytes);
+  c.factor = flags.GetInt("--factor", c.factor, 2);
+  c.tensors = static_cast<int>(flags.GetInt("--tensors", c.tensors, 1));
+  c.iters = static_cast<int>(flags.GetInt("--iters", c.iters, 1));
+  c.warmup = static_cast<int>(flags.GetInt("--warmup", c.warmup, 0));
+  const Layout layout = DescribeLayout();
+  if (rank == 0) {
+    std::printf(
+        "# gradsync_bench_host_paths: %d ranks on %d host(s), float32 SUM, buckets of %d "
+        "tensors, median us of up to %d iterations (+%d warmup), interleaved\n",
+        size, layout.hosts, c.tensors, c.iters, c.warmup);
+    std::printf("%12s | %10s %10s %10s %10s | %8s %8s %8s\n", "bytes", "mpi_own", "plane_mpi",
+                "plane_shm", "hier", "pmpi/own", "shm/own", "hier/own");
+  }
+  bool ok = true;
+  for (int64_t bytes = c.min_bytes; ok && bytes <= c.max_bytes; bytes *= c.factor) {
+    const std::vector<int64_t> counts = TensorCounts(bytes, c.tensors);
+    std::vector<float> contiguous(static_cast<size_t>(bytes / 4), 0.0f);
+    PlaneBench messages(0, false, counts);
+    std::unique_ptr<PlaneBench> shared, hierarchical;
+    if (layout.one_node && size > 1)
+      shared = std::make_unique<PlaneBench>(kUnlimitedShm, false, counts);
+    if (layout.hierarchical) {
+      hierarchical = std::make_unique<PlaneBench>(kUnlimitedShm, true, counts);
+    }
+    std::vector<Strategy> strategies = {
+        {"mpi_own", [&] { AllreduceFloats(contiguous.data(), bytes / 4, MPI_COMM_WORLD); }},
+        {"plane_mpi", [&] { messages.Step(); }}};
+    ok = messages.Verify(rank, size);
+    if (shared) {
+      ok = shared->Verify(rank, size) && ok;
+      strategies.push_back({"plane_shm", [&] { shared->Step(); }});
+    }
+    if (hierarchical) {
+      ok = hierarchical->Verify(rank, size) && ok;
+      strategies.push_back({"hier", [&] { hierarchical->Step(); }});
+    }
+    ok = AllRanksOk(ok, MPI_COMM_WORLD);
+    if (!ok) break;
+    const int iters = static_cast<int>(
+        std::min<int64_t>(c.iters, std::max<int64_t>(kMinIters, kBytesPerSize / bytes)));
+    const std::vector<double> t =
+        MeasureInterleaved(strategies, std::min(c.warmup, iters), iters, MPI_COMM_WORLD);
+    if (rank != 0) continue;
+    const double own = t[0];
+    const double shm = shared ? t[2] : 0.0;
+    const double hier = hierarchical ? t.back() : 0.0;
+    auto us = [](double s, bool present) {
+      return present ? std::to_string(static_cast<long long>(s * 1e6 + 0.5)) : std::string("-");
+    };
+    auto ratio = [&](double s, bool present) {
+      char text[16];
+      std::snprintf(text, sizeof(text), "%.2f", s / own);
+      return present ? std::string(text) : std::string("-");
+    };
+    std::printf("%12lld | %10s %10s %10s %10s | %8s %8s %8s\n", static_cast<long long>(bytes),
+                us(own, true).c_str(), us(t[1], true).c_str(), us(shm, shared != nullptr).c_str(),
+                us(hier, hierarchical != nullptr).c_str(), ratio(t[1], true).c_str(),
+                ratio(shm, shared != nullptr).c_str(),
+                ratio(hier, hierarchical != nullptr).c_str());
+    std::fflush(stdout);
+  }
+  if (!ok && rank == 0) std::fprintf(stderr, "error: wrong allreduce results\n");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace gradsync_bench
+
+int main(int argc, char** argv) {
+  return gradsync_bench::RunBenchmark("gradsync_bench_host_paths", gradsync_bench::Run, argc, argv);
+}
