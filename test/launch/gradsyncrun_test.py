@@ -89,6 +89,16 @@ class CommandTest(unittest.TestCase):
             with self.assertRaisesRegex(run.UsageError, message):
                 command(argv)
 
+    def test_mpi_args_go_before_the_program(self):
+        cmd = command(["-np", "2", "--mpi-args", "--mca btl tcp,self --report-bindings", "./t"])
+        self.assertEqual(cmd[-5:], ["--mca", "btl", "tcp,self", "--report-bindings", "./t"])
+        self.assertEqual(cmd[3:5], ["--bind-to", "none"])
+        bound = command(["-np", "2", "--mpi-args", "--bind-to core", "./t"])
+        self.assertEqual(bound.count("--bind-to"), 1)
+        self.assertEqual(bound[-3:], ["--bind-to", "core", "./t"])
+        with self.assertRaisesRegex(run.UsageError, "--mpi-args"):
+            command(["-np", "2", "--mpi-args", "'unbalanced", "./t"])
+
     def test_dry_run_quotes_each_argument(self):
         import contextlib
         import io
