@@ -2,11 +2,14 @@
 # The multi-host test: 2 namespace hosts x 2 ranks. topology_check runs flat and hierarchical, and
 # each run's timeline shows which path its allreduces took: node shared memory never spans the
 # hosts, and the hierarchical run reduces within each host first. host_allreduce_test and
-# collectives_test run across the hosts too. The hosts are removed at the end whatever happens.
-# Skips (77) where namespaces cannot be made.
-#   run_multihost.sh MPIRUN TOPOLOGY_CHECK HOST_ALLREDUCE_TEST COLLECTIVES_TEST WORK_DIR
+# collectives_test run across the hosts too, and so do the `multihost` examples of
+# docs/launching.md (node1 and node2 there are the two hosts here). The hosts are removed at the
+# end whatever happens. Skips (77) where namespaces cannot be made.
+#   run_multihost.sh MPIRUN TOPOLOGY_CHECK HOST_ALLREDUCE_TEST COLLECTIVES_TEST DEMO_TRAINER PYTHON
+#                    WORK_DIR
 set -euo pipefail
-mpirun=$1 topology=$2 host_allreduce=$3 collectives=$4 work=$5
+mpirun=$1 topology=$2 host_allreduce=$3 collectives=$4 demo=$5 python=$6 work=$7
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 "$here/namespace_hosts.sh" down 2
 trap '"$here/namespace_hosts.sh" down 2' EXIT
@@ -42,4 +45,9 @@ expect_paths "$work/hierarchical.json" HIERARCHICAL_ALLREDUCE SHM_ALLREDUCE
 run "$host_allreduce"
 run "$collectives"
 run "$collectives" GRADSYNC_HIERARCHICAL_ALLREDUCE=1
+echo "== the launching guide's multihost examples"
+"$python" "$repo/test/launch/guide_examples.py" run "$repo/docs/launching.md" multihost \
+  --workdir "$work/guide" --path "$repo/launch" --link "gradsync_demo_trainer=$demo" \
+  --replace "node1:=10.77.0.1:" --replace "node2:=10.77.0.2:" \
+  --replace "gradsyncrun =gradsyncrun --mpi-args '$mca' "
 echo "multihost: every run passed"
