@@ -109,7 +109,7 @@ Layout DescribeLayout() {
   MPI_Comm_size(node, &node_size);
   MPI_Comm_free(&node);
   layout.one_node = node_size == size;
-  gradsync::HierarchicalAllreduce probe(MPI_COMM_WORLD, 0);
+  gradsync::HierarchicalAllreduce probe(MPI_COMM_WORLD, true, 0);
   probe.Applies(&layout.hierarchical);
   layout.hosts = size / std::max(1, node_size);
   return layout;

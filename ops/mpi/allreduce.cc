@@ -71,11 +71,11 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
   void* out = entry->output.data;
   const void* in = entry->input.data;
   bool hierarchical = false;
-  GRADSYNC_RETURN_IF_ERROR(UseHierarchical(&hierarchical));
+  GRADSYNC_RETURN_IF_ERROR(hierarchical_.Applies(&hierarchical));
   if (hierarchical) {
     TimelineActivity activity(timeline_, entry, "HIERARCHICAL_ALLREDUCE");
     ScaledCopy(in, out, n, spec.dtype, spec.prescale);
-    GRADSYNC_RETURN_IF_ERROR(hierarchical_->AllreduceInPlace(out, n, elem_size, type, op));
+    GRADSYNC_RETURN_IF_ERROR(hierarchical_.AllreduceInPlace(out, n, elem_size, type, op));
   } else if (in != out && spec.prescale == 1.0) {
     TimelineActivity activity(timeline_, entry, "MPI_ALLREDUCE");
     GRADSYNC_RETURN_IF_ERROR(AllreduceInPieces(in, out, n, elem_size, type, op, comm_));
@@ -86,12 +86,6 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
   }
   ScaledCopy(out, out, n, spec.dtype, spec.postscale);
   return Status::OK();
-}
-
-Status MpiDataPlane::UseHierarchical(bool* use) {
-  *use = false;
-  if (hierarchical_ == nullptr) return Status::OK();
-  return hierarchical_->Applies(use);
 }
 
 Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
@@ -115,7 +109,7 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
   }
   if (total == 0) return Status::OK();
   bool hierarchical = false;
-  GRADSYNC_RETURN_IF_ERROR(UseHierarchical(&hierarchical));
+  GRADSYNC_RETURN_IF_ERROR(hierarchical_.Applies(&hierarchical));
   if (hierarchical) {
     return AllreduceFusedHierarchical(entries, spec, offsets, counts, total, type, op);
   }
@@ -148,19 +142,19 @@ Status MpiDataPlane::AllreduceFusedHierarchical(const std::vector<TensorEntry*>&
                                                 const std::vector<size_t>& offsets,
                                                 const std::vector<int64_t>& counts, size_t total,
                                                 MPI_Datatype type, MPI_Op op) {
-  NodeSharedMemory* memory = hierarchical_->host_memory();
+  NodeSharedMemory* memory = hierarchical_.host_memory();
   bool shared = false;
   GRADSYNC_RETURN_IF_ERROR(memory->Prepare(total, &shared));
   if (shared) {
-    return AllreduceFusedSlices(entries, spec, offsets, counts, memory, hierarchical_->local_rank(),
-                                hierarchical_->local_size(), hierarchical_->cross_comm(), type, op);
+    return AllreduceFusedSlices(entries, spec, offsets, counts, memory, hierarchical_.local_rank(),
+                                hierarchical_.local_size(), hierarchical_.cross_comm(), type, op);
   }
   auto* buffer = static_cast<char*>(fusion_buffer_.Get(total));
   PackFused(entries, spec, offsets, counts, buffer);
   const size_t elem_size = DataTypeSize(spec.dtype);
   {
     TimelineActivity activity(timeline_, entries, "HIERARCHICAL_ALLREDUCE");
-    GRADSYNC_RETURN_IF_ERROR(hierarchical_->AllreduceInPlace(
+    GRADSYNC_RETURN_IF_ERROR(hierarchical_.AllreduceInPlace(
         buffer, static_cast<int64_t>(total / elem_size), elem_size, type, op));
   }
   UnpackFused(entries, spec, offsets, counts, buffer, spec.postscale);

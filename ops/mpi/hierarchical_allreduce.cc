@@ -21,8 +21,9 @@ std::atomic<int> ranks_per_host_for_testing{0};
 
 void SetRanksPerHostForTesting(int ranks_per_host) { ranks_per_host_for_testing = ranks_per_host; }
 
-HierarchicalAllreduce::HierarchicalAllreduce(MPI_Comm comm, int64_t shm_threshold_bytes)
-    : comm_(comm), shm_threshold_bytes_(shm_threshold_bytes) {}
+HierarchicalAllreduce::HierarchicalAllreduce(MPI_Comm comm, bool requested,
+                                             int64_t shm_threshold_bytes)
+    : comm_(comm), requested_(requested), shm_threshold_bytes_(shm_threshold_bytes) {}
 
 // The shared memory goes first: it holds no MPI handle, and the communicators it was made over
 // are freed after it.
@@ -43,6 +44,19 @@ Status HierarchicalAllreduce::Decide() {
   state_ = State::kNo;
   int rank = 0;
   GRADSYNC_MPI_CALL(MPI_Comm_rank(comm_, &rank));
+  int requests[2] = {requested_ ? 1 : 0, requested_ ? -1 : 0};
+  GRADSYNC_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, requests, 2, MPI_INT, MPI_MAX, comm_));
+  const bool some_asked = requests[0] == 1;
+  const bool all_asked = requests[1] == -1;
+  if (!some_asked) return Status::OK();
+  if (!all_asked) {
+    if (rank == 0) {
+      Log().warn(
+          "GRADSYNC_HIERARCHICAL_ALLREDUCE is set on some ranks only; set it alike on every rank. "
+          "Allreduces stay flat");
+    }
+    return Status::OK();
+  }
   if (const int per_host = ranks_per_host_for_testing.load(); per_host > 0) {
     GRADSYNC_MPI_CALL(MPI_Comm_split(comm_, rank / per_host, rank, &local_));
   } else {

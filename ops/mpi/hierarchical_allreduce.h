@@ -9,7 +9,8 @@
 // communicator. Both cut the bucket into the same slices (SliceOf), so hosts may take different
 // paths for one bucket and still meet in the same allreduce across hosts.
 //
-// Used only when it applies: several hosts, and the same number of ranks, more than one, on each.
+// Used only when every rank asked for it and it applies: several hosts, and the same number of
+// ranks, more than one, on each.
 //
 // Thread safety: none; used by the background thread only. Every method but the accessors is
 // collective over the communicator and must be called by every rank at the same point.
@@ -33,16 +34,19 @@ void SetRanksPerHostForTesting(int ranks_per_host);
 
 class HierarchicalAllreduce {
  public:
-  // `shm_threshold_bytes` bounds the buckets that go through shared memory within a host (0: none);
-  // the ranks use the smallest value of any rank. No MPI call is made until Applies().
-  HierarchicalAllreduce(MPI_Comm comm, int64_t shm_threshold_bytes);
+  // `requested`: this rank's GRADSYNC_HIERARCHICAL_ALLREDUCE. `shm_threshold_bytes` bounds the
+  // buckets that go through shared memory within a host (0: none); the ranks use the smallest
+  // value of any rank. No MPI call is made until Applies().
+  HierarchicalAllreduce(MPI_Comm comm, bool requested, int64_t shm_threshold_bytes);
   ~HierarchicalAllreduce();
   HierarchicalAllreduce(const HierarchicalAllreduce&) = delete;
   HierarchicalAllreduce& operator=(const HierarchicalAllreduce&) = delete;
 
-  // Collective. Sets *applies when the communicator has several hosts with the same number of
-  // ranks, more than one, on each; the first call splits the communicators and decides, later
-  // calls return the decision. Every rank gets the same answer.
+  // Collective. Sets *applies when every rank requested it and the communicator has several hosts
+  // with the same number of ranks, more than one, on each. The first call decides (one small
+  // allreduce when no rank asked; the communicators are split only when every rank did), later
+  // calls return the decision. Every rank gets the same answer, even when the ranks' settings
+  // differ, so a setting missing on one rank cannot leave the others waiting.
   Status Applies(bool* applies);
 
   // In place over `count` elements of `elem_size` bytes in `buffer`, through MPI on the host's
@@ -62,6 +66,7 @@ class HierarchicalAllreduce {
   Status Decide();
 
   MPI_Comm comm_;
+  bool requested_;
   int64_t shm_threshold_bytes_;
   State state_ = State::kUndecided;
   MPI_Comm local_ = MPI_COMM_NULL;  // this host's ranks

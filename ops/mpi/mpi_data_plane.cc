@@ -29,9 +29,7 @@ MpiDataPlane::MpiDataPlane(MPI_Comm comm, Timeline* timeline, int64_t shm_thresh
       size_(CommAttributeOrDie(MPI_Comm_size, comm, "MPI_Comm_size")),
       rank_(CommAttributeOrDie(MPI_Comm_rank, comm, "MPI_Comm_rank")),
       shared_memory_(comm, shm_threshold_bytes, kSharedMemoryMaxRanks),
-      hierarchical_(hierarchical_allreduce
-                        ? std::make_unique<HierarchicalAllreduce>(comm, shm_threshold_bytes)
-                        : nullptr),
+      hierarchical_(comm, hierarchical_allreduce, shm_threshold_bytes),
       timeline_(timeline) {}
 
 Status MpiDataPlane::InContext(const Status& status, const std::string& what) {

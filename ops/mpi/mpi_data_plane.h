@@ -61,8 +61,6 @@ class MpiDataPlane : public DataPlane {
                                     const ReduceSpec& spec, const std::vector<size_t>& offsets,
                                     const std::vector<int64_t>& counts, size_t total,
                                     MPI_Datatype type, MPI_Op op);
-  // Whether this allreduce goes hierarchically (collective on first use).
-  Status UseHierarchical(bool* use);
   // Copies the reduced bucket in `buffer` out to the entries' outputs, scaled by `postscale`.
   void UnpackFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                    const std::vector<size_t>& offsets, const std::vector<int64_t>& counts,
@@ -84,7 +82,7 @@ class MpiDataPlane : public DataPlane {
   int rank_ = 0;
   FusionBuffer fusion_buffer_;
   NodeSharedMemory shared_memory_;
-  std::unique_ptr<HierarchicalAllreduce> hierarchical_;  // null unless requested
+  HierarchicalAllreduce hierarchical_;
   Timeline* timeline_;
 };
 

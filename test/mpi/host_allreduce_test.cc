@@ -182,11 +182,27 @@ TEST(HierarchicalAllreduce, AppliesOnlyToEvenHostsOfSeveralRanks) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   for (int per_host : {1, 2, 3, 4}) {
     SetRanksPerHostForTesting(per_host);
-    HierarchicalAllreduce hierarchical(MPI_COMM_WORLD, 0);
+    HierarchicalAllreduce hierarchical(MPI_COMM_WORLD, true, 0);
     bool applies = false;
     ASSERT_TRUE(hierarchical.Applies(&applies).ok());
     const bool expected = per_host > 1 && size % per_host == 0 && size / per_host > 1;
     EXPECT_EQ(applies, expected) << per_host << " ranks per host of " << size;
+  }
+  SetRanksPerHostForTesting(0);
+}
+
+// A setting missing on some rank must not split the ranks between two paths.
+TEST(HierarchicalAllreduce, RanksThatDisagreeStayFlatTogether) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  SetRanksPerHostForTesting(2);
+  for (bool everyone : {false, true}) {
+    HierarchicalAllreduce hierarchical(MPI_COMM_WORLD, everyone || rank % 2 == 0, 0);
+    bool applies = false;
+    ASSERT_TRUE(hierarchical.Applies(&applies).ok());
+    const bool expected = everyone && size % 2 == 0 && size >= 4;
+    EXPECT_EQ(applies, expected) << (everyone ? "every rank asked" : "even ranks asked");
   }
   SetRanksPerHostForTesting(0);
 }
