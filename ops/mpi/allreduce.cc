@@ -115,7 +115,7 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
   }
   bool shared = false;
   GRADSYNC_RETURN_IF_ERROR(shared_memory_.Prepare(total, &shared));
-  if (shared && size_ <= kFoldEveryRegionMaxRanks) {
+  if (shared && FoldEveryRegion(size_, total)) {
     return AllreduceFusedShared(entries, spec, offsets, counts);
   }
   if (shared) {

@@ -22,9 +22,13 @@ class MpiDataPlane : public DataPlane {
  public:
   // Fused allreduces of at most this many ranks of one node may go through node shared memory.
   static constexpr int kSharedMemoryMaxRanks = 64;
-  // Up to this many ranks every rank folds every region (one barrier); above, each rank folds a
-  // slice and gathers the others' (two barriers, but work that does not grow with the ranks).
-  static constexpr int kFoldEveryRegionMaxRanks = 4;
+  // Whether every rank folds every region (one barrier; each rank reads ranks x bytes) rather than
+  // its own slice of each and then everyone's result (two barriers; about 2 x bytes): the former
+  // for 2 ranks, and for up to 4 when the bucket is small enough that the barrier costs more than
+  // the reads (docs/benchmarks.md, node shared memory).
+  static bool FoldEveryRegion(int ranks, size_t bytes) {
+    return ranks <= 2 || (ranks <= 4 && bytes < (size_t{256} << 10));
+  }
 
   // `timeline`, when not null, receives each tensor's copies and collectives; it must outlive
   // the plane. `shm_threshold_bytes`: the largest fused allreduce bucket that may go through

@@ -141,6 +141,14 @@ TEST_P(HostAllreduceTest, LoneTensorsEveryDtype) {
   }
 }
 
+// Past 256 KiB, 3 and 4 ranks reduce by slices too.
+TEST_P(HostAllreduceTest, LargeBuckets) {
+  for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kInt64}) {
+    ASSERT_NO_FATAL_FAILURE(ReduceAndCheck(dtype, ReduceOp::kSum, {70001, 3, 9000}));
+  }
+  ASSERT_NO_FATAL_FAILURE(ReduceAndCheck(DataType::kFloat64, ReduceOp::kMax, {40000, 1}));
+}
+
 // Fewer elements than ranks: most slices are empty.
 TEST_P(HostAllreduceTest, BucketsSmallerThanTheRankCount) {
   ASSERT_NO_FATAL_FAILURE(ReduceAndCheck(DataType::kFloat32, ReduceOp::kSum, {1, 1}));
