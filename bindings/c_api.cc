@@ -256,6 +256,9 @@ int gradsync_local_rank(int* out) {
 int gradsync_local_size(int* out) {
   return GetInt("gradsync_local_size", out, [] { return local_size(); });
 }
+int gradsync_gpu_device(int* out) {
+  return GetInt("gradsync_gpu_device", out, [] { return gpu_device(); });
+}
 
 int gradsync_allreduce_async(const char* name, void* data, int dtype, const int64_t* shape,
                              int ndim, int op, double prescale, double postscale, int process_set,

@@ -60,6 +60,8 @@ void init(const InitOptions& options) {
   if (!status.ok()) Throw(status);
   InitLogging(rt->mpi->rank(), rt->config.log_level);
   Log().debug("gradsync starting on {} ranks: {}", rt->mpi->size(), rt->config.ToString());
+  status = SetUpLaunch(rt->config, *rt->mpi, options.comm, &rt->launch);
+  if (!status.ok()) Throw(status);
   if (!rt->config.timeline_path.empty() && rt->mpi->rank() == 0) {
     // Not fatal: the other ranks cannot learn of it without another collective, and training
     // without a trace beats a job that stops over one.
@@ -70,7 +72,7 @@ void init(const InitOptions& options) {
                                               &rt->registry);
   status = AddDeclaredProcessSets(*rt, options.process_sets);
   if (!status.ok()) Throw(status);
-  rt->loop->Start();
+  rt->loop->Start([launch = rt->launch] { launch.BindBackgroundThread(); });
   g_active.store(rt.get(), std::memory_order_release);
   g_runtime = std::move(rt);
 }
@@ -109,5 +111,6 @@ int local_rank() { return ActiveRuntime("local_rank").mpi->local_rank(); }
 int local_size() { return ActiveRuntime("local_size").mpi->local_size(); }
 int cross_rank() { return ActiveRuntime("cross_rank").mpi->cross_rank(); }
 int cross_size() { return ActiveRuntime("cross_size").mpi->cross_size(); }
+int gpu_device() { return ActiveRuntime("gpu_device").launch.gpu; }
 
 }  // namespace gradsync

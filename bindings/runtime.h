@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "bindings/launch_setup.h"
 #include "coordinator/background_loop.h"
 #include "gradsync/gradsync.h"
 #include "runtime/config.h"
@@ -26,6 +27,7 @@ namespace gradsync {
 struct Runtime {
   Config config;
   std::unique_ptr<MpiContext> mpi;
+  LaunchSetup launch;  // this rank's GPU and placement
   TensorQueue queue;
   Timeline timeline;  // written on rank 0 only; outlives the loop that records into it
   ProcessSetRegistry registry;

@@ -4,6 +4,10 @@
 #include <cctype>
 #include <chrono>
 
+#ifdef __linux__
+#include <pthread.h>
+#endif
+
 #include "ops/scale.h"
 #include "runtime/logging.h"
 #include "runtime/thread_role.h"
@@ -36,8 +40,14 @@ Status BackgroundLoop::AddProcessSet(const std::vector<int>& ranks, int32_t* id)
   return sets_.Add(ranks, id);
 }
 
-void BackgroundLoop::Start() {
-  thread_ = std::thread([this] { Run(); });
+void BackgroundLoop::Start(std::function<void()> on_thread_start) {
+  thread_ = std::thread([this, on_thread_start = std::move(on_thread_start)] {
+#ifdef __linux__
+    pthread_setname_np(pthread_self(), "gradsync-loop");  // as top -H and /proc show it
+#endif
+    if (on_thread_start) on_thread_start();
+    Run();
+  });
 }
 
 void BackgroundLoop::Shutdown() {

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,7 +46,9 @@ class BackgroundLoop {
 
   // Before Start, collective over every rank: a process set declared at init.
   Status AddProcessSet(const std::vector<int>& ranks, int32_t* id);
-  void Start();
+  // Starts the thread, named "gradsync-loop"; it calls `on_thread_start` (placement binds it
+  // there) before its first cycle.
+  void Start(std::function<void()> on_thread_start = {});
   // Asks every rank to stop (pending operations fail with a Shutdown error) and joins the thread.
   void Shutdown();
 

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <system_error>
 
+#include "runtime/placement.h"
+
 namespace gradsync {
 namespace {
 
@@ -72,6 +74,8 @@ const IntegerSpec kShmThreshold{"GRADSYNC_SHM_THRESHOLD", int64_t{1} << 34, "byt
                                 " (0 disables the shared-memory path)"};
 const IntegerSpec kCacheCapacity{"GRADSYNC_CACHE_CAPACITY", int64_t{1} << 20, "entries",
                                  " (0 disables the response cache)"};
+const IntegerSpec kGpuDevice{"GRADSYNC_GPU_DEVICE", 1023, "visible devices",
+                             " (unset: the local rank modulo the visible GPUs)"};
 const RealSpec kCycleTime{"GRADSYNC_CYCLE_TIME_MS", 0.05, false, 10000.0, "milliseconds", ""};
 const RealSpec kStallWarning{"GRADSYNC_STALL_WARNING_SECONDS", 0.0, true, 1e6, "seconds", ""};
 const RealSpec kStallShutdown{
@@ -202,6 +206,18 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
     GRADSYNC_RETURN_IF_ERROR(
         ParseSwitch("GRADSYNC_HIERARCHICAL_ALLREDUCE", text, &c.hierarchical_allreduce));
   }
+  if (std::string_view text = Lookup(getenv, "GRADSYNC_BIND_PROCESS"); !text.empty()) {
+    GRADSYNC_RETURN_IF_ERROR(ParseSwitch("GRADSYNC_BIND_PROCESS", text, &c.bind_process));
+  }
+  if (std::string_view text = Lookup(getenv, kGpuDevice.name); !text.empty()) {
+    int64_t device = 0;
+    GRADSYNC_RETURN_IF_ERROR(ParseInteger(kGpuDevice, text, &device));
+    c.gpu_device = static_cast<int>(device);
+  }
+  c.thread_affinity = std::string(Lookup(getenv, "GRADSYNC_THREAD_AFFINITY"));
+  PlacementRequest request;
+  GRADSYNC_RETURN_IF_ERROR(
+      ParseThreadAffinity("GRADSYNC_THREAD_AFFINITY", c.thread_affinity, &request));
   c.timeline_path = std::string(Lookup(getenv, "GRADSYNC_TIMELINE"));
   *out = c;
   return Status::OK();
@@ -219,6 +235,10 @@ std::string Config::ToString() const {
          " GRADSYNC_LOG_LEVEL=" + LogLevelName(log_level) +
          " GRADSYNC_GPU_BACKEND=" + GpuBackendName(gpu_backend) +
          " GRADSYNC_NCCL_TIMEOUT_SECONDS=" + FormatDouble(nccl_timeout_seconds) +
+         " GRADSYNC_GPU_DEVICE=" +
+         (gpu_device < 0 ? "(by local rank)" : std::to_string(gpu_device)) +
+         " GRADSYNC_THREAD_AFFINITY=" + (thread_affinity.empty() ? "(auto)" : thread_affinity) +
+         " GRADSYNC_BIND_PROCESS=" + (bind_process ? "1" : "0") +
          " GRADSYNC_TIMELINE=" + (timeline_path.empty() ? "(off)" : timeline_path);
 }
 

@@ -47,6 +47,15 @@ struct Config {
   // GRADSYNC_NCCL_TIMEOUT_SECONDS: launched device work that has not finished after this long
   // aborts its process set's device plane and fails; 0 disables.
   double nccl_timeout_seconds = 600.0;
+  // GRADSYNC_GPU_DEVICE: the visible GPU this rank uses; -1 (unset) picks local rank modulo the
+  // number of visible GPUs.
+  int gpu_device = -1;
+  // GRADSYNC_THREAD_AFFINITY: where the background thread runs (runtime/placement.h): empty for
+  // near this rank's GPU or NUMA node, "none" for unbound, or CPUs per local rank.
+  std::string thread_affinity;
+  // GRADSYNC_BIND_PROCESS: bind the whole process near its GPU or NUMA node, unless the launcher
+  // bound it already.
+  bool bind_process = false;
   // GRADSYNC_TIMELINE: file rank 0 writes a Chrome trace / Perfetto timeline to; empty = off.
   std::string timeline_path;
 

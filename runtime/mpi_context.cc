@@ -94,6 +94,7 @@ struct Topology {
   int rank = 0, size = 1;
   int local_rank = 0, local_size = 1;
   int cross_rank = 0, cross_size = 1;
+  int node_leader = 0;
 };
 
 // Local: the ranks that share this node's memory. Cross: the ranks with the same local rank on
@@ -106,6 +107,7 @@ Status QueryTopology(MPI_Comm base, Topology* t) {
       MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, t->rank, MPI_INFO_NULL, local.out()));
   GRADSYNC_MPI_CALL(MPI_Comm_rank(local.get(), &t->local_rank));
   GRADSYNC_MPI_CALL(MPI_Comm_size(local.get(), &t->local_size));
+  GRADSYNC_MPI_CALL(MPI_Allreduce(&t->rank, &t->node_leader, 1, MPI_INT, MPI_MIN, local.get()));
   ScopedComm cross;
   GRADSYNC_MPI_CALL(MPI_Comm_split(base, t->local_rank, t->rank, cross.out()));
   GRADSYNC_MPI_CALL(MPI_Comm_rank(cross.get(), &t->cross_rank));
@@ -174,6 +176,7 @@ Status MpiContext::Create(MPI_Comm base, std::unique_ptr<MpiContext>* out) {
   context->local_size_ = t.local_size;
   context->cross_rank_ = t.cross_rank;
   context->cross_size_ = t.cross_size;
+  context->node_leader_ = t.node_leader;
   const int node_cpus = static_cast<int>(std::thread::hardware_concurrency());
   context->cores_per_rank_ = CoresPerRank(AllowedCpus(node_cpus), node_cpus, t.local_size);
   *out = std::move(context);

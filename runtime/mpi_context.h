@@ -48,6 +48,9 @@ class MpiContext {
   int local_size() const { return local_size_; }
   int cross_rank() const { return cross_rank_; }
   int cross_size() const { return cross_size_; }
+  // The lowest rank that shares this rank's memory: the same on every rank of a node, and
+  // different between nodes.
+  int node_leader() const { return node_leader_; }
   // CoresPerRank for this process. Below 2, the background thread and the caller's thread share a
   // core.
   int cores_per_rank() const { return cores_per_rank_; }
@@ -64,6 +67,7 @@ class MpiContext {
   int rank_ = 0, size_ = 1;
   int local_rank_ = 0, local_size_ = 1;
   int cross_rank_ = 0, cross_size_ = 1;
+  int node_leader_ = 0;
   int cores_per_rank_ = 1;
 };
 

@@ -184,6 +184,7 @@ void BindRuntime(py::module_& m) {
   m.def("local_size", [] { return Enqueue([] { return local_size(); }); });
   m.def("cross_rank", [] { return Enqueue([] { return cross_rank(); }); });
   m.def("cross_size", [] { return Enqueue([] { return cross_size(); }); });
+  m.def("gpu_device", [] { return Enqueue([] { return gpu_device(); }); });
   m.def("mpi_threads_supported", &MpiThreadsSupported);
   m.def("built_with_cuda", &cuda_built);
   m.def("nccl_version", &nccl_version);

@@ -278,6 +278,7 @@ int main(int argc, char** argv) {
   CHECK(gradsync_size(&value) == GRADSYNC_OK && value == size);
   CHECK(gradsync_local_rank(&value) == GRADSYNC_OK && value >= 0);
   CHECK(gradsync_local_size(&value) == GRADSYNC_OK && value >= 1);
+  CHECK(gradsync_gpu_device(&value) == GRADSYNC_OK && value >= -1);
 
   Allreduces();
   GathersAndScatters();

@@ -62,6 +62,19 @@ class CommandTest(unittest.TestCase):
         self.assertNotIn("HOME", cmd)
         self.assertEqual(cmd[-1], "./t")
 
+    def test_placement_flags(self):
+        import contextlib
+        import io
+        out = io.StringIO()
+        argv = ["-np", "2", "--gpu-device", "1", "--thread-affinity", "2,3", "--bind-process",
+                "--dry-run", "./t"]
+        with contextlib.redirect_stdout(out):
+            self.assertEqual(run.main(argv, {}), 0)
+        line = out.getvalue()
+        for setting in ("GRADSYNC_GPU_DEVICE=1", "GRADSYNC_THREAD_AFFINITY=2,3",
+                        "GRADSYNC_BIND_PROCESS=1", "-x GRADSYNC_THREAD_AFFINITY"):
+            self.assertIn(setting, line)
+
     def test_more_ranks_than_slots_is_refused_unless_oversubscribed(self):
         with self.assertRaisesRegex(run.UsageError, "only 4 slots"):
             command(["-np", "5", "-H", "a:2,b:2", "./t"])

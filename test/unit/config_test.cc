@@ -244,6 +244,24 @@ TEST(ConfigTest, HierarchicalAllreduceIsASwitch) {
             std::string::npos);
 }
 
+TEST(ConfigTest, PlacementVariables) {
+  const Config defaults = ParseOk({});
+  EXPECT_EQ(defaults.gpu_device, -1);
+  EXPECT_EQ(defaults.thread_affinity, "");
+  EXPECT_FALSE(defaults.bind_process);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_GPU_DEVICE", "0"}}).gpu_device, 0);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_GPU_DEVICE", "7"}}).gpu_device, 7);
+  for (const char* bad : {"-1", "1024", "gpu0", "1.5"}) ExpectRejected("GRADSYNC_GPU_DEVICE", bad);
+  EXPECT_TRUE(ParseOk({{"GRADSYNC_BIND_PROCESS", "yes"}}).bind_process);
+  ExpectRejected("GRADSYNC_BIND_PROCESS", "numa");
+  for (const char* good : {"none", "0,1", "0-1;2-3", "3"}) {
+    EXPECT_EQ(ParseOk({{"GRADSYNC_THREAD_AFFINITY", good}}).thread_affinity, good);
+  }
+  for (const char* bad : {"auto", "0,,1", "3-1", "-1", "0;x"}) {
+    ExpectRejected("GRADSYNC_THREAD_AFFINITY", bad);
+  }
+}
+
 TEST(ConfigTest, NcclTimeoutAcceptsSecondsAndZeroDisables) {
   EXPECT_EQ(Config().nccl_timeout_seconds, 600.0);
   EXPECT_EQ(ParseOk({{"GRADSYNC_NCCL_TIMEOUT_SECONDS", "0"}}).nccl_timeout_seconds, 0.0);
@@ -265,13 +283,18 @@ TEST(ConfigTest, ToStringListsEveryKnob) {
                            {"GRADSYNC_LOG_LEVEL", "debug"},
                            {"GRADSYNC_GPU_BACKEND", "MPI"},
                            {"GRADSYNC_NCCL_TIMEOUT_SECONDS", "2.5"},
+                           {"GRADSYNC_GPU_DEVICE", "3"},
+                           {"GRADSYNC_THREAD_AFFINITY", "4,5"},
+                           {"GRADSYNC_BIND_PROCESS", "1"},
                            {"GRADSYNC_TIMELINE", "trace.json"}});
-  EXPECT_EQ(config.ToString(),
-            "GRADSYNC_FUSION_THRESHOLD=1024 GRADSYNC_INPLACE_THRESHOLD=0 GRADSYNC_SHM_THRESHOLD=0 "
-            "GRADSYNC_HIERARCHICAL_ALLREDUCE=1 GRADSYNC_CYCLE_TIME_MS=0.05 GRADSYNC_CACHE_CAPACITY=0 "
-            "GRADSYNC_STALL_WARNING_SECONDS=1.5 GRADSYNC_STALL_SHUTDOWN_SECONDS=1000000 "
-            "GRADSYNC_LOG_LEVEL=debug GRADSYNC_GPU_BACKEND=mpi GRADSYNC_NCCL_TIMEOUT_SECONDS=2.5 "
-            "GRADSYNC_TIMELINE=trace.json");
+  EXPECT_EQ(
+      config.ToString(),
+      "GRADSYNC_FUSION_THRESHOLD=1024 GRADSYNC_INPLACE_THRESHOLD=0 GRADSYNC_SHM_THRESHOLD=0 "
+      "GRADSYNC_HIERARCHICAL_ALLREDUCE=1 GRADSYNC_CYCLE_TIME_MS=0.05 GRADSYNC_CACHE_CAPACITY=0 "
+      "GRADSYNC_STALL_WARNING_SECONDS=1.5 GRADSYNC_STALL_SHUTDOWN_SECONDS=1000000 "
+      "GRADSYNC_LOG_LEVEL=debug GRADSYNC_GPU_BACKEND=mpi GRADSYNC_NCCL_TIMEOUT_SECONDS=2.5 "
+      "GRADSYNC_GPU_DEVICE=3 GRADSYNC_THREAD_AFFINITY=4,5 GRADSYNC_BIND_PROCESS=1 "
+      "GRADSYNC_TIMELINE=trace.json");
   EXPECT_NE(Config().ToString().find("GRADSYNC_TIMELINE=(off)"), std::string::npos);
 }
 

@@ -86,6 +86,8 @@ int gradsync_rank(int* rank);
 int gradsync_size(int* size);
 int gradsync_local_rank(int* local_rank);
 int gradsync_local_size(int* local_size);
+/* The CUDA device init picked for this rank (see gradsync::gpu_device()); -1 without a GPU. */
+int gradsync_gpu_device(int* device);
 
 /* Collectives. Each enqueues and returns at once with *handle set; `name` may be NULL or "" for a
  * generated name; `shape` holds `ndim` dimensions (ndim 0: a scalar, shape may be NULL). */

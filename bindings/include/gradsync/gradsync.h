@@ -98,6 +98,10 @@ int local_size();
 // node count when every node runs the same number of processes.
 int cross_rank();
 int cross_size();
+// The GPU (CUDA device index among the visible ones) init() picked for this rank: the local rank
+// modulo the visible GPUs, or GRADSYNC_GPU_DEVICE; -1 where no GPU is usable. gradsync binds its
+// background thread near it; put the model there too (torch.cuda.set_device(gpu_device())).
+int gpu_device();
 
 // Timeline: rank 0 writes a Chrome trace / Perfetto JSON file with a row per tensor (queueing,
 // negotiation with a mark as each rank's request arrives, copies into and out of the fusion buffer,

@@ -6,7 +6,8 @@ so; CUDA tensors are refused with a clear error until the device data plane exis
 
 from gradsync import GradsyncError, GradsyncInternalError, GradsyncValueError
 from gradsync.torch.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                                   gloo_built, gloo_enabled, init, is_homogeneous,
+                                   gloo_built, gloo_enabled, gpu_device, init,
+                                   is_homogeneous,
                                    is_initialized, local_rank, local_size, mpi_built,
                                    mpi_enabled, mpi_threads_supported, nccl_built, rank,
                                    rocm_built, shutdown, size, start_timeline, stop_timeline)

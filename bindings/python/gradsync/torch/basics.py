@@ -73,6 +73,9 @@ local_rank = _core.local_rank
 local_size = _core.local_size
 cross_rank = _core.cross_rank
 cross_size = _core.cross_size
+# The GPU init() picked for this rank (local rank modulo the visible GPUs, or
+# GRADSYNC_GPU_DEVICE); -1 without one: torch.cuda.set_device(hvd.gpu_device()).
+gpu_device = _core.gpu_device
 mpi_threads_supported = _core.mpi_threads_supported
 stop_timeline = _core.stop_timeline
 

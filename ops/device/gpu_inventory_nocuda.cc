@@ -1,0 +1,7 @@
+#include "ops/device/gpu_inventory.h"
+
+namespace gradsync {
+
+std::vector<std::string> VisibleGpuBusIds() { return {}; }
+
+}  // namespace gradsync
