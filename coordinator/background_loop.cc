@@ -23,7 +23,6 @@ constexpr std::chrono::nanoseconds kFirstBackoff = std::chrono::microseconds(20)
 BackgroundLoop::BackgroundLoop(const Config& config, const MpiContext& mpi, TensorQueue* queue,
                                Timeline* timeline, ProcessSetRegistry* registry)
     : config_(config),
-      fusion_{config.fusion_threshold_bytes, config.inplace_threshold_bytes},
       mpi_(mpi),
       queue_(queue),
       timeline_(timeline),
@@ -199,7 +198,16 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
     }
   }
   stand_ins_used_ = 0;
-  for (const Bucket& bucket : PlanFusion(responses, fusion_)) {
+  // The first host allreduce of a set is a point every member reaches with the same responses.
+  if (!set->calibrated()) {
+    for (const Response* r : responses) {
+      if (r->type == ResponseType::kAllreduce && r->device.kind == DeviceKind::kCpu) {
+        set->Calibrate();
+        break;
+      }
+    }
+  }
+  for (const Bucket& bucket : PlanFusion(responses, set->fusion())) {
     members_.clear();
     for (size_t i : bucket.responses) {
       if (entries[i] != nullptr) {

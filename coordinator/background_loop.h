@@ -102,7 +102,6 @@ class BackgroundLoop {
   };
 
   Config config_;
-  FusionSettings fusion_;
   const MpiContext& mpi_;
   TensorQueue* queue_;
   Timeline* timeline_;

@@ -1,7 +1,9 @@
 #include "coordinator/process_sets.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "coordinator/cost_model.h"
 #include "coordinator/mpi_control_channel.h"
 #include "ops/device/device_plane_factory.h"
 #include "ops/mpi/mpi_data_plane.h"
@@ -38,8 +40,62 @@ ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Com
                                                id_ == 0 ? std::vector<int>() : ranks_)),
       host_plane_(std::make_unique<MpiDataPlane>(data, timeline, config.shm_threshold_bytes,
                                                  config.hierarchical_allreduce)),
+      fusion_{config.fusion_threshold_bytes, config.inplace_threshold_bytes},
       data_comm_(data),
       config_(config) {}
+
+void ProcessSetRuntime::Calibrate() {
+  calibrated_ = true;
+  if (!config_.calibrate || ranks_.size() < 2) return;  // one rank has nothing to measure
+  AllreduceCalibration measured;
+  const Status status = host_plane_->Calibrate(&measured);
+  if (!status.ok()) {
+    Log().error("process set {}: calibration failed ({}); planning with the configured settings",
+                id_, status.ToString());
+    return;
+  }
+  if (Log().should_log(spdlog::level::debug)) {
+    std::string samples;
+    for (const auto* list : {&measured.in_place, &measured.fused}) {
+      for (const CostSample& s : *list) {
+        samples += " " + std::to_string(s.tensors) + "x" +
+                   std::to_string(int64_t(s.bytes) / s.tensors) +
+                   "B=" + std::to_string(int64_t(s.us)) + "us";
+      }
+      samples += list == &measured.in_place ? "; fused:" : "";
+    }
+    Log().debug("process set {}: calibration samples, in place:{}", id_, samples);
+  }
+  AllreduceCosts costs;
+  costs.in_place = FitLinearCost(measured.in_place, kPerByte | kPerTensor);
+  costs.fused = FitLinearCost(measured.fused, kFixed | kPerByte | kPerTensor);
+  const int64_t cutoff = InPlaceCutoff(costs);
+  double largest = 0;
+  for (const CostSample& s : measured.fused) largest = std::max(largest, s.bytes);
+  std::string policy = "fused buckets of at most ";
+  if (config_.fusion_threshold_pinned) {
+    policy += DescribeBytes(fusion_.fusion_threshold_bytes) + " (GRADSYNC_FUSION_THRESHOLD); ";
+  } else {
+    fusion_.fusion_threshold_bytes = FusedBucketCap(costs, largest, config_.fusion_threshold_bytes);
+    policy += DescribeBytes(fusion_.fusion_threshold_bytes) + "; ";
+  }
+  if (config_.inplace_threshold_pinned) {
+    policy += "GRADSYNC_INPLACE_THRESHOLD pins the in-place cutoff at " +
+              DescribeBytes(fusion_.inplace_threshold_bytes) + " (the costs say " +
+              DescribeBytes(cutoff) + ")";
+  } else {
+    fusion_.inplace_threshold_bytes = cutoff;
+    policy += cutoff >= kNeverInPlace ? "every tensor is fused (none is cheaper alone)"
+                                      : "tensors of " + DescribeBytes(cutoff) +
+                                            " and more are reduced alone, in place; smaller ones "
+                                            "are fused";
+  }
+  int rank = 0;
+  MPI_Comm_rank(data_comm_, &rank);
+  if (rank != 0) return;  // every member fitted the same numbers
+  Log().info("process set {}: allreduce costs on {} ranks, measured in {:.0f} ms: {}; {}", id_,
+             ranks_.size(), measured.seconds * 1e3, DescribeCosts(costs), policy);
+}
 
 Status ProcessSetRuntime::PlaneFor(const Device& device, DataPlane** plane) {
   if (device.kind == DeviceKind::kCpu) {

@@ -23,8 +23,10 @@
 #include <vector>
 
 #include "coordinator/control_channel.h"
+#include "coordinator/fusion_planner.h"
 #include "coordinator/negotiator.h"
 #include "ops/data_plane.h"
+#include "ops/mpi/mpi_data_plane.h"
 #include "runtime/config.h"
 #include "runtime/mpi_context.h"
 #include "runtime/process_set_registry.h"
@@ -49,6 +51,14 @@ class ProcessSetRuntime {
   Status PlaneFor(const Device& device, DataPlane** plane);
   // The joined ranks' stand-ins every device plane holds are not needed any more.
   void ReleaseStandIns();
+  // How this set's buckets are planned: the configured settings, with the in-place cutoff taken
+  // from the measured costs once calibrated (unless GRADSYNC_INPLACE_THRESHOLD pins it).
+  const FusionSettings& fusion() const { return fusion_; }
+  bool calibrated() const { return calibrated_; }
+  // Collective over the set's members, at the same point of the same cycle on each: measures the
+  // host plane's costs (or, with GRADSYNC_CALIBRATE=0, does nothing) and fits the cost model.
+  // A failure is logged and leaves the configured settings.
+  void Calibrate();
   // Entries drained for this set since its last cycle.
   std::vector<TensorEntry*>& fresh() { return fresh_; }
 
@@ -58,7 +68,9 @@ class ProcessSetRuntime {
   std::unique_ptr<SubsetCommunicators> owned_comms_;
   std::unique_ptr<ControlChannel> channel_;
   std::unique_ptr<Negotiator> negotiator_;
-  std::unique_ptr<DataPlane> host_plane_;
+  std::unique_ptr<MpiDataPlane> host_plane_;
+  FusionSettings fusion_;
+  bool calibrated_ = false;
   MPI_Comm data_comm_;
   Config config_;
   struct DevicePlaneSlot {

@@ -191,6 +191,11 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
   Config c;
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kFusionThreshold, &c.fusion_threshold_bytes));
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kInplaceThreshold, &c.inplace_threshold_bytes));
+  c.fusion_threshold_pinned = !Lookup(getenv, kFusionThreshold.name).empty();
+  c.inplace_threshold_pinned = !Lookup(getenv, kInplaceThreshold.name).empty();
+  if (std::string_view text = Lookup(getenv, "GRADSYNC_CALIBRATE"); !text.empty()) {
+    GRADSYNC_RETURN_IF_ERROR(ParseSwitch("GRADSYNC_CALIBRATE", text, &c.calibrate));
+  }
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kShmThreshold, &c.shm_threshold_bytes));
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kCycleTime, &c.cycle_time_ms));
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kCacheCapacity, &c.cache_capacity));
@@ -225,7 +230,10 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
 
 std::string Config::ToString() const {
   return "GRADSYNC_FUSION_THRESHOLD=" + std::to_string(fusion_threshold_bytes) +
+         (fusion_threshold_pinned || !calibrate ? "" : "(at most; calibrated)") +
          " GRADSYNC_INPLACE_THRESHOLD=" + std::to_string(inplace_threshold_bytes) +
+         (inplace_threshold_pinned || !calibrate ? "" : "(until calibrated)") +
+         " GRADSYNC_CALIBRATE=" + (calibrate ? "1" : "0") +
          " GRADSYNC_SHM_THRESHOLD=" + std::to_string(shm_threshold_bytes) +
          " GRADSYNC_HIERARCHICAL_ALLREDUCE=" + (hierarchical_allreduce ? "1" : "0") +
          " GRADSYNC_CYCLE_TIME_MS=" + FormatDouble(cycle_time_ms) +

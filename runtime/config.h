@@ -26,6 +26,13 @@ struct Config {
   // GRADSYNC_INPLACE_THRESHOLD: a tensor at least this large is reduced on its own, in place,
   // rather than copied into a fusion buffer (copies cost as much as the reduction in host memory).
   int64_t inplace_threshold_bytes = 256ll << 10;
+  // Whether GRADSYNC_FUSION_THRESHOLD and GRADSYNC_INPLACE_THRESHOLD were set: calibration leaves
+  // a set value as it is.
+  bool fusion_threshold_pinned = false;
+  bool inplace_threshold_pinned = false;
+  // GRADSYNC_CALIBRATE: at each process set's first host allreduce, measure what reducing alone
+  // and fused costs there and plan from it (coordinator/cost_model.h).
+  bool calibrate = true;
   // GRADSYNC_SHM_THRESHOLD: a fused allreduce bucket up to this size goes through memory shared by
   // the ranks when they all run on one node (2 to 64 ranks); 0 sends every bucket through MPI.
   int64_t shm_threshold_bytes = 16ll << 20;

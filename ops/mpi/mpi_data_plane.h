@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ops/data_plane.h"
+#include "ops/mpi/allreduce_calibration.h"
 #include "ops/mpi/hierarchical_allreduce.h"
 #include "ops/mpi/node_shared_memory.h"
 #include "runtime/fusion_buffer.h"
@@ -43,6 +44,10 @@ class MpiDataPlane : public DataPlane {
   Status Reducescatter(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                        std::vector<LocalFailure>* local_failures) override;
   Status Alltoall(TensorEntry* entry) override;
+
+  // Collective over the plane's communicator: times reducing tensors alone and in fused buckets
+  // on this communicator, through the paths real buckets take (allreduce_calibration.h).
+  Status Calibrate(AllreduceCalibration* out);
 
  private:
   Status AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MPI_Datatype type, MPI_Op op);

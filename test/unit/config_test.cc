@@ -244,6 +244,18 @@ TEST(ConfigTest, HierarchicalAllreduceIsASwitch) {
             std::string::npos);
 }
 
+TEST(ConfigTest, CalibrationAndItsPin) {
+  const Config defaults = ParseOk({});
+  EXPECT_TRUE(defaults.calibrate);
+  EXPECT_FALSE(defaults.inplace_threshold_pinned);
+  EXPECT_NE(defaults.ToString().find("GRADSYNC_INPLACE_THRESHOLD=262144(until calibrated)"),
+            std::string::npos);
+  const Config pinned = ParseOk({{"GRADSYNC_INPLACE_THRESHOLD", "262144"}});
+  EXPECT_TRUE(pinned.inplace_threshold_pinned);
+  EXPECT_FALSE(ParseOk({{"GRADSYNC_CALIBRATE", "0"}}).calibrate);
+  ExpectRejected("GRADSYNC_CALIBRATE", "maybe");
+}
+
 TEST(ConfigTest, PlacementVariables) {
   const Config defaults = ParseOk({});
   EXPECT_EQ(defaults.gpu_device, -1);
@@ -289,7 +301,8 @@ TEST(ConfigTest, ToStringListsEveryKnob) {
                            {"GRADSYNC_TIMELINE", "trace.json"}});
   EXPECT_EQ(
       config.ToString(),
-      "GRADSYNC_FUSION_THRESHOLD=1024 GRADSYNC_INPLACE_THRESHOLD=0 GRADSYNC_SHM_THRESHOLD=0 "
+      "GRADSYNC_FUSION_THRESHOLD=1024 GRADSYNC_INPLACE_THRESHOLD=0 GRADSYNC_CALIBRATE=1 "
+      "GRADSYNC_SHM_THRESHOLD=0 "
       "GRADSYNC_HIERARCHICAL_ALLREDUCE=1 GRADSYNC_CYCLE_TIME_MS=0.05 GRADSYNC_CACHE_CAPACITY=0 "
       "GRADSYNC_STALL_WARNING_SECONDS=1.5 GRADSYNC_STALL_SHUTDOWN_SECONDS=1000000 "
       "GRADSYNC_LOG_LEVEL=debug GRADSYNC_GPU_BACKEND=mpi GRADSYNC_NCCL_TIMEOUT_SECONDS=2.5 "

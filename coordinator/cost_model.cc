@@ -1,0 +1,141 @@
+#include "coordinator/cost_model.h"
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+
+namespace gradsync {
+namespace {
+
+constexpr int kTerms = 3;  // fixed, per byte, per tensor
+
+double Term(const CostSample& s, int term) {
+  switch (term) {
+    case 0:
+      return 1.0;
+    case 1:
+      return s.bytes;
+    default:
+      return s.tensors;
+  }
+}
+
+// Least squares of the relative error (each sample weighted by 1 / its time, so that a 10 us
+// collective counts as much as a 10 ms one) over the terms in `use`, by the normal equations (at
+// most 3 x 3), with the columns scaled to unit size so that bytes (millions) and counts (ones)
+// stay well conditioned.
+std::array<double, kTerms> Solve(const std::vector<CostSample>& samples,
+                                 const std::array<bool, kTerms>& use) {
+  std::array<double, kTerms> scale{};
+  for (int t = 0; t < kTerms; ++t) {
+    for (const CostSample& s : samples) scale[t] = std::max(scale[t], std::fabs(Term(s, t)));
+    if (scale[t] == 0) scale[t] = 1;
+  }
+  std::vector<int> cols;
+  for (int t = 0; t < kTerms; ++t) {
+    if (use[t]) cols.push_back(t);
+  }
+  const size_t n = cols.size();
+  double a[kTerms][kTerms + 1] = {};
+  for (const CostSample& s : samples) {
+    const double w = 1.0 / std::max(s.us, 1e-3);
+    for (size_t i = 0; i < n; ++i) {
+      const double xi = w * Term(s, cols[i]) / scale[cols[i]];
+      for (size_t j = 0; j < n; ++j) a[i][j] += xi * w * Term(s, cols[j]) / scale[cols[j]];
+      a[i][n] += xi * w * s.us;
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {  // Gauss-Jordan with partial pivoting
+    size_t pivot = i;
+    for (size_t r = i + 1; r < n; ++r) {
+      if (std::fabs(a[r][i]) > std::fabs(a[pivot][i])) pivot = r;
+    }
+    for (size_t c = 0; c <= n; ++c) std::swap(a[i][c], a[pivot][c]);
+    if (std::fabs(a[i][i]) < 1e-12) continue;  // a degenerate term stays 0
+    for (size_t r = 0; r < n; ++r) {
+      if (r == i) continue;
+      const double f = a[r][i] / a[i][i];
+      for (size_t c = i; c <= n; ++c) a[r][c] -= f * a[i][c];
+    }
+  }
+  std::array<double, kTerms> coef{};
+  for (size_t i = 0; i < n; ++i) {
+    if (std::fabs(a[i][i]) >= 1e-12) coef[cols[i]] = a[i][n] / a[i][i] / scale[cols[i]];
+  }
+  return coef;
+}
+
+std::string Format(const char* format, double value) {
+  char text[64];
+  std::snprintf(text, sizeof(text), format, value);
+  return text;
+}
+
+std::string Describe(const LinearCost& cost) {
+  return Format("%.1f us", cost.fixed_us) + " + " + Format("%.2f us/tensor", cost.per_tensor_us) +
+         " + " + Format("%.3f ns/B", cost.per_byte_us * 1e3);
+}
+
+}  // namespace
+
+LinearCost FitLinearCost(const std::vector<CostSample>& samples, int terms) {
+  std::array<bool, kTerms> use = {(terms & kFixed) != 0, (terms & kPerByte) != 0,
+                                  (terms & kPerTensor) != 0};
+  std::array<double, kTerms> coef{};
+  for (int round = 0; round < kTerms; ++round) {
+    coef = Solve(samples, use);
+    bool dropped = false;
+    for (int t = 0; t < kTerms; ++t) {
+      if (use[t] && coef[t] < 0) {
+        use[t] = false;
+        dropped = true;
+      }
+    }
+    if (!dropped) break;
+  }
+  for (double& c : coef) c = std::max(0.0, c);
+  return {coef[0], coef[1], coef[2]};
+}
+
+int64_t InPlaceCutoff(const AllreduceCosts& costs) {
+  // Alone:  in_place.fixed + in_place.per_tensor + in_place.per_byte x b
+  // Fused:  fused.per_tensor + fused.per_byte x b   (the bucket's fixed cost is paid anyway)
+  // Alone wins from b = (alone's fixed - fused's per tensor) / (fused's - alone's per byte), and
+  // never when a byte costs no more fused than alone.
+  const double fixed =
+      costs.in_place.fixed_us + costs.in_place.per_tensor_us - costs.fused.per_tensor_us;
+  const double slope = costs.fused.per_byte_us - costs.in_place.per_byte_us;
+  if (slope <= 0) return kNeverInPlace;
+  const double bytes = std::max(0.0, fixed) / slope;
+  if (!(bytes < static_cast<double>(kNeverInPlace))) return kNeverInPlace;
+  const int64_t granule = 4096;
+  return std::max(kSmallestInPlace, (static_cast<int64_t>(bytes) / granule + 1) * granule);
+}
+
+int64_t FusedBucketCap(const AllreduceCosts& costs, double largest_measured, int64_t configured) {
+  constexpr double kFixedShare = 0.05;
+  double cap = largest_measured;
+  if (costs.fused.per_byte_us > 0) {
+    cap = std::max(cap, costs.fused.fixed_us / (kFixedShare * costs.fused.per_byte_us));
+  } else if (costs.fused.fixed_us > 0) {
+    cap = static_cast<double>(configured);
+  }
+  if (!(cap < 0.9 * static_cast<double>(configured))) return configured;
+  const int64_t granule = 1 << 20;
+  return std::min(configured, (static_cast<int64_t>(cap) + granule - 1) / granule * granule);
+}
+
+std::string DescribeCosts(const AllreduceCosts& costs) {
+  return "alone " + Describe(costs.in_place) + "; fused " + Describe(costs.fused);
+}
+
+std::string DescribeBytes(int64_t bytes) {
+  if (bytes >= kNeverInPlace) return "never";
+  if (bytes >= (int64_t{1} << 20) && bytes % (int64_t{1} << 20) == 0) {
+    return std::to_string(bytes >> 20) + " MiB";
+  }
+  if (bytes >= 1024 && bytes % 1024 == 0) return std::to_string(bytes >> 10) + " KiB";
+  return std::to_string(bytes) + " B";
+}
+
+}  // namespace gradsync

@@ -1,0 +1,28 @@
+// Calibration of the MPI plane's host allreduce: what reducing tensors alone in place and in
+// fused buckets costs on this communicator, for the cost model the fusion planner plans from
+// (coordinator/cost_model.h).
+//
+// Thread safety: Calibrate runs on the background thread, as every collective of the plane.
+#pragma once
+
+#include <vector>
+
+#include "gradsync/status.h"
+
+namespace gradsync {
+
+// One measurement: `tensors` tensors of `bytes` in all took `us` microseconds (the slowest
+// rank's median over the repetitions).
+struct CostSample {
+  double bytes = 0;
+  int tensors = 1;
+  double us = 0;
+};
+
+struct AllreduceCalibration {
+  std::vector<CostSample> in_place;  // one tensor per allreduce, reduced where it lies
+  std::vector<CostSample> fused;     // buckets of several tensors, through the plane's fused path
+  double seconds = 0;                // how long calibrating took
+};
+
+}  // namespace gradsync

@@ -1,0 +1,107 @@
+// MpiDataPlane::Calibrate: the plane's own allreduce paths timed on synthetic float32 tensors.
+// At each size of a ladder, tensors are reduced both ways, two alone one after another and k as
+// one fused bucket, the two ways taking turns so that a machine that slows down in the middle
+// slows both alike. (Two alone, not k: over a network each costs milliseconds.) Every rank keeps
+// the slowest rank's medians, so every rank fits the same costs and plans the same buckets.
+#include <algorithm>
+#include <chrono>
+
+#include "ops/mpi/mpi_data_plane.h"
+#include "runtime/mpi_context.h"
+
+namespace gradsync {
+namespace {
+
+struct Rung {
+  int tensors;  // in the fused bucket
+  int64_t bytes_each;
+};
+constexpr int kAlone = 2;
+
+// From biases to large layers; buckets of up to 8 MiB, within the default shared-memory limit.
+constexpr Rung kLadder[] = {
+    {64, 4 << 10}, {64, 64 << 10}, {16, 256 << 10}, {4, 1 << 20}, {2, 4 << 20}};
+constexpr int kRepetitions = 3;  // after one warm-up run of each way
+// A rung whose warm-up took longer than this is timed once: over a slow network the ladder would
+// otherwise take seconds.
+constexpr double kSlowRunUs = 50000;
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+}  // namespace
+
+Status MpiDataPlane::Calibrate(AllreduceCalibration* out) {
+  const auto start = std::chrono::steady_clock::now();
+  int64_t most = 0;
+  for (const Rung& r : kLadder) most = std::max(most, r.tensors * r.bytes_each);
+  std::vector<float> data(static_cast<size_t>(most) / sizeof(float), 1.0f);
+  std::vector<TensorEntry> entries(64);
+  const ReduceSpec sum{DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0};
+  std::vector<double> medians;  // alone and fused, rung by rung
+
+  Timeline* const timeline = timeline_;
+  timeline_ = nullptr;  // calibration is not the application's work
+  const auto time_rung = [&](const Rung& rung) -> Status {
+    const int64_t count = rung.bytes_each / static_cast<int64_t>(sizeof(float));
+    std::vector<TensorEntry*> members;
+    for (int i = 0; i < rung.tensors; ++i) {
+      TensorEntry& e = entries[i];
+      e.name = "calibration";
+      e.input = TensorView(data.data() + i * count, DataType::kFloat32, {count});
+      e.output = e.input;
+      members.push_back(&e);
+    }
+    std::vector<double> alone, fused;
+    int repetitions = kRepetitions;
+    for (int rep = 0; rep <= repetitions; ++rep) {
+      double round_us = 0;
+      for (bool fuse : {false, true}) {
+        GRADSYNC_MPI_CALL(MPI_Barrier(comm_));
+        const auto t0 = std::chrono::steady_clock::now();
+        if (fuse) {
+          GRADSYNC_RETURN_IF_ERROR(Allreduce(members, sum));
+        } else {
+          for (int i = 0; i < kAlone; ++i) GRADSYNC_RETURN_IF_ERROR(Allreduce({members[i]}, sum));
+        }
+        const double us =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                .count();
+        round_us += us;
+        if (rep > 0) (fuse ? fused : alone).push_back(us);
+      }
+      if (rep == 0) {  // every rank must repeat as often: decided on the slowest warm-up
+        double slowest = 0;
+        GRADSYNC_MPI_CALL(MPI_Allreduce(&round_us, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm_));
+        if (slowest > kSlowRunUs) repetitions = 1;
+      }
+    }
+    medians.push_back(Median(alone));
+    medians.push_back(Median(fused));
+    return Status::OK();
+  };
+  Status status;
+  for (const Rung& rung : kLadder) {
+    if (status.ok()) status = time_rung(rung);
+  }
+  timeline_ = timeline;
+  GRADSYNC_RETURN_IF_ERROR(status);
+
+  // A rank sees its own time; the collective takes as long as the slowest rank's.
+  GRADSYNC_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, medians.data(), static_cast<int>(medians.size()),
+                                  MPI_DOUBLE, MPI_MAX, comm_));
+  out->in_place.clear();
+  out->fused.clear();
+  size_t i = 0;
+  for (const Rung& r : kLadder) {
+    const double bytes = static_cast<double>(r.tensors * r.bytes_each);
+    out->in_place.push_back({static_cast<double>(kAlone * r.bytes_each), kAlone, medians[i++]});
+    out->fused.push_back({bytes, r.tensors, medians[i++]});
+  }
+  out->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return Status::OK();
+}
+
+}  // namespace gradsync

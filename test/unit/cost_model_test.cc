@@ -1,0 +1,128 @@
+#include "coordinator/cost_model.h"
+
+#include <gtest/gtest.h>
+
+namespace gradsync {
+namespace {
+
+std::vector<CostSample> Measure(const LinearCost& truth, const std::vector<CostSample>& shapes) {
+  std::vector<CostSample> samples = shapes;
+  for (CostSample& s : samples) s.us = truth.Predict(s.bytes, s.tensors);
+  return samples;
+}
+
+TEST(CostModelTest, FitRecoversAnExactLinearCost) {
+  const LinearCost truth{40.0, 0.5e-3, 0.3};
+  const LinearCost fit = FitLinearCost(
+      Measure(truth, {{262144, 64}, {1 << 20, 16}, {4 << 20, 64}, {262144, 4}, {1 << 20, 256}}),
+      kFixed | kPerByte | kPerTensor);
+  EXPECT_NEAR(fit.fixed_us, 40.0, 1e-6);
+  EXPECT_NEAR(fit.per_byte_us, 0.5e-3, 1e-12);
+  EXPECT_NEAR(fit.per_tensor_us, 0.3, 1e-6);
+}
+
+TEST(CostModelTest, FitWithoutPerTensorTerm) {
+  const LinearCost truth{12.0, 0.25e-3, 0};
+  const LinearCost fit = FitLinearCost(
+      Measure(truth, {{16384, 1}, {262144, 1}, {1 << 20, 1}, {4 << 20, 1}}), kFixed | kPerByte);
+  EXPECT_NEAR(fit.fixed_us, 12.0, 1e-6);
+  EXPECT_NEAR(fit.per_byte_us, 0.25e-3, 1e-12);
+  EXPECT_EQ(fit.per_tensor_us, 0);
+}
+
+TEST(CostModelTest, AloneReductionsFitPerTensorAndPerByte) {
+  // k tensors of s bytes, each reduced alone: k x 20 us + 0.4 ns/B.
+  const LinearCost truth{0, 0.4e-3, 20};
+  const LinearCost fit = FitLinearCost(
+      Measure(truth, {{262144, 64}, {4 << 20, 64}, {4 << 20, 16}, {4 << 20, 4}, {8 << 20, 2}}),
+      kPerByte | kPerTensor);
+  EXPECT_EQ(fit.fixed_us, 0);
+  EXPECT_NEAR(fit.per_tensor_us, 20, 1e-6);
+  EXPECT_NEAR(fit.per_byte_us, 0.4e-3, 1e-12);
+}
+
+TEST(CostModelTest, NegativeTermsAreDroppedNotKept) {
+  // Noise that makes bigger messages look cheaper per byte at the small end.
+  const LinearCost fit = FitLinearCost(
+      {{16384, 1, 30}, {262144, 1, 20}, {1 << 20, 1, 25}, {4 << 20, 1, 28}}, kFixed | kPerByte);
+  EXPECT_GE(fit.fixed_us, 0);
+  EXPECT_GE(fit.per_byte_us, 0);
+}
+
+TEST(CostModelTest, SharedMemoryLikeCostsSendLargeTensorsAlone) {
+  // Collectives cheap to start; the fused path pays two copies per byte more.
+  AllreduceCosts costs;
+  costs.in_place = {20.0, 0.40e-3, 0};
+  costs.fused = {25.0, 0.60e-3, 0.05};
+  const int64_t cutoff = InPlaceCutoff(costs);
+  // (20 - 0.05) / 0.2e-3 = 99750 bytes, rounded up to 4 KiB.
+  EXPECT_EQ(cutoff, 102400);
+  costs.in_place.fixed_us = 5;  // 24750 bytes: below the floor
+  EXPECT_EQ(InPlaceCutoff(costs), kSmallestInPlace);
+  EXPECT_EQ(cutoff % 4096, 0);
+}
+
+TEST(CostModelTest, NetworkLikeCostsFuseEverything) {
+  AllreduceCosts costs;
+  costs.in_place = {7000.0, 1.0e-3, 0};  // every collective pays milliseconds
+  costs.fused = {7000.0, 1.2e-3, 0.05};
+  EXPECT_GT(InPlaceCutoff(costs), int64_t{30} << 20);
+  costs.fused.per_byte_us = 0.9e-3;  // copies hidden, the bucket cheaper per byte
+  EXPECT_EQ(InPlaceCutoff(costs), kNeverInPlace);
+}
+
+TEST(CostModelTest, FreeCollectivesGoAloneFromTheFloor) {
+  AllreduceCosts costs;
+  costs.in_place = {0, 1e-3, 0};
+  costs.fused = {5, 2e-3, 0.2};
+  EXPECT_EQ(InPlaceCutoff(costs), kSmallestInPlace);
+}
+
+TEST(CostModelTest, BytesNoDearerFusedMeansNeverAlone) {
+  AllreduceCosts costs;
+  costs.in_place = {0, 1e-3, 0};
+  costs.fused = {5, 1e-3, 0.2};
+  EXPECT_EQ(InPlaceCutoff(costs), kNeverInPlace);
+}
+
+TEST(CostModelTest, FitWeighsSmallAndLargeSamplesAlike) {
+  // 10 us + 1 ns/B, with the largest sample 10% off: the fixed cost must stay near 10 us, which an
+  // unweighted fit would give up to fit the large sample.
+  std::vector<CostSample> samples = {{16384, 1, 10 + 16.384},
+                                     {262144, 1, 10 + 262.144},
+                                     {1 << 20, 1, 10 + 1048.576},
+                                     {4 << 20, 1, (10 + 4194.304) * 1.1}};
+  const LinearCost fit = FitLinearCost(samples, kFixed | kPerByte);
+  EXPECT_GT(fit.fixed_us, 5);
+  EXPECT_LT(fit.fixed_us, 15);
+}
+
+TEST(CostModelTest, BucketCapKeepsTheFixedCostSmallWithinTheConfiguredMaximum) {
+  AllreduceCosts costs;
+  // Shared memory: 40 us per bucket, 0.16 ns/B: 5% of a 5 MB bucket; the ladder measured 8 MiB.
+  costs.fused = {40.0, 0.16e-3, 0.1};
+  EXPECT_EQ(FusedBucketCap(costs, 8 << 20, 64 << 20), 8 << 20);
+  // A network: 6 ms per collective at 1.7 ns/B wants 70 MB buckets; 64 MiB is the most allowed.
+  costs.fused = {6000.0, 1.7e-3, 0.1};
+  EXPECT_EQ(FusedBucketCap(costs, 8 << 20, 64 << 20), 64 << 20);
+  // In between: rounded up to whole MiB.
+  costs.fused = {500.0, 1.0e-3, 0.1};  // 10 MB
+  EXPECT_EQ(FusedBucketCap(costs, 8 << 20, 64 << 20), 10 << 20);
+  EXPECT_EQ(FusedBucketCap(costs, 8 << 20, 1 << 20), 1 << 20);
+}
+
+TEST(CostModelTest, Descriptions) {
+  AllreduceCosts costs;
+  costs.in_place = {0, 0.41e-3, 35.2};
+  costs.fused = {41.0, 0.52e-3, 0.3};
+  EXPECT_EQ(DescribeCosts(costs),
+            "alone 0.0 us + 35.20 us/tensor + 0.410 ns/B; fused 41.0 us + 0.30 us/tensor + 0.520 "
+            "ns/B");
+  EXPECT_EQ(DescribeBytes(512 << 10), "512 KiB");
+  EXPECT_EQ(DescribeBytes(3 << 20), "3 MiB");
+  EXPECT_EQ(DescribeBytes(100), "100 B");
+  EXPECT_EQ(DescribeBytes(kNeverInPlace), "never");
+}
+
+}  // namespace
+}  // namespace gradsync
