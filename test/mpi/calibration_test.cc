@@ -1,0 +1,95 @@
+// Calibration of the MPI plane's allreduce paths at 2 and 4 ranks: every rank gets the same
+// samples (so the same fitted costs and the same plan), the samples cover the ladder, the plane
+// still reduces correctly afterwards and leaves nothing in the timeline, and the fitted settings
+// stay within their bounds.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <vector>
+
+#include "coordinator/cost_model.h"
+#include "ops/mpi/mpi_data_plane.h"
+#include "test/mpi/multi_rank_test.h"
+
+namespace gradsync {
+namespace testing {
+namespace {
+
+class CalibrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), MPI_SUCCESS);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  }
+  void TearDown() override { MPI_Comm_free(&comm_); }
+
+  // Every rank's copy of `values`, compared with rank 0's.
+  bool SameOnEveryRank(const std::vector<double>& values) {
+    std::vector<double> first = values;
+    MPI_Bcast(first.data(), static_cast<int>(first.size()), MPI_DOUBLE, 0, comm_);
+    int same = first == values ? 1 : 0, all = 0;
+    MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, comm_);
+    return all == 1;
+  }
+
+  int rank_ = 0, size_ = 1;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+std::vector<double> Flatten(const AllreduceCalibration& c) {
+  std::vector<double> values;
+  for (const auto* list : {&c.in_place, &c.fused}) {
+    for (const CostSample& s : *list)
+      values.insert(values.end(), {s.bytes, double(s.tensors), s.us});
+  }
+  return values;
+}
+
+TEST_F(CalibrationTest, EveryRankFitsTheSameCostsAndThePlaneStillReduces) {
+  for (int64_t shm : {int64_t{16} << 20, int64_t{0}}) {  // node shared memory, then MPI messages
+    Timeline timeline;  // never started: calibration must not record into it anyway
+    MpiDataPlane plane(comm_, &timeline, shm);
+    AllreduceCalibration measured;
+    ASSERT_TRUE(plane.Calibrate(&measured).ok());
+    ASSERT_EQ(measured.in_place.size(), 5u);
+    ASSERT_EQ(measured.fused.size(), 5u);
+    for (const CostSample& s : measured.fused) {
+      EXPECT_GT(s.us, 0);
+      EXPECT_GE(s.tensors, 2);
+    }
+    EXPECT_GT(measured.seconds, 0);
+    EXPECT_TRUE(SameOnEveryRank(Flatten(measured))) << "shm threshold " << shm;
+
+    AllreduceCosts costs;
+    costs.in_place = FitLinearCost(measured.in_place, kPerByte | kPerTensor);
+    costs.fused = FitLinearCost(measured.fused, kFixed | kPerByte | kPerTensor);
+    const int64_t cutoff = InPlaceCutoff(costs);
+    EXPECT_GE(cutoff, kSmallestInPlace);
+    const int64_t cap = FusedBucketCap(costs, 8 << 20, 64 << 20);
+    EXPECT_GE(cap, 8 << 20);
+    EXPECT_LE(cap, 64 << 20);
+    EXPECT_TRUE(SameOnEveryRank({double(cutoff), double(cap)}));
+
+    // The plane after calibration: a fused bucket of three tensors sums exactly.
+    std::vector<std::vector<float>> data(3, std::vector<float>(1000, float(rank_ + 1)));
+    std::vector<TensorEntry> entries(3);
+    std::vector<TensorEntry*> members;
+    for (int i = 0; i < 3; ++i) {
+      entries[i].name = "after." + std::to_string(i);
+      entries[i].input = TensorView(data[i].data(), DataType::kFloat32, {1000});
+      entries[i].output = entries[i].input;
+      members.push_back(&entries[i]);
+    }
+    ASSERT_TRUE(plane.Allreduce(members, ReduceSpec{}).ok());
+    const float expected = float(size_ * (size_ + 1) / 2);
+    for (const auto& tensor : data) {
+      for (float v : tensor) ASSERT_EQ(v, expected);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsync
