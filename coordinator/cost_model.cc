@@ -71,7 +71,7 @@ std::string Format(const char* format, double value) {
   return text;
 }
 
-std::string Describe(const LinearCost& cost) {
+std::string DescribeCostTerms(const LinearCost& cost) {
   return Format("%.1f us", cost.fixed_us) + " + " + Format("%.2f us/tensor", cost.per_tensor_us) +
          " + " + Format("%.3f ns/B", cost.per_byte_us * 1e3);
 }
@@ -125,8 +125,21 @@ int64_t FusedBucketCap(const AllreduceCosts& costs, double largest_measured, int
   return std::min(configured, (static_cast<int64_t>(cap) + granule - 1) / granule * granule);
 }
 
+int64_t HierarchicalFrom(const LinearCost& flat, const LinearCost& hierarchical) {
+  const double slope = flat.per_byte_us - hierarchical.per_byte_us;
+  if (slope <= 0) return kNeverInPlace;
+  const double bytes = std::max(0.0, hierarchical.fixed_us + hierarchical.per_tensor_us -
+                                         flat.fixed_us - flat.per_tensor_us) /
+                       slope;
+  if (!(bytes < static_cast<double>(kNeverInPlace))) return kNeverInPlace;
+  const int64_t granule = 4096;
+  return bytes == 0 ? 0 : (static_cast<int64_t>(bytes) / granule + 1) * granule;
+}
+
+std::string DescribeCost(const LinearCost& cost) { return DescribeCostTerms(cost); }
+
 std::string DescribeCosts(const AllreduceCosts& costs) {
-  return "alone " + Describe(costs.in_place) + "; fused " + Describe(costs.fused);
+  return "alone " + DescribeCost(costs.in_place) + "; fused " + DescribeCost(costs.fused);
 }
 
 std::string DescribeBytes(int64_t bytes) {

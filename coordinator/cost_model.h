@@ -59,8 +59,14 @@ int64_t InPlaceCutoff(const AllreduceCosts& costs);
 // milliseconds, it is the configured maximum.
 int64_t FusedBucketCap(const AllreduceCosts& costs, double largest_measured, int64_t configured);
 
+// The smallest bucket, in bytes, predicted to be reduced faster by the hierarchical path than by
+// the flat one; kNeverInPlace (never) when the hierarchical path is no cheaper per byte.
+int64_t HierarchicalFrom(const LinearCost& flat, const LinearCost& hierarchical);
+
 // "alone 0.0 us + 35.20 us/tensor + 0.410 ns/B; fused 41.0 us + 0.30 us/tensor + 0.520 ns/B"
 std::string DescribeCosts(const AllreduceCosts& costs);
+// "41.0 us + 0.30 us/tensor + 0.520 ns/B"
+std::string DescribeCost(const LinearCost& cost);
 // "512 KiB", "never" for kNeverInPlace
 std::string DescribeBytes(int64_t bytes);
 

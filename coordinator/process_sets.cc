@@ -26,6 +26,16 @@ std::string ValuesString(const std::vector<int64_t>& values) {
   return out + "]";
 }
 
+// Pinned by GRADSYNC_HIERARCHICAL_ALLREDUCE, or left to calibration, which needs the path ready to
+// compare (flat until it has).
+bool HierarchicalRequested(const Config& config) {
+  return config.hierarchical_allreduce_pinned ? config.hierarchical_allreduce : config.calibrate;
+}
+
+bool HierarchyByCalibration(const Config& config) {
+  return !config.hierarchical_allreduce_pinned && config.calibrate;
+}
+
 }  // namespace
 
 ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Comm control,
@@ -39,16 +49,18 @@ ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Com
       negotiator_(std::make_unique<Negotiator>(channel_.get(), config, nullptr, timeline,
                                                id_ == 0 ? std::vector<int>() : ranks_)),
       host_plane_(std::make_unique<MpiDataPlane>(data, timeline, config.shm_threshold_bytes,
-                                                 config.hierarchical_allreduce)),
+                                                 HierarchicalRequested(config))),
       fusion_{config.fusion_threshold_bytes, config.inplace_threshold_bytes},
       data_comm_(data),
-      config_(config) {}
+      config_(config) {
+  if (HierarchyByCalibration(config)) host_plane_->set_hierarchical_from_bytes(kNeverInPlace);
+}
 
 void ProcessSetRuntime::Calibrate() {
   calibrated_ = true;
   if (!config_.calibrate || ranks_.size() < 2) return;  // one rank has nothing to measure
   AllreduceCalibration measured;
-  const Status status = host_plane_->Calibrate(&measured);
+  const Status status = host_plane_->Calibrate(HierarchyByCalibration(config_), &measured);
   if (!status.ok()) {
     Log().error("process set {}: calibration failed ({}); planning with the configured settings",
                 id_, status.ToString());
@@ -56,19 +68,35 @@ void ProcessSetRuntime::Calibrate() {
   }
   if (Log().should_log(spdlog::level::debug)) {
     std::string samples;
-    for (const auto* list : {&measured.in_place, &measured.fused}) {
+    for (const auto* list : {&measured.in_place, &measured.fused, &measured.fused_hierarchical}) {
       for (const CostSample& s : *list) {
         samples += " " + std::to_string(s.tensors) + "x" +
                    std::to_string(int64_t(s.bytes) / s.tensors) +
                    "B=" + std::to_string(int64_t(s.us)) + "us";
       }
-      samples += list == &measured.in_place ? "; fused:" : "";
+      samples += list == &measured.in_place ? "; fused:"
+                 : list == &measured.fused && !measured.fused_hierarchical.empty()
+                     ? "; hierarchical:"
+                     : "";
     }
     Log().debug("process set {}: calibration samples, in place:{}", id_, samples);
   }
   AllreduceCosts costs;
   costs.in_place = FitLinearCost(measured.in_place, kPerByte | kPerTensor);
   costs.fused = FitLinearCost(measured.fused, kFixed | kPerByte | kPerTensor);
+  std::string hierarchy;
+  if (!measured.fused_hierarchical.empty()) {
+    const LinearCost hierarchical =
+        FitLinearCost(measured.fused_hierarchical, kFixed | kPerByte | kPerTensor);
+    const int64_t from = HierarchicalFrom(costs.fused, hierarchical);
+    host_plane_->set_hierarchical_from_bytes(from);
+    if (from == 0) costs.fused = hierarchical;
+    hierarchy = "; hierarchical " + DescribeCost(hierarchical) +
+                (from == 0 ? ": every bucket goes hierarchical"
+                 : from >= kNeverInPlace
+                     ? ": every bucket stays flat"
+                     : ": buckets of " + DescribeBytes(from) + " and more go hierarchical");
+  }
   const int64_t cutoff = InPlaceCutoff(costs);
   double largest = 0;
   for (const CostSample& s : measured.fused) largest = std::max(largest, s.bytes);
@@ -93,8 +121,8 @@ void ProcessSetRuntime::Calibrate() {
   int rank = 0;
   MPI_Comm_rank(data_comm_, &rank);
   if (rank != 0) return;  // every member fitted the same numbers
-  Log().info("process set {}: allreduce costs on {} ranks, measured in {:.0f} ms: {}; {}", id_,
-             ranks_.size(), measured.seconds * 1e3, DescribeCosts(costs), policy);
+  Log().info("process set {}: allreduce costs on {} ranks, measured in {:.0f} ms: {}{}; {}", id_,
+             ranks_.size(), measured.seconds * 1e3, DescribeCosts(costs), hierarchy, policy);
 }
 
 Status ProcessSetRuntime::PlaneFor(const Device& device, DataPlane** plane) {

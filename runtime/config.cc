@@ -210,6 +210,7 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
   if (std::string_view text = Lookup(getenv, "GRADSYNC_HIERARCHICAL_ALLREDUCE"); !text.empty()) {
     GRADSYNC_RETURN_IF_ERROR(
         ParseSwitch("GRADSYNC_HIERARCHICAL_ALLREDUCE", text, &c.hierarchical_allreduce));
+    c.hierarchical_allreduce_pinned = true;
   }
   if (std::string_view text = Lookup(getenv, "GRADSYNC_BIND_PROCESS"); !text.empty()) {
     GRADSYNC_RETURN_IF_ERROR(ParseSwitch("GRADSYNC_BIND_PROCESS", text, &c.bind_process));
@@ -235,7 +236,9 @@ std::string Config::ToString() const {
          (inplace_threshold_pinned || !calibrate ? "" : "(until calibrated)") +
          " GRADSYNC_CALIBRATE=" + (calibrate ? "1" : "0") +
          " GRADSYNC_SHM_THRESHOLD=" + std::to_string(shm_threshold_bytes) +
-         " GRADSYNC_HIERARCHICAL_ALLREDUCE=" + (hierarchical_allreduce ? "1" : "0") +
+         " GRADSYNC_HIERARCHICAL_ALLREDUCE=" +
+         (hierarchical_allreduce_pinned || !calibrate ? (hierarchical_allreduce ? "1" : "0")
+                                                      : "(calibrated)") +
          " GRADSYNC_CYCLE_TIME_MS=" + FormatDouble(cycle_time_ms) +
          " GRADSYNC_CACHE_CAPACITY=" + std::to_string(cache_capacity) +
          " GRADSYNC_STALL_WARNING_SECONDS=" + FormatDouble(stall_warning_seconds) +

@@ -37,8 +37,10 @@ struct Config {
   // the ranks when they all run on one node (2 to 64 ranks); 0 sends every bucket through MPI.
   int64_t shm_threshold_bytes = 16ll << 20;
   // GRADSYNC_HIERARCHICAL_ALLREDUCE: host-memory allreduces of a process set that spans hosts
-  // reduce within each host, then across hosts, then spread back within the host.
+  // reduce within each host, then across hosts, then spread back within the host. Unset,
+  // calibration decides from which bucket size (pinned: always, or never).
   bool hierarchical_allreduce = false;
+  bool hierarchical_allreduce_pinned = false;
   // GRADSYNC_CYCLE_TIME_MS: the longest the background thread sleeps between cycles when idle.
   double cycle_time_ms = 1.0;
   // GRADSYNC_CACHE_CAPACITY: response cache entries; 0 disables the cache.

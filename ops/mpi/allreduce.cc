@@ -62,6 +62,12 @@ Status MpiDataPlane::Allreduce(const std::vector<TensorEntry*>& entries, const R
   return status.ok() ? status : InContext(status, DescribeBucket("allreduce", entries));
 }
 
+Status MpiDataPlane::UseHierarchical(size_t bytes, bool* use) {
+  GRADSYNC_RETURN_IF_ERROR(hierarchical_.Applies(use));
+  *use = *use && static_cast<int64_t>(bytes) >= hierarchical_from_bytes_;
+  return Status::OK();
+}
+
 Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MPI_Datatype type,
                                   MPI_Op op) {
   const int64_t n = entry->input.num_elements();
@@ -71,7 +77,7 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
   void* out = entry->output.data;
   const void* in = entry->input.data;
   bool hierarchical = false;
-  GRADSYNC_RETURN_IF_ERROR(hierarchical_.Applies(&hierarchical));
+  GRADSYNC_RETURN_IF_ERROR(UseHierarchical(static_cast<size_t>(n) * elem_size, &hierarchical));
   if (hierarchical) {
     TimelineActivity activity(timeline_, entry, "HIERARCHICAL_ALLREDUCE");
     ScaledCopy(in, out, n, spec.dtype, spec.prescale);
@@ -109,7 +115,7 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
   }
   if (total == 0) return Status::OK();
   bool hierarchical = false;
-  GRADSYNC_RETURN_IF_ERROR(hierarchical_.Applies(&hierarchical));
+  GRADSYNC_RETURN_IF_ERROR(UseHierarchical(total, &hierarchical));
   if (hierarchical) {
     return AllreduceFusedHierarchical(entries, spec, offsets, counts, total, type, op);
   }

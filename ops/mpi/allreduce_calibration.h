@@ -22,7 +22,10 @@ struct CostSample {
 struct AllreduceCalibration {
   std::vector<CostSample> in_place;  // one tensor per allreduce, reduced where it lies
   std::vector<CostSample> fused;     // buckets of several tensors, through the plane's fused path
-  double seconds = 0;                // how long calibrating took
+  // When the hierarchical path was compared: the same buckets through it and through the flat
+  // path (`fused` is then the flat one).
+  std::vector<CostSample> fused_hierarchical;
+  double seconds = 0;  // how long calibrating took
 };
 
 }  // namespace gradsync

@@ -1,10 +1,12 @@
 // MpiDataPlane::Calibrate: the plane's own allreduce paths timed on synthetic float32 tensors.
-// At each size of a ladder, tensors are reduced both ways, two alone one after another and k as
-// one fused bucket, the two ways taking turns so that a machine that slows down in the middle
-// slows both alike. (Two alone, not k: over a network each costs milliseconds.) Every rank keeps
-// the slowest rank's medians, so every rank fits the same costs and plans the same buckets.
+// At each size of a ladder, tensors are reduced each way: two alone one after another, k as one
+// fused bucket (and, when comparing, k as one bucket through the flat and through the
+// hierarchical path), the ways taking turns so that a machine that slows down in the middle slows
+// them all alike. (Two alone, not k: over a network each costs milliseconds.) Every rank keeps the
+// slowest rank's medians, so every rank fits the same costs and plans the same buckets.
 #include <algorithm>
 #include <chrono>
+#include <functional>
 
 #include "ops/mpi/mpi_data_plane.h"
 #include "runtime/mpi_context.h"
@@ -13,7 +15,7 @@ namespace gradsync {
 namespace {
 
 struct Rung {
-  int tensors;  // in the fused bucket
+  int tensors;  // in a fused bucket
   int64_t bytes_each;
 };
 constexpr int kAlone = 2;
@@ -21,10 +23,11 @@ constexpr int kAlone = 2;
 // From biases to large layers; buckets of up to 8 MiB, within the default shared-memory limit.
 constexpr Rung kLadder[] = {
     {64, 4 << 10}, {64, 64 << 10}, {16, 256 << 10}, {4, 1 << 20}, {2, 4 << 20}};
-constexpr int kRepetitions = 3;  // after one warm-up run of each way
-// A rung whose warm-up took longer than this is timed once: over a slow network the ladder would
-// otherwise take seconds.
-constexpr double kSlowRunUs = 50000;
+constexpr int kRepetitions = 3;  // after one warm-up round
+// A rung whose warm-up round took longer than this is timed once more only: over a slow network
+// the ladder would otherwise take seconds.
+constexpr double kSlowRoundUs = 50000;
+constexpr int64_t kNoHierarchy = int64_t{1} << 62;
 
 double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -33,20 +36,43 @@ double Median(std::vector<double> values) {
 
 }  // namespace
 
-Status MpiDataPlane::Calibrate(AllreduceCalibration* out) {
+Status MpiDataPlane::Calibrate(bool compare_hierarchical, AllreduceCalibration* out) {
   const auto start = std::chrono::steady_clock::now();
+  bool hierarchical = false;
+  if (compare_hierarchical) GRADSYNC_RETURN_IF_ERROR(hierarchical_.Applies(&hierarchical));
   int64_t most = 0;
   for (const Rung& r : kLadder) most = std::max(most, r.tensors * r.bytes_each);
   std::vector<float> data(static_cast<size_t>(most) / sizeof(float), 1.0f);
   std::vector<TensorEntry> entries(64);
+  std::vector<TensorEntry*> members;
   const ReduceSpec sum{DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0};
-  std::vector<double> medians;  // alone and fused, rung by rung
+  const int64_t from_bytes = hierarchical_from_bytes_;
+
+  // The ways to time: alone, fused as the plane is set, and when comparing, fused flat and fused
+  // hierarchical.
+  std::vector<std::function<Status()>> ways = {
+      [&] {
+        for (int i = 0; i < kAlone; ++i) GRADSYNC_RETURN_IF_ERROR(Allreduce({members[i]}, sum));
+        return Status::OK();
+      },
+      [&] { return Allreduce(members, sum); }};
+  if (hierarchical) {
+    ways[1] = [&] {
+      hierarchical_from_bytes_ = kNoHierarchy;
+      return Allreduce(members, sum);
+    };
+    ways.push_back([&] {
+      hierarchical_from_bytes_ = 0;
+      return Allreduce(members, sum);
+    });
+  }
+  std::vector<double> medians;  // way by way, rung by rung
 
   Timeline* const timeline = timeline_;
   timeline_ = nullptr;  // calibration is not the application's work
   const auto time_rung = [&](const Rung& rung) -> Status {
     const int64_t count = rung.bytes_each / static_cast<int64_t>(sizeof(float));
-    std::vector<TensorEntry*> members;
+    members.clear();
     for (int i = 0; i < rung.tensors; ++i) {
       TensorEntry& e = entries[i];
       e.name = "calibration";
@@ -54,32 +80,27 @@ Status MpiDataPlane::Calibrate(AllreduceCalibration* out) {
       e.output = e.input;
       members.push_back(&e);
     }
-    std::vector<double> alone, fused;
+    std::vector<std::vector<double>> runs(ways.size());
     int repetitions = kRepetitions;
     for (int rep = 0; rep <= repetitions; ++rep) {
       double round_us = 0;
-      for (bool fuse : {false, true}) {
+      for (size_t w = 0; w < ways.size(); ++w) {
         GRADSYNC_MPI_CALL(MPI_Barrier(comm_));
         const auto t0 = std::chrono::steady_clock::now();
-        if (fuse) {
-          GRADSYNC_RETURN_IF_ERROR(Allreduce(members, sum));
-        } else {
-          for (int i = 0; i < kAlone; ++i) GRADSYNC_RETURN_IF_ERROR(Allreduce({members[i]}, sum));
-        }
+        GRADSYNC_RETURN_IF_ERROR(ways[w]());
         const double us =
             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
                 .count();
         round_us += us;
-        if (rep > 0) (fuse ? fused : alone).push_back(us);
+        if (rep > 0) runs[w].push_back(us);  // the warm-up maps and touches what the rest reuse
       }
       if (rep == 0) {  // every rank must repeat as often: decided on the slowest warm-up
         double slowest = 0;
         GRADSYNC_MPI_CALL(MPI_Allreduce(&round_us, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm_));
-        if (slowest > kSlowRunUs) repetitions = 1;
+        if (slowest > kSlowRoundUs) repetitions = 1;
       }
     }
-    medians.push_back(Median(alone));
-    medians.push_back(Median(fused));
+    for (const std::vector<double>& way : runs) medians.push_back(Median(way));
     return Status::OK();
   };
   Status status;
@@ -87,6 +108,7 @@ Status MpiDataPlane::Calibrate(AllreduceCalibration* out) {
     if (status.ok()) status = time_rung(rung);
   }
   timeline_ = timeline;
+  hierarchical_from_bytes_ = from_bytes;
   GRADSYNC_RETURN_IF_ERROR(status);
 
   // A rank sees its own time; the collective takes as long as the slowest rank's.
@@ -94,11 +116,13 @@ Status MpiDataPlane::Calibrate(AllreduceCalibration* out) {
                                   MPI_DOUBLE, MPI_MAX, comm_));
   out->in_place.clear();
   out->fused.clear();
+  out->fused_hierarchical.clear();
   size_t i = 0;
   for (const Rung& r : kLadder) {
     const double bytes = static_cast<double>(r.tensors * r.bytes_each);
     out->in_place.push_back({static_cast<double>(kAlone * r.bytes_each), kAlone, medians[i++]});
     out->fused.push_back({bytes, r.tensors, medians[i++]});
+    if (hierarchical) out->fused_hierarchical.push_back({bytes, r.tensors, medians[i++]});
   }
   out->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return Status::OK();

@@ -46,8 +46,15 @@ class MpiDataPlane : public DataPlane {
   Status Alltoall(TensorEntry* entry) override;
 
   // Collective over the plane's communicator: times reducing tensors alone and in fused buckets
-  // on this communicator, through the paths real buckets take (allreduce_calibration.h).
-  Status Calibrate(AllreduceCalibration* out);
+  // on this communicator, through the paths real buckets take (allreduce_calibration.h). With
+  // `compare_hierarchical`, where the hierarchical path applies, fused buckets are also timed
+  // through it and through the flat path (fused_hierarchical, fused_flat).
+  Status Calibrate(bool compare_hierarchical, AllreduceCalibration* out);
+
+  // Where the hierarchical path applies (several hosts; see hierarchical_allreduce.h), buckets
+  // and lone tensors of at least this many bytes take it; 0 (the default) sends them all, and a
+  // size beyond any bucket none. Calibration sets it when the choice is left to measurement.
+  void set_hierarchical_from_bytes(int64_t bytes) { hierarchical_from_bytes_ = bytes; }
 
  private:
   Status AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MPI_Datatype type, MPI_Op op);
@@ -78,6 +85,8 @@ class MpiDataPlane : public DataPlane {
   void PackFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                  const std::vector<size_t>& offsets, const std::vector<int64_t>& counts,
                  char* buffer);
+  // Whether `bytes` go the hierarchical way (collective the first time: see Applies()).
+  Status UseHierarchical(size_t bytes, bool* use);
   // `status` with `what` (the collective and its tensors) in front of its message.
   static Status InContext(const Status& status, const std::string& what);
   // Allocates the output of `shape` (in the input's dtype) through entry->allocator; on success
@@ -92,6 +101,7 @@ class MpiDataPlane : public DataPlane {
   FusionBuffer fusion_buffer_;
   NodeSharedMemory shared_memory_;
   HierarchicalAllreduce hierarchical_;
+  int64_t hierarchical_from_bytes_ = 0;
   Timeline* timeline_;
 };
 

@@ -38,7 +38,7 @@ expect_paths() {
   if grep -q "\"$absent\"" "$trace"; then echo "FAIL: $trace has $absent" >&2; exit 1; fi
 }
 
-run "$topology" GRADSYNC_TIMELINE="$work/flat.json"
+run "$topology" GRADSYNC_HIERARCHICAL_ALLREDUCE=0 GRADSYNC_TIMELINE="$work/flat.json"
 expect_paths "$work/flat.json" MPI_ALLREDUCE SHM_ALLREDUCE
 run "$topology" GRADSYNC_HIERARCHICAL_ALLREDUCE=1 GRADSYNC_TIMELINE="$work/hierarchical.json"
 expect_paths "$work/hierarchical.json" HIERARCHICAL_ALLREDUCE SHM_ALLREDUCE

@@ -261,6 +261,9 @@ def test_join_with_uneven_steps(rank, size):
 def test_barrier_and_basics(rank, size):
     hvd.barrier()
     assert hvd.is_initialized() and 0 <= hvd.local_rank() < hvd.local_size()
+    # The GPU init() picked: by local rank where CUDA sees devices, -1 without one.
+    gpus = torch.cuda.device_count() if hvd.cuda_built() else 0
+    assert hvd.gpu_device() == (hvd.local_rank() % gpus if gpus else -1)
     assert hvd.mpi_built() and hvd.mpi_enabled() and not hvd.gloo_enabled()
     assert hvd.is_homogeneous()
     # A CUDA build reports NCCL's version; a CUDA-free one reports neither.

@@ -111,6 +111,13 @@ TEST(CostModelTest, BucketCapKeepsTheFixedCostSmallWithinTheConfiguredMaximum) {
   EXPECT_EQ(FusedBucketCap(costs, 8 << 20, 1 << 20), 1 << 20);
 }
 
+TEST(CostModelTest, HierarchicalFromTheCrossover) {
+  const LinearCost flat{100.0, 2.0e-3, 0};
+  EXPECT_EQ(HierarchicalFrom(flat, {300.0, 1.0e-3, 0}), 200704);  // 200000 B, rounded up
+  EXPECT_EQ(HierarchicalFrom(flat, {50.0, 1.0e-3, 0}), 0);        // cheaper everywhere
+  EXPECT_EQ(HierarchicalFrom(flat, {50.0, 2.5e-3, 0}), kNeverInPlace);
+}
+
 TEST(CostModelTest, Descriptions) {
   AllreduceCosts costs;
   costs.in_place = {0, 0.41e-3, 35.2};
