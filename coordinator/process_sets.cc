@@ -53,7 +53,7 @@ ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Com
       fusion_{config.fusion_threshold_bytes, config.inplace_threshold_bytes},
       data_comm_(data),
       config_(config) {
-  if (HierarchyByCalibration(config)) host_plane_->set_hierarchical_from_bytes(kNeverInPlace);
+  if (HierarchyByCalibration(config)) host_plane_->LeaveHierarchyToCalibration(kNeverInPlace);
 }
 
 void ProcessSetRuntime::Calibrate() {
@@ -84,18 +84,18 @@ void ProcessSetRuntime::Calibrate() {
   AllreduceCosts costs;
   costs.in_place = FitLinearCost(measured.in_place, kPerByte | kPerTensor);
   costs.fused = FitLinearCost(measured.fused, kFixed | kPerByte | kPerTensor);
-  std::string hierarchy;
+  std::string described = DescribeCosts(costs);  // the flat fused path, as measured
   if (!measured.fused_hierarchical.empty()) {
     const LinearCost hierarchical =
         FitLinearCost(measured.fused_hierarchical, kFixed | kPerByte | kPerTensor);
     const int64_t from = HierarchicalFrom(costs.fused, hierarchical);
     host_plane_->set_hierarchical_from_bytes(from);
     if (from == 0) costs.fused = hierarchical;
-    hierarchy = "; hierarchical " + DescribeCost(hierarchical) +
-                (from == 0 ? ": every bucket goes hierarchical"
-                 : from >= kNeverInPlace
-                     ? ": every bucket stays flat"
-                     : ": buckets of " + DescribeBytes(from) + " and more go hierarchical");
+    described += "; hierarchical " + DescribeCost(hierarchical) +
+                 (from == 0 ? ": every bucket goes hierarchical"
+                  : from >= kNeverInPlace
+                      ? ": every bucket stays flat"
+                      : ": buckets of " + DescribeBytes(from) + " and more go hierarchical");
   }
   const int64_t cutoff = InPlaceCutoff(costs);
   double largest = 0;
@@ -121,8 +121,8 @@ void ProcessSetRuntime::Calibrate() {
   int rank = 0;
   MPI_Comm_rank(data_comm_, &rank);
   if (rank != 0) return;  // every member fitted the same numbers
-  Log().info("process set {}: allreduce costs on {} ranks, measured in {:.0f} ms: {}{}; {}", id_,
-             ranks_.size(), measured.seconds * 1e3, DescribeCosts(costs), hierarchy, policy);
+  Log().info("process set {}: allreduce costs on {} ranks, measured in {:.0f} ms: {}; {}", id_,
+             ranks_.size(), measured.seconds * 1e3, described, policy);
 }
 
 Status ProcessSetRuntime::PlaneFor(const Device& device, DataPlane** plane) {

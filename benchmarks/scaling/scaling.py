@@ -133,15 +133,22 @@ def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    figure, (sync_axis, eff_axis) = plt.subplots(1, 2, figsize=(11, 4.2))
-    curves = sorted({(r["set"], r["series"]) for r in rows})
-    for name, series in curves:
+    figure, (sync_axis, eff_axis) = plt.subplots(1, 2, figsize=(13, 4.6))
+    # One colour per gradient set, one marker and line style per layout, so that a set's layouts
+    # read as one family.
+    sets = sorted({r["set"] for r in rows})
+    layouts = sorted({r["series"] for r in rows}, key=lambda s: (s != "1 host", s))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = [("o", "-"), ("s", "--"), ("D", ":"), ("^", "-."), ("v", "--"), ("P", ":")]
+    for name, series in sorted({(r["set"], r["series"]) for r in rows}):
         points = sorted((r["ranks"], r) for r in rows if r["set"] == name and r["series"] == series)
         ranks = [n for n, _ in points]
-        label = "%s, %s" % (name, series)
-        sync_axis.plot(ranks, [r["sync_ms"] for _, r in points], marker="o", label=label)
+        marker, line = styles[layouts.index(series) % len(styles)]
+        look = dict(marker=marker, linestyle=line, color=colours[sets.index(name) % len(colours)],
+                    label="%s, %s" % (name, series))
+        sync_axis.plot(ranks, [r["sync_ms"] for _, r in points], **look)
         eff = [(n, r["efficiency"]) for n, r in points if r["efficiency"] is not None]
-        eff_axis.plot([n for n, _ in eff], [100 * e for _, e in eff], marker="o", label=label)
+        eff_axis.plot([n for n, _ in eff], [100 * e for _, e in eff], **look)
     all_ranks = sorted({r["ranks"] for r in rows})
     for axis in (sync_axis, eff_axis):
         axis.set_xscale("log", base=2)
@@ -156,7 +163,7 @@ def plot(rows, path):
     eff_axis.set_ylabel("scaling efficiency, % of 1 rank")
     eff_axis.set_title("Weak-scaling efficiency (step = compute + sync)")
     eff_axis.set_ylim(0, 105)
-    eff_axis.legend(fontsize=7, loc="lower left")
+    eff_axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 

@@ -81,19 +81,19 @@ Status HierarchicalAllreduce::Decide() {
   // local rank when every host has the same number of ranks.
   if (largest != smallest) {
     if (rank == 0) {
-      Log().warn(
-          "hierarchical allreduce requested, but the hosts run {} to {} ranks each; it needs the "
-          "same number on every host, so allreduces stay flat",
-          smallest, largest);
+      Log().log(quiet_ ? spdlog::level::debug : spdlog::level::warn,
+                "hierarchical allreduce requested, but the hosts run {} to {} ranks each; it needs "
+                "the same number on every host, so allreduces stay flat",
+                smallest, largest);
     }
     return Status::OK();
   }
   if (hosts < 2 || local_size_ < 2) {
     if (rank == 0) {
-      Log().info(
-          "hierarchical allreduce requested, but the ranks form {} host(s) of {} rank(s): "
-          "allreduces stay flat",
-          hosts, local_size_);
+      Log().log(quiet_ ? spdlog::level::debug : spdlog::level::info,
+                "hierarchical allreduce requested, but the ranks form {} host(s) of {} rank(s): "
+                "allreduces stay flat",
+                hosts, local_size_);
     }
     return Status::OK();
   }

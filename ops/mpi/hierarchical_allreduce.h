@@ -48,6 +48,9 @@ class HierarchicalAllreduce {
   // calls return the decision. Every rank gets the same answer, even when the ranks' settings
   // differ, so a setting missing on one rank cannot leave the others waiting.
   Status Applies(bool* applies);
+  // When the choice is left to calibration rather than asked for, a layout where the path cannot
+  // apply is not news: it is logged at debug level instead of info and warning.
+  void set_quiet(bool quiet) { quiet_ = quiet; }
 
   // In place over `count` elements of `elem_size` bytes in `buffer`, through MPI on the host's
   // communicator. Unscaled: the caller applies its scales.
@@ -67,6 +70,7 @@ class HierarchicalAllreduce {
 
   MPI_Comm comm_;
   bool requested_;
+  bool quiet_ = false;
   int64_t shm_threshold_bytes_;
   State state_ = State::kUndecided;
   MPI_Comm local_ = MPI_COMM_NULL;  // this host's ranks

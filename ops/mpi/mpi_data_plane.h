@@ -55,6 +55,12 @@ class MpiDataPlane : public DataPlane {
   // and lone tensors of at least this many bytes take it; 0 (the default) sends them all, and a
   // size beyond any bucket none. Calibration sets it when the choice is left to measurement.
   void set_hierarchical_from_bytes(int64_t bytes) { hierarchical_from_bytes_ = bytes; }
+  // Flat until Calibrate(true, ...) has compared the two paths (the plane must have been created
+  // with the hierarchical path requested); a layout where it cannot apply is logged at debug level.
+  void LeaveHierarchyToCalibration(int64_t never) {
+    hierarchical_from_bytes_ = never;
+    hierarchical_.set_quiet(true);
+  }
 
  private:
   Status AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MPI_Datatype type, MPI_Op op);
