@@ -232,6 +232,10 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
       Complete(members_, executed);
     }
   }
+  if (config_.autotune) {
+    set->ObserveForAutotune(responses);
+    if (set->id() == 0) config_.cycle_time_ms = set->cycle_time_ms();
+  }
   return fatal;
 }
 

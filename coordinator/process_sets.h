@@ -15,13 +15,16 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "coordinator/autotuner.h"
 #include "coordinator/control_channel.h"
 #include "coordinator/fusion_planner.h"
 #include "coordinator/negotiator.h"
@@ -59,6 +62,13 @@ class ProcessSetRuntime {
   // host plane's costs (or, with GRADSYNC_CALIBRATE=0, does nothing) and fits the cost model.
   // A failure is logged and leaves the configured settings.
   void Calibrate();
+  // GRADSYNC_AUTOTUNE: called with every cycle's responses once they ran, the same on every
+  // member. Ends a tuning window when the step marker has run Autotuner::kStepsPerWindow more
+  // times (one small allreduce of the window's time, collective over the members in that same
+  // cycle), and applies the next settings.
+  void ObserveForAutotune(const std::vector<const Response*>& responses);
+  // The cycle time the set's tuner plans with; the configured one without a tuner.
+  double cycle_time_ms() const;
   // Entries drained for this set since its last cycle.
   std::vector<TensorEntry*>& fresh() { return fresh_; }
 
@@ -71,6 +81,20 @@ class ProcessSetRuntime {
   std::unique_ptr<MpiDataPlane> host_plane_;
   FusionSettings fusion_;
   bool calibrated_ = false;
+  struct Tuning {
+    std::unique_ptr<Autotuner> tuner;
+    std::string marker;  // the allreduce whose runs mark the steps
+    int steps = 0;       // marker runs in this window
+    int64_t runs = 0;    // allreduces run in this window
+    int remarks = 0;     // markers given up on, as not repeating
+    std::chrono::steady_clock::time_point window_start;
+    std::ofstream log;  // rank 0's trajectory
+  };
+  std::unique_ptr<Tuning> tuning_;
+  // Calibrate's two parts: fitting the costs (and settings) to measurements, then with
+  // GRADSYNC_AUTOTUNE, the tuner, starting from those settings.
+  void MeasureCosts();
+  void StartAutotune();
   MPI_Comm data_comm_;
   Config config_;
   struct DevicePlaneSlot {

@@ -193,6 +193,12 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kInplaceThreshold, &c.inplace_threshold_bytes));
   c.fusion_threshold_pinned = !Lookup(getenv, kFusionThreshold.name).empty();
   c.inplace_threshold_pinned = !Lookup(getenv, kInplaceThreshold.name).empty();
+  if (std::string_view text = Lookup(getenv, "GRADSYNC_AUTOTUNE"); !text.empty()) {
+    GRADSYNC_RETURN_IF_ERROR(ParseSwitch("GRADSYNC_AUTOTUNE", text, &c.autotune));
+  }
+  if (std::string_view text = Lookup(getenv, "GRADSYNC_AUTOTUNE_LOG"); !text.empty()) {
+    c.autotune_log = std::string(text);
+  }
   if (std::string_view text = Lookup(getenv, "GRADSYNC_CALIBRATE"); !text.empty()) {
     GRADSYNC_RETURN_IF_ERROR(ParseSwitch("GRADSYNC_CALIBRATE", text, &c.calibrate));
   }
@@ -235,6 +241,7 @@ std::string Config::ToString() const {
          " GRADSYNC_INPLACE_THRESHOLD=" + std::to_string(inplace_threshold_bytes) +
          (inplace_threshold_pinned || !calibrate ? "" : "(until calibrated)") +
          " GRADSYNC_CALIBRATE=" + (calibrate ? "1" : "0") +
+         " GRADSYNC_AUTOTUNE=" + (autotune ? "1 (" + autotune_log + ")" : "0") +
          " GRADSYNC_SHM_THRESHOLD=" + std::to_string(shm_threshold_bytes) +
          " GRADSYNC_HIERARCHICAL_ALLREDUCE=" +
          (hierarchical_allreduce_pinned || !calibrate ? (hierarchical_allreduce ? "1" : "0")

@@ -41,6 +41,10 @@ struct Config {
   // calibration decides from which bucket size (pinned: always, or never).
   bool hierarchical_allreduce = false;
   bool hierarchical_allreduce_pinned = false;
+  // GRADSYNC_AUTOTUNE: refine the calibrated settings from the step times of the first steps
+  // (coordinator/autotuner.h); GRADSYNC_AUTOTUNE_LOG: where rank 0 writes the trajectory.
+  bool autotune = false;
+  std::string autotune_log = "gradsync-autotune.csv";
   // GRADSYNC_CYCLE_TIME_MS: the longest the background thread sleeps between cycles when idle.
   double cycle_time_ms = 1.0;
   // GRADSYNC_CACHE_CAPACITY: response cache entries; 0 disables the cache.

@@ -254,6 +254,13 @@ TEST(ConfigTest, CalibrationAndItsPin) {
   EXPECT_TRUE(pinned.inplace_threshold_pinned);
   EXPECT_FALSE(ParseOk({{"GRADSYNC_CALIBRATE", "0"}}).calibrate);
   ExpectRejected("GRADSYNC_CALIBRATE", "maybe");
+  EXPECT_FALSE(defaults.autotune);
+  EXPECT_EQ(defaults.autotune_log, "gradsync-autotune.csv");
+  const Config tuned = ParseOk({{"GRADSYNC_AUTOTUNE", "1"}, {"GRADSYNC_AUTOTUNE_LOG", "t.csv"}});
+  EXPECT_TRUE(tuned.autotune);
+  EXPECT_EQ(tuned.autotune_log, "t.csv");
+  EXPECT_NE(tuned.ToString().find("GRADSYNC_AUTOTUNE=1 (t.csv)"), std::string::npos);
+  ExpectRejected("GRADSYNC_AUTOTUNE", "auto");
 }
 
 TEST(ConfigTest, PlacementVariables) {
@@ -302,6 +309,7 @@ TEST(ConfigTest, ToStringListsEveryKnob) {
   EXPECT_EQ(
       config.ToString(),
       "GRADSYNC_FUSION_THRESHOLD=1024 GRADSYNC_INPLACE_THRESHOLD=0 GRADSYNC_CALIBRATE=1 "
+      "GRADSYNC_AUTOTUNE=0 "
       "GRADSYNC_SHM_THRESHOLD=0 "
       "GRADSYNC_HIERARCHICAL_ALLREDUCE=1 GRADSYNC_CYCLE_TIME_MS=0.05 GRADSYNC_CACHE_CAPACITY=0 "
       "GRADSYNC_STALL_WARNING_SECONDS=1.5 GRADSYNC_STALL_SHUTDOWN_SECONDS=1000000 "
