@@ -1,6 +1,7 @@
 // The host allreduce paths of the MPI data plane, side by side in one run: MPI's own allreduce on
 // one contiguous buffer (no copies), the plane through MPI messages (copy in, MPI_Allreduce, copy
-// out), the plane through node shared memory (when every rank shares the node), and the
+// out), the same pipelined in 4 MiB chunks (copies overlapping the reductions, from two chunks
+// up), the plane through node shared memory (when every rank shares the node), and the
 // hierarchical allreduce (when the ranks form several hosts of the same size). Each bucket is
 // `--tensors` float32 tensors totalling the row's bytes, as a fused gradient bucket is.
 //
@@ -32,6 +33,7 @@ using gradsync::TensorEntry;
 constexpr int64_t kUnlimitedShm = int64_t{1} << 34;
 constexpr int64_t kBytesPerSize = int64_t{256} << 20;
 constexpr int kMinIters = 5;
+constexpr int64_t kPipelineChunk = int64_t{4} << 20;
 
 struct Config {
   int64_t min_bytes = 4096;
@@ -45,10 +47,12 @@ struct Config {
 // One plane, on its own communicator, and the bucket it reduces.
 class PlaneBench {
  public:
-  PlaneBench(int64_t shm_threshold, bool hierarchical, const std::vector<int64_t>& counts) {
+  PlaneBench(int64_t shm_threshold, bool hierarchical, const std::vector<int64_t>& counts,
+             int64_t pipeline_chunk = 0) {
     MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     plane_ = std::make_unique<MpiDataPlane>(comm_, nullptr, shm_threshold, hierarchical);
+    plane_->set_pipeline_chunk_bytes(pipeline_chunk);
     for (int64_t count : counts) {
       tensors_.emplace_back(count, 0.0f);
       auto entry = std::make_unique<TensorEntry>();
@@ -142,14 +146,16 @@ int Run(int argc, char** argv) {
         "# gradsync_bench_host_paths: %d ranks on %d host(s), float32 SUM, buckets of %d "
         "tensors, median us of up to %d iterations (+%d warmup), interleaved\n",
         size, layout.hosts, c.tensors, c.iters, c.warmup);
-    std::printf("%12s | %10s %10s %10s %10s | %8s %8s %8s\n", "bytes", "mpi_own", "plane_mpi",
-                "plane_shm", "hier", "pmpi/own", "shm/own", "hier/own");
+    std::printf("%12s | %10s %10s %10s %10s %10s | %8s %8s %8s %8s\n", "bytes", "mpi_own",
+                "plane_mpi", "pipelined", "plane_shm", "hier", "pmpi/own", "pipe/own", "shm/own",
+                "hier/own");
   }
   bool ok = true;
   for (int64_t bytes = c.min_bytes; ok && bytes <= c.max_bytes; bytes *= c.factor) {
     const std::vector<int64_t> counts = TensorCounts(bytes, c.tensors);
     std::vector<float> contiguous(static_cast<size_t>(bytes / 4), 0.0f);
     PlaneBench messages(0, false, counts);
+    PlaneBench pipelined(0, false, counts, kPipelineChunk);
     std::unique_ptr<PlaneBench> shared, hierarchical;
     if (layout.one_node && size > 1)
       shared = std::make_unique<PlaneBench>(kUnlimitedShm, false, counts);
@@ -158,8 +164,9 @@ int Run(int argc, char** argv) {
     }
     std::vector<Strategy> strategies = {
         {"mpi_own", [&] { AllreduceFloats(contiguous.data(), bytes / 4, MPI_COMM_WORLD); }},
-        {"plane_mpi", [&] { messages.Step(); }}};
-    ok = messages.Verify(rank, size);
+        {"plane_mpi", [&] { messages.Step(); }},
+        {"pipelined", [&] { pipelined.Step(); }}};
+    ok = messages.Verify(rank, size) && pipelined.Verify(rank, size);
     if (shared) {
       ok = shared->Verify(rank, size) && ok;
       strategies.push_back({"plane_shm", [&] { shared->Step(); }});
@@ -176,7 +183,7 @@ int Run(int argc, char** argv) {
         MeasureInterleaved(strategies, std::min(c.warmup, iters), iters, MPI_COMM_WORLD);
     if (rank != 0) continue;
     const double own = t[0];
-    const double shm = shared ? t[2] : 0.0;
+    const double shm = shared ? t[3] : 0.0;
     const double hier = hierarchical ? t.back() : 0.0;
     auto us = [](double s, bool present) {
       return present ? std::to_string(static_cast<long long>(s * 1e6 + 0.5)) : std::string("-");
@@ -186,10 +193,11 @@ int Run(int argc, char** argv) {
       std::snprintf(text, sizeof(text), "%.2f", s / own);
       return present ? std::string(text) : std::string("-");
     };
-    std::printf("%12lld | %10s %10s %10s %10s | %8s %8s %8s\n", static_cast<long long>(bytes),
-                us(own, true).c_str(), us(t[1], true).c_str(), us(shm, shared != nullptr).c_str(),
+    std::printf("%12lld | %10s %10s %10s %10s %10s | %8s %8s %8s %8s\n",
+                static_cast<long long>(bytes), us(own, true).c_str(), us(t[1], true).c_str(),
+                us(t[2], true).c_str(), us(shm, shared != nullptr).c_str(),
                 us(hier, hierarchical != nullptr).c_str(), ratio(t[1], true).c_str(),
-                ratio(shm, shared != nullptr).c_str(),
+                ratio(t[2], true).c_str(), ratio(shm, shared != nullptr).c_str(),
                 ratio(hier, hierarchical != nullptr).c_str());
     std::fflush(stdout);
   }

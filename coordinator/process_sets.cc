@@ -54,6 +54,7 @@ ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Com
       data_comm_(data),
       config_(config) {
   if (HierarchyByCalibration(config)) host_plane_->LeaveHierarchyToCalibration(kNeverInPlace);
+  host_plane_->set_pipeline_chunk_bytes(config.pipeline_chunk_bytes);
 }
 
 void ProcessSetRuntime::Calibrate() {

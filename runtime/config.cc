@@ -76,6 +76,8 @@ const IntegerSpec kCacheCapacity{"GRADSYNC_CACHE_CAPACITY", int64_t{1} << 20, "e
                                  " (0 disables the response cache)"};
 const IntegerSpec kGpuDevice{"GRADSYNC_GPU_DEVICE", 1023, "visible devices",
                              " (unset: the local rank modulo the visible GPUs)"};
+const IntegerSpec kPipelineChunk{"GRADSYNC_PIPELINE_CHUNK_BYTES", int64_t{1} << 30, "bytes",
+                                 " (a multiple of 64; 0 reduces buckets whole)"};
 const RealSpec kCycleTime{"GRADSYNC_CYCLE_TIME_MS", 0.05, false, 10000.0, "milliseconds", ""};
 const RealSpec kStallWarning{"GRADSYNC_STALL_WARNING_SECONDS", 0.0, true, 1e6, "seconds", ""};
 const RealSpec kStallShutdown{
@@ -191,6 +193,11 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
   Config c;
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kFusionThreshold, &c.fusion_threshold_bytes));
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kInplaceThreshold, &c.inplace_threshold_bytes));
+  GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kPipelineChunk, &c.pipeline_chunk_bytes));
+  if (c.pipeline_chunk_bytes % 64 != 0) {
+    return BadValue(kPipelineChunk.name, Lookup(getenv, kPipelineChunk.name),
+                    kPipelineChunk.Describe());
+  }
   c.fusion_threshold_pinned = !Lookup(getenv, kFusionThreshold.name).empty();
   c.inplace_threshold_pinned = !Lookup(getenv, kInplaceThreshold.name).empty();
   if (std::string_view text = Lookup(getenv, "GRADSYNC_AUTOTUNE"); !text.empty()) {
@@ -241,6 +248,7 @@ std::string Config::ToString() const {
          " GRADSYNC_INPLACE_THRESHOLD=" + std::to_string(inplace_threshold_bytes) +
          (inplace_threshold_pinned || !calibrate ? "" : "(until calibrated)") +
          " GRADSYNC_CALIBRATE=" + (calibrate ? "1" : "0") +
+         " GRADSYNC_PIPELINE_CHUNK_BYTES=" + std::to_string(pipeline_chunk_bytes) +
          " GRADSYNC_AUTOTUNE=" + (autotune ? "1 (" + autotune_log + ")" : "0") +
          " GRADSYNC_SHM_THRESHOLD=" + std::to_string(shm_threshold_bytes) +
          " GRADSYNC_HIERARCHICAL_ALLREDUCE=" +

@@ -129,6 +129,9 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
                                 MPI_COMM_NULL, type, op);
   }
 
+  if (pipeline_chunk_bytes_ > 0 && total >= 2 * static_cast<size_t>(pipeline_chunk_bytes_)) {
+    return AllreduceFusedPipelined(entries, spec, offsets, counts, total, type, op);
+  }
   auto* buffer = static_cast<char*>(fusion_buffer_.Get(total));
   PackFused(entries, spec, offsets, counts, buffer);
 

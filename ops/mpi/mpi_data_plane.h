@@ -55,6 +55,10 @@ class MpiDataPlane : public DataPlane {
   // and lone tensors of at least this many bytes take it; 0 (the default) sends them all, and a
   // size beyond any bucket none. Calibration sets it when the choice is left to measurement.
   void set_hierarchical_from_bytes(int64_t bytes) { hierarchical_from_bytes_ = bytes; }
+  // Fused buckets through MPI messages of at least two chunks of this many bytes (a multiple of
+  // 64) are reduced chunk by chunk, the copies overlapping the reductions
+  // (pipelined_allreduce.cc); 0 reduces every bucket whole.
+  void set_pipeline_chunk_bytes(int64_t bytes) { pipeline_chunk_bytes_ = bytes; }
   // Flat until Calibrate(true, ...) has compared the two paths (the plane must have been created
   // with the hierarchical path requested); a layout where it cannot apply is logged at debug level.
   void LeaveHierarchyToCalibration(int64_t never) {
@@ -78,6 +82,11 @@ class MpiDataPlane : public DataPlane {
                               const std::vector<size_t>& offsets,
                               const std::vector<int64_t>& counts, NodeSharedMemory* memory,
                               int rank, int size, MPI_Comm cross, MPI_Datatype type, MPI_Op op);
+  // The fused bucket through MPI messages, chunk by chunk; see pipelined_allreduce.cc.
+  Status AllreduceFusedPipelined(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+                                 const std::vector<size_t>& offsets,
+                                 const std::vector<int64_t>& counts, size_t total,
+                                 MPI_Datatype type, MPI_Op op);
   // The fused bucket across hosts; see hierarchical_allreduce.h.
   Status AllreduceFusedHierarchical(const std::vector<TensorEntry*>& entries,
                                     const ReduceSpec& spec, const std::vector<size_t>& offsets,
@@ -108,6 +117,7 @@ class MpiDataPlane : public DataPlane {
   NodeSharedMemory shared_memory_;
   HierarchicalAllreduce hierarchical_;
   int64_t hierarchical_from_bytes_ = 0;
+  int64_t pipeline_chunk_bytes_ = 0;
   Timeline* timeline_;
 };
 

@@ -47,7 +47,8 @@ struct Op {
 struct PlaneShape {
   const char* name;
   int64_t shm_threshold;
-  int ranks_per_host;  // 0: the real nodes (one, here)
+  int ranks_per_host;          // 0: the real nodes (one, here)
+  int64_t pipeline_chunk = 0;  // bytes; 0: buckets whole
 };
 
 void PrintTo(const PlaneShape& shape, std::ostream* out) { *out << shape.name; }
@@ -63,6 +64,7 @@ class HostAllreduceTest : public ::testing::TestWithParam<PlaneShape> {
     SetRanksPerHostForTesting(shape.ranks_per_host);
     plane_ = std::make_unique<MpiDataPlane>(comm_, nullptr, shape.shm_threshold,
                                             shape.ranks_per_host > 0);
+    plane_->set_pipeline_chunk_bytes(shape.pipeline_chunk);
   }
   void TearDown() override {
     plane_.reset();
@@ -174,6 +176,9 @@ TEST_P(HostAllreduceTest, ManyBucketsInARow) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, HostAllreduceTest,
                          ::testing::Values(PlaneShape{"MpiMessages", 0, 0},
+                                           // Chunks of 256 bytes: boundaries inside tensors and
+                                           // gaps, many chunks in flight one after another.
+                                           PlaneShape{"MpiMessagesPipelined", 0, 0, 256},
                                            PlaneShape{"SharedMemory", kUnlimitedShm, 0},
                                            PlaneShape{"HierarchicalTwoPerHost", kUnlimitedShm, 2},
                                            PlaneShape{"HierarchicalFourPerHost", kUnlimitedShm, 4},
