@@ -61,10 +61,12 @@ Status StallInspector::Inspect(const ReadinessTable& table, double now, std::str
   }
   const double oldest_wait = now - waiting.front().first_seen;
   if (shutdown_seconds_ > 0 && oldest_wait >= shutdown_seconds_) {
+    // Every tensor past the warning time is named, not only those past the shutdown time: they
+    // all fail now, and tensors submitted a few cycles after the first are as stuck as it.
     return Status::Stalled(
         "stalled for more than " + Seconds(shutdown_seconds_) +
         " (GRADSYNC_STALL_SHUTDOWN_SECONDS); some ranks never submitted these collectives: " +
-        DescribeStalled(waiting, now, shutdown_seconds_) +
+        DescribeStalled(waiting, now, std::min(warning_seconds_, shutdown_seconds_)) +
         ". Every pending operation is failed and gradsync shuts down instead of hanging.");
   }
   // Remember when each still-waiting name was last reported; names that completed are forgotten.

@@ -48,6 +48,19 @@ TEST(StallInspectorTest, ShutsDownAfterTheShutdownTime) {
   EXPECT_NE(s.message().find("missing on ranks 0, 2"), std::string::npos) << s.message();
 }
 
+TEST(StallInspectorTest, ShutdownNamesEveryTensorPastTheWarningTime) {
+  ReadinessTable table(3);
+  table.Add(From("first", 1), 0.0);
+  table.Add(From("later", 1), 0.2);    // a cycle later: short of the shutdown time, still stuck
+  table.Add(From("fresh", 1), 0.9);  // not yet past the warning time
+  StallInspector inspector(0.5, 1.0);
+  const Status s = inspector.Inspect(table, 1.0);
+  ASSERT_EQ(s.code(), StatusCode::kStalled);
+  EXPECT_NE(s.message().find("tensor 'first' waited 1.0 s"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("tensor 'later' waited 0.8 s"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("'fresh'"), std::string::npos) << s.message();
+}
+
 TEST(StallInspectorTest, ZeroShutdownTimeNeverShutsDown) {
   ReadinessTable table(2);
   table.Add(From("a", 0), 0.0);
