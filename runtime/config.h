@@ -46,8 +46,9 @@ struct Config {
   bool autotune = false;
   std::string autotune_log = "gradsync-autotune.csv";
   // GRADSYNC_PIPELINE_CHUNK_BYTES: fused buckets through MPI messages of two chunks or more are
-  // reduced chunk by chunk, copies overlapping reductions; 0 reduces them whole.
-  int64_t pipeline_chunk_bytes = 4ll << 20;
+  // reduced chunk by chunk, copies overlapping reductions; 0 (the default: measured slower across
+  // hosts, docs/benchmarks.md) reduces them whole.
+  int64_t pipeline_chunk_bytes = 0;
   // GRADSYNC_CYCLE_TIME_MS: the longest the background thread sleeps between cycles when idle.
   double cycle_time_ms = 1.0;
   // GRADSYNC_CACHE_CAPACITY: response cache entries; 0 disables the cache.

@@ -261,7 +261,7 @@ TEST(ConfigTest, CalibrationAndItsPin) {
   EXPECT_EQ(tuned.autotune_log, "t.csv");
   EXPECT_NE(tuned.ToString().find("GRADSYNC_AUTOTUNE=1 (t.csv)"), std::string::npos);
   ExpectRejected("GRADSYNC_AUTOTUNE", "auto");
-  EXPECT_EQ(defaults.pipeline_chunk_bytes, 4 << 20);
+  EXPECT_EQ(defaults.pipeline_chunk_bytes, 0);
   EXPECT_EQ(ParseOk({{"GRADSYNC_PIPELINE_CHUNK_BYTES", "0"}}).pipeline_chunk_bytes, 0);
   EXPECT_EQ(ParseOk({{"GRADSYNC_PIPELINE_CHUNK_BYTES", "4096"}}).pipeline_chunk_bytes, 4096);
   for (const char* bad : {"100", "-64", "2147483648", "4k"}) {
@@ -315,7 +315,7 @@ TEST(ConfigTest, ToStringListsEveryKnob) {
   EXPECT_EQ(
       config.ToString(),
       "GRADSYNC_FUSION_THRESHOLD=1024 GRADSYNC_INPLACE_THRESHOLD=0 GRADSYNC_CALIBRATE=1 "
-      "GRADSYNC_PIPELINE_CHUNK_BYTES=4194304 GRADSYNC_AUTOTUNE=0 "
+      "GRADSYNC_PIPELINE_CHUNK_BYTES=0 GRADSYNC_AUTOTUNE=0 "
       "GRADSYNC_SHM_THRESHOLD=0 "
       "GRADSYNC_HIERARCHICAL_ALLREDUCE=1 GRADSYNC_CYCLE_TIME_MS=0.05 GRADSYNC_CACHE_CAPACITY=0 "
       "GRADSYNC_STALL_WARNING_SECONDS=1.5 GRADSYNC_STALL_SHUTDOWN_SECONDS=1000000 "
