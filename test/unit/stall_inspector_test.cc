@@ -51,7 +51,7 @@ TEST(StallInspectorTest, ShutsDownAfterTheShutdownTime) {
 TEST(StallInspectorTest, ShutdownNamesEveryTensorPastTheWarningTime) {
   ReadinessTable table(3);
   table.Add(From("first", 1), 0.0);
-  table.Add(From("later", 1), 0.2);    // a cycle later: short of the shutdown time, still stuck
+  table.Add(From("later", 1), 0.2);  // a cycle later: short of the shutdown time, still stuck
   table.Add(From("fresh", 1), 0.9);  // not yet past the warning time
   StallInspector inspector(0.5, 1.0);
   const Status s = inspector.Inspect(table, 1.0);
