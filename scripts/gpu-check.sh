@@ -6,9 +6,10 @@
 #                                     machine lacks into .gpu-deps/ (Open MPI's PyPI wheel, the
 #                                     Debian packages of spdlog, fmt and GoogleTest; about 9 MB)
 #   scripts/gpu-check.sh run [OUT]    on the GPU machine, with .gpu-deps/ beside the sources:
-#                                     unpack it, build with CUDA, run the tests labelled gpu, and
-#                                     write nvidia-smi's report, the build log and the test log to
-#                                     OUT (default: gpu-check-out)
+#                                     unpack it, build with CUDA, run the tests labelled gpu and
+#                                     the placement probe, and write nvidia-smi's report, the build
+#                                     log, the test log and the placement lines to OUT (default:
+#                                     gpu-check-out)
 # WORK (default: /tmp/gradsync-gpu-check) holds the unpacked dependencies and the build.
 # CUDA_ARCHS (default: native) is passed as CMAKE_CUDA_ARCHITECTURES.
 set -euo pipefail
@@ -18,7 +19,8 @@ deps=$repo_root/.gpu-deps
 work=${WORK:-/tmp/gradsync-gpu-check}
 
 # Debian 12's packages; the GPU machine's newer C library runs them.
-debian_packages=(libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libgtest-dev)
+debian_packages=(libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libgtest-dev libhwloc-dev
+                 libhwloc15)
 
 fail() {
   echo "gpu-check: $*" >&2
@@ -94,11 +96,17 @@ run() {
     -DCMAKE_PREFIX_PATH="$work/root/usr;$work/root/usr/lib/x86_64-linux-gnu/cmake" \
     -DGRADSYNC_BUILD_PYTHON=OFF -DGRADSYNC_BUILD_BENCHMARKS=ON -DGRADSYNC_BUILD_EXAMPLES=OFF \
     2>&1 | tee "$out/build.log"
-  cmake --build "$work/build" -j "$(nproc)" --target gpu_tests gradsync_bench_gpu 2>&1 |
+  cmake --build "$work/build" -j "$(nproc)" --target gpu_tests gradsync_bench_gpu launch_probe 2>&1 |
     tee -a "$out/build.log" | tail -5
   local status=0
   ctest --test-dir "$work/build" -L gpu --output-on-failure --timeout 300 2>&1 |
     tee "$out/gpu-tests.log" || status=$?
+  # Placement with a GPU: the GPU each rank picks and where its background thread goes.
+  {
+    GRADSYNC_LOG_LEVEL=info "$work/build/test/launch/launch_probe" || true
+    GRADSYNC_LOG_LEVEL=info mpirun -np 2 --oversubscribe -x GRADSYNC_LOG_LEVEL \
+      "$work/build/test/launch/launch_probe" || true
+  } 2>&1 | tee "$out/placement.log"
   # The benchmarks: one rank through NCCL, then two sharing the GPU through the MPI backend.
   local bench=$work/build/benchmarks/gradsync_bench_gpu
   local data=${GRADSYNC_DATA_DIR:-$repo_root/../shared/data}
