@@ -95,6 +95,8 @@ class ProcessSetRuntime {
   // GRADSYNC_AUTOTUNE, the tuner, starting from those settings.
   void MeasureCosts();
   void StartAutotune();
+  // Whether GRADSYNC_HIERARCHICAL_ALLREDUCE is left to calibration.
+  static bool HierarchyByCalibration(const Config& config);
   MPI_Comm data_comm_;
   Config config_;
   struct DevicePlaneSlot {

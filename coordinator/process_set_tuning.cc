@@ -1,0 +1,181 @@
+// ProcessSetRuntime's fusion policy: calibration of the set's host allreduce paths at its first
+// host allreduce (coordinator/cost_model.h) and, with GRADSYNC_AUTOTUNE, the tuning that follows
+// (coordinator/autotuner.h). Kept apart from the set's bookkeeping in process_sets.cc.
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "coordinator/cost_model.h"
+#include "coordinator/process_sets.h"
+#include "runtime/logging.h"
+
+namespace gradsync {
+
+void ProcessSetRuntime::Calibrate() {
+  calibrated_ = true;
+  MeasureCosts();
+  StartAutotune();
+}
+
+void ProcessSetRuntime::MeasureCosts() {
+  if (!config_.calibrate || ranks_.size() < 2) return;  // one rank has nothing to measure
+  AllreduceCalibration measured;
+  const Status status = host_plane_->Calibrate(HierarchyByCalibration(config_), &measured);
+  if (!status.ok()) {
+    Log().error("process set {}: calibration failed ({}); planning with the configured settings",
+                id_, status.ToString());
+    return;
+  }
+  if (Log().should_log(spdlog::level::debug)) {
+    std::string samples;
+    for (const auto* list : {&measured.in_place, &measured.fused, &measured.fused_hierarchical}) {
+      for (const CostSample& s : *list) {
+        samples += " " + std::to_string(s.tensors) + "x" +
+                   std::to_string(int64_t(s.bytes) / s.tensors) +
+                   "B=" + std::to_string(int64_t(s.us)) + "us";
+      }
+      samples += list == &measured.in_place ? "; fused:"
+                 : list == &measured.fused && !measured.fused_hierarchical.empty()
+                     ? "; hierarchical:"
+                     : "";
+    }
+    Log().debug("process set {}: calibration samples, in place:{}", id_, samples);
+  }
+  AllreduceCosts costs;
+  costs.in_place = FitLinearCost(measured.in_place, kPerByte | kPerTensor);
+  costs.fused = FitLinearCost(measured.fused, kFixed | kPerByte | kPerTensor);
+  std::string described = DescribeCosts(costs);  // the flat fused path, as measured
+  if (!measured.fused_hierarchical.empty()) {
+    const LinearCost hierarchical =
+        FitLinearCost(measured.fused_hierarchical, kFixed | kPerByte | kPerTensor);
+    const int64_t from = HierarchicalFrom(costs.fused, hierarchical);
+    host_plane_->set_hierarchical_from_bytes(from);
+    if (from == 0) costs.fused = hierarchical;
+    described += "; hierarchical " + DescribeCost(hierarchical) +
+                 (from == 0 ? ": every bucket goes hierarchical"
+                  : from >= kNeverInPlace
+                      ? ": every bucket stays flat"
+                      : ": buckets of " + DescribeBytes(from) + " and more go hierarchical");
+  }
+  const int64_t cutoff = InPlaceCutoff(costs);
+  double largest = 0;
+  for (const CostSample& s : measured.fused) largest = std::max(largest, s.bytes);
+  std::string policy = "fused buckets of at most ";
+  if (config_.fusion_threshold_pinned) {
+    policy += DescribeBytes(fusion_.fusion_threshold_bytes) + " (GRADSYNC_FUSION_THRESHOLD); ";
+  } else {
+    fusion_.fusion_threshold_bytes = FusedBucketCap(costs, largest, config_.fusion_threshold_bytes);
+    policy += DescribeBytes(fusion_.fusion_threshold_bytes) + "; ";
+  }
+  if (config_.inplace_threshold_pinned) {
+    policy += "GRADSYNC_INPLACE_THRESHOLD pins the in-place cutoff at " +
+              DescribeBytes(fusion_.inplace_threshold_bytes) + " (the costs say " +
+              DescribeBytes(cutoff) + ")";
+  } else {
+    fusion_.inplace_threshold_bytes = cutoff;
+    policy += cutoff >= kNeverInPlace ? "every tensor is fused (none is cheaper alone)"
+                                      : "tensors of " + DescribeBytes(cutoff) +
+                                            " and more are reduced alone, in place; smaller ones "
+                                            "are fused";
+  }
+  int rank = 0;
+  MPI_Comm_rank(data_comm_, &rank);
+  if (rank != 0) return;  // every member fitted the same numbers
+  Log().info("process set {}: allreduce costs on {} ranks, measured in {:.0f} ms: {}; {}", id_,
+             ranks_.size(), measured.seconds * 1e3, described, policy);
+}
+
+void ProcessSetRuntime::StartAutotune() {
+  if (!config_.autotune || ranks_.size() < 2) return;
+  tuning_ = std::make_unique<Tuning>();
+  tuning_->tuner = std::make_unique<Autotuner>(
+      TunableSettings{fusion_.inplace_threshold_bytes, fusion_.fusion_threshold_bytes,
+                      config_.cycle_time_ms},
+      config_.fusion_threshold_bytes, id_ == 0);
+  int rank = 0;
+  MPI_Comm_rank(data_comm_, &rank);
+  if (rank != 0) return;
+  const std::string path =
+      id_ == 0 ? config_.autotune_log : config_.autotune_log + ".set" + std::to_string(id_);
+  tuning_->log.open(path, std::ios::out | std::ios::trunc);
+  if (!tuning_->log) {
+    Log().error("process set {}: GRADSYNC_AUTOTUNE_LOG: cannot write {}; tuning without a log", id_,
+                path);
+  } else {
+    tuning_->log << Autotuner::Header() << std::endl;
+  }
+}
+
+namespace {
+
+// A marker that has not come round often enough in this many allreduces is not once per step (an
+// allreduce run once, or once an epoch): the next allreduce becomes the marker. After a few such
+// tries tuning stops on the starting settings, rather than leave a candidate in place for good.
+constexpr int64_t kRunsPerWindowLimit = 20000;
+constexpr int kMarkerTries = 3;
+
+}  // namespace
+
+void ProcessSetRuntime::ObserveForAutotune(const std::vector<const Response*>& responses) {
+  if (tuning_ == nullptr || tuning_->tuner->done()) return;
+  Tuning& t = *tuning_;
+  for (const Response* r : responses) {
+    if (r->type != ResponseType::kAllreduce) continue;
+    if (!t.marker.empty() && ++t.runs > kRunsPerWindowLimit) {
+      if (++t.remarks >= kMarkerTries) {
+        const TunableSettings start = t.tuner->start();
+        fusion_.inplace_threshold_bytes = start.inplace_threshold_bytes;
+        fusion_.fusion_threshold_bytes = start.fusion_threshold_bytes;
+        config_.cycle_time_ms = start.cycle_time_ms;
+        Log().warn(
+            "process set {}: autotuning found no allreduce that runs once per step; "
+            "keeping the calibrated settings",
+            id_);
+        tuning_.reset();
+        return;
+      }
+      t.marker.clear();
+    }
+    if (t.marker.empty()) {
+      t.marker = r->name;
+      t.steps = 0;
+      t.runs = 0;
+      t.window_start = std::chrono::steady_clock::now();
+      return;
+    }
+    if (r->name != t.marker || ++t.steps < Autotuner::kStepsPerWindow) continue;
+    const double mine =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t.window_start).count();
+    double slowest = mine;
+    const Status reduced =
+        MpiResult(MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, data_comm_),
+                  "MPI_Allreduce (autotune window)");
+    if (!reduced.ok()) {
+      Log().error("process set {}: autotuning stopped: {}", id_, reduced.ToString());
+      tuning_.reset();
+      return;
+    }
+    const std::string line = t.tuner->Record(slowest);
+    if (t.log.is_open()) t.log << line << std::endl;
+    const TunableSettings& next = t.tuner->current();
+    fusion_.inplace_threshold_bytes = next.inplace_threshold_bytes;
+    fusion_.fusion_threshold_bytes = next.fusion_threshold_bytes;
+    if (t.tuner->done() && t.log.is_open()) {
+      Log().info(
+          "process set {}: autotuning settled: in-place cutoff {}, buckets of at most {}, cycle "
+          "time {} ms (trajectory in {})",
+          id_, DescribeBytes(next.inplace_threshold_bytes),
+          DescribeBytes(next.fusion_threshold_bytes), next.cycle_time_ms, config_.autotune_log);
+    }
+    t.steps = 0;
+    t.runs = 0;
+    t.window_start = std::chrono::steady_clock::now();
+    return;
+  }
+}
+
+double ProcessSetRuntime::cycle_time_ms() const {
+  return tuning_ ? tuning_->tuner->current().cycle_time_ms : config_.cycle_time_ms;
+}
+
+}  // namespace gradsync
