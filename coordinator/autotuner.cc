@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "coordinator/cost_model.h"
+
 namespace gradsync {
 namespace {
 
 constexpr int64_t kMinBucket = 1 << 20;
-constexpr int64_t kMinInPlace = 64 << 10;
-constexpr int64_t kNeverAlone = int64_t{1} << 40;
 
 }  // namespace
 
@@ -38,9 +38,10 @@ void Autotuner::PlanParameter() {
       const int64_t at = best_.inplace_threshold_bytes;
       // From "never alone", a quarter of it means nothing: try medium and large tensors alone.
       const std::vector<int64_t> tries =
-          at >= kNeverAlone ? std::vector<int64_t>{256 << 10, 4 << 20}
-                            : std::vector<int64_t>{std::max(kMinInPlace, at / 4),
-                                                   std::min(kNeverAlone, at * 4), kNeverAlone};
+          at >= kNeverInPlace
+              ? std::vector<int64_t>{256 << 10, 4 << 20}
+              : std::vector<int64_t>{std::max(kSmallestInPlace, at / 4),
+                                     std::min(kNeverInPlace, at * 4), kNeverInPlace};
       for (int64_t v : tries) {
         s.inplace_threshold_bytes = v;
         values.push_back(s);
