@@ -121,9 +121,14 @@ void PlaceThread(const NodeLayout& node, const std::vector<Placement>& located,
     return;
   }
   const CpuList taken = UnionOf(trainers).Union(UnionOf(kept));
-  if (taken.empty() && located.size() > CoresWithin(node, node.allowed).size()) {
+  if (taken.empty()) {
+    // No rank of the node is bound, so nothing says which cores are busy: other jobs, or ranks
+    // this node's gradsync cannot see (containers or namespaces sharing the machine), may be
+    // running anywhere. A fixed core would be a guess that could put every such rank's thread on
+    // the same core; the scheduler balances the thread better.
     out->thread_cpus = located[rank].locality;
-    out->why = "more ranks than cores on the node and none bound: anywhere near " + out->near;
+    out->why =
+        "no rank of the node is bound, so no core is known to be free: anywhere near " + out->near;
     return;
   }
   int position = 0;

@@ -9,8 +9,9 @@
 // - GRADSYNC_BIND_PROCESS: the ranks that share a locality split its cores into equal blocks; each
 //   process is bound to its block, less the block's last core when it has two or more, which is
 //   kept for the background thread. A process the launcher bound already is left as it is.
-// - On a node with more ranks than cores, none of them bound, no core can be a background
-//   thread's own: it runs anywhere in its locality.
+// - When no rank of the node is bound (by its launcher or by GRADSYNC_BIND_PROCESS), no core is
+//   known to be free: the background thread runs anywhere in its locality. Other jobs, or ranks
+//   sharing the machine unseen (containers, network-namespace hosts), may be on any core.
 // - The background thread goes to a core of its locality that no rank's trainer is bound to,
 //   the ranks of one locality taking different ones; failing that, such a core elsewhere on the
 //   node; failing that (every core bound to some rank) it shares its own rank's cores, and an

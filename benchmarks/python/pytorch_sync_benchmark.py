@@ -87,8 +87,19 @@ def parse_gradient_set(path):
     return tensors
 
 
+# The synthetic set of gradsync_bench_models: 1000 tensors of 256 float32 (1 KB) each.
+SYNTHETIC_SET = "1000x1KB"
+
+
+def synthetic_tensors():
+    return [("t%d" % i, (256,)) for i in range(1000)]
+
+
 def resolve_set(set_arg, data_dir):
-    """A path to a set file, or a stem looked up in the data folder (`resnet50`)."""
+    """A path to a set file, a stem looked up in the data folder (`resnet50`), or the synthetic
+    set's name (`1000x1KB`, whose path is None)."""
+    if set_arg == SYNTHETIC_SET:
+        return set_arg, None
     if os.sep in set_arg or set_arg.endswith(".txt"):
         path = set_arg
     else:
@@ -323,7 +334,7 @@ def main(argv):
 
     set_name, set_path = resolve_set(args.set, args.data_dir)
     try:
-        tensors = parse_gradient_set(set_path)
+        tensors = synthetic_tensors() if set_path is None else parse_gradient_set(set_path)
     except (OSError, SetError) as e:
         print("rank %d: %s" % (rank, e), file=sys.stderr)
         return 2

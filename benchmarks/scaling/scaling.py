@@ -33,18 +33,31 @@ DEFAULT_COMPUTE_MS = 100.0
 
 
 def parse_bench_output(text):
-    """Rows of gradsync_bench_models's table: {set: {tensors, mb, sync_ms, ..., flat_ms}}."""
-    rows = {}
+    """Rows of gradsync_bench_models's table, read by its header's column names:
+    {set: {tensors, mb, sync_ms, per_tensor_ms, flat_copy_ms, bucketed_ms, flat_ms}}, with None
+    for a strategy that did not run ("-")."""
+    keys = {"tensors": "tensors", "MB": "mb", "gradsync_ms": "sync_ms",
+            "pertens_ms": "per_tensor_ms", "flatcpy_ms": "flat_copy_ms",
+            "bucket_ms": "bucketed_ms", "flat_ms": "flat_ms"}
+    rows, header = {}, None
     for line in text.splitlines():
         words = line.split()
-        if not words or words[0].startswith("#") or words[0] == "set" or len(words) < 7:
+        if not words or words[0].startswith("#"):
+            continue
+        if words[0] == "set":
+            header = words
+            continue
+        if header is None or len(words) != len(header):
             continue
         try:
-            rows[words[0]] = {"tensors": int(words[1]), "mb": float(words[2]),
-                              "sync_ms": float(words[3]), "per_tensor_ms": float(words[4]),
-                              "flat_copy_ms": float(words[5]), "flat_ms": float(words[6])}
-        except ValueError:
+            row = {}
+            for name, value in zip(header[1:], words[1:]):
+                if name in keys:
+                    row[keys[name]] = None if value == "-" else float(value)
+            row["tensors"] = int(row["tensors"])
+        except (KeyError, TypeError, ValueError):
             continue
+        rows[words[0]] = row
     return rows
 
 

@@ -65,9 +65,20 @@ TEST(PlacementTest, UnboundRanksWithoutGpusSpreadOverNumaNodes) {
   const Placement second = Place(node, ranks, 1);
   EXPECT_EQ(first.near, "NUMA node 0");
   EXPECT_EQ(second.near, "NUMA node 1");
-  EXPECT_EQ(first.thread_cpus, Cpus("0,8"));  // a whole core: both its hardware threads
-  EXPECT_EQ(second.thread_cpus, Cpus("4,12"));
+  // No rank is bound, so no core is known to be free: each thread runs anywhere in its node.
+  EXPECT_EQ(first.thread_cpus, Cpus("0-3,8-11"));
+  EXPECT_EQ(second.thread_cpus, Cpus("4-7,12-15"));
   EXPECT_TRUE(first.process_cpus.empty());
+}
+
+// One rank per node, unbound, as on hosts that share a machine's cores unseen (containers,
+// network namespaces): pinning each to "its" free core would put them all on the same one.
+TEST(PlacementTest, LoneUnboundRankLeavesItsThreadToTheScheduler) {
+  const NodeLayout node = Flat(2);
+  const std::vector<LocalRank> ranks = {Unbound(node)};
+  const Placement p = Place(node, ranks, 0);
+  EXPECT_EQ(p.thread_cpus, Cpus("0-1"));
+  EXPECT_NE(p.why.find("no rank of the node is bound"), std::string::npos) << p.why;
 }
 
 TEST(PlacementTest, ThreadGoesNearTheRanksGpu) {
@@ -84,9 +95,11 @@ TEST(PlacementTest, ThreadGoesNearTheRanksGpu) {
 
 TEST(PlacementTest, RanksSharingALocalityTakeDifferentCores) {
   const NodeLayout node = TwoSockets();
+  // Each rank bound by its launcher to one core of its GPU's socket.
+  const char* cores[] = {"0,8", "4,12", "1,9", "5,13"};
   std::vector<LocalRank> ranks;
   for (int i = 0; i < 4; ++i)
-    ranks.push_back(WithGpu(Unbound(node), i % 2, i % 2 ? "4-7,12-15" : "0-3,8-11"));
+    ranks.push_back(WithGpu(BoundTo(cores[i]), i % 2, i % 2 ? "4-7,12-15" : "0-3,8-11"));
   const Placement r0 = Place(node, ranks, 0);
   const Placement r2 = Place(node, ranks, 2);
   EXPECT_TRUE(r0.thread_cpus.IsSubsetOf(Cpus("0-3,8-11")));
