@@ -79,6 +79,7 @@ std::chrono::nanoseconds BackgroundLoop::NextWait() const {
 
 bool BackgroundLoop::RunOneCycle() {
   queue_->WaitForWork(NextWait(), CycleTime());
+  const auto started = std::chrono::steady_clock::now();
   Distribute(TakeFreshEntries());
   bool productive = false;
   // By id, so that sets added or removed by the global set's responses are picked up (or skipped)
@@ -89,6 +90,12 @@ bool BackgroundLoop::RunOneCycle() {
     set = sets_.Next(id);
   }
   unproductive_cycles_ = productive ? 0 : std::min(unproductive_cycles_ + 1, 64);
+  // Tensors pushed while this cycle ran mean the caller is streaming them (a backward pass's hooks)
+  // rather than waiting on results: the next cycle then starts one cycle time after this one, so
+  // that what arrives meanwhile shares one negotiation instead of each paying a wake-up and a
+  // control round. A caller that waits on each result pushes nothing during the cycle and keeps
+  // the quick start.
+  if (queue_->HasPending()) queue_->PauseUntil(started + CycleTime());
   return true;
 }
 

@@ -130,6 +130,16 @@ void TensorQueue::Wake() {
   cv_.notify_all();
 }
 
+bool TensorQueue::HasPending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !pending_.empty();
+}
+
+void TensorQueue::PauseUntil(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_until(lock, deadline, [this] { return closed_flag_ || wake_requested_; });
+}
+
 std::vector<TensorEntry*> TensorQueue::Drain() {
   std::vector<TensorEntry*> drained;
   std::lock_guard<std::mutex> lock(mu_);

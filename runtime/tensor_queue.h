@@ -45,8 +45,12 @@ class TensorQueue {
   // number waiting still grows from one look to the next, for at most `settle_for`.
   void WaitForWork(std::chrono::nanoseconds max_wait,
                    std::chrono::nanoseconds settle_for = std::chrono::nanoseconds(0));
-  // Wakes a WaitForWork early (used for shutdown requests).
+  // Wakes a WaitForWork or PauseUntil early (used for shutdown requests).
   void Wake();
+  // True when entries were pushed after the last Drain.
+  bool HasPending() const;
+  // Sleeps until `deadline`, the queue is closed or a wake-up is requested; pushes do not end it.
+  void PauseUntil(std::chrono::steady_clock::time_point deadline);
   // Entries pushed since the last Drain, in push order. They stay owned by the queue, in flight.
   std::vector<TensorEntry*> Drain();
   // Takes the entries out of flight; call before completing their handles so that callers may

@@ -340,6 +340,49 @@ TEST(TensorQueueTest, CloseWakesASleepingWaiterAndLaterWaitsReturnAtOnce) {
   EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
 }
 
+TEST(TensorQueueTest, HasPendingSeesPushesSinceTheLastDrain) {
+  TensorQueue queue;
+  EXPECT_FALSE(queue.HasPending());
+  ASSERT_TRUE(queue.Push(Entry("a")).ok());
+  EXPECT_TRUE(queue.HasPending());
+  queue.Drain();
+  EXPECT_FALSE(queue.HasPending());
+}
+
+// The pause that spaces a streaming caller's cycles: pushes must not end it, or every tensor of a
+// backward pass would start a cycle of its own again.
+TEST(TensorQueueTest, PauseLastsUntilItsDeadlineWhateverIsPushed) {
+  TensorQueue queue;
+  std::thread pusher([&] {
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_TRUE(queue.Push(Entry("p" + std::to_string(i))).ok());
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+  });
+  const auto start = steady_clock::now();
+  queue.PauseUntil(start + milliseconds(60));
+  EXPECT_GE(steady_clock::now() - start, milliseconds(60));
+  pusher.join();
+  EXPECT_EQ(queue.Drain().size(), 5u);
+}
+
+TEST(TensorQueueTest, WakeAndCloseEndAPause) {
+  TensorQueue queue;
+  for (bool close : {false, true}) {
+    std::thread pauser([&] { queue.PauseUntil(steady_clock::now() + kLongWait); });
+    std::this_thread::sleep_for(milliseconds(50));
+    const auto start = steady_clock::now();
+    if (close) {
+      queue.Close(Status::Shutdown("bye"));
+    } else {
+      queue.Wake();
+    }
+    pauser.join();
+    EXPECT_LT(steady_clock::now() - start, kLongWait / 2) << (close ? "close" : "wake");
+    queue.WaitForWork(milliseconds(1));  // consumes the wake-up request
+  }
+}
+
 TEST(TensorQueueTest, ConcurrentPushersAreAllAccepted) {
   TensorQueue queue;
   constexpr int kThreads = 4;
