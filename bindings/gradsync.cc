@@ -443,6 +443,7 @@ Handle barrier(const std::string& name, const ProcessSet& process_set) {
 void Handle::wait() const {
   RequireCallerThread("Handle::wait");
   if (!state_) Throw(Status::InvalidArgument("wait() on an empty handle"));
+  EndPauseBeforeBlocking(*state_);
   const Status& status = state_->Wait();  // no copy: every handle of a step is waited on
   if (!status.ok()) Throw(status);
 }
@@ -450,6 +451,7 @@ void Handle::wait() const {
 bool Handle::wait_for(std::chrono::nanoseconds timeout) const {
   RequireCallerThread("Handle::wait_for");
   if (!state_) Throw(Status::InvalidArgument("wait_for() on an empty handle"));
+  EndPauseBeforeBlocking(*state_);
   Status status;
   if (!state_->WaitFor(timeout, &status)) return false;
   if (!status.ok()) Throw(status);

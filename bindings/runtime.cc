@@ -43,6 +43,11 @@ Runtime& ActiveRuntime(const char* call) {
   return *rt;
 }
 
+void EndPauseBeforeBlocking(const OpState& state) {
+  if (state.done()) return;
+  if (Runtime* rt = g_active.load(std::memory_order_acquire)) rt->queue.EndPause();
+}
+
 void init(MPI_Comm comm) {
   InitOptions options;
   options.comm = comm;

@@ -48,6 +48,11 @@ void RequireCallerThread(const char* call);
 // The running runtime; throws NotInitialized, naming `call`, when there is none.
 Runtime& ActiveRuntime(const char* call);
 
+// Called by a caller about to block on `state`: it has no more tensors to stream for now, so the
+// background thread need not pause to gather them (architecture.md, "Pacing a streaming
+// caller"). Does nothing when the operation is done or gradsync is not running.
+void EndPauseBeforeBlocking(const OpState& state);
+
 Handle MakeHandle(std::shared_ptr<OpState> state);
 ProcessSet MakeProcessSet(int id);
 

@@ -137,7 +137,17 @@ bool TensorQueue::HasPending() const {
 
 void TensorQueue::PauseUntil(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_until(lock, deadline, [this] { return closed_flag_ || wake_requested_; });
+  cv_.wait_until(lock, deadline,
+                 [this] { return closed_flag_ || wake_requested_ || pause_ended_; });
+  pause_ended_ = false;
+}
+
+void TensorQueue::EndPause() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pause_ended_ = true;
+  }
+  cv_.notify_all();
 }
 
 std::vector<TensorEntry*> TensorQueue::Drain() {

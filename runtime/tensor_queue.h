@@ -49,8 +49,12 @@ class TensorQueue {
   void Wake();
   // True when entries were pushed after the last Drain.
   bool HasPending() const;
-  // Sleeps until `deadline`, the queue is closed or a wake-up is requested; pushes do not end it.
+  // Sleeps until `deadline`, the queue is closed, a wake-up is requested or EndPause() is called;
+  // pushes do not end it. Returns at once when EndPause() was called since the last pause.
   void PauseUntil(std::chrono::steady_clock::time_point deadline);
+  // Ends the current pause, or the next one if none runs now: a caller is about to block on a
+  // result, so there is nothing more to gather.
+  void EndPause();
   // Entries pushed since the last Drain, in push order. They stay owned by the queue, in flight.
   std::vector<TensorEntry*> Drain();
   // Takes the entries out of flight; call before completing their handles so that callers may
@@ -88,6 +92,7 @@ class TensorQueue {
   bool closed_flag_ = false;
   bool wake_requested_ = false;
   bool waiter_sleeping_ = false;
+  bool pause_ended_ = false;  // by EndPause, until a PauseUntil consumes it
 };
 
 }  // namespace gradsync

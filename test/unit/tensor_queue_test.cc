@@ -383,6 +383,26 @@ TEST(TensorQueueTest, WakeAndCloseEndAPause) {
   }
 }
 
+// A caller about to block on a result ends the pause, even one that has not begun yet; the pause
+// after that lasts again.
+TEST(TensorQueueTest, EndPauseEndsThisPauseOrTheNextOnce) {
+  TensorQueue queue;
+  std::thread pauser([&] { queue.PauseUntil(steady_clock::now() + kLongWait); });
+  std::this_thread::sleep_for(milliseconds(50));
+  auto start = steady_clock::now();
+  queue.EndPause();
+  pauser.join();
+  EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
+
+  queue.EndPause();
+  start = steady_clock::now();
+  queue.PauseUntil(start + kLongWait);
+  EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
+  start = steady_clock::now();
+  queue.PauseUntil(start + milliseconds(30));
+  EXPECT_GE(steady_clock::now() - start, milliseconds(30));
+}
+
 TEST(TensorQueueTest, ConcurrentPushersAreAllAccepted) {
   TensorQueue queue;
   constexpr int kThreads = 4;
