@@ -132,6 +132,10 @@ Status SetUpLaunch(const Config& config, const MpiContext& mpi, MPI_Comm base, L
                          &out->placement);
   }
   GRADSYNC_RETURN_IF_ERROR(ShareFirstFailure(mpi.control_comm(), mine));
+  // The smallest over every rank (0 where one is unknown), so that every rank plans alike.
+  out->cache_bytes = node ? node->LastLevelCacheBytes() : 0;
+  GRADSYNC_MPI_CALL(
+      MPI_Allreduce(MPI_IN_PLACE, &out->cache_bytes, 1, MPI_INT64_T, MPI_MIN, mpi.control_comm()));
   if (!node) return Status::OK();
   if (!out->placement.process_cpus.empty()) {
     const Status bound = node->BindProcess(out->placement.process_cpus);

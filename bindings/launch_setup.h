@@ -7,6 +7,7 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <memory>
 
 #include "gradsync/status.h"
@@ -21,6 +22,8 @@ struct LaunchSetup {
   int gpu = -1;  // this rank's GPU among the visible ones; -1 without one
   Placement placement;
   std::shared_ptr<const HwlocNode> node;  // null where hwloc could not read the node
+  // The smallest last-level cache of every rank's node, in bytes; 0 when some rank's is unknown.
+  int64_t cache_bytes = 0;
 
   // For the background thread to call first thing: binds it where placement said (a failure is
   // logged, not fatal).

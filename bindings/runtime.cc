@@ -67,6 +67,7 @@ void init(const InitOptions& options) {
   Log().debug("gradsync starting on {} ranks: {}", rt->mpi->size(), rt->config.ToString());
   status = SetUpLaunch(rt->config, *rt->mpi, options.comm, &rt->launch);
   if (!status.ok()) Throw(status);
+  rt->config.cache_bytes = rt->launch.cache_bytes;
   if (!rt->config.timeline_path.empty() && rt->mpi->rank() == 0) {
     // Not fatal: the other ranks cannot learn of it without another collective, and training
     // without a trace beats a job that stops over one.

@@ -112,7 +112,8 @@ int64_t InPlaceCutoff(const AllreduceCosts& costs) {
   return std::max(kSmallestInPlace, (static_cast<int64_t>(bytes) / granule + 1) * granule);
 }
 
-int64_t FusedBucketCap(const AllreduceCosts& costs, double largest_measured, int64_t configured) {
+int64_t FusedBucketCap(const AllreduceCosts& costs, double largest_measured, int64_t configured,
+                       int64_t cache_bytes) {
   constexpr double kFixedShare = 0.05;
   double cap = largest_measured;
   if (costs.fused.per_byte_us > 0) {
@@ -120,6 +121,7 @@ int64_t FusedBucketCap(const AllreduceCosts& costs, double largest_measured, int
   } else if (costs.fused.fixed_us > 0) {
     cap = static_cast<double>(configured);
   }
+  if (cache_bytes > 0) cap = std::min(cap, std::max(largest_measured, cache_bytes / 2.0));
   if (!(cap < 0.9 * static_cast<double>(configured))) return configured;
   const int64_t granule = 1 << 20;
   return std::min(configured, (static_cast<int64_t>(cap) + granule - 1) / granule * granule);

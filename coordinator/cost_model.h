@@ -56,8 +56,11 @@ int64_t InPlaceCutoff(const AllreduceCosts& costs);
 // time, at least the largest bucket calibration measured (beyond it the fit is extrapolated), and
 // at most `configured` (GRADSYNC_FUSION_THRESHOLD). Over shared memory that is a few MiB, where a
 // larger bucket would leave the calibrated path; over a network, where each collective pays
-// milliseconds, it is the configured maximum.
-int64_t FusedBucketCap(const AllreduceCosts& costs, double largest_measured, int64_t configured);
+// milliseconds, it is the configured maximum, or half of `cache_bytes` (the node's last-level
+// cache; 0 when unknown) if that is less: a bucket copied in and reduced while it stays in the
+// cache beats one that goes through memory, which calibration's small ladder cannot see.
+int64_t FusedBucketCap(const AllreduceCosts& costs, double largest_measured, int64_t configured,
+                       int64_t cache_bytes);
 
 // The smallest bucket, in bytes, predicted to be reduced faster by the hierarchical path than by
 // the flat one; kNeverInPlace (never) when the hierarchical path is no cheaper per byte.

@@ -64,7 +64,8 @@ void ProcessSetRuntime::MeasureCosts() {
   if (config_.fusion_threshold_pinned) {
     policy += DescribeBytes(fusion_.fusion_threshold_bytes) + " (GRADSYNC_FUSION_THRESHOLD); ";
   } else {
-    fusion_.fusion_threshold_bytes = FusedBucketCap(costs, largest, config_.fusion_threshold_bytes);
+    fusion_.fusion_threshold_bytes =
+        FusedBucketCap(costs, largest, config_.fusion_threshold_bytes, config_.cache_bytes);
     policy += DescribeBytes(fusion_.fusion_threshold_bytes) + "; ";
   }
   if (config_.inplace_threshold_pinned) {

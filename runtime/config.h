@@ -23,6 +23,9 @@ enum class GpuBackend {
 struct Config {
   // GRADSYNC_FUSION_THRESHOLD: bytes of one fusion buffer; 0 disables fusion.
   int64_t fusion_threshold_bytes = 64ll << 20;
+  // The smallest last-level cache of the ranks' nodes in bytes, set by init() from the topology
+  // (not a variable); 0 when unknown. Calibration keeps fused buckets within half of it.
+  int64_t cache_bytes = 0;
   // GRADSYNC_INPLACE_THRESHOLD: a tensor at least this large is reduced on its own, in place,
   // rather than copied into a fusion buffer (copies cost as much as the reduction in host memory).
   int64_t inplace_threshold_bytes = 256ll << 10;

@@ -56,6 +56,16 @@ Status HwlocNode::Load(bool with_pci, std::unique_ptr<HwlocNode>* out) {
 
 HwlocNode::~HwlocNode() { hwloc_topology_destroy(topology_); }
 
+int64_t HwlocNode::LastLevelCacheBytes() const {
+  for (hwloc_obj_type_t level : {HWLOC_OBJ_L3CACHE, HWLOC_OBJ_L2CACHE}) {
+    hwloc_obj_t cache = hwloc_get_obj_by_type(topology_, level, 0);
+    if (cache != nullptr && cache->attr != nullptr && cache->attr->cache.size > 0) {
+      return static_cast<int64_t>(cache->attr->cache.size);
+    }
+  }
+  return 0;
+}
+
 NodeLayout HwlocNode::Layout() const {
   NodeLayout layout;
   layout.allowed = ToCpuList(hwloc_topology_get_allowed_cpuset(topology_));

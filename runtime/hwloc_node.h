@@ -26,6 +26,8 @@ class HwlocNode {
   HwlocNode& operator=(const HwlocNode&) = delete;
 
   NodeLayout Layout() const;
+  // The size of the largest cache level hwloc finds (L3, else L2), in bytes; 0 when it finds none.
+  int64_t LastLevelCacheBytes() const;
   // The CPUs the calling thread may run on now.
   Status ThreadBinding(CpuList* out) const;
   // The CPUs nearest the PCI device "domain:bus:device.function"; empty when it is not found.

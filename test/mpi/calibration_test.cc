@@ -68,7 +68,7 @@ TEST_F(CalibrationTest, EveryRankFitsTheSameCostsAndThePlaneStillReduces) {
     costs.fused = FitLinearCost(measured.fused, kFixed | kPerByte | kPerTensor);
     const int64_t cutoff = InPlaceCutoff(costs);
     EXPECT_GE(cutoff, kSmallestInPlace);
-    const int64_t cap = FusedBucketCap(costs, 8 << 20, 64 << 20);
+    const int64_t cap = FusedBucketCap(costs, 8 << 20, 64 << 20, 32 << 20);
     EXPECT_GE(cap, 8 << 20);
     EXPECT_LE(cap, 64 << 20);
     EXPECT_TRUE(SameOnEveryRank({double(cutoff), double(cap)}));

@@ -101,14 +101,30 @@ TEST(CostModelTest, BucketCapKeepsTheFixedCostSmallWithinTheConfiguredMaximum) {
   AllreduceCosts costs;
   // Shared memory: 40 us per bucket, 0.16 ns/B: 5% of a 5 MB bucket; the ladder measured 8 MiB.
   costs.fused = {40.0, 0.16e-3, 0.1};
-  EXPECT_EQ(FusedBucketCap(costs, 8 << 20, 64 << 20), 8 << 20);
+  EXPECT_EQ(FusedBucketCap(costs, 8 << 20, 64 << 20, 0), 8 << 20);
   // A network: 6 ms per collective at 1.7 ns/B wants 70 MB buckets; 64 MiB is the most allowed.
   costs.fused = {6000.0, 1.7e-3, 0.1};
-  EXPECT_EQ(FusedBucketCap(costs, 8 << 20, 64 << 20), 64 << 20);
+  EXPECT_EQ(FusedBucketCap(costs, 8 << 20, 64 << 20, 0), 64 << 20);
   // In between: rounded up to whole MiB.
   costs.fused = {500.0, 1.0e-3, 0.1};  // 10 MB
-  EXPECT_EQ(FusedBucketCap(costs, 8 << 20, 64 << 20), 10 << 20);
-  EXPECT_EQ(FusedBucketCap(costs, 8 << 20, 1 << 20), 1 << 20);
+  EXPECT_EQ(FusedBucketCap(costs, 8 << 20, 64 << 20, 0), 10 << 20);
+  EXPECT_EQ(FusedBucketCap(costs, 8 << 20, 1 << 20, 0), 1 << 20);
+}
+
+TEST(CostModelTest, BucketCapStaysWithinHalfTheLastLevelCache) {
+  AllreduceCosts costs;
+  // A network that wants 70 MB buckets, on a node with a 32 MiB cache: 16 MiB.
+  costs.fused = {6000.0, 1.7e-3, 0.1};
+  EXPECT_EQ(FusedBucketCap(costs, 4 << 20, 64 << 20, 32 << 20), 16 << 20);
+  // Latency alone measured (no per-byte cost): the same bound.
+  costs.fused = {30000.0, 0.0, 0.0};
+  EXPECT_EQ(FusedBucketCap(costs, 4 << 20, 64 << 20, 32 << 20), 16 << 20);
+  // Never below what calibration measured, nor above the configured maximum.
+  EXPECT_EQ(FusedBucketCap(costs, 4 << 20, 64 << 20, 4 << 20), 4 << 20);
+  EXPECT_EQ(FusedBucketCap(costs, 4 << 20, 8 << 20, 256 << 20), 8 << 20);
+  // Shared memory's small buckets are already within it.
+  costs.fused = {40.0, 0.16e-3, 0.1};
+  EXPECT_EQ(FusedBucketCap(costs, 8 << 20, 64 << 20, 32 << 20), 8 << 20);
 }
 
 TEST(CostModelTest, HierarchicalFromTheCrossover) {
