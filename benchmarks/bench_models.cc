@@ -286,23 +286,24 @@ void PrintHeader(const Config& config, int size) {
 // `t` holds seconds by kStrategyNames' order, NaN for a strategy that did not run; a column or
 // ratio that needs one prints as "-".
 void PrintRow(const GradientSet& set, const std::vector<double>& t) {
-  auto cell = [](double value, int width, double scale) {
+  auto cell = [](double value, int width, int digits) {
     char text[32];
     if (std::isnan(value)) {
       std::snprintf(text, sizeof(text), "%*s", width, "-");
     } else {
-      std::snprintf(text, sizeof(text), "%*.*f", width, width == 11 ? 3 : 2, value * scale);
+      std::snprintf(text, sizeof(text), "%*.*f", width, digits, value);
     }
     return std::string(text);
   };
+  auto ms = [&](double seconds) { return cell(seconds * 1e3, 11, 3); };
+  auto ratio = [&](double r) { return cell(r, 8, 2); };
   const double gs = t[0], pt = t[1], fc = t[2], bk = t[3], flat = t[4];
   // fmin skips NaN: the best raw strategy among those that ran.
   const double best = std::fmin(pt, std::fmin(fc, bk));
   std::printf("%-10s %7zu %8.1f %s %s %s %s %s %s %s %s\n", set.name.c_str(), set.tensors.size(),
-              Megabytes(set), cell(gs, 11, 1e3).c_str(), cell(pt, 11, 1e3).c_str(),
-              cell(fc, 11, 1e3).c_str(), cell(bk, 11, 1e3).c_str(), cell(flat, 11, 1e3).c_str(),
-              cell(gs / best, 8, 1).c_str(), cell(pt / gs, 8, 1).c_str(),
-              cell(gs / flat, 8, 1).c_str());
+              Megabytes(set), ms(gs).c_str(), ms(pt).c_str(), ms(fc).c_str(), ms(bk).c_str(),
+              ms(flat).c_str(), ratio(gs / best).c_str(), ratio(pt / gs).c_str(),
+              ratio(gs / flat).c_str());
   std::fflush(stdout);
 }
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <string>
 #include <vector>
@@ -53,6 +54,7 @@ RankRecord DescribeSelf(const MpiContext& mpi, const HwlocNode* node, const Node
   self.host = HostName();
   LocalRank& place = self.placement;
   if (node != nullptr) {
+    self.cache_bytes = node->LastLevelCacheBytes();
     const Status read = node->ThreadBinding(&place.bound_to);
     if (!read.ok()) Log().warn("placement: {}", read.message());
     place.bound_by_launcher = !place.bound_to.empty() && place.bound_to != layout.allowed &&
@@ -133,9 +135,8 @@ Status SetUpLaunch(const Config& config, const MpiContext& mpi, MPI_Comm base, L
   }
   GRADSYNC_RETURN_IF_ERROR(ShareFirstFailure(mpi.control_comm(), mine));
   // The smallest over every rank (0 where one is unknown), so that every rank plans alike.
-  out->cache_bytes = node ? node->LastLevelCacheBytes() : 0;
-  GRADSYNC_MPI_CALL(
-      MPI_Allreduce(MPI_IN_PLACE, &out->cache_bytes, 1, MPI_INT64_T, MPI_MIN, mpi.control_comm()));
+  out->cache_bytes = self.cache_bytes;
+  for (const RankRecord& r : records) out->cache_bytes = std::min(out->cache_bytes, r.cache_bytes);
   if (!node) return Status::OK();
   if (!out->placement.process_cpus.empty()) {
     const Status bound = node->BindProcess(out->placement.process_cpus);

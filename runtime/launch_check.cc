@@ -48,14 +48,15 @@ std::string Encode(const RankRecord& r) {
        {std::to_string(r.rank), std::to_string(r.node_leader), std::to_string(r.local_rank),
         std::to_string(r.local_size), std::to_string(r.launcher_local_size), r.host,
         p.bound_to.ToString(), std::string(p.bound_by_launcher ? "1" : "0"), std::to_string(p.gpu),
-        p.gpu_bus_id, p.gpu_cpus.ToString()}) {
+        p.gpu_bus_id, p.gpu_cpus.ToString(), std::to_string(r.cache_bytes)}) {
     text += field;
     text += kField;
   }
   return text;
 }
 
-bool DecodeInt(const std::string& text, int* out) {
+template <typename Int>
+bool DecodeInt(const std::string& text, Int* out) {
   auto result = std::from_chars(text.data(), text.data() + text.size(), *out);
   return result.ec == std::errc() && result.ptr == text.data() + text.size();
 }
@@ -74,7 +75,7 @@ bool Decode(const std::string& text, RankRecord* r) {
   for (size_t end; (end = text.find(kField, start)) != std::string::npos; start = end + 1) {
     f.push_back(text.substr(start, end - start));
   }
-  if (f.size() != 11) return false;
+  if (f.size() != 12) return false;
   LocalRank& p = r->placement;
   r->host = f[5];
   p.bound_by_launcher = f[7] == "1";
@@ -82,7 +83,8 @@ bool Decode(const std::string& text, RankRecord* r) {
   return DecodeInt(f[0], &r->rank) && DecodeInt(f[1], &r->node_leader) &&
          DecodeInt(f[2], &r->local_rank) && DecodeInt(f[3], &r->local_size) &&
          DecodeInt(f[4], &r->launcher_local_size) && DecodeCpus(f[6], &p.bound_to) &&
-         DecodeInt(f[8], &p.gpu) && DecodeCpus(f[10], &p.gpu_cpus);
+         DecodeInt(f[8], &p.gpu) && DecodeCpus(f[10], &p.gpu_cpus) &&
+         DecodeInt(f[11], &r->cache_bytes);
 }
 
 std::string RankNames(const std::vector<int>& ranks) {

@@ -7,6 +7,7 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,8 @@ struct RankRecord {
   int local_size = 1;
   int launcher_local_size = -1;  // ranks on its node according to the launcher; -1: not said
   std::string host;
-  LocalRank placement;  // its binding and GPU, for the placement of the node's ranks
+  LocalRank placement;      // its binding and GPU, for the placement of the node's ranks
+  int64_t cache_bytes = 0;  // its node's last-level cache; 0 when unknown
 };
 
 // The launcher's word on how many ranks it started, and on how many share this rank's node,

@@ -137,17 +137,23 @@ bool TensorQueue::HasPending() const {
 
 void TensorQueue::PauseUntil(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
+  pausing_ = true;
   cv_.wait_until(lock, deadline,
                  [this] { return closed_flag_ || wake_requested_ || pause_ended_; });
+  pausing_ = false;
   pause_ended_ = false;
 }
 
+// Notifies only a pause in progress: a waiter asleep in WaitForWork has nothing to do with it, and
+// callers block once per step or more.
 void TensorQueue::EndPause() {
+  bool notify = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     pause_ended_ = true;
+    notify = pausing_;
   }
-  cv_.notify_all();
+  if (notify) cv_.notify_all();
 }
 
 std::vector<TensorEntry*> TensorQueue::Drain() {

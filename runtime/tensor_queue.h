@@ -92,6 +92,7 @@ class TensorQueue {
   bool closed_flag_ = false;
   bool wake_requested_ = false;
   bool waiter_sleeping_ = false;
+  bool pausing_ = false;      // a PauseUntil is waiting
   bool pause_ended_ = false;  // by EndPause, until a PauseUntil consumes it
 };
 
