@@ -12,13 +12,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "core_module.h"
+
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
-namespace py = pybind11;
 using namespace pybind11::literals;
 
 namespace gradsync {
@@ -79,12 +80,8 @@ struct GroupOutputs {
   std::vector<Allocator> allocators;
 };
 
-// Python's GradsyncError and its subclasses, created at import (see PYBIND11_MODULE).
-struct Exceptions {
-  py::object base;         // GradsyncError(RuntimeError): every failure, with .code
-  py::object value_error;  // GradsyncValueError(GradsyncError, ValueError): bad input, no init
-  py::object internal;     // GradsyncInternalError(GradsyncError): a collective failed at wait
-};
+}  // namespace
+
 Exceptions* g_exceptions = nullptr;
 
 [[noreturn]] void Raise(const py::object& type, const Status& status) {
@@ -94,16 +91,10 @@ Exceptions* g_exceptions = nullptr;
   throw py::error_already_set();
 }
 
-// Enqueue-time errors: bad arguments and calls before init read as ValueError, as Horovod's do.
-template <typename F>
-auto Enqueue(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const Error& e) {
-    const bool value =
-        e.code() == StatusCode::kInvalidArgument || e.code() == StatusCode::kNotInitialized;
-    Raise(value ? g_exceptions->value_error : g_exceptions->base, e.status());
-  }
+[[noreturn]] void RaiseWaitError(const Error& e) {
+  const bool value =
+      e.code() == StatusCode::kInvalidArgument || e.code() == StatusCode::kNotInitialized;
+  Raise(value ? g_exceptions->value_error : g_exceptions->internal, e.status());
 }
 
 TensorView View(uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind,
@@ -124,11 +115,14 @@ std::vector<TensorView> Views(const std::vector<uintptr_t>& data, const std::vec
 }
 
 ProcessSet SetById(int id) {
+  if (id == 0) return ProcessSet();  // the global set, always there: no registry walk per call
   for (const ProcessSet& set : process_sets())
     if (set.id() == id) return set;
   throw Error(Status::InvalidArgument("process set " + std::to_string(id) +
                                       " does not exist (it was never added or was removed)"));
 }
+
+namespace {
 
 // The reduction fields that allreduce, grouped allreduce and reducescatter options share.
 template <typename Options>
@@ -144,9 +138,7 @@ void Wait(const PyHandle& h) {
     py::gil_scoped_release release;
     h.handle.wait();
   } catch (const Error& e) {
-    const bool value =
-        e.code() == StatusCode::kInvalidArgument || e.code() == StatusCode::kNotInitialized;
-    Raise(value ? g_exceptions->value_error : g_exceptions->internal, e.status());
+    RaiseWaitError(e);
   }
 }
 
@@ -355,4 +347,5 @@ PYBIND11_MODULE(_core, m) {
   BindRuntime(m);
   BindHandle(m);
   BindCollectives(m);
+  BindAllreduceBatch(m);
 }

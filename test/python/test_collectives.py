@@ -269,3 +269,28 @@ def test_barrier_and_basics(rank, size):
     # A CUDA build reports NCCL's version; a CUDA-free one reports neither.
     assert hvd.cuda_built() == (hvd.nccl_built() > 0)
     assert hvd.nccl_built() == 0 or hvd.nccl_built() >= 20000
+
+
+def test_allreduce_batch_slots(rank, size):
+    from gradsync import _core
+    tensors = [torch.full((3,), float(rank + 1)), torch.full((2, 2), float(rank + 1))]
+    batch = _core.AllreduceBatch(["batch.a", "batch.b"], [6, 6], [[3], [2, 2]], [0, 0], [-1, -1],
+                                 0, 1.0, 1.0, 0)
+    assert len(batch) == 2 and batch.in_flight() == 0
+    expected = float(sum(range(1, size + 1)))
+    for step in range(2):  # slots are reused step after step
+        for t in tensors:
+            t.fill_(float(rank + 1))
+        batch.start(1, tensors[1].data_ptr())
+        batch.start(0, tensors[0].data_ptr())
+        with pytest.raises(ValueError, match="started twice"):
+            batch.start(0, tensors[0].data_ptr())
+        assert batch.in_flight() == 2
+        batch.wait()
+        assert batch.in_flight() == 0
+        for t in tensors:
+            assert torch.equal(t, torch.full_like(t, expected))
+    with pytest.raises(ValueError, match="no slot 2"):
+        batch.start(2, tensors[0].data_ptr())
+    with pytest.raises(ValueError, match="one name"):
+        _core.AllreduceBatch(["x"], [6, 6], [[1]], [0], [-1], 0, 1.0, 1.0, 0)

@@ -125,3 +125,51 @@ def test_distributed_optimizer_uneven_inputs_with_join(rank, size):
         sgd.step()
     want = torch.cat([p.detach().flatten() for p in reference.parameters()])
     assert torch.allclose(params, want, atol=TOLERANCE, rtol=0)
+
+
+def test_optimizer_hooks_start_reductions_through_the_batch(rank, size):
+    """Every plain gradient leaves from its hook through the optimizer's AllreduceBatch, and the
+    batch is empty again once step() has waited for it."""
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    params = list(model.parameters())
+    assert optimizer._batch is not None and len(optimizer._batch) == len(params)
+    x, y = full_batch(0, size)
+    torch.nn.functional.mse_loss(model(x[rank * 4:rank * 4 + 4]), y[rank * 4:rank * 4 + 4]) \
+        .backward()
+    assert optimizer._batch.in_flight() == len(params)
+    optimizer.step()
+    assert optimizer._batch.in_flight() == 0
+    assert_replicas_equal(torch.cat([p.detach().flatten() for p in params]))
+
+
+def test_optimizer_batch_and_general_path_meet_under_one_name(rank, size):
+    """A parameter that backward left without a gradient on rank 0 only is reduced as zeros on the
+    general path there and through the batch elsewhere: the two must negotiate as one tensor."""
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    last_bias = model[2].bias
+    out = model(torch.ones(2, 8, dtype=torch.float64))
+    if rank == 0:
+        out = out - last_bias  # leaves the last bias out of the graph on this rank only
+    out.sum().backward()
+    optimizer.synchronize()
+    # Every other rank contributed 2 per element (two rows of ones through d(sum)/d(bias)).
+    assert torch.allclose(last_bias.grad, torch.full_like(last_bias, 2.0 * (size - 1) / size))
+    with optimizer.skip_synchronize():
+        optimizer.step()
+
+
+def test_optimizer_batch_reports_a_mismatch_at_step(rank, size):
+    if size == 1:
+        pytest.skip("a mismatch needs two ranks")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3 if rank == 0 else 5).double()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    model(torch.ones(1, 4, dtype=torch.float64)).sum().backward()
+    with pytest.raises(hvd.HorovodInternalError, match="Mismatch"):
+        optimizer.step()
+    assert optimizer._batch.in_flight() == 0

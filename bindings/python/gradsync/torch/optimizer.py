@@ -5,10 +5,15 @@ import warnings
 
 import torch
 
+from gradsync import _core
 from gradsync.torch import mpi_ops
-from gradsync.torch.compression import Compression
+from gradsync.torch.compression import Compression, NoneCompressor
 from gradsync.torch.grad_hooks import register_grad_ready_hook
-from gradsync.torch.process_sets import global_process_set
+from gradsync.torch.process_sets import _id_of, global_process_set
+from gradsync.torch.wire import _CORE_OPS, _DEVICE_CPU, _DEVICE_CUDA, _DTYPES, _name
+
+# Marks a parameter whose gradient is in flight in the batch (self._handles' value for it).
+_IN_BATCH = (None, None)
 
 
 class _DistributedOptimizer:
@@ -19,6 +24,12 @@ class _DistributedOptimizer:
     communication overlaps the rest of backward. ``synchronize()`` (called by ``step()``) enqueues
     what backward did not produce, waits for everything and writes the results into ``p.grad``.
     Gradients are summed over the accumulated passes and then reduced with ``op`` over ranks.
+
+    Ungrouped, uncompressed gradients of a dtype the runtime carries go through one
+    ``_core.AllreduceBatch``: a hook starts its parameter's reduction with two integers, and
+    ``synchronize()`` waits for all of them at once. Anything else (groups, compression, a gradient
+    whose dtype or device changed since the optimizer was made) takes the general path, under the
+    same names, so that ranks may differ in which path a gradient takes.
     """
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
@@ -63,6 +74,7 @@ class _DistributedOptimizer:
         self._requires_update = [p for p in all_params if p.requires_grad]
         self._by_id = {id(p): p for p in self._requires_update}
         self._reset_delays()
+        self._make_batch(compression)
         self._register_hooks()
 
     @staticmethod
@@ -77,6 +89,49 @@ class _DistributedOptimizer:
             size = (len(trainable) + groups - 1) // groups
             return {id(p): i // size for i, p in enumerate(trainable)}
         return {id(p): gi for gi, members in enumerate(groups) for p in members}
+
+    def _make_batch(self, compression):
+        """The batch and each member's (slot, dtype, device), for the parameters it can carry."""
+        self._slots = {}
+        self._batch_grads = []  # gradients in flight in the batch, kept alive until the wait
+        self._batch = None
+        if compression is not Compression.none and compression is not NoneCompressor:
+            return
+        members = [p for p in self._requires_update
+                   if id(p) not in self._groups and p.dtype in _DTYPES
+                   and p.device.type in ("cpu", "cuda")]
+        if not members:
+            return
+        devices = [(_DEVICE_CPU, -1) if p.device.type == "cpu" else
+                   (_DEVICE_CUDA, p.device.index if p.device.index is not None else 0)
+                   for p in members]
+        self._batch = _core.AllreduceBatch(
+            [_name("allreduce", self._names[id(p)]) for p in members],
+            [_DTYPES[p.dtype] for p in members], [list(p.shape) for p in members],
+            [kind for kind, _ in devices], [index for _, index in devices],
+            _CORE_OPS[self._op], self._scales[0], self._scales[1], _id_of(self._process_set))
+        self._slots = {id(p): (i, p.dtype, p.device.type == "cuda", p.device)
+                       for i, p in enumerate(members)}
+
+    def _start_in_batch(self, p):
+        """Starts ``p``'s reduction through the batch; False if its gradient does not fit it."""
+        slot = self._slots.get(id(p))
+        grad = p.grad
+        if slot is None or grad is None:
+            return False
+        index, dtype, is_cuda, device = slot
+        if grad.dtype is not dtype or grad.is_cuda is not is_cuda or grad.is_sparse \
+                or not grad.is_contiguous():
+            return False
+        if is_cuda:
+            if grad.device != device:
+                return False
+            # As on the general path: the kernels that produced the gradient may still be queued.
+            torch.cuda.current_stream(device).synchronize()
+        self._batch.start(index, grad.data_ptr())
+        self._batch_grads.append(grad)
+        self._handles[id(p)] = _IN_BATCH
+        return True
 
     def _reset_delays(self):
         for p in self._requires_update:
@@ -119,6 +174,8 @@ class _DistributedOptimizer:
             if not waiting:
                 self._enqueue_group(gi)
             return
+        if self._start_in_batch(p):
+            return
         grad = self._prepare_grad(p)
         compressed, ctx = self._compression.compress(grad)
         handle = mpi_ops.allreduce_async_(compressed, name=self._names[pid], op=self._op,
@@ -146,6 +203,11 @@ class _DistributedOptimizer:
         for p in self._requires_update:
             if id(p) not in self._handles:
                 self._enqueue(p)
+        if self._batch_grads:
+            try:
+                self._batch.wait()
+            finally:
+                self._batch_grads = []
         for pid, (handle, ctx) in list(self._handles.items()):
             if handle is None:
                 continue

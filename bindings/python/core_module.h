@@ -1,0 +1,53 @@
+// What the sources of gradsync._core share: how runtime errors become Python exceptions, and how
+// raw pointers, dtype codes and process-set ids become the C++ API's types. Used with the GIL held.
+#pragma once
+
+#include <gradsync/gradsync.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace gradsync {
+namespace python {
+
+// Python's GradsyncError and its subclasses, created at import (see PYBIND11_MODULE).
+struct Exceptions {
+  py::object base;         // GradsyncError(RuntimeError): every failure, with .code
+  py::object value_error;  // GradsyncValueError(GradsyncError, ValueError): bad input, no init
+  py::object internal;     // GradsyncInternalError(GradsyncError): a collective failed at wait
+};
+extern Exceptions* g_exceptions;
+
+[[noreturn]] void Raise(const py::object& type, const Status& status);
+// A failure seen by a wait: bad arguments and calls before init read as ValueError, anything else
+// (a mismatch, a stall, a shutdown) as GradsyncInternalError, Horovod's HorovodInternalError.
+[[noreturn]] void RaiseWaitError(const Error& e);
+
+// Enqueue-time errors: bad arguments and calls before init read as ValueError, as Horovod's do.
+template <typename F>
+auto Enqueue(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    const bool value =
+        e.code() == StatusCode::kInvalidArgument || e.code() == StatusCode::kNotInitialized;
+    Raise(value ? g_exceptions->value_error : g_exceptions->base, e.status());
+  }
+}
+
+TensorView View(uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind,
+                int device_index);
+std::vector<TensorView> Views(const std::vector<uintptr_t>& data, const std::vector<int>& dtypes,
+                              std::vector<std::vector<int64_t>> shapes, int device_kind,
+                              int device_index);
+// Throws Error (InvalidArgument) when no set has `id`.
+ProcessSet SetById(int id);
+
+// gradsync._core.AllreduceBatch (allreduce_batch.cc).
+void BindAllreduceBatch(py::module_& m);
+
+}  // namespace python
+}  // namespace gradsync
