@@ -35,7 +35,8 @@ DEFAULT_COMPUTE_MS = 100.0
 def parse_bench_output(text):
     """Rows of gradsync_bench_models's table, read by its header's column names:
     {set: {tensors, mb, sync_ms, per_tensor_ms, flat_copy_ms, bucketed_ms, flat_ms}}, with None
-    for a strategy that did not run ("-")."""
+    for a strategy that did not run ("-"). Several tables may follow one another: a set's later
+    row replaces the values it has (a rerun of some strategies with more iterations)."""
     keys = {"tensors": "tensors", "MB": "mb", "gradsync_ms": "sync_ms",
             "pertens_ms": "per_tensor_ms", "flatcpy_ms": "flat_copy_ms",
             "bucket_ms": "bucketed_ms", "flat_ms": "flat_ms"}
@@ -57,7 +58,8 @@ def parse_bench_output(text):
             row["tensors"] = int(row["tensors"])
         except (KeyError, TypeError, ValueError):
             continue
-        rows[words[0]] = row
+        merged = rows.setdefault(words[0], {})
+        merged.update({k: v for k, v in row.items() if v is not None or k not in merged})
     return rows
 
 

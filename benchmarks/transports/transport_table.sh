@@ -9,13 +9,15 @@
 #   transport_table.sh BUILD_DIR OUT_DIR [ITERS] [REPS]
 #
 # ITERS (default 10): timed steps per strategy and per PyTorch run. REPS (default 2): repetitions
-# of the PyTorch runs, frameworks in rotating order. HOROVOD_PYTHON names an interpreter with
+# of the PyTorch runs, frameworks in rotating order. The 1000 x 1 KB set, whose step takes a
+# millisecond where the models' take hundreds, is run again with TINY_ITERS (default 200) steps
+# of every strategy but per-tensor (seconds a step across hosts); its row then takes those. HOROVOD_PYTHON names an interpreter with
 # horovod.torch (../shared/ANCHORS.md says how to build one); without it only gradsync runs on the
 # PyTorch side. PYTHON (default /usr/bin/python3, Debian's, which has torch) runs gradsync.torch.
 # DATA_DIR (default $GRADSYNC_DATA_DIR, else ../shared/data) holds the gradient sets.
 set -euo pipefail
 build=$(cd "$1" && pwd) out=$(mkdir -p "$2" && cd "$2" && pwd)
-iters=${3:-10} reps=${4:-2}
+iters=${3:-10} reps=${4:-2} tiny_iters=${TINY_ITERS:-200}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 python=${PYTHON:-/usr/bin/python3}
 data=${DATA_DIR:-${GRADSYNC_DATA_DIR:-$repo/../shared/data}}
@@ -48,6 +50,10 @@ for layout in 1x2 1x4 2x1 2x2; do
   timeout --kill-after=30 1200 mpirun -np "$np" --oversubscribe --bind-to none ${layout_args[$layout]} \
     "$build/benchmarks/gradsync_bench_models" --data-dir "$data" --sets "$sets" \
     --iters "$iters" | tee "$out/models_$layout.txt"
+  # shellcheck disable=SC2086
+  timeout --kill-after=30 600 mpirun -np "$np" --oversubscribe --bind-to none ${layout_args[$layout]} \
+    "$build/benchmarks/gradsync_bench_models" --data-dir "$data" --sets "" \
+    --strategies gradsync,flat+copy,bucketed,flat --iters "$tiny_iters" | tee -a "$out/models_$layout.txt"
   echo "=== $layout: PyTorch step, $frameworks" >&2
   rm -f "$out/pytorch_$layout.jsonl"
   "$repo/benchmarks/python/run_pytorch_sync_benchmark.sh" --python "$python" \
