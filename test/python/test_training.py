@@ -134,10 +134,10 @@ def test_optimizer_hooks_start_reductions_through_the_batch(rank, size):
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=model.named_parameters())
     params = list(model.parameters())
-    assert optimizer._batch is not None and len(optimizer._batch) == len(params)
     x, y = full_batch(0, size)
     torch.nn.functional.mse_loss(model(x[rank * 4:rank * 4 + 4]), y[rank * 4:rank * 4 + 4]) \
         .backward()
+    assert len(optimizer._batch) == len(params)
     assert optimizer._batch.in_flight() == len(params)
     optimizer.step()
     assert optimizer._batch.in_flight() == 0

@@ -74,7 +74,10 @@ class _DistributedOptimizer:
         self._requires_update = [p for p in all_params if p.requires_grad]
         self._by_id = {id(p): p for p in self._requires_update}
         self._reset_delays()
-        self._make_batch(compression)
+        # The batch is made at the first gradient, once init() and the process set surely exist.
+        self._batch = None
+        self._slots = None
+        self._batch_grads = []  # gradients in flight in the batch, kept alive until the wait
         self._register_hooks()
 
     @staticmethod
@@ -90,12 +93,10 @@ class _DistributedOptimizer:
             return {id(p): i // size for i, p in enumerate(trainable)}
         return {id(p): gi for gi, members in enumerate(groups) for p in members}
 
-    def _make_batch(self, compression):
+    def _make_batch(self):
         """The batch and each member's (slot, dtype, device), for the parameters it can carry."""
         self._slots = {}
-        self._batch_grads = []  # gradients in flight in the batch, kept alive until the wait
-        self._batch = None
-        if compression is not Compression.none and compression is not NoneCompressor:
+        if self._compression is not Compression.none and self._compression is not NoneCompressor:
             return
         members = [p for p in self._requires_update
                    if id(p) not in self._groups and p.dtype in _DTYPES
@@ -115,6 +116,8 @@ class _DistributedOptimizer:
 
     def _start_in_batch(self, p):
         """Starts ``p``'s reduction through the batch; False if its gradient does not fit it."""
+        if self._slots is None:
+            self._make_batch()
         slot = self._slots.get(id(p))
         grad = p.grad
         if slot is None or grad is None:
