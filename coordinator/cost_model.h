@@ -52,6 +52,14 @@ constexpr int64_t kNeverInPlace = int64_t{1} << 40;
 constexpr int64_t kSmallestInPlace = 64 << 10;
 int64_t InPlaceCutoff(const AllreduceCosts& costs);
 
+// The in-place cutoff a plan uses: InPlaceCutoff's, but never above `bucket_cap` (and never below
+// kSmallestInPlace). A tensor as large as the largest bucket fills a bucket of its own: fused, it
+// shares no collective and only adds copies in and out, through memory rather than the cache that
+// calibration's ladder ran in (over shared memory, on a path calibration did not even time). Where
+// the fitted per-byte costs of the two ways are close, as over a network, the crossing flips from
+// one calibration to the next; this bound keeps the largest tensors off the copies either way.
+int64_t PlannedInPlaceCutoff(const AllreduceCosts& costs, int64_t bucket_cap);
+
 // The largest fused bucket to plan: big enough that a bucket's fixed cost is at most 5% of its
 // time, at least the largest bucket calibration measured (beyond it the fit is extrapolated), and
 // at most `configured` (GRADSYNC_FUSION_THRESHOLD). Over shared memory that is a few MiB, where a
@@ -63,7 +71,8 @@ int64_t FusedBucketCap(const AllreduceCosts& costs, double largest_measured, int
                        int64_t cache_bytes);
 
 // The smallest bucket, in bytes, predicted to be reduced faster by the hierarchical path than by
-// the flat one; kNeverInPlace (never) when the hierarchical path is no cheaper per byte.
+// the flat one, counting the hierarchical path's bytes at 4/3 of their fitted cost (it must win
+// per byte by a quarter); kNeverInPlace (never) when it does not.
 int64_t HierarchicalFrom(const LinearCost& flat, const LinearCost& hierarchical);
 
 // "alone 0.0 us + 35.20 us/tensor + 0.410 ns/B; fused 41.0 us + 0.30 us/tensor + 0.520 ns/B"

@@ -57,7 +57,6 @@ void ProcessSetRuntime::MeasureCosts() {
                       ? ": every bucket stays flat"
                       : ": buckets of " + DescribeBytes(from) + " and more go hierarchical");
   }
-  const int64_t cutoff = InPlaceCutoff(costs);
   double largest = 0;
   for (const CostSample& s : measured.fused) largest = std::max(largest, s.bytes);
   std::string policy = "fused buckets of at most ";
@@ -68,6 +67,8 @@ void ProcessSetRuntime::MeasureCosts() {
         FusedBucketCap(costs, largest, config_.fusion_threshold_bytes, config_.cache_bytes);
     policy += DescribeBytes(fusion_.fusion_threshold_bytes) + "; ";
   }
+  const int64_t crossing = InPlaceCutoff(costs);
+  const int64_t cutoff = PlannedInPlaceCutoff(costs, fusion_.fusion_threshold_bytes);
   if (config_.inplace_threshold_pinned) {
     policy += "GRADSYNC_INPLACE_THRESHOLD pins the in-place cutoff at " +
               DescribeBytes(fusion_.inplace_threshold_bytes) + " (the costs say " +
@@ -78,6 +79,8 @@ void ProcessSetRuntime::MeasureCosts() {
                                       : "tensors of " + DescribeBytes(cutoff) +
                                             " and more are reduced alone, in place; smaller ones "
                                             "are fused";
+    if (cutoff < crossing)
+      policy += " (a bucket's cap: the costs alone say " + DescribeBytes(crossing) + ")";
   }
   int rank = 0;
   MPI_Comm_rank(data_comm_, &rank);

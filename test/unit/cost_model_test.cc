@@ -71,6 +71,22 @@ TEST(CostModelTest, NetworkLikeCostsFuseEverything) {
   EXPECT_EQ(InPlaceCutoff(costs), kNeverInPlace);
 }
 
+TEST(CostModelTest, TensorsAsLargeAsABucketGoAlone) {
+  AllreduceCosts costs;
+  costs.in_place = {7000.0, 1.0e-3, 0};
+  costs.fused = {7000.0, 0.9e-3, 0.05};  // fusing never loses by the costs
+  ASSERT_EQ(InPlaceCutoff(costs), kNeverInPlace);
+  EXPECT_EQ(PlannedInPlaceCutoff(costs, int64_t{16} << 20), int64_t{16} << 20);
+  costs.fused.per_byte_us = 1.2e-3;  // alone wins from about 35 MiB, above the cap
+  EXPECT_EQ(PlannedInPlaceCutoff(costs, int64_t{16} << 20), int64_t{16} << 20);
+  // Shared-memory-like costs cross below the cap: the crossing stands.
+  costs.in_place = {20.0, 0.40e-3, 0};
+  costs.fused = {25.0, 0.60e-3, 0.05};
+  EXPECT_EQ(PlannedInPlaceCutoff(costs, int64_t{4} << 20), 102400);
+  // Never below the floor, even for a cap under it.
+  EXPECT_EQ(PlannedInPlaceCutoff(costs, 4096), kSmallestInPlace);
+}
+
 TEST(CostModelTest, FreeCollectivesGoAloneFromTheFloor) {
   AllreduceCosts costs;
   costs.in_place = {0, 1e-3, 0};
@@ -129,9 +145,12 @@ TEST(CostModelTest, BucketCapStaysWithinHalfTheLastLevelCache) {
 
 TEST(CostModelTest, HierarchicalFromTheCrossover) {
   const LinearCost flat{100.0, 2.0e-3, 0};
-  EXPECT_EQ(HierarchicalFrom(flat, {300.0, 1.0e-3, 0}), 200704);  // 200000 B, rounded up
-  EXPECT_EQ(HierarchicalFrom(flat, {50.0, 1.0e-3, 0}), 0);        // cheaper everywhere
+  // Its bytes count at 4/3: 200 us / (2.0e-3 - 1.333e-3) = 300000 B, rounded up.
+  EXPECT_EQ(HierarchicalFrom(flat, {300.0, 1.0e-3, 0}), 303104);
+  EXPECT_EQ(HierarchicalFrom(flat, {50.0, 1.0e-3, 0}), 0);  // cheaper everywhere
   EXPECT_EQ(HierarchicalFrom(flat, {50.0, 2.5e-3, 0}), kNeverInPlace);
+  // 20% cheaper per byte is within a ladder's noise across hosts: stay flat.
+  EXPECT_EQ(HierarchicalFrom(flat, {50.0, 1.6e-3, 0}), kNeverInPlace);
 }
 
 TEST(CostModelTest, Descriptions) {
