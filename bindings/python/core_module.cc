@@ -91,10 +91,10 @@ Exceptions* g_exceptions = nullptr;
   throw py::error_already_set();
 }
 
-[[noreturn]] void RaiseWaitError(const Error& e) {
+[[noreturn]] void RaiseError(const Error& e, const py::object& otherwise) {
   const bool value =
       e.code() == StatusCode::kInvalidArgument || e.code() == StatusCode::kNotInitialized;
-  Raise(value ? g_exceptions->value_error : g_exceptions->internal, e.status());
+  Raise(value ? g_exceptions->value_error : otherwise, e.status());
 }
 
 TensorView View(uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind,

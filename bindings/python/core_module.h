@@ -22,19 +22,20 @@ struct Exceptions {
 extern Exceptions* g_exceptions;
 
 [[noreturn]] void Raise(const py::object& type, const Status& status);
-// A failure seen by a wait: bad arguments and calls before init read as ValueError, anything else
-// (a mismatch, a stall, a shutdown) as GradsyncInternalError, Horovod's HorovodInternalError.
-[[noreturn]] void RaiseWaitError(const Error& e);
+// Bad arguments and calls before init read as ValueError, as Horovod's do; any other failure as
+// `otherwise`.
+[[noreturn]] void RaiseError(const Error& e, const py::object& otherwise);
+// A failure seen by a wait: anything but bad arguments (a mismatch, a stall, a shutdown) reads as
+// GradsyncInternalError, Horovod's HorovodInternalError.
+[[noreturn]] inline void RaiseWaitError(const Error& e) { RaiseError(e, g_exceptions->internal); }
 
-// Enqueue-time errors: bad arguments and calls before init read as ValueError, as Horovod's do.
+// Enqueue-time errors: anything but bad arguments reads as GradsyncError.
 template <typename F>
 auto Enqueue(F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const Error& e) {
-    const bool value =
-        e.code() == StatusCode::kInvalidArgument || e.code() == StatusCode::kNotInitialized;
-    Raise(value ? g_exceptions->value_error : g_exceptions->base, e.status());
+    RaiseError(e, g_exceptions->base);
   }
 }
 

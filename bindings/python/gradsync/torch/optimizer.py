@@ -7,7 +7,7 @@ import torch
 
 from gradsync import _core
 from gradsync.torch import mpi_ops
-from gradsync.torch.compression import Compression, NoneCompressor
+from gradsync.torch.compression import Compression
 from gradsync.torch.grad_hooks import register_grad_ready_hook
 from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.wire import _CORE_OPS, _DEVICE_CPU, _DEVICE_CUDA, _DTYPES, _name
@@ -96,7 +96,7 @@ class _DistributedOptimizer:
     def _make_batch(self):
         """The batch and each member's (slot, dtype, device), for the parameters it can carry."""
         self._slots = {}
-        if self._compression is not Compression.none and self._compression is not NoneCompressor:
+        if self._compression is not Compression.none:
             return
         members = [p for p in self._requires_update
                    if id(p) not in self._groups and p.dtype in _DTYPES
