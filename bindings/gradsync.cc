@@ -328,6 +328,24 @@ Handle allreduce(const TensorView& input, const TensorView& output,
   return Submit(rt, std::move(entry), status);
 }
 
+Handle AllreducePieces(DataType dtype, const HostSegment* pieces, size_t count,
+                       const AllreduceOptions& options) {
+  Runtime& rt = ActiveRuntime("allreduce");
+  int64_t elements = 0;
+  for (size_t i = 0; i < count; ++i) elements += pieces[i].elements;
+  auto entry = NewEntry(rt, OpType::kAllreduce, options.name, options.on_complete);
+  // Validated as a whole tensor at a stand-in address, then dropped: the data plane reads and
+  // writes the pieces only.
+  static char stand_in;
+  const TensorView whole(&stand_in, dtype, {elements});
+  const Status status = FillAllreduce(rt, whole, whole, options, entry.get());
+  entry->input.data = nullptr;
+  entry->output.data = nullptr;
+  entry->segments = pieces;
+  entry->segment_count = count;
+  return Submit(rt, std::move(entry), status);
+}
+
 Handle allgather(const TensorView& input, Allocator allocate, const AllgatherOptions& options) {
   Runtime& rt = ActiveRuntime("allgather");
   auto entry = NewEntry(rt, OpType::kAllgather, options.name, options.on_complete);

@@ -63,6 +63,12 @@ std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string&
 // names the entry if needed, pushes it and returns its handle.
 Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& validation);
 
+// An in-place host allreduce of a one-dimensional tensor kept in `count` pieces (see
+// TensorEntry::segments), which stay valid and untouched until the handle completes; `options` as
+// allreduce() takes them, but for the device readiness, which host tensors ignore.
+Handle AllreducePieces(DataType dtype, const HostSegment* pieces, size_t count,
+                       const AllreduceOptions& options);
+
 // Creates the process sets declared at init, after checking that every rank declared the same.
 // Collective over every rank; fails identically everywhere.
 Status AddDeclaredProcessSets(Runtime& rt, const std::vector<std::vector<int>>& declared);

@@ -49,6 +49,8 @@ void TensorEntry::Clear() {
   prescale = 1.0;
   postscale = 1.0;
   root = 0;
+  segments = nullptr;
+  segment_count = 0;
   splits.clear();
   group.clear();
   group_size = 0;

@@ -49,6 +49,12 @@ inline void AssignView(const TensorView& from, TensorView* to) {
   for (int64_t d : from.shape) to->shape.push_back(d);
 }
 
+// One piece of a host tensor kept in pieces (TensorEntry::segments).
+struct HostSegment {
+  void* data = nullptr;
+  int64_t elements = 0;
+};
+
 // The fields every operation uses come first, the small ones in the first cache line, so that each
 // of the passes a step makes over its entries (negotiation, planning, copies, completion) touches
 // as few lines per entry as possible; the fields of rarer operations come last.
@@ -74,6 +80,13 @@ struct TensorEntry {
   // Allreduce: where the result goes (the input itself when in place). Allgather, reducescatter,
   // alltoall: set once the allocator has run. Broadcast: the input. Barrier: unused.
   TensorView output;
+  // A host allreduce of a tensor kept in pieces (AllreduceBatch's buckets): when not null, the
+  // tensor is these `segment_count` pieces end to end, reduced in place, and `input` and `output`
+  // give only its dtype, shape and device (their data is null). The pieces are the caller's until
+  // the operation completes. The data plane only copies through them: which collectives run never
+  // depends on them, so ranks may differ in whether a tensor is kept in pieces.
+  const HostSegment* segments = nullptr;
+  size_t segment_count = 0;
   // Grouped operations: the group's name.
   std::string group;
   // Alltoall: rows of the first dimension sent to each rank, in rank order; empty for even splits.

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "ops/mpi/entry_pieces.h"
 #include "ops/mpi/mpi_data_plane.h"
 #include "ops/mpi/mpi_types.h"
 #include "ops/mpi/shared_memory_allreduce.h"
@@ -36,7 +37,9 @@ Status ValidateEntry(const TensorEntry& entry, const ReduceSpec& spec) {
   // The output's shape was checked against the input's at enqueue (and a stand-in's is a copy);
   // reading it again would cost a cache miss per tensor.
   const bool output_fits = entry.output.dtype == spec.dtype;
-  if (!output_fits || (n > 0 && (entry.input.data == nullptr || entry.output.data == nullptr))) {
+  const bool has_memory =
+      entry.segments != nullptr || (entry.input.data != nullptr && entry.output.data != nullptr);
+  if (!output_fits || (n > 0 && !has_memory)) {
     std::fprintf(stderr, "gradsync: internal error: %sbroken input/output buffers\n",
                  where().c_str());
     std::abort();
@@ -78,6 +81,15 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
   const void* in = entry->input.data;
   bool hierarchical = false;
   GRADSYNC_RETURN_IF_ERROR(UseHierarchical(static_cast<size_t>(n) * elem_size, &hierarchical));
+  if (!hierarchical) {
+    // Node shared memory, copies included, beat MPI's own allreduce in place at every size it
+    // takes (docs/benchmarks.md, "Node shared memory"): a lone tensor goes through it as a bucket
+    // of one. Decided from the size alone, so every rank takes the same path.
+    bool shared = false;
+    GRADSYNC_RETURN_IF_ERROR(shared_memory_.Prepare(static_cast<size_t>(n) * elem_size, &shared));
+    if (shared) return AllreduceFused({entry}, spec, type, op);
+  }
+  if (entry->segments != nullptr) return AllreducePieces(entry, spec, hierarchical, type, op);
   if (hierarchical) {
     TimelineActivity activity(timeline_, entry, "HIERARCHICAL_ALLREDUCE");
     ScaledCopy(in, out, n, spec.dtype, spec.prescale);
@@ -91,6 +103,28 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
     GRADSYNC_RETURN_IF_ERROR(AllreduceInPieces(MPI_IN_PLACE, out, n, elem_size, type, op, comm_));
   }
   ScaledCopy(out, out, n, spec.dtype, spec.postscale);
+  return Status::OK();
+}
+
+// The same collective as a whole tensor's, on a copy of the pieces in the fusion buffer.
+Status MpiDataPlane::AllreducePieces(TensorEntry* entry, const ReduceSpec& spec, bool hierarchical,
+                                     MPI_Datatype type, MPI_Op op) {
+  const int64_t n = entry->input.num_elements();
+  const size_t elem_size = DataTypeSize(spec.dtype);
+  auto* buffer = static_cast<char*>(fusion_buffer_.Get(static_cast<size_t>(n) * elem_size));
+  {
+    TimelineActivity activity(timeline_, entry, "MEMCPY_IN_FUSION_BUFFER");
+    CopyEntryIn(*entry, 0, n, spec.prescale, buffer);
+  }
+  {
+    TimelineActivity activity(timeline_, entry,
+                              hierarchical ? "HIERARCHICAL_ALLREDUCE" : "MPI_ALLREDUCE");
+    GRADSYNC_RETURN_IF_ERROR(
+        hierarchical ? hierarchical_.AllreduceInPlace(buffer, n, elem_size, type, op)
+                     : AllreduceInPieces(MPI_IN_PLACE, buffer, n, elem_size, type, op, comm_));
+  }
+  TimelineActivity activity(timeline_, entry, "MEMCPY_OUT_FUSION_BUFFER");
+  CopyEntryOut(buffer, 0, n, spec.postscale, *entry);
   return Status::OK();
 }
 
@@ -142,7 +176,7 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
     GRADSYNC_RETURN_IF_ERROR(
         AllreduceInPieces(MPI_IN_PLACE, buffer, count, elem_size, type, op, comm_));
   }
-  UnpackFused(entries, spec, offsets, counts, buffer, spec.postscale);
+  UnpackFused(entries, offsets, counts, buffer, spec.postscale);
   return Status::OK();
 }
 
@@ -166,7 +200,7 @@ Status MpiDataPlane::AllreduceFusedHierarchical(const std::vector<TensorEntry*>&
     GRADSYNC_RETURN_IF_ERROR(hierarchical_.AllreduceInPlace(
         buffer, static_cast<int64_t>(total / elem_size), elem_size, type, op));
   }
-  UnpackFused(entries, spec, offsets, counts, buffer, spec.postscale);
+  UnpackFused(entries, offsets, counts, buffer, spec.postscale);
   return Status::OK();
 }
 
@@ -192,18 +226,18 @@ Status MpiDataPlane::AllreduceFusedSlices(const std::vector<TensorEntry*>& entri
     GRADSYNC_RETURN_IF_ERROR(ReduceSlicesThroughSharedMemory(
         memory, rank, size, static_cast<int64_t>(total / elem_size), how));
   }
-  UnpackFused(entries, spec, offsets, counts, memory->Result(), 1.0);
+  UnpackFused(entries, offsets, counts, memory->Result(), 1.0);
   memory->Flip();
   return Status::OK();
 }
 
-void MpiDataPlane::UnpackFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+void MpiDataPlane::UnpackFused(const std::vector<TensorEntry*>& entries,
                                const std::vector<size_t>& offsets,
                                const std::vector<int64_t>& counts, const char* buffer,
                                double postscale) {
   TimelineActivity activity(timeline_, entries, "MEMCPY_OUT_FUSION_BUFFER");
   for (size_t i = 0; i < entries.size(); ++i) {
-    ScaledCopy(buffer + offsets[i], entries[i]->output.data, counts[i], spec.dtype, postscale);
+    CopyEntryOut(buffer + offsets[i], 0, counts[i], postscale, *entries[i]);
   }
 }
 
@@ -216,7 +250,7 @@ void MpiDataPlane::PackFused(const std::vector<TensorEntry*>& entries, const Red
   for (size_t i = 0; i < entries.size(); ++i) {
     // Padding is reduced with the data; zeros keep that arithmetic on harmless values.
     if (offsets[i] > packed_end) std::memset(buffer + packed_end, 0, offsets[i] - packed_end);
-    ScaledCopy(entries[i]->input.data, buffer + offsets[i], counts[i], spec.dtype, spec.prescale);
+    CopyEntryIn(*entries[i], 0, counts[i], spec.prescale, buffer + offsets[i]);
     packed_end = offsets[i] + static_cast<size_t>(counts[i]) * elem_size;
   }
 }
@@ -228,11 +262,14 @@ Status MpiDataPlane::AllreduceFusedShared(const std::vector<TensorEntry*>& entri
   PackFused(entries, spec, offsets, counts, shared_memory_.Region(rank_));
   TimelineActivity activity(timeline_, entries, "SHM_ALLREDUCE");
   GRADSYNC_RETURN_IF_ERROR(shared_memory_.Barrier());
+  const size_t elem_size = DataTypeSize(spec.dtype);
   const void* inputs[kSharedMemoryMaxRanks];
   for (size_t i = 0; i < entries.size(); ++i) {
-    for (int q = 0; q < size_; ++q) inputs[q] = shared_memory_.Region(q) + offsets[i];
-    CombineInto(inputs, size_, entries[i]->output.data, counts[i], spec.dtype, spec.op,
-                spec.postscale);
+    ForEachRun(*entries[i], true, 0, counts[i], [&](char* memory, int64_t at, int64_t n) {
+      const size_t from = offsets[i] + static_cast<size_t>(at) * elem_size;
+      for (int q = 0; q < size_; ++q) inputs[q] = shared_memory_.Region(q) + from;
+      CombineInto(inputs, size_, memory, n, spec.dtype, spec.op, spec.postscale);
+    });
   }
   shared_memory_.Flip();
   return Status::OK();

@@ -4,9 +4,12 @@
 // hierarchical path), the ways taking turns so that a machine that slows down in the middle slows
 // them all alike. (Two alone, not k: over a network each costs milliseconds.) Every rank keeps the
 // slowest rank's medians, so every rank fits the same costs and plans the same buckets.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <string>
 
 #include "ops/mpi/mpi_data_plane.h"
 #include "runtime/mpi_context.h"
@@ -29,6 +32,26 @@ constexpr int kRepetitions = 3;  // after one warm-up round
 constexpr double kSlowRoundUs = 50000;
 constexpr int64_t kNoHierarchy = int64_t{1} << 62;
 
+// The ladder's tensors, mapped for one calibration only. From malloc, the 8 MiB freed after a
+// process set calibrates (which may happen at any step) can stay resident in malloc's heap.
+class Scratch {
+ public:
+  explicit Scratch(size_t bytes) : bytes_(bytes) {
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    data_ = p == MAP_FAILED ? nullptr : static_cast<float*>(p);
+  }
+  ~Scratch() {
+    if (data_ != nullptr) munmap(data_, bytes_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  float* data() const { return data_; }
+
+ private:
+  size_t bytes_;
+  float* data_;
+};
+
 double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
@@ -42,7 +65,11 @@ Status MpiDataPlane::Calibrate(bool compare_hierarchical, AllreduceCalibration* 
   if (compare_hierarchical) GRADSYNC_RETURN_IF_ERROR(hierarchical_.Applies(&hierarchical));
   int64_t most = 0;
   for (const Rung& r : kLadder) most = std::max(most, r.tensors * r.bytes_each);
-  std::vector<float> data(static_cast<size_t>(most) / sizeof(float), 1.0f);
+  Scratch data(static_cast<size_t>(most));
+  if (data.data() == nullptr) {
+    return Status::Internal("calibration could not map " + std::to_string(most) + " bytes");
+  }
+  std::fill(data.data(), data.data() + most / static_cast<int64_t>(sizeof(float)), 1.0f);
   std::vector<TensorEntry> entries(64);
   std::vector<TensorEntry*> members;
   const ReduceSpec sum{DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0};

@@ -68,6 +68,9 @@ class MpiDataPlane : public DataPlane {
 
  private:
   Status AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MPI_Datatype type, MPI_Op op);
+  // AllreduceOne of a tensor kept in pieces (TensorEntry::segments).
+  Status AllreducePieces(TensorEntry* entry, const ReduceSpec& spec, bool hierarchical,
+                         MPI_Datatype type, MPI_Op op);
   Status AllreduceFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                         MPI_Datatype type, MPI_Op op);
   // The fused bucket through node shared memory: each rank packs its tensors into its own region,
@@ -93,9 +96,8 @@ class MpiDataPlane : public DataPlane {
                                     const std::vector<int64_t>& counts, size_t total,
                                     MPI_Datatype type, MPI_Op op);
   // Copies the reduced bucket in `buffer` out to the entries' outputs, scaled by `postscale`.
-  void UnpackFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
-                   const std::vector<size_t>& offsets, const std::vector<int64_t>& counts,
-                   const char* buffer, double postscale);
+  void UnpackFused(const std::vector<TensorEntry*>& entries, const std::vector<size_t>& offsets,
+                   const std::vector<int64_t>& counts, const char* buffer, double postscale);
   // Packs the entries' inputs, scaled by spec.prescale, at `offsets` in `buffer`, zeroing the gaps.
   void PackFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                  const std::vector<size_t>& offsets, const std::vector<int64_t>& counts,

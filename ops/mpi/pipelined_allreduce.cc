@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ops/mpi/entry_pieces.h"
 #include "ops/mpi/mpi_data_plane.h"
 #include "ops/scale.h"
 #include "runtime/mpi_context.h"
@@ -29,8 +30,8 @@ struct Layout {
 // Copies bytes [begin, end) of the bucket between the tensors and `buffer`: in (packing, with
 // `scale` and zeros in the gaps) or out (unpacking, with `scale`). `first` is a tensor index at or
 // before the range, advanced for the next call.
-void CopyRange(const Layout& layout, char* buffer, size_t begin, size_t end, bool in,
-               DataType dtype, double scale, size_t* first) {
+void CopyRange(const Layout& layout, char* buffer, size_t begin, size_t end, bool in, double scale,
+               size_t* first) {
   size_t t = *first;
   while (t < layout.entries.size() && layout.End(t) <= begin) ++t;
   *first = t;
@@ -43,14 +44,12 @@ void CopyRange(const Layout& layout, char* buffer, size_t begin, size_t end, boo
       at = std::max(at, std::min(from, end));
       continue;
     }
-    const size_t inside = from - layout.offsets[t];
+    const auto inside = static_cast<int64_t>((from - layout.offsets[t]) / layout.elem_size);
     const auto count = static_cast<int64_t>((to - from) / layout.elem_size);
     if (in) {
-      ScaledCopy(static_cast<const char*>(layout.entries[t]->input.data) + inside, buffer + from,
-                 count, dtype, scale);
+      CopyEntryIn(*layout.entries[t], inside, count, scale, buffer + from);
     } else {
-      ScaledCopy(buffer + from, static_cast<char*>(layout.entries[t]->output.data) + inside, count,
-                 dtype, scale);
+      CopyEntryOut(buffer + from, inside, count, scale, *layout.entries[t]);
     }
     at = to;
   }
@@ -77,7 +76,7 @@ Status MpiDataPlane::AllreduceFusedPipelined(const std::vector<TensorEntry*>& en
   Status status;
   const auto copy = [&](size_t begin, size_t end, bool in, size_t* cursor) {
     for (size_t at = begin; at < end; at += kCopySlice) {
-      CopyRange(layout, buffer, at, std::min(end, at + kCopySlice), in, spec.dtype,
+      CopyRange(layout, buffer, at, std::min(end, at + kCopySlice), in,
                 in ? spec.prescale : spec.postscale, cursor);
       if (testing != nullptr && *testing != MPI_REQUEST_NULL && status.ok()) {
         int done = 0;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -34,13 +35,30 @@ struct Op {
     entry.output = in_place ? input.view() : result.view();
     entry.state = std::make_shared<OpState>();
   }
-  const HostTensor& output() const {
-    return entry.output.data == entry.input.data ? input : result;
+  // Kept in pieces of 0, 1, 2, ... elements (every length, the empty one included, with the
+  // last piece taking what is left), reduced in place as TensorEntry::segments says.
+  void CutIntoPieces() {
+    const int64_t n = input.size();
+    const size_t element = DataTypeSize(entry.input.dtype);
+    auto* base = static_cast<char*>(input.view().data);
+    for (int64_t at = 0, length = 0; at < n || pieces.empty(); ++length) {
+      const int64_t take = std::min(length, n - at);
+      pieces.push_back({base + static_cast<size_t>(at) * element, take});
+      at += take;
+    }
+    entry.input.data = nullptr;
+    entry.output = entry.input;
+    entry.segments = pieces.data();
+    entry.segment_count = pieces.size();
+  }
+  HostTensor& output() {
+    return entry.segments != nullptr || entry.output.data == entry.input.data ? input : result;
   }
 
   TensorEntry entry;
   HostTensor input;
   HostTensor result;
+  std::vector<HostSegment> pieces;
 };
 
 // Which path a plane takes, as the test names say.
@@ -86,6 +104,7 @@ class HostAllreduceTest : public ::testing::TestWithParam<PlaneShape> {
     for (size_t t = 0; t < sizes.size(); ++t) {
       ops.push_back(std::make_unique<Op>("t" + std::to_string(t), dtype, sizes[t], t % 2 == 1));
       for (int64_t i = 0; i < sizes[t]; ++i) ops[t]->input.Set(i, Value(op, rank_, i + shift));
+      if (in_pieces_ && t % 3 == 0) ops[t]->CutIntoPieces();
       entries.push_back(&ops[t]->entry);
     }
     ReduceSpec spec;
@@ -111,9 +130,9 @@ class HostAllreduceTest : public ::testing::TestWithParam<PlaneShape> {
   void ExpectSameBitsOnEveryRank(const std::vector<std::unique_ptr<Op>>& ops) {
     uint64_t hash = 1469598103934665603ull;
     for (const auto& op : ops) {
-      const auto* bytes = static_cast<const unsigned char*>(op->entry.output.data);
-      for (int64_t b = 0; b < op->entry.output.num_bytes(); ++b)
-        hash = (hash ^ bytes[b]) * 1099511628211ull;
+      const TensorView output = op->output().view();
+      const auto* bytes = static_cast<const unsigned char*>(output.data);
+      for (int64_t b = 0; b < output.num_bytes(); ++b) hash = (hash ^ bytes[b]) * 1099511628211ull;
     }
     uint64_t lowest = hash, highest = hash;
     MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
@@ -125,6 +144,7 @@ class HostAllreduceTest : public ::testing::TestWithParam<PlaneShape> {
   int size_ = 1;
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::unique_ptr<MpiDataPlane> plane_;
+  bool in_pieces_ = false;  // every third tensor kept in pieces
 };
 
 TEST_P(HostAllreduceTest, FusedBucketsEveryDtypeAndOp) {
@@ -168,6 +188,24 @@ TEST_P(HostAllreduceTest, ScalesApplyOnce) {
 // too early would corrupt another rank's reads.
 TEST_P(HostAllreduceTest, ManyBucketsInARow) {
   for (int64_t step = 0; step < 60; ++step) {
+    const int64_t n = 1 + (step * 37) % 5000;
+    ASSERT_NO_FATAL_FAILURE(
+        ReduceAndCheck(DataType::kFloat32, ReduceOp::kSum, {n, 3, n / 2 + 1}, step));
+  }
+}
+
+// Tensors kept in pieces (AllreduceBatch's buckets), alone and fused, beside whole ones: every
+// path copies through the pieces and gets the whole tensors' results.
+TEST_P(HostAllreduceTest, TensorsInPieces) {
+  in_pieces_ = true;
+  for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kInt64}) {
+    ASSERT_NO_FATAL_FAILURE(ReduceAndCheck(dtype, ReduceOp::kSum, {100, 3, 17, 0, 64, 1000}));
+    ASSERT_NO_FATAL_FAILURE(ReduceAndCheck(dtype, ReduceOp::kMax, {4099}));
+  }
+  ASSERT_NO_FATAL_FAILURE(ReduceAndCheck(DataType::kFloat32, ReduceOp::kSum, {70001, 3, 9000}));
+  ASSERT_NO_FATAL_FAILURE(
+      ReduceAndCheck(DataType::kFloat64, ReduceOp::kAverage, {300, 33, 3}, 0, 2.0, 0.25));
+  for (int64_t step = 0; step < 10; ++step) {
     const int64_t n = 1 + (step * 37) % 5000;
     ASSERT_NO_FATAL_FAILURE(
         ReduceAndCheck(DataType::kFloat32, ReduceOp::kSum, {n, 3, n / 2 + 1}, step));

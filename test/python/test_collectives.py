@@ -277,6 +277,7 @@ def test_allreduce_batch_slots(rank, size):
     batch = _core.AllreduceBatch(["batch.a", "batch.b"], [6, 6], [[3], [2, 2]], [0, 0], [-1, -1],
                                  0, 1.0, 1.0, 0)
     assert len(batch) == 2 and batch.in_flight() == 0
+    assert batch.bucket_count() == 1  # both small host tensors of one dtype
     expected = float(sum(range(1, size + 1)))
     for step in range(2):  # slots are reused step after step
         for t in tensors:
@@ -290,7 +291,7 @@ def test_allreduce_batch_slots(rank, size):
         assert batch.in_flight() == 0
         for t in tensors:
             assert torch.equal(t, torch.full_like(t, expected))
-    with pytest.raises(ValueError, match="no slot 2"):
+    with pytest.raises(ValueError, match="no tensor 2"):
         batch.start(2, tensors[0].data_ptr())
     with pytest.raises(ValueError, match="one name"):
         _core.AllreduceBatch(["x"], [6, 6], [[1]], [0], [-1], 0, 1.0, 1.0, 0)

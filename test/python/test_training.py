@@ -145,8 +145,8 @@ def test_optimizer_hooks_start_reductions_through_the_batch(rank, size):
 
 
 def test_optimizer_batch_and_general_path_meet_under_one_name(rank, size):
-    """A parameter that backward left without a gradient on rank 0 only is reduced as zeros on the
-    general path there and through the batch elsewhere: the two must negotiate as one tensor."""
+    """A parameter that backward left without a gradient on rank 0 only is reduced as zeros there,
+    through its slot in the batch as on the other ranks, so that its bucket matches theirs."""
     model = make_model()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=model.named_parameters())
@@ -158,6 +158,29 @@ def test_optimizer_batch_and_general_path_meet_under_one_name(rank, size):
     optimizer.synchronize()
     # Every other rank contributed 2 per element (two rows of ones through d(sum)/d(bias)).
     assert torch.allclose(last_bias.grad, torch.full_like(last_bias, 2.0 * (size - 1) / size))
+    with optimizer.skip_synchronize():
+        optimizer.step()
+
+
+def test_optimizer_refits_a_gradient_that_no_longer_fits_its_slot(rank, size):
+    """A non-contiguous gradient on rank 0 only is reduced through its slot from a contiguous copy,
+    and the result is copied back into it."""
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    last_bias = model[2].bias
+    hidden = model[1](model[0](torch.ones(2, 8, dtype=torch.float64)))
+    # Rank 0 leaves the last bias out of the graph: no hook starts it there.
+    out = torch.nn.functional.linear(hidden, model[2].weight) if rank == 0 else model[2](hidden)
+    out.sum().backward()
+    if rank == 0:
+        assert last_bias.grad is None
+        strided = torch.full((last_bias.numel(), 2), 7.0, dtype=torch.float64)
+        strided[:, 0] = 2.0
+        last_bias.grad = strided[:, 0]  # read as if contiguous, its 7s would show up
+        assert not last_bias.grad.is_contiguous()
+    optimizer.synchronize()
+    assert torch.equal(last_bias.grad, torch.full_like(last_bias, 2.0)), last_bias.grad
     with optimizer.skip_synchronize():
         optimizer.step()
 

@@ -135,6 +135,9 @@ TEST(TensorQueueTest, ReleasedEntriesAreReusedCleared) {
   entry->postscale = 3.0;
   entry->root = 3;
   entry->splits = {1, 2};
+  const HostSegment pieces[1] = {{data, 60}};
+  entry->segments = pieces;
+  entry->segment_count = 1;
   entry->group = "group";
   entry->group_size = 2;
   entry->process_set = 4;
@@ -166,6 +169,8 @@ TEST(TensorQueueTest, ReleasedEntriesAreReusedCleared) {
   EXPECT_EQ(reused->postscale, fresh.postscale);
   EXPECT_EQ(reused->root, fresh.root);
   EXPECT_TRUE(reused->splits.empty());
+  EXPECT_EQ(reused->segments, nullptr);
+  EXPECT_EQ(reused->segment_count, 0u);
   EXPECT_TRUE(reused->group.empty());
   EXPECT_EQ(reused->group_size, fresh.group_size);
   EXPECT_EQ(reused->process_set, fresh.process_set);

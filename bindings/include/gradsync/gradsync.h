@@ -293,6 +293,68 @@ std::vector<Handle> grouped_reducescatter(const std::vector<TensorView>& inputs,
                                           std::vector<Allocator> allocators,
                                           const GroupedReducescatterOptions& options = {});
 
+// A fixed list of tensors, such as a model's gradients, each reduced in place once per step: a
+// trainer starts each one as soon as it is ready (from backward's hooks) and waits for all of them
+// once. This is how the framework adapters reduce gradients, and the cheapest way to reduce many
+// small tensors:
+// - A host tensor smaller than kBatchedBelowBytes belongs to a bucket it shares with its
+//   neighbours in the list (of its dtype); once every member of a bucket has started, the bucket
+//   is reduced as one operation over the members' own memory, copied into a fusion buffer and back
+//   as separate tensors' would be. Such tensors then cost their copies, not an operation each to
+//   negotiate, plan and complete. A bucket holds at most kBucketBytes and spans at most
+//   kBucketSpanBytes of the list (its members and the larger tensors between them), so that
+//   buckets close, and reduce, while backward still runs.
+// - Larger and device tensors are reduced on their own, as allreduce() would, from start().
+// wait() reduces every bucket not yet complete, its members not started contributing zeros (as
+// DDP treats unused parameters) and getting no result, so that the ranks reduce the same buckets
+// whatever each started; a rank that started nothing since its last wait() reduces nothing. Every
+// rank must list the same tensors (names, dtypes, shapes, devices) in the same order, and start at
+// least one of them in a step when any rank does; a rank that does not is reported by the stall
+// inspector, naming the bucket.
+//
+// Thread safety: not thread-safe; calls must not overlap (hooks serialized by the caller).
+struct AllreduceBatchOptions {
+  std::vector<std::string> names;  // one per tensor, unique; generated when empty
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  ProcessSet process_set;
+  DeviceReadiness ready;  // device tensors: when the producer is done, at each start()
+};
+class AllreduceBatch {
+ public:
+  static constexpr size_t kBatchedBelowBytes = 64 << 10;
+  static constexpr size_t kBucketBytes = 4 << 20;
+  static constexpr size_t kBucketSpanBytes = 25 << 20;
+
+  // `tensors` give each tensor's dtype, shape and device; their data pointers are not used.
+  // Throws InvalidArgument for duplicate or missing names and for invalid shapes.
+  AllreduceBatch(const std::vector<TensorView>& tensors, const AllreduceBatchOptions& options = {});
+  // Waits for whatever is still in flight, dropping its errors.
+  ~AllreduceBatch();
+  AllreduceBatch(AllreduceBatch&&) noexcept;
+  AllreduceBatch& operator=(AllreduceBatch&&) noexcept;
+
+  // Starts reducing tensor `index` in place at `data`, which stays valid and untouched by the
+  // caller until wait() returns. Throws Error for an index out of range or started twice before
+  // wait(), and as allreduce() does.
+  void start(size_t index, void* data);
+  // Finishes the step: reduces the buckets not yet complete, waits for every reduction started
+  // since the last wait(), and writes the batched results back. If any failed, throws the first
+  // failure once all have finished.
+  void wait();
+
+  size_t size() const;
+  // Tensors started since the last wait().
+  size_t in_flight() const;
+  // Buckets the batched tensors fall into.
+  size_t bucket_count() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // Completes once every rank (of the process set) has entered the barrier.
 Handle barrier(const std::string& name = "");
 Handle barrier(const std::string& name, const ProcessSet& process_set);

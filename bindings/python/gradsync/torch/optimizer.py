@@ -25,11 +25,13 @@ class _DistributedOptimizer:
     what backward did not produce, waits for everything and writes the results into ``p.grad``.
     Gradients are summed over the accumulated passes and then reduced with ``op`` over ranks.
 
-    Ungrouped, uncompressed gradients of a dtype the runtime carries go through one
-    ``_core.AllreduceBatch``: a hook starts its parameter's reduction with two integers, and
-    ``synchronize()`` waits for all of them at once. Anything else (groups, compression, a gradient
-    whose dtype or device changed since the optimizer was made) takes the general path, under the
-    same names, so that ranks may differ in which path a gradient takes.
+    Ungrouped, uncompressed parameters of a dtype the runtime carries go through one
+    ``_core.AllreduceBatch`` (``gradsync::AllreduceBatch``): a hook starts its parameter's
+    reduction with two integers, small gradients share buckets that are negotiated and reduced as
+    one operation each, and ``synchronize()`` waits for all of them at once. A gradient that no
+    longer fits its slot (its dtype, device or layout changed since the optimizer was made) is
+    reduced through the slot from a fitting copy, then copied back; a parameter without a gradient
+    contributes zeros, as on the general path. Groups and compression take the general path.
     """
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
@@ -78,6 +80,7 @@ class _DistributedOptimizer:
         self._batch = None
         self._slots = None
         self._batch_grads = []  # gradients in flight in the batch, kept alive until the wait
+        self._refits = []  # (parameter, fitting copy in flight) to copy back after the wait
         self._register_hooks()
 
     @staticmethod
@@ -115,20 +118,19 @@ class _DistributedOptimizer:
                        for i, p in enumerate(members)}
 
     def _start_in_batch(self, p):
-        """Starts ``p``'s reduction through the batch; False if its gradient does not fit it."""
+        """Starts ``p``'s reduction through the batch; False if ``p`` has no slot in it."""
         if self._slots is None:
             self._make_batch()
         slot = self._slots.get(id(p))
-        grad = p.grad
-        if slot is None or grad is None:
+        if slot is None:
             return False
         index, dtype, is_cuda, device = slot
-        if grad.dtype is not dtype or grad.is_cuda is not is_cuda or grad.is_sparse \
-                or not grad.is_contiguous():
-            return False
+        grad = self._prepare_grad(p)
+        if grad.dtype is not dtype or grad.device != device or not grad.is_contiguous():
+            # Every rank reduces this slot the same way whatever its gradient looks like here.
+            grad = grad.to(device=device, dtype=dtype).contiguous()
+            self._refits.append((p, grad))
         if is_cuda:
-            if grad.device != device:
-                return False
             # As on the general path: the kernels that produced the gradient may still be queued.
             torch.cuda.current_stream(device).synchronize()
         self._batch.start(index, grad.data_ptr())
@@ -209,8 +211,11 @@ class _DistributedOptimizer:
         if self._batch_grads:
             try:
                 self._batch.wait()
+                for p, reduced in self._refits:
+                    p.grad.copy_(reduced)
             finally:
                 self._batch_grads = []
+                self._refits = []
         for pid, (handle, ctx) in list(self._handles.items()):
             if handle is None:
                 continue

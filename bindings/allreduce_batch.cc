@@ -1,0 +1,266 @@
+// AllreduceBatch (gradsync.h): the buckets are fixed at construction, so that starting a batched
+// tensor costs a pointer and a counter, and a bucket is one operation whose pieces are its members'
+// own memory (TensorEntry::segments): the data plane copies them into its fusion buffer or node
+// shared memory and back, as it would separate tensors, with no copy of the batch's own.
+#include <gradsync/gradsync.h>
+
+#include <atomic>
+#include <cstring>
+#include <optional>
+#include <unordered_set>
+#include <utility>
+
+#include "bindings/runtime.h"
+
+namespace gradsync {
+
+namespace {
+
+// Batches made with generated names, in this process; the same on every rank when every rank makes
+// its batches in the same order, as the names require anyway.
+std::atomic<uint64_t> unnamed_batches{0};
+
+Status Invalid(const std::string& what) {
+  return Status::InvalidArgument("AllreduceBatch: " + what);
+}
+
+}  // namespace
+
+struct AllreduceBatch::Impl {
+  struct Bucket {
+    DataType dtype = DataType::kFloat32;
+    size_t bytes = 0;
+    AllreduceOptions options;              // named after its first and last members
+    std::vector<size_t> members;           // slot indices, in list order
+    std::vector<HostSegment> pieces;       // one per member: its memory, or zeros in `unstarted`
+    std::vector<unsigned char> unstarted;  // zeros for members not started in a step; lazily
+    size_t started = 0;
+    bool enqueued = false;
+    Handle handle;
+    std::optional<Error> refused;  // the enqueue threw
+  };
+  struct Slot {
+    TensorView view;           // data set at start()
+    AllreduceOptions options;  // named; alone-reduced slots only
+    size_t bytes = 0;
+    int bucket = -1;    // -1: reduced alone
+    size_t offset = 0;  // bytes into its bucket
+    size_t piece = 0;   // its index in the bucket's pieces
+    bool started = false;
+    Handle handle;  // reduced alone, while in flight
+  };
+
+  std::vector<Slot> slots;
+  std::vector<Bucket> buckets;
+  std::vector<size_t> started;  // slot indices since the last wait, in start order
+
+  void Layout(const AllreduceBatchOptions& options);
+  void Enqueue(Bucket* bucket);
+  void Finish(std::optional<Error>* first_failure);
+};
+
+// Buckets are made in list order, one open per dtype: a trainer lists its tensors in the order
+// backward produces them, so a bucket's members are ready close together.
+void AllreduceBatch::Impl::Layout(const AllreduceBatchOptions& options) {
+  struct Open {
+    int bucket = -1;
+    size_t span_start = 0;  // bytes of the list before the bucket's first member
+  };
+  std::vector<Open> open(kNumDataTypes);
+  size_t listed = 0;  // bytes of the list so far
+  for (size_t i = 0; i < slots.size(); ++i) {
+    Slot& slot = slots[i];
+    const bool batched =
+        slot.view.device.kind == DeviceKind::kCpu && slot.bytes < kBatchedBelowBytes;
+    if (batched) {
+      Open& current = open[static_cast<int>(slot.view.dtype)];
+      if (current.bucket >= 0) {
+        const Bucket& b = buckets[static_cast<size_t>(current.bucket)];
+        if (b.bytes + slot.bytes > kBucketBytes ||
+            listed + slot.bytes - current.span_start > kBucketSpanBytes) {
+          current.bucket = -1;
+        }
+      }
+      if (current.bucket < 0) {
+        current.bucket = static_cast<int>(buckets.size());
+        current.span_start = listed;
+        buckets.emplace_back();
+      }
+      Bucket& bucket = buckets[static_cast<size_t>(current.bucket)];
+      slot.bucket = current.bucket;
+      slot.offset = bucket.bytes;
+      slot.piece = bucket.members.size();
+      bucket.bytes += slot.bytes;
+      bucket.members.push_back(i);
+      bucket.pieces.push_back({nullptr, slot.view.num_elements()});
+    }
+    listed += slot.bytes;
+  }
+  for (Bucket& bucket : buckets) {
+    const Slot& first = slots[bucket.members.front()];
+    const Slot& last = slots[bucket.members.back()];
+    bucket.dtype = first.view.dtype;
+    bucket.options.name = "bucket(" + first.options.name +
+                          (bucket.members.size() > 1 ? ".." + last.options.name : "") + ")";
+    bucket.options.op = options.op;
+    bucket.options.prescale = options.prescale;
+    bucket.options.postscale = options.postscale;
+    bucket.options.process_set = options.process_set;
+  }
+}
+
+void AllreduceBatch::Impl::Enqueue(Bucket* bucket) {
+  bucket->enqueued = true;
+  try {
+    bucket->handle = AllreducePieces(bucket->dtype, bucket->pieces.data(), bucket->pieces.size(),
+                                     bucket->options);
+  } catch (const Error& e) {
+    bucket->refused = e;
+    throw;
+  }
+}
+
+// Waits for everything started since the last wait and writes the buckets' results back; the
+// first failure is kept, the rest only waited for.
+void AllreduceBatch::Impl::Finish(std::optional<Error>* first_failure) {
+  auto note = [&](const Error& e) {
+    if (!*first_failure) *first_failure = e;
+  };
+  for (Bucket& bucket : buckets) {
+    if (!bucket.enqueued) continue;
+    if (bucket.refused) {
+      note(*bucket.refused);
+    } else {
+      try {
+        bucket.handle.wait();
+      } catch (const Error& e) {
+        note(e);
+      }
+    }
+    bucket.handle = Handle();
+    bucket.refused.reset();
+    bucket.enqueued = false;
+    bucket.started = 0;
+  }
+  for (size_t i : started) {
+    Slot& slot = slots[i];
+    if (slot.handle.valid()) {
+      try {
+        slot.handle.wait();
+      } catch (const Error& e) {
+        note(e);
+      }
+      slot.handle = Handle();
+    }
+    slot.started = false;
+  }
+  started.clear();
+}
+
+AllreduceBatch::AllreduceBatch(const std::vector<TensorView>& tensors,
+                               const AllreduceBatchOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  if (!options.names.empty() && options.names.size() != tensors.size()) {
+    Throw(Invalid(std::to_string(tensors.size()) + " tensors but " +
+                  std::to_string(options.names.size()) + " names"));
+  }
+  const uint64_t batch = options.names.empty() ? unnamed_batches++ : 0;
+  std::unordered_set<std::string> seen;
+  impl_->slots.resize(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    Impl::Slot& slot = impl_->slots[i];
+    slot.view = tensors[i];
+    slot.view.data = nullptr;
+    const int64_t bytes = slot.view.num_bytes();
+    if (bytes < 0) Throw(Invalid("tensor " + std::to_string(i) + " has an invalid shape"));
+    slot.bytes = static_cast<size_t>(bytes);
+    std::string name = options.names.empty()
+                           ? "batch" + std::to_string(batch) + "." + std::to_string(i)
+                           : options.names[i];
+    if (name.empty()) Throw(Invalid("tensor " + std::to_string(i) + " has an empty name"));
+    if (!seen.insert(name).second) Throw(Invalid("the name '" + name + "' is listed twice"));
+    slot.options.name = std::move(name);
+    slot.options.op = options.op;
+    slot.options.prescale = options.prescale;
+    slot.options.postscale = options.postscale;
+    slot.options.process_set = options.process_set;
+    slot.options.ready = options.ready;
+  }
+  impl_->Layout(options);
+  impl_->started.reserve(tensors.size());
+}
+
+AllreduceBatch::~AllreduceBatch() {
+  if (!impl_ || impl_->started.empty()) return;
+  std::optional<Error> dropped;
+  impl_->Finish(&dropped);
+}
+
+AllreduceBatch::AllreduceBatch(AllreduceBatch&&) noexcept = default;
+
+AllreduceBatch& AllreduceBatch::operator=(AllreduceBatch&& other) noexcept {
+  if (this != &other) {
+    if (impl_ && !impl_->started.empty()) {
+      std::optional<Error> dropped;
+      impl_->Finish(&dropped);
+    }
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
+}
+
+void AllreduceBatch::start(size_t index, void* data) {
+  if (index >= impl_->slots.size()) {
+    Throw(Invalid("no tensor " + std::to_string(index) + " in a batch of " +
+                  std::to_string(impl_->slots.size())));
+  }
+  Impl::Slot& slot = impl_->slots[index];
+  if (slot.started)
+    Throw(Invalid("tensor '" + slot.options.name + "' started twice before wait()"));
+  slot.view.data = data;
+  if (slot.bucket < 0) {
+    slot.handle = allreduce(slot.view, slot.options);
+    slot.started = true;
+    impl_->started.push_back(index);
+    return;
+  }
+  Impl::Bucket& bucket = impl_->buckets[static_cast<size_t>(slot.bucket)];
+  bucket.pieces[slot.piece].data = data;
+  slot.started = true;
+  impl_->started.push_back(index);
+  if (++bucket.started == bucket.members.size()) impl_->Enqueue(&bucket);
+}
+
+void AllreduceBatch::wait() {
+  RequireCallerThread("AllreduceBatch::wait");
+  if (impl_->started.empty()) return;
+  std::optional<Error> first_failure;
+  for (Impl::Bucket& bucket : impl_->buckets) {
+    if (bucket.enqueued) continue;
+    // Each unstarted member gets its own zeros: a reduction may write one member's result while
+    // still reading a later member's input.
+    if (bucket.unstarted.size() < bucket.bytes) bucket.unstarted.resize(bucket.bytes);
+    for (size_t i : bucket.members) {
+      const Impl::Slot& slot = impl_->slots[i];
+      if (slot.started) continue;
+      unsigned char* zeros = bucket.unstarted.data() + slot.offset;
+      if (slot.bytes > 0) std::memset(zeros, 0, slot.bytes);
+      bucket.pieces[slot.piece].data = zeros;
+    }
+    try {
+      impl_->Enqueue(&bucket);
+    } catch (const Error& e) {
+      if (!first_failure) first_failure = e;
+    }
+  }
+  impl_->Finish(&first_failure);
+  if (first_failure) throw *first_failure;
+}
+
+size_t AllreduceBatch::size() const { return impl_ ? impl_->slots.size() : 0; }
+
+size_t AllreduceBatch::in_flight() const { return impl_ ? impl_->started.size() : 0; }
+
+size_t AllreduceBatch::bucket_count() const { return impl_ ? impl_->buckets.size() : 0; }
+
+}  // namespace gradsync

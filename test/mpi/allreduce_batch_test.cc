@@ -1,0 +1,186 @@
+// AllreduceBatch: how it cuts buckets, results of batched and lone tensors of several dtypes over
+// many steps and start orders, members some rank did not start, and its refusals.
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "test/mpi/multi_rank_test.h"
+
+namespace gradsync {
+namespace testing {
+namespace {
+
+class AllreduceBatchTest : public MultiRankTest {};
+
+constexpr size_t kBelow = AllreduceBatch::kBatchedBelowBytes;
+
+TensorView Spec(DataType dtype, int64_t elements) { return TensorView(nullptr, dtype, {elements}); }
+
+// Buckets depend only on the list: no runtime is needed to make them.
+TEST(AllreduceBatchLayout, BucketsFollowTheListByDtypeAndSize) {
+  const int64_t small = 16;
+  const auto floats = [](size_t bytes) { return static_cast<int64_t>(bytes / 4); };
+  // Small float32 tensors around a large one share a bucket; float64 ones have their own.
+  EXPECT_EQ(AllreduceBatch({Spec(DataType::kFloat32, small), Spec(DataType::kFloat64, small),
+                            Spec(DataType::kFloat32, floats(kBelow)),
+                            Spec(DataType::kFloat32, small), Spec(DataType::kFloat64, small)})
+                .bucket_count(),
+            2u);
+  // A bucket holds at most kBucketBytes.
+  std::vector<TensorView> many(AllreduceBatch::kBucketBytes / (kBelow / 2) + 1,
+                               Spec(DataType::kFloat32, floats(kBelow / 2)));
+  EXPECT_EQ(AllreduceBatch(many).bucket_count(), 2u);
+  // And spans at most kBucketSpanBytes of the list: a large tensor between two small ones that
+  // spans more closes the first bucket.
+  EXPECT_EQ(AllreduceBatch({Spec(DataType::kFloat32, small),
+                            Spec(DataType::kFloat32, floats(AllreduceBatch::kBucketSpanBytes)),
+                            Spec(DataType::kFloat32, small)})
+                .bucket_count(),
+            2u);
+  // Device tensors and tensors from kBatchedBelowBytes up are reduced alone.
+  EXPECT_EQ(AllreduceBatch({TensorView(nullptr, DataType::kFloat32, {small}, Device::Cuda(0)),
+                            Spec(DataType::kFloat32, floats(kBelow))})
+                .bucket_count(),
+            0u);
+  EXPECT_EQ(AllreduceBatch({}).bucket_count(), 0u);
+}
+
+TEST(AllreduceBatchLayout, RefusesBadLists) {
+  AllreduceBatchOptions named;
+  named.names = {"a", "a"};
+  EXPECT_TRUE(ThrowsWith(
+      [&] {
+        AllreduceBatch({Spec(DataType::kInt8, 1), Spec(DataType::kInt8, 1)}, named);
+      },
+      StatusCode::kInvalidArgument, "listed twice"));
+  named.names = {"a"};
+  EXPECT_TRUE(ThrowsWith(
+      [&] {
+        AllreduceBatch({Spec(DataType::kInt8, 1), Spec(DataType::kInt8, 1)}, named);
+      },
+      StatusCode::kInvalidArgument, "2 tensors but 1 names"));
+  EXPECT_TRUE(ThrowsWith([] { AllreduceBatch({Spec(DataType::kInt8, -1)}); },
+                         StatusCode::kInvalidArgument, "invalid shape"));
+}
+
+// A model's worth of tensors: small ones of two dtypes (batched), large ones (alone), empty ones.
+struct Model {
+  std::vector<std::unique_ptr<HostTensor>> tensors;
+  std::vector<TensorView> specs;
+
+  Model() {
+    const int64_t large = static_cast<int64_t>(kBelow / 4) + 3;
+    for (int t = 0; t < 60; ++t) {
+      const DataType dtype = t % 5 == 1 ? DataType::kFloat64 : DataType::kFloat32;
+      const int64_t elements = t % 17 == 3 ? large : t % 13 == 7 ? 0 : 1 + (t * 37) % 900;
+      tensors.push_back(std::make_unique<HostTensor>(dtype, std::vector<int64_t>{elements}));
+      specs.push_back(Spec(dtype, elements));
+    }
+  }
+  void Fill(ReduceOp op, int rank, int step) {
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      for (int64_t i = 0; i < tensors[t]->size(); ++i) {
+        tensors[t]->Set(i, Value(op, rank, i + static_cast<int64_t>(t) + step));
+      }
+    }
+  }
+};
+
+TEST_F(AllreduceBatchTest, SumsAndAveragesOverManyStepsInAnyStartOrder) {
+  Model model;
+  AllreduceBatchOptions options;
+  for (size_t t = 0; t < model.specs.size(); ++t) options.names.push_back("m." + std::to_string(t));
+  AllreduceBatch batch(model.specs, options);
+  ASSERT_GE(batch.bucket_count(), 2u);
+  options.op = ReduceOp::kAverage;
+  options.prescale = 2.0;
+  options.postscale = 0.5;
+  for (std::string& name : options.names) name += ".avg";
+  AllreduceBatch averaging(model.specs, options);
+  std::mt19937 shuffle(static_cast<unsigned>(rank_) * 7919u + 1u);  // each rank its own order
+  std::vector<size_t> order(model.specs.size());
+  std::iota(order.begin(), order.end(), 0);
+  for (int step = 0; step < 6; ++step) {  // the first step negotiates in full, the others cached
+    const bool average = step % 2 == 1;
+    const ReduceOp op = average ? ReduceOp::kAverage : ReduceOp::kSum;
+    AllreduceBatch& used = average ? averaging : batch;
+    model.Fill(op, rank_, step);
+    std::shuffle(order.begin(), order.end(), shuffle);
+    for (size_t t : order) used.start(t, model.tensors[t]->view().data);
+    EXPECT_EQ(used.in_flight(), order.size());
+    used.wait();
+    EXPECT_EQ(used.in_flight(), 0u);
+    for (size_t t = 0; t < model.tensors.size(); ++t) {
+      HostTensor& tensor = *model.tensors[t];
+      for (int64_t i = 0; i < tensor.size(); ++i) {
+        const double expected =
+            Expected(op, tensor.view().dtype, size_, i + static_cast<int64_t>(t) + step);
+        ASSERT_NEAR(tensor.Get(i), expected, 1e-5 * std::max(1.0, std::abs(expected)))
+            << "step " << step << " tensor " << t << " element " << i;
+      }
+    }
+  }
+}
+
+// Rank 0 leaves one batched and one lone tensor out: the batched one is reduced as zeros from
+// rank 0 (its memory there untouched), and the lone one on rank 0 goes its own way under the same
+// name, as a framework's fallback path would.
+TEST_F(AllreduceBatchTest, MembersNotStartedCountAsZeros) {
+  const int64_t large = static_cast<int64_t>(kBelow / 4);
+  std::vector<std::unique_ptr<HostTensor>> tensors;
+  AllreduceBatchOptions options;
+  std::vector<TensorView> specs;
+  for (int64_t elements : {int64_t{10}, int64_t{20}, large, int64_t{30}}) {
+    tensors.push_back(
+        std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{elements}));
+    specs.push_back(Spec(DataType::kFloat32, elements));
+    options.names.push_back("unused." + std::to_string(specs.size()));
+  }
+  AllreduceBatch batch(specs, options);
+  ASSERT_EQ(batch.bucket_count(), 1u);
+  for (int step = 0; step < 3; ++step) {
+    for (auto& tensor : tensors) {
+      for (int64_t i = 0; i < tensor->size(); ++i) tensor->Set(i, 1.0);
+    }
+    Handle lone;
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      if (rank_ == 0 && t == 1) continue;
+      if (rank_ == 0 && t == 2) {
+        AllreduceOptions own;
+        own.name = options.names[t];
+        lone = allreduce(tensors[t]->view(), own);
+        continue;
+      }
+      batch.start(t, tensors[t]->view().data);
+    }
+    batch.wait();
+    if (lone.valid()) ASSERT_TRUE(Succeeds(lone));
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const double expected = t == 1 ? (rank_ == 0 ? 1.0 : size_ - 1.0) : size_;
+      ASSERT_EQ(tensors[t]->Get(0), expected) << "step " << step << " tensor " << t;
+    }
+  }
+}
+
+TEST_F(AllreduceBatchTest, RefusesRepeatedAndUnknownStarts) {
+  HostTensor a(DataType::kFloat32, {4}), b(DataType::kFloat32, {4});
+  AllreduceBatchOptions options;
+  options.names = {"refuse.a", "refuse.b"};
+  AllreduceBatch batch({a.view(), b.view()}, options);
+  batch.wait();  // nothing started: nothing to do
+  EXPECT_TRUE(ThrowsWith([&] { batch.start(2, a.view().data); }, StatusCode::kInvalidArgument,
+                         "no tensor 2"));
+  batch.start(0, a.view().data);
+  EXPECT_TRUE(ThrowsWith([&] { batch.start(0, a.view().data); }, StatusCode::kInvalidArgument,
+                         "started twice"));
+  batch.start(1, b.view().data);
+  batch.wait();
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(a.Get(i), 0.0);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsync
