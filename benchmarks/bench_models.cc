@@ -4,8 +4,8 @@
 // For each set, every strategy reduces the same float32 tensors (SUM), interleaved round-robin so
 // machine noise hits all of them alike:
 //   gradsync    a gradsync::AllreduceBatch of the tensors in reverse registration order: each
-//               started in that order (as backward produces them), then all waited for, as the
-//               framework adapters do
+//               started in that order (as backward produces them), then all waited for, as
+//               gradsync.torch's DistributedOptimizer does
 //   per-tensor  MPI_Allreduce in place on each tensor, same order
 //   flat+copy   copy all tensors into one flat buffer, one MPI_Allreduce, copy back: what a
 //               framework that fuses by hand pays

@@ -295,8 +295,8 @@ std::vector<Handle> grouped_reducescatter(const std::vector<TensorView>& inputs,
 
 // A fixed list of tensors, such as a model's gradients, each reduced in place once per step: a
 // trainer starts each one as soon as it is ready (from backward's hooks) and waits for all of them
-// once. This is how the framework adapters reduce gradients, and the cheapest way to reduce many
-// small tensors:
+// once. This is how gradsync.torch's DistributedOptimizer reduces gradients, and the cheapest way
+// to reduce many small tensors:
 // - A host tensor smaller than kBatchedBelowBytes belongs to a bucket it shares with its
 //   neighbours in the list (of its dtype); once every member of a bucket has started, the bucket
 //   is reduced as one operation over the members' own memory, copied into a fusion buffer and back
