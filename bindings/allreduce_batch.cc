@@ -24,6 +24,26 @@ Status Invalid(const std::string& what) {
   return Status::InvalidArgument("AllreduceBatch: " + what);
 }
 
+// An in-place host allreduce of a one-dimensional tensor kept in `count` pieces (see
+// TensorEntry::segments), which stay valid and untouched until the handle completes.
+Handle AllreducePieces(DataType dtype, const HostSegment* pieces, size_t count,
+                       const AllreduceOptions& options) {
+  Runtime& rt = ActiveRuntime("AllreduceBatch");
+  int64_t elements = 0;
+  for (size_t i = 0; i < count; ++i) elements += pieces[i].elements;
+  auto entry = NewEntry(rt, OpType::kAllreduce, options.name, options.on_complete);
+  // Validated as a whole tensor at a stand-in address, then dropped: the data plane reads and
+  // writes the pieces only.
+  static char stand_in;
+  const TensorView whole(&stand_in, dtype, {elements});
+  const Status status = FillAllreduce(rt, whole, whole, options, entry.get());
+  entry->input.data = nullptr;
+  entry->output.data = nullptr;
+  entry->segments = pieces;
+  entry->segment_count = count;
+  return Submit(rt, std::move(entry), status);
+}
+
 }  // namespace
 
 struct AllreduceBatch::Impl {
@@ -54,14 +74,15 @@ struct AllreduceBatch::Impl {
   std::vector<Bucket> buckets;
   std::vector<size_t> started;  // slot indices since the last wait, in start order
 
-  void Layout(const AllreduceBatchOptions& options);
+  // `reduction`: the options every bucket shares but its name.
+  void Layout(const AllreduceOptions& reduction);
   void Enqueue(Bucket* bucket);
   void Finish(std::optional<Error>* first_failure);
 };
 
 // Buckets are made in list order, one open per dtype: a trainer lists its tensors in the order
 // backward produces them, so a bucket's members are ready close together.
-void AllreduceBatch::Impl::Layout(const AllreduceBatchOptions& options) {
+void AllreduceBatch::Impl::Layout(const AllreduceOptions& reduction) {
   struct Open {
     int bucket = -1;
     size_t span_start = 0;  // bytes of the list before the bucket's first member
@@ -100,12 +121,9 @@ void AllreduceBatch::Impl::Layout(const AllreduceBatchOptions& options) {
     const Slot& first = slots[bucket.members.front()];
     const Slot& last = slots[bucket.members.back()];
     bucket.dtype = first.view.dtype;
+    bucket.options = reduction;
     bucket.options.name = "bucket(" + first.options.name +
                           (bucket.members.size() > 1 ? ".." + last.options.name : "") + ")";
-    bucket.options.op = options.op;
-    bucket.options.prescale = options.prescale;
-    bucket.options.postscale = options.postscale;
-    bucket.options.process_set = options.process_set;
   }
 }
 
@@ -165,6 +183,11 @@ AllreduceBatch::AllreduceBatch(const std::vector<TensorView>& tensors,
                   std::to_string(options.names.size()) + " names"));
   }
   const uint64_t batch = options.names.empty() ? unnamed_batches++ : 0;
+  AllreduceOptions reduction;
+  reduction.op = options.op;
+  reduction.prescale = options.prescale;
+  reduction.postscale = options.postscale;
+  reduction.process_set = options.process_set;
   std::unordered_set<std::string> seen;
   impl_->slots.resize(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -179,14 +202,11 @@ AllreduceBatch::AllreduceBatch(const std::vector<TensorView>& tensors,
                            : options.names[i];
     if (name.empty()) Throw(Invalid("tensor " + std::to_string(i) + " has an empty name"));
     if (!seen.insert(name).second) Throw(Invalid("the name '" + name + "' is listed twice"));
+    slot.options = reduction;
     slot.options.name = std::move(name);
-    slot.options.op = options.op;
-    slot.options.prescale = options.prescale;
-    slot.options.postscale = options.postscale;
-    slot.options.process_set = options.process_set;
     slot.options.ready = options.ready;
   }
-  impl_->Layout(options);
+  impl_->Layout(reduction);
   impl_->started.reserve(tensors.size());
 }
 
@@ -249,8 +269,8 @@ void AllreduceBatch::wait() {
     }
     try {
       impl_->Enqueue(&bucket);
-    } catch (const Error& e) {
-      if (!first_failure) first_failure = e;
+    } catch (const Error&) {
+      // Kept in the bucket: Finish reports it.
     }
   }
   impl_->Finish(&first_failure);

@@ -175,46 +175,6 @@ Status AttachReadiness(const DeviceReadiness& ready, TensorEntry* entry) {
                          &entry->ready);
 }
 
-// Fills first and validates after, returning at the first problem: the entry is discarded on
-// failure anyway, and the accepted path then costs no Status assignments.
-Status FillAllreduce(const Runtime& rt, const TensorView& input, const TensorView& output,
-                     const AllreduceOptions& options, TensorEntry* entry) {
-  AssignView(input, &entry->input);
-  AssignView(output, &entry->output);
-  entry->reduce_op = options.op;
-  entry->prescale = options.prescale;
-  entry->postscale = options.postscale;
-  const bool same_view =
-      &input == &output || (input.data == output.data && input.dtype == output.dtype &&
-                            input.device == output.device && input.shape == output.shape);
-  // The usual call, in place on the global set with valid arguments, in one test.
-  const int64_t bytes = input.num_bytes();
-  if (same_view && options.process_set.id() == 0 && PlainlyValid(input, bytes) &&
-      IsValidReduceOp(options.op) && std::isfinite(options.prescale) &&
-      std::isfinite(options.postscale)) {
-    entry->process_set = 0;
-    return AttachReadiness(options.ready, entry);
-  }
-  GRADSYNC_RETURN_IF_ERROR(UseProcessSet(rt, options.process_set, entry));
-  GRADSYNC_RETURN_IF_ERROR(ValidateTensor(input, bytes, ""));
-  if (!same_view) {
-    GRADSYNC_RETURN_IF_ERROR(ValidateTensor(output, "output: "));
-    if (output.dtype != input.dtype || output.shape != input.shape ||
-        output.device != input.device) {
-      return Status::InvalidArgument(
-          "output (" + DataTypeName(output.dtype) + " " + ShapeString(output.shape) + " on " +
-          DeviceName(output.device) + ") differs from input (" + DataTypeName(input.dtype) + " " +
-          ShapeString(input.shape) + " on " + DeviceName(input.device) + ")");
-    }
-  }
-  if (!IsValidReduceOp(options.op)) {
-    return Status::InvalidArgument("unknown reduce op " + ReduceOpName(options.op));
-  }
-  GRADSYNC_RETURN_IF_ERROR(ValidateScale(options.prescale, "prescale"));
-  GRADSYNC_RETURN_IF_ERROR(ValidateScale(options.postscale, "postscale"));
-  return AttachReadiness(options.ready, entry);
-}
-
 Status FillAllgather(const Runtime& rt, const TensorView& input, Allocator allocate,
                      const ProcessSet& process_set, const DeviceReadiness& ready,
                      TensorEntry* entry) {
@@ -280,6 +240,46 @@ std::vector<Handle> EnqueueGroup(Runtime& rt, OpType op, const std::vector<std::
 
 }  // namespace
 
+// Fills first and validates after, returning at the first problem: the entry is discarded on
+// failure anyway, and the accepted path then costs no Status assignments.
+Status FillAllreduce(const Runtime& rt, const TensorView& input, const TensorView& output,
+                     const AllreduceOptions& options, TensorEntry* entry) {
+  AssignView(input, &entry->input);
+  AssignView(output, &entry->output);
+  entry->reduce_op = options.op;
+  entry->prescale = options.prescale;
+  entry->postscale = options.postscale;
+  const bool same_view =
+      &input == &output || (input.data == output.data && input.dtype == output.dtype &&
+                            input.device == output.device && input.shape == output.shape);
+  // The usual call, in place on the global set with valid arguments, in one test.
+  const int64_t bytes = input.num_bytes();
+  if (same_view && options.process_set.id() == 0 && PlainlyValid(input, bytes) &&
+      IsValidReduceOp(options.op) && std::isfinite(options.prescale) &&
+      std::isfinite(options.postscale)) {
+    entry->process_set = 0;
+    return AttachReadiness(options.ready, entry);
+  }
+  GRADSYNC_RETURN_IF_ERROR(UseProcessSet(rt, options.process_set, entry));
+  GRADSYNC_RETURN_IF_ERROR(ValidateTensor(input, bytes, ""));
+  if (!same_view) {
+    GRADSYNC_RETURN_IF_ERROR(ValidateTensor(output, "output: "));
+    if (output.dtype != input.dtype || output.shape != input.shape ||
+        output.device != input.device) {
+      return Status::InvalidArgument(
+          "output (" + DataTypeName(output.dtype) + " " + ShapeString(output.shape) + " on " +
+          DeviceName(output.device) + ") differs from input (" + DataTypeName(input.dtype) + " " +
+          ShapeString(input.shape) + " on " + DeviceName(input.device) + ")");
+    }
+  }
+  if (!IsValidReduceOp(options.op)) {
+    return Status::InvalidArgument("unknown reduce op " + ReduceOpName(options.op));
+  }
+  GRADSYNC_RETURN_IF_ERROR(ValidateScale(options.prescale, "prescale"));
+  GRADSYNC_RETURN_IF_ERROR(ValidateScale(options.postscale, "postscale"));
+  return AttachReadiness(options.ready, entry);
+}
+
 std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string& name,
                                       CompletionCallback on_complete) {
   std::unique_ptr<TensorEntry> entry = rt.queue.NewEntry();
@@ -325,24 +325,6 @@ Handle allreduce(const TensorView& input, const TensorView& output,
   Runtime& rt = ActiveRuntime("allreduce");
   auto entry = NewEntry(rt, OpType::kAllreduce, options.name, options.on_complete);
   const Status status = FillAllreduce(rt, input, output, options, entry.get());
-  return Submit(rt, std::move(entry), status);
-}
-
-Handle AllreducePieces(DataType dtype, const HostSegment* pieces, size_t count,
-                       const AllreduceOptions& options) {
-  Runtime& rt = ActiveRuntime("allreduce");
-  int64_t elements = 0;
-  for (size_t i = 0; i < count; ++i) elements += pieces[i].elements;
-  auto entry = NewEntry(rt, OpType::kAllreduce, options.name, options.on_complete);
-  // Validated as a whole tensor at a stand-in address, then dropped: the data plane reads and
-  // writes the pieces only.
-  static char stand_in;
-  const TensorView whole(&stand_in, dtype, {elements});
-  const Status status = FillAllreduce(rt, whole, whole, options, entry.get());
-  entry->input.data = nullptr;
-  entry->output.data = nullptr;
-  entry->segments = pieces;
-  entry->segment_count = count;
   return Submit(rt, std::move(entry), status);
 }
 

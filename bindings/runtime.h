@@ -63,11 +63,10 @@ std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string&
 // names the entry if needed, pushes it and returns its handle.
 Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& validation);
 
-// An in-place host allreduce of a one-dimensional tensor kept in `count` pieces (see
-// TensorEntry::segments), which stay valid and untouched until the handle completes; `options` as
-// allreduce() takes them, but for the device readiness, which host tensors ignore.
-Handle AllreducePieces(DataType dtype, const HostSegment* pieces, size_t count,
-                       const AllreduceOptions& options);
+// Fills an allreduce entry from allreduce()'s arguments; not OK when they are refused (Submit
+// then throws it).
+Status FillAllreduce(const Runtime& rt, const TensorView& input, const TensorView& output,
+                     const AllreduceOptions& options, TensorEntry* entry);
 
 // Creates the process sets declared at init, after checking that every rank declared the same.
 // Collective over every rank; fails identically everywhere.

@@ -77,19 +77,28 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
   // Every rank holds the same shape, so every rank skips together.
   if (n == 0) return Status::OK();
   const size_t elem_size = DataTypeSize(spec.dtype);
-  void* out = entry->output.data;
-  const void* in = entry->input.data;
+  const size_t bytes = static_cast<size_t>(n) * elem_size;
   bool hierarchical = false;
-  GRADSYNC_RETURN_IF_ERROR(UseHierarchical(static_cast<size_t>(n) * elem_size, &hierarchical));
+  GRADSYNC_RETURN_IF_ERROR(UseHierarchical(bytes, &hierarchical));
   if (!hierarchical) {
     // Node shared memory, copies included, beat MPI's own allreduce in place at every size it
     // takes (docs/benchmarks.md, "Node shared memory"): a lone tensor goes through it as a bucket
     // of one. Decided from the size alone, so every rank takes the same path.
     bool shared = false;
-    GRADSYNC_RETURN_IF_ERROR(shared_memory_.Prepare(static_cast<size_t>(n) * elem_size, &shared));
+    GRADSYNC_RETURN_IF_ERROR(shared_memory_.Prepare(bytes, &shared));
     if (shared) return AllreduceFused({entry}, spec, type, op);
   }
-  if (entry->segments != nullptr) return AllreducePieces(entry, spec, hierarchical, type, op);
+  void* out = entry->output.data;
+  const void* in = entry->input.data;
+  // A tensor in pieces is reduced in place on a whole copy in the fusion buffer: the same
+  // collective as a whole tensor's.
+  char* staged = nullptr;
+  if (entry->segments != nullptr) {
+    staged = static_cast<char*>(fusion_buffer_.Get(bytes));
+    TimelineActivity activity(timeline_, entry, "MEMCPY_IN_FUSION_BUFFER");
+    CopyEntryIn(*entry, 0, n, 1.0, staged);
+    in = out = staged;
+  }
   if (hierarchical) {
     TimelineActivity activity(timeline_, entry, "HIERARCHICAL_ALLREDUCE");
     ScaledCopy(in, out, n, spec.dtype, spec.prescale);
@@ -103,28 +112,10 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
     GRADSYNC_RETURN_IF_ERROR(AllreduceInPieces(MPI_IN_PLACE, out, n, elem_size, type, op, comm_));
   }
   ScaledCopy(out, out, n, spec.dtype, spec.postscale);
-  return Status::OK();
-}
-
-// The same collective as a whole tensor's, on a copy of the pieces in the fusion buffer.
-Status MpiDataPlane::AllreducePieces(TensorEntry* entry, const ReduceSpec& spec, bool hierarchical,
-                                     MPI_Datatype type, MPI_Op op) {
-  const int64_t n = entry->input.num_elements();
-  const size_t elem_size = DataTypeSize(spec.dtype);
-  auto* buffer = static_cast<char*>(fusion_buffer_.Get(static_cast<size_t>(n) * elem_size));
-  {
-    TimelineActivity activity(timeline_, entry, "MEMCPY_IN_FUSION_BUFFER");
-    CopyEntryIn(*entry, 0, n, spec.prescale, buffer);
+  if (staged != nullptr) {
+    TimelineActivity activity(timeline_, entry, "MEMCPY_OUT_FUSION_BUFFER");
+    CopyEntryOut(staged, 0, n, 1.0, *entry);
   }
-  {
-    TimelineActivity activity(timeline_, entry,
-                              hierarchical ? "HIERARCHICAL_ALLREDUCE" : "MPI_ALLREDUCE");
-    GRADSYNC_RETURN_IF_ERROR(
-        hierarchical ? hierarchical_.AllreduceInPlace(buffer, n, elem_size, type, op)
-                     : AllreduceInPieces(MPI_IN_PLACE, buffer, n, elem_size, type, op, comm_));
-  }
-  TimelineActivity activity(timeline_, entry, "MEMCPY_OUT_FUSION_BUFFER");
-  CopyEntryOut(buffer, 0, n, spec.postscale, *entry);
   return Status::OK();
 }
 

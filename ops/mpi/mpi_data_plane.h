@@ -68,9 +68,6 @@ class MpiDataPlane : public DataPlane {
 
  private:
   Status AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MPI_Datatype type, MPI_Op op);
-  // AllreduceOne of a tensor kept in pieces (TensorEntry::segments).
-  Status AllreducePieces(TensorEntry* entry, const ReduceSpec& spec, bool hierarchical,
-                         MPI_Datatype type, MPI_Op op);
   Status AllreduceFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                         MPI_Datatype type, MPI_Op op);
   // The fused bucket through node shared memory: each rank packs its tensors into its own region,
