@@ -316,6 +316,18 @@ bool cuda_built() { return BuiltWithCuda(); }
 
 int nccl_version() { return NcclVersion(); }
 
+void* allocate_device_memory(int device, size_t bytes) {
+  void* data = nullptr;
+  const Status allocated = AllocateDeviceMemory(device, bytes, &data);
+  if (!allocated.ok()) Throw(allocated);
+  return data;
+}
+
+void free_device_memory(int device, void* data) {
+  const Status freed = FreeDeviceMemory(device, data);
+  if (!freed.ok()) Throw(freed);
+}
+
 Handle allreduce(const TensorView& tensor, const AllreduceOptions& options) {
   return allreduce(tensor, tensor, options);
 }

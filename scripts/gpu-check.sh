@@ -6,9 +6,10 @@
 #                                     machine lacks into .gpu-deps/ (Open MPI's PyPI wheel, the
 #                                     Debian packages of spdlog, fmt and GoogleTest; about 9 MB)
 #   scripts/gpu-check.sh run [OUT]    on the GPU machine, with .gpu-deps/ beside the sources:
-#                                     unpack it, build with CUDA, run the tests labelled gpu and
-#                                     the placement probe, and write nvidia-smi's report, the build
-#                                     log, the test log and the placement lines to OUT (default:
+#                                     unpack it, build with CUDA, run the tests labelled gpu, the
+#                                     Python package's CUDA tests (where python3 has torch, pybind11
+#                                     and pytest), the placement probe and the GPU benchmark, and
+#                                     write nvidia-smi's report and every log to OUT (default:
 #                                     gpu-check-out)
 # WORK (default: /tmp/gradsync-gpu-check) holds the unpacked dependencies and the build.
 # CUDA_ARCHS (default: native) is passed as CMAKE_CUDA_ARCHITECTURES.
@@ -90,17 +91,37 @@ run() {
   } >"$out/machine.txt" 2>&1
   cat "$out/machine.txt"
 
+  # The Python package, for its CUDA tests, where the machine's python3 can build and run it.
+  local python_args=(-DGRADSYNC_BUILD_PYTHON=OFF) python_targets=()
+  if python3 -c 'import torch, pybind11, pytest' 2>/dev/null; then
+    python_args=(-DGRADSYNC_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)"
+                 -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)")
+    python_targets=(gradsync_python)
+  fi
   cmake -S "$repo_root" -B "$work/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DGRADSYNC_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-native}" \
     -DGRADSYNC_NCCL_LIBRARY="$nccl" -DMPI_HOME="$mpi_prefix" \
     -DCMAKE_PREFIX_PATH="$work/root/usr;$work/root/usr/lib/x86_64-linux-gnu/cmake" \
-    -DGRADSYNC_BUILD_PYTHON=OFF -DGRADSYNC_BUILD_BENCHMARKS=ON -DGRADSYNC_BUILD_EXAMPLES=OFF \
+    "${python_args[@]}" -DGRADSYNC_BUILD_BENCHMARKS=ON -DGRADSYNC_BUILD_EXAMPLES=OFF \
     2>&1 | tee "$out/build.log"
-  cmake --build "$work/build" -j "$(nproc)" --target gpu_tests gradsync_bench_gpu launch_probe 2>&1 |
-    tee -a "$out/build.log" | tail -5
+  cmake --build "$work/build" -j "$(nproc)" --target gpu_tests gradsync_bench_gpu launch_probe \
+    "${python_targets[@]}" 2>&1 | tee -a "$out/build.log" | tail -5
   local status=0
   ctest --test-dir "$work/build" -L gpu --output-on-failure --timeout 300 2>&1 |
     tee "$out/gpu-tests.log" || status=$?
+  # gradsync.torch on CUDA tensors: one rank through NCCL, two sharing the GPU through MPI.
+  if [ ${#python_targets[@]} -gt 0 ]; then
+    local pytest=(python3 -m pytest -q -p no:cacheprovider --color=no
+                  "$repo_root/test/python/test_cuda.py")
+    {
+      PYTHONPATH=$work/build/python timeout 300 mpirun -np 1 -x PYTHONPATH "${pytest[@]}" &&
+        PYTHONPATH=$work/build/python GRADSYNC_GPU_BACKEND=mpi timeout 300 mpirun -np 2 \
+          --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND "${pytest[@]}"
+    } 2>&1 | tee "$out/python-tests.log" || status=1
+  else
+    echo "gpu-check: python3 lacks torch, pybind11 or pytest: Python CUDA tests not run" |
+      tee "$out/python-tests.log"
+  fi
   # Placement with a GPU: the GPU each rank picks and where its background thread goes.
   {
     GRADSYNC_LOG_LEVEL=info "$work/build/test/launch/launch_probe" || true

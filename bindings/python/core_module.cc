@@ -26,29 +26,54 @@ namespace gradsync {
 namespace python {
 namespace {
 
-// Memory for a collective's output, filled on the background thread, then exposed to Python
-// through the buffer protocol; a tensor made from it (torch.frombuffer) keeps it alive.
+// Memory for a collective's output, filled on the background thread, then exposed to Python: host
+// memory through the buffer protocol (torch.frombuffer), device memory through
+// __cuda_array_interface__ (torch.as_tensor); the tensor made from it keeps it alive.
 class OutputBuffer {
  public:
+  // `device`: the CUDA device of the collective's input, or -1 for a host input.
+  explicit OutputBuffer(int device = -1) : device_(device) {}
+  ~OutputBuffer() {
+    if (device_ >= 0 && device_data_ != nullptr) {
+      try {
+        free_device_memory(device_, device_data_);
+      } catch (const Error&) {
+        // A failed device leaves nothing to return the memory to; its error reached the handle.
+      }
+    }
+  }
+  OutputBuffer(const OutputBuffer&) = delete;
+  OutputBuffer& operator=(const OutputBuffer&) = delete;
+
+  // Runs on the background thread; nullptr fails the operation.
   void* Allocate(const std::vector<int64_t>& shape, DataType dtype) {
     shape_ = shape;
-    dtype_ = dtype;
     int64_t bytes = static_cast<int64_t>(DataTypeSize(dtype));
     for (int64_t d : shape) bytes *= d;
     bytes_ = static_cast<size_t>(bytes);
     if (bytes_ == 0) return nullptr;
-    data_.reset(new (std::nothrow) uint8_t[bytes_]);
-    return data_.get();
+    if (device_ < 0) {
+      host_data_.reset(new (std::nothrow) uint8_t[bytes_]);
+      return host_data_.get();
+    }
+    try {
+      device_data_ = allocate_device_memory(device_, bytes_);
+    } catch (const Error&) {
+      device_data_ = nullptr;
+    }
+    return device_data_;
   }
-  uint8_t* data() const { return data_.get(); }
+  void* data() const { return device_ >= 0 ? device_data_ : host_data_.get(); }
   size_t bytes() const { return bytes_; }
+  int device() const { return device_; }
   const std::vector<int64_t>& shape() const { return shape_; }
 
  private:
-  std::unique_ptr<uint8_t[]> data_;
+  int device_;
+  std::unique_ptr<uint8_t[]> host_data_;
+  void* device_data_ = nullptr;
   size_t bytes_ = 0;
   std::vector<int64_t> shape_;
-  DataType dtype_ = DataType::kUInt8;
 };
 
 // A pending operation and, for collectives that allocate their result, its output buffer.
@@ -56,6 +81,12 @@ struct PyHandle {
   Handle handle;
   std::shared_ptr<OutputBuffer> output;
 };
+
+// The output buffer of a collective whose input is on (device_kind, device_index).
+std::shared_ptr<OutputBuffer> OutputFor(int device_kind, int device_index) {
+  const bool on_device = static_cast<DeviceKind>(device_kind) != DeviceKind::kCpu;
+  return std::make_shared<OutputBuffer>(on_device ? device_index : -1);
+}
 
 Allocator AllocatorInto(const std::shared_ptr<OutputBuffer>& buffer) {
   return [buffer](const std::vector<int64_t>& shape, DataType dtype) {
@@ -65,9 +96,9 @@ Allocator AllocatorInto(const std::shared_ptr<OutputBuffer>& buffer) {
 
 // One output buffer and allocator per tensor of a grouped call.
 struct GroupOutputs {
-  explicit GroupOutputs(size_t n) {
+  GroupOutputs(size_t n, int device_kind, int device_index) {
     for (size_t i = 0; i < n; ++i) {
-      buffers.push_back(std::make_shared<OutputBuffer>());
+      buffers.push_back(OutputFor(device_kind, device_index));
       allocators.push_back(AllocatorInto(buffers.back()));
     }
   }
@@ -212,9 +243,21 @@ void BindRuntime(py::module_& m) {
 void BindHandle(py::module_& m) {
   py::class_<OutputBuffer, std::shared_ptr<OutputBuffer>>(m, "OutputBuffer", py::buffer_protocol())
       .def_buffer([](OutputBuffer& b) {
+        if (b.device() >= 0) throw py::buffer_error("a device output has no host buffer");
         return py::buffer_info(b.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(b.bytes())}, {1}, /*readonly=*/false);
       })
+      // Bytes, as the buffer protocol gives a host output; absent (so hasattr() is False) there.
+      .def_property_readonly(
+          "__cuda_array_interface__",
+          [](const OutputBuffer& b) {
+            if (b.device() < 0) throw py::attribute_error("a host output has no device memory");
+            return py::dict("shape"_a = py::make_tuple(b.bytes()), "strides"_a = py::none(),
+                            "typestr"_a = "|u1",
+                            "data"_a = py::make_tuple(reinterpret_cast<uintptr_t>(b.data()), false),
+                            "version"_a = 2);
+          })
+      .def_property_readonly("device", &OutputBuffer::device)
       .def_property_readonly("nbytes", &OutputBuffer::bytes)
       .def_property_readonly("shape", &OutputBuffer::shape);
 
@@ -260,7 +303,7 @@ void BindCollectives(py::module_& m) {
       AllgatherOptions o;
       o.name = std::move(name);
       o.process_set = SetById(process_set);
-      auto buffer = std::make_shared<OutputBuffer>();
+      auto buffer = OutputFor(device_kind, device_index);
       Handle h = allgather(View(data, dtype, std::move(shape), device_kind, device_index),
                            AllocatorInto(buffer), o);
       return PyHandle{h, buffer};
@@ -273,7 +316,7 @@ void BindCollectives(py::module_& m) {
       GroupedAllgatherOptions o;
       o.names = std::move(names);
       o.process_set = SetById(process_set);
-      GroupOutputs outputs(data.size());
+      GroupOutputs outputs(data.size(), device_kind, device_index);
       return outputs.Wrap(
           grouped_allgather(Views(data, dtypes, std::move(shapes), device_kind, device_index),
                             outputs.allocators, o));
@@ -298,7 +341,7 @@ void BindCollectives(py::module_& m) {
             o.name = std::move(name);
             o.splits = std::move(splits);
             o.process_set = SetById(process_set);
-            auto buffer = std::make_shared<OutputBuffer>();
+            auto buffer = OutputFor(device_kind, device_index);
             Handle h = alltoall(View(data, dtype, std::move(shape), device_kind, device_index),
                                 AllocatorInto(buffer), o);
             return PyHandle{h, buffer};
@@ -312,7 +355,7 @@ void BindCollectives(py::module_& m) {
       GroupedReducescatterOptions o;
       o.names = std::move(names);
       SetReduction(&o, op, prescale, postscale, process_set);
-      GroupOutputs outputs(data.size());
+      GroupOutputs outputs(data.size(), device_kind, device_index);
       return outputs.Wrap(
           grouped_reducescatter(Views(data, dtypes, std::move(shapes), device_kind, device_index),
                                 outputs.allocators, o));

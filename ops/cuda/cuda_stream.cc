@@ -48,22 +48,31 @@ CudaEvent::~CudaEvent() {
   if (owned_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
 }
 
-Status CudaEvent::Poll() {
+Status CudaEvent::Poll(bool* settled) {
+  *settled = true;
   GRADSYNC_RETURN_IF_ERROR(FailureOf(failure_.get()));
   const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(event_));
   if (state == cudaSuccess) return Status::OK();
-  if (state == cudaErrorNotReady) return Status::Timeout("not yet");
+  if (state == cudaErrorNotReady) {
+    *settled = false;
+    return Status::OK();
+  }
   return CudaFailure("cudaEventQuery", device_, state);
 }
 
-bool CudaEvent::Query() { return Poll().code() != StatusCode::kTimeout; }
+bool CudaEvent::Query() {
+  bool settled = false;
+  Poll(&settled);
+  return settled;
+}
 
 Status CudaEvent::Wait(std::chrono::nanoseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto pause = std::chrono::microseconds(20);
   for (;;) {
-    Status status = Poll();
-    if (status.code() != StatusCode::kTimeout) return status;
+    bool settled = false;
+    Status status = Poll(&settled);
+    if (settled) return status;
     if (std::chrono::steady_clock::now() >= deadline) {
       return Status::Timeout("the stream's work before this event has not finished on cuda:" +
                              std::to_string(device_) + " after " +

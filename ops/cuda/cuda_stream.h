@@ -41,8 +41,9 @@ class CudaEvent : public StreamEvent {
   int device() const { return device_; }
 
  private:
-  // OK once the event has completed, Timeout while it has not, or the failure.
-  Status Poll();
+  // Sets *settled once the event has completed or failed, and returns the failure, if any. An
+  // abort's status may itself be a Timeout, so "not yet" is never told by the status.
+  Status Poll(bool* settled);
 
   void* event_;
   int device_;

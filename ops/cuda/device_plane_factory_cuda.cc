@@ -118,6 +118,21 @@ bool UsableCudaDevices(int* devices) {
   return cudaGetDeviceCount(devices) == cudaSuccess && *devices > 0;
 }
 
+Status AllocateDeviceMemory(int device, size_t bytes, void** data) {
+  *data = nullptr;
+  GRADSYNC_CUDA_CALL(cudaSetDevice(device), device);
+  GRADSYNC_CUDA_CALL(cudaMalloc(data, std::max<size_t>(bytes, 1)), device);
+  return Status::OK();
+}
+
+Status FreeDeviceMemory(int device, void* data) {
+  if (data == nullptr) return Status::OK();
+  GRADSYNC_CUDA_CALL(cudaSetDevice(device), device);
+  // cudaFree waits for the device's work on `data` before it returns the memory.
+  GRADSYNC_CUDA_CALL(cudaFree(data), device);
+  return Status::OK();
+}
+
 Status MakeDevicePlane(const Config& config, MPI_Comm comm, const Device& device,
                        std::unique_ptr<DataPlane>* plane) {
   int size = 1;

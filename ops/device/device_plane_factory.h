@@ -38,5 +38,10 @@ int NcclVersion();
 // Whether CUDA can be used here at all: false (and *devices 0) without a driver or a device, or
 // in a build without CUDA.
 bool UsableCudaDevices(int* devices);
+// Device memory of `bytes` (at least one) on CUDA device `device`, for a collective's output that
+// no framework allocates; FreeDeviceMemory returns it after the device's work on it is done.
+// Unsupported in a build without CUDA.
+Status AllocateDeviceMemory(int device, size_t bytes, void** data);
+Status FreeDeviceMemory(int device, void* data);
 
 }  // namespace gradsync

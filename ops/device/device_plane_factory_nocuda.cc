@@ -19,4 +19,15 @@ bool UsableCudaDevices(int* devices) {
   return false;
 }
 
+Status AllocateDeviceMemory(int device, size_t, void** data) {
+  *data = nullptr;
+  return Status::Unsupported("device memory on " + DeviceName(Device::Cuda(device)) +
+                             " was asked for, but this gradsync was built without CUDA");
+}
+
+Status FreeDeviceMemory(int, void* data) {
+  if (data == nullptr) return Status::OK();
+  return Status::Internal("device memory freed in a build without CUDA");
+}
+
 }  // namespace gradsync

@@ -90,6 +90,14 @@ bool is_initialized();
 bool cuda_built();
 int nccl_version();
 
+// Device memory for a collective's output where the caller has no allocator of its own (a
+// framework-free binding, say): cudaMalloc on CUDA device `device`, returned with
+// free_device_memory, which waits for the device's work on it. An Allocator for a device input
+// must return memory on that input's device; this is one way to get it. Both throw Error
+// (Unsupported in a build without CUDA, CudaError when CUDA fails).
+void* allocate_device_memory(int device, size_t bytes);
+void free_device_memory(int device, void* data);
+
 int rank();
 int size();
 int local_rank();  // rank among the processes on this node
@@ -192,8 +200,9 @@ Handle allreduce(const TensorView& input, const TensorView& output,
                  const AllreduceOptions& options = {});
 
 // Receives the output's shape and dtype on the background thread once they are known; returns
-// memory for the result that stays valid until the handle completes, or nullptr to fail the
-// operation. May return nullptr for an output of zero bytes.
+// memory for the result, on the input's device (host memory for a host input, device memory on
+// the same GPU for a device input), that stays valid until the handle completes, or nullptr to
+// fail the operation. May return nullptr for an output of zero bytes.
 using Allocator = std::function<void*(const std::vector<int64_t>& shape, DataType dtype)>;
 
 struct AllgatherOptions {

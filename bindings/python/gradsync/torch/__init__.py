@@ -1,7 +1,8 @@
 """``horovod.torch``'s API over gradsync: ``import gradsync.torch as hvd`` runs Horovod scripts.
 
-What the host runtime has no counterpart for (Adasum, elastic training) raises an error that says
-so; CUDA tensors are refused with a clear error until the device data plane exists.
+What gradsync has no counterpart for (Adasum, elastic training) raises an error that says so. CUDA
+tensors go through the device data plane (NCCL, or MPI staged through host memory) in a build with
+CUDA, and their outputs stay on their device.
 """
 
 from gradsync import GradsyncError, GradsyncInternalError, GradsyncValueError

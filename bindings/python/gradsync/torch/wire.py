@@ -94,8 +94,12 @@ def _output_tensor(h, dtype):
     shape = h.output_shape()
     wire = _WIRE_DTYPES.get(dtype, dtype)
     buffer = h.output
+    device = "cpu" if buffer is None or buffer.device < 0 else "cuda:%d" % buffer.device
     if buffer is None or buffer.nbytes == 0:
-        result = torch.empty(shape, dtype=wire)
-    else:
+        result = torch.empty(shape, dtype=wire, device=device)
+    elif device == "cpu":
         result = torch.frombuffer(buffer, dtype=wire).reshape(shape)
+    else:
+        # The tensor holds the buffer (its __cuda_array_interface__) alive, bytes first.
+        result = torch.as_tensor(buffer, device=device).view(wire).reshape(shape)
     return result if wire == dtype else result.to(dtype)

@@ -1,0 +1,117 @@
+"""CUDA tensors through gradsync.torch: results on the tensor's device, every collective, and
+DistributedOptimizer training a model on the GPU to identical replicas that match one process on
+the full batch. Skipped where this build has no CUDA or the machine has no GPU."""
+
+import pytest
+import torch
+
+import gradsync.torch as hvd
+
+pytestmark = pytest.mark.skipif(
+    not (hvd.cuda_built() and torch.cuda.is_available()),
+    reason="needs a CUDA build of gradsync and a GPU")
+
+
+@pytest.fixture
+def device():
+    index = hvd.gpu_device()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                   torch.int32])
+def test_cuda_allreduce_stays_on_the_device(dtype, device, rank, size):
+    t = torch.full((1000,), rank + 1, dtype=dtype, device=device)
+    summed = hvd.allreduce(t, op=hvd.Sum, name="cuda.sum.%s" % dtype)
+    assert summed.device == device and summed.dtype == dtype
+    assert torch.equal(summed.cpu(), torch.full((1000,), size * (size + 1) // 2, dtype=dtype))
+    hvd.allreduce_(t, op=hvd.Max, name="cuda.max.%s" % dtype)
+    assert torch.equal(t.cpu(), torch.full((1000,), size, dtype=dtype))
+
+
+def test_cuda_average_with_scales_and_grouped(device, rank, size):
+    tensors = [torch.full((n,), float(rank + 1), device=device) for n in (1, 7, 300000)]
+    averaged = hvd.grouped_allreduce(tensors, op=hvd.Average, prescale_factor=2.0,
+                                     postscale_factor=0.5, name="cuda.grouped")
+    expected = (size + 1) / 2.0
+    for t in averaged:
+        assert t.device == device
+        assert torch.allclose(t.cpu(), torch.full_like(t.cpu(), expected))
+
+
+def test_cuda_allgather_output_on_the_device(device, rank, size):
+    mine = torch.full((rank + 1, 3), float(rank), device=device)
+    gathered = hvd.allgather(mine, name="cuda.allgather")
+    assert gathered.device == device
+    assert gathered.shape == (size * (size + 1) // 2, 3)
+    expected = torch.cat([torch.full((r + 1, 3), float(r)) for r in range(size)])
+    assert torch.equal(gathered.cpu(), expected)
+    # Ranks whose rows are empty still take part, and get the others' rows on the device.
+    empty_or_not = torch.ones((1 if rank == 0 else 0, 2), device=device)
+    rows = hvd.allgather(empty_or_not, name="cuda.allgather.uneven")
+    assert rows.device == device and rows.shape == (1, 2)
+
+
+def test_cuda_broadcast_alltoall_reducescatter(device, rank, size):
+    t = torch.full((5,), float(rank), device=device)
+    hvd.broadcast_(t, root_rank=0, name="cuda.broadcast")
+    assert torch.equal(t.cpu(), torch.zeros(5))
+
+    sent = torch.arange(size, dtype=torch.float32, device=device) + 100 * rank
+    received = hvd.alltoall(sent, name="cuda.alltoall")
+    assert received.device == device
+    assert torch.equal(received.cpu(), torch.tensor([100.0 * r + rank for r in range(size)]))
+
+    rows = torch.ones((size * 2, 3), device=device)
+    mine = hvd.reducescatter(rows, op=hvd.Sum, name="cuda.reducescatter")
+    assert mine.device == device
+    assert torch.equal(mine.cpu(), torch.full((2, 3), float(size)))
+
+
+def make_model(device):
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(),
+                               torch.nn.Linear(32, 4)).double().to(device)
+
+
+def full_batch(step, size, device, per_rank=4):
+    gen = torch.Generator().manual_seed(step)
+    x = torch.randn(size * per_rank, 8, generator=gen, dtype=torch.float64)
+    y = torch.randn(size * per_rank, 4, generator=gen, dtype=torch.float64)
+    return x.to(device), y.to(device)
+
+
+def test_cuda_distributed_optimizer_matches_full_batch(device, rank, size):
+    steps = 5
+    reference = make_model(device)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        x, y = full_batch(step, size, device)
+        reference_optimizer.zero_grad()
+        torch.nn.functional.mse_loss(reference(x), y).backward()
+        reference_optimizer.step()
+
+    model = make_model(device)
+    if rank != 0:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    for step in range(steps):
+        x, y = full_batch(step, size, device)
+        mine = slice(rank * 4, (rank + 1) * 4)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+        optimizer.step()
+
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert params.device == device
+    gathered = hvd.allgather(params.unsqueeze(0), name="cuda.replicas")
+    for row in gathered:
+        assert torch.equal(row, gathered[0])
+    expected = torch.cat([p.detach().flatten() for p in reference.parameters()])
+    assert torch.allclose(params, expected, rtol=1e-5, atol=1e-7)
