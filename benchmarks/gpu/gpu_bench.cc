@@ -55,6 +55,9 @@ struct Options {
   std::string data_dir;
   int iters = 20;
   int64_t max_bytes = int64_t{1} << 30;
+  // The backward's compute as a multiple of the communication alone: 1 is the overlap goal's
+  // hardest case; larger values give each layer a realistic share of the step.
+  double compute_scale = 1.0;
 };
 
 double Median(std::vector<double> v) {
@@ -172,7 +175,12 @@ void Overlap(const Options& options, int device) {
     }
     for (auto& h : handles) h.wait();
   };
+  // Returns the host's time to launch the layers (and enqueue their gradients): when it exceeds
+  // the compute it launches, the device waits for the host rather than for the reductions.
+  int done_at_compute_end = 0;
+  double tail = 0;
   auto backward = [&](long long cycles, bool reduce) {
+    const double launch_start = MPI_Wtime();
     std::vector<gradsync::Handle> handles;
     for (size_t i = grads.size(); i-- > 0;) {
       gradsync_bench::LaunchBusyLayer(compute, grads[i], set.tensors[i].num_elements(), 1.0f,
@@ -186,8 +194,16 @@ void Overlap(const Options& options, int device) {
                                {set.tensors[i].num_elements()}, gradsync::Device::Cuda(device)),
           o));
     }
+    const double launched = Seconds(launch_start);
     CHECK_CUDA(cudaStreamSynchronize(compute));
+    // How many reductions had finished by the time the backward had: what overlapped it.
+    int finished = 0;
+    for (auto& h : handles) finished += h.poll() ? 1 : 0;
+    done_at_compute_end = finished;
+    const double compute_end = Seconds(launch_start);
     for (auto& h : handles) h.wait();
+    tail = Seconds(launch_start) - compute_end;
+    return launched;
   };
   // Communication alone decides the compute per layer.
   for (int i = 0; i < 2; ++i) reduce_all();
@@ -202,13 +218,14 @@ void Overlap(const Options& options, int device) {
   MPI_Allreduce(MPI_IN_PLACE, &comm_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   int clock_khz = 0;
   CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
-  const long long cycles =
-      static_cast<long long>(comm_s / grads.size() * static_cast<double>(clock_khz) * 1e3);
-  std::vector<double> compute_only, communication, step;
+  const long long cycles = static_cast<long long>(comm_s * options.compute_scale / grads.size() *
+                                                  static_cast<double>(clock_khz) * 1e3);
+  std::vector<double> compute_only, communication, step, launch_compute, launch_step, done_early,
+      tails;
   for (int i = 0; i < options.iters + 2; ++i) {
     MPI_Barrier(MPI_COMM_WORLD);
     double t = MPI_Wtime();
-    backward(cycles, false);
+    const double lc = backward(cycles, false);
     const double c = Seconds(t);
     MPI_Barrier(MPI_COMM_WORLD);
     t = MPI_Wtime();
@@ -216,21 +233,33 @@ void Overlap(const Options& options, int device) {
     const double m = Seconds(t);
     MPI_Barrier(MPI_COMM_WORLD);
     t = MPI_Wtime();
-    backward(cycles, true);
+    const double ls = backward(cycles, true);
     const double s = Seconds(t);
     if (i < 2) continue;
     compute_only.push_back(c);
     communication.push_back(m);
     step.push_back(s);
+    launch_compute.push_back(lc);
+    launch_step.push_back(ls);
+    done_early.push_back(done_at_compute_end);
+    tails.push_back(tail);
   }
   double c = Median(compute_only), m = Median(communication), s = Median(step);
-  for (double* v : {&c, &m, &s})
+  double lc = Median(launch_compute), ls = Median(launch_step);
+  double early = Median(done_early), tail_s = Median(tails);
+  for (double* v : {&c, &m, &s, &lc, &ls, &tail_s})
     MPI_Allreduce(MPI_IN_PLACE, v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   if (gradsync::rank() == 0) {
-    std::printf("\n# overlap, ResNet-50 gradients, %d rank(s), median of %d; ms\n",
-                gradsync::size(), options.iters);
-    std::printf("%10s %10s %10s %16s\n", "compute", "comm", "step", "step/max(c,m)");
-    std::printf("%10.2f %10.2f %10.2f %16.2f\n", c * 1e3, m * 1e3, s * 1e3, s / std::max(c, m));
+    std::printf(
+        "\n# overlap, ResNet-50 gradients, %d rank(s), compute %.3g x communication, "
+        "median of %d; ms\n",
+        gradsync::size(), options.compute_scale, options.iters);
+    std::printf("%10s %10s %10s %16s %12s %12s %14s %12s %8s\n", "compute", "comm", "step",
+                "step/max(c,m)", "launch_c", "launch_s", "enqueue_us", "done_early", "tail");
+    std::printf("%10.2f %10.2f %10.2f %16.2f %12.2f %12.2f %14.2f %7.0f/%-4zu %8.2f\n", c * 1e3,
+                m * 1e3, s * 1e3, s / std::max(c, m), lc * 1e3, ls * 1e3,
+                (ls - lc) / static_cast<double>(grads.size()) * 1e6, early, grads.size(),
+                tail_s * 1e3);
   }
   for (float* p : grads) cudaFree(p);
   cudaStreamDestroy(compute);
@@ -328,9 +357,12 @@ int main(int argc, char** argv) {
       options.iters = std::atoi(argv[i + 1]);
     else if (flag == "--max-bytes")
       options.max_bytes = std::atoll(argv[i + 1]);
+    else if (flag == "--compute-scale")
+      options.compute_scale = std::atof(argv[i + 1]);
     else {
       std::fprintf(stderr,
-                   "usage: gradsync_bench_gpu [--data-dir DIR] [--iters N] [--max-bytes B]\n");
+                   "usage: gradsync_bench_gpu [--data-dir DIR] [--iters N] [--max-bytes B] "
+                   "[--compute-scale F]\n");
       return 2;
     }
   }

@@ -10,34 +10,63 @@
 namespace gradsync {
 
 CudaBatchedCopier::~CudaBatchedCopier() {
-  for (auto& block : blocks_) {
-    if (block->read != nullptr) {
-      cudaEventSynchronize(static_cast<cudaEvent_t>(block->read));
-      cudaEventDestroy(static_cast<cudaEvent_t>(block->read));
+  auto release = [](Staging& block) {
+    if (block.read != nullptr) {
+      cudaEventSynchronize(static_cast<cudaEvent_t>(block.read));
+      cudaEventDestroy(static_cast<cudaEvent_t>(block.read));
     }
-    cudaFreeHost(block->host);
-    cudaFree(block->device);
+    cudaFreeHost(block.host);
+    cudaFree(block.device);
+  };
+  for (auto& block : in_flight_) release(*block);
+  for (auto& block : free_) release(*block);
+}
+
+Status CudaBatchedCopier::Reclaim() {
+  while (!in_flight_.empty()) {
+    const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(in_flight_.front()->read));
+    if (state == cudaErrorNotReady) return Status::OK();  // nor are the ones launched after it
+    GRADSYNC_RETURN_IF_ERROR(CudaResult(state, "cudaEventQuery", device_));
+    free_.push_back(std::move(in_flight_.front()));
+    in_flight_.pop_front();
   }
+  return Status::OK();
 }
 
 Status CudaBatchedCopier::Acquire(size_t bytes, Staging** staging) {
-  for (auto& block : blocks_) {
-    if (block->capacity < bytes) continue;
-    const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(block->read));
-    if (state == cudaErrorNotReady) continue;
-    GRADSYNC_RETURN_IF_ERROR(CudaResult(state, "cudaEventQuery", device_));
-    *staging = block.get();
+  GRADSYNC_RETURN_IF_ERROR(Reclaim());
+  for (size_t i = 0; i < free_.size(); ++i) {
+    if (free_[i]->capacity < bytes) continue;
+    in_flight_.push_back(std::move(free_[i]));
+    free_[i] = std::move(free_.back());
+    free_.pop_back();
+    *staging = in_flight_.back().get();
     return Status::OK();
   }
   auto block = std::make_unique<Staging>();
   block->capacity = bytes < 4096 ? 4096 : bytes * 2;
-  GRADSYNC_CUDA_CALL(cudaMallocHost(&block->host, block->capacity), device_);
-  GRADSYNC_CUDA_CALL(cudaMalloc(&block->device, block->capacity), device_);
+  // Owned by `block` from here on, so that a failure below frees what was allocated.
+  auto discard = [](Staging* b) {
+    if (b->read != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(b->read));
+    if (b->host != nullptr) cudaFreeHost(b->host);
+    if (b->device != nullptr) cudaFree(b->device);
+  };
+  Status made =
+      CudaResult(cudaMallocHost(&block->host, block->capacity), "cudaMallocHost", device_);
+  if (made.ok())
+    made = CudaResult(cudaMalloc(&block->device, block->capacity), "cudaMalloc", device_);
   cudaEvent_t read = nullptr;
-  GRADSYNC_CUDA_CALL(cudaEventCreateWithFlags(&read, cudaEventDisableTiming), device_);
-  block->read = read;
-  blocks_.push_back(std::move(block));
-  *staging = blocks_.back().get();
+  if (made.ok()) {
+    made = CudaResult(cudaEventCreateWithFlags(&read, cudaEventDisableTiming),
+                      "cudaEventCreateWithFlags", device_);
+    block->read = read;
+  }
+  if (!made.ok()) {
+    discard(block.get());
+    return made;
+  }
+  in_flight_.push_back(std::move(block));
+  *staging = in_flight_.back().get();
   return Status::OK();
 }
 
