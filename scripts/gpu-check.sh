@@ -128,13 +128,16 @@ run() {
     GRADSYNC_LOG_LEVEL=info mpirun -np 2 --oversubscribe -x GRADSYNC_LOG_LEVEL \
       "$work/build/test/launch/launch_probe" || true
   } 2>&1 | tee "$out/placement.log"
-  # The benchmarks: one rank through NCCL, then two sharing the GPU through the MPI backend.
+  # The benchmarks: one rank through NCCL, then two sharing the GPU through the MPI backend, then
+  # the overlap again with layers ten times the communication (a realistic share of a step).
   local bench=$work/build/benchmarks/gradsync_bench_gpu
   local data=${GRADSYNC_DATA_DIR:-$repo_root/../shared/data}
   {
     "$bench" --data-dir "$data" --iters "${BENCH_ITERS:-20}" || true
     GRADSYNC_GPU_BACKEND=mpi mpirun -np 2 --oversubscribe "$bench" --data-dir "$data" \
       --iters "${BENCH_ITERS:-20}" --max-bytes $((1 << 28)) || true
+    "$bench" --data-dir "$data" --iters "${BENCH_ITERS:-20}" --max-bytes 4 --compute-scale 10 |
+      grep -A2 '^# overlap' || true
   } 2>&1 | tee "$out/gpu-bench.log"
   echo "gpu-check: logs in $out"
   return "$status"

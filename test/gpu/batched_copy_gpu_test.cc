@@ -1,6 +1,7 @@
 // The batched copy kernel on a device gives the bits of the host executor, which the unit tests
 // check against the host kernels: every data type, scaled and not, aligned and not, many tensors
-// in one launch.
+// in one launch. CudaBatchedCopier keeps each launch's staged descriptors until its copy has run,
+// however many launches wait behind a stalled stream.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -11,7 +12,9 @@
 #include <vector>
 
 #include "ops/cuda/batched_copy_kernel.h"
+#include "ops/cuda/cuda_batched_copy.h"
 #include "ops/device/batched_copy.h"
+#include "test/gpu/gpu_test_kernels.h"
 
 namespace gradsync {
 namespace {
@@ -148,6 +151,66 @@ TEST_P(BatchedCopyGpuTest, MatchesTheHostExecutor) {
     cudaFree(device_src);
     cudaFree(device_dst);
   }
+}
+
+// Launches queued behind a producer that has not finished each take staging of their own: were a
+// block reused before its copy ran, a later launch's descriptors would replace an earlier one's,
+// and some destination would receive another's values. Then the same again with the stream free,
+// so that finished blocks are reused.
+TEST(CudaBatchedCopierGpuTest, StagingOutlivesLaunchesQueuedBehindAStalledStream) {
+  constexpr int kLaunches = 200;
+  constexpr int64_t kCount = 1000;
+  cudaStream_t stream = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  int* release = nullptr;
+  ASSERT_CUDA(cudaHostAlloc(&release, sizeof(int), cudaHostAllocMapped));
+  float* blocker = nullptr;
+  float* sources = nullptr;
+  float* destinations = nullptr;
+  ASSERT_CUDA(cudaMalloc(&blocker, sizeof(float)));
+  ASSERT_CUDA(cudaMalloc(&sources, kLaunches * kCount * sizeof(float)));
+  ASSERT_CUDA(cudaMalloc(&destinations, kLaunches * kCount * sizeof(float)));
+  std::vector<float> values(static_cast<size_t>(kLaunches * kCount));
+  CudaBatchedCopier copier(0);
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < kLaunches; ++i) {
+      std::fill(values.begin() + i * kCount, values.begin() + (i + 1) * kCount,
+                static_cast<float>(round * kLaunches + i));
+    }
+    ASSERT_CUDA(
+        cudaMemcpy(sources, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
+    ASSERT_CUDA(cudaMemset(destinations, 0, values.size() * sizeof(float)));
+    *release = 0;
+    const bool stalled = round == 0;
+    if (stalled) testing::LaunchSlowFill(stream, release, blocker, 1, 0.0f, 10'000'000'000LL);
+    for (int i = 0; i < kLaunches; ++i) {
+      // One to three segments a launch, so that launches ask for staging of different sizes.
+      std::vector<CopySegment> segments;
+      const int pieces = 1 + i % 3;
+      for (int p = 0; p < pieces; ++p) {
+        const int64_t begin = kCount * p / pieces, end = kCount * (p + 1) / pieces;
+        segments.push_back(
+            {sources + i * kCount + begin, destinations + i * kCount + begin, end - begin, 1.0});
+      }
+      ASSERT_TRUE(copier.Launch(segments, DataType::kFloat32, stream).ok());
+    }
+    if (stalled) {
+      EXPECT_EQ(cudaErrorNotReady, cudaStreamQuery(stream)) << "the producer should still spin";
+      *reinterpret_cast<volatile int*>(release) = 1;
+    }
+    ASSERT_CUDA(cudaStreamSynchronize(stream));
+    std::vector<float> copied(values.size());
+    ASSERT_CUDA(cudaMemcpy(copied.data(), destinations, copied.size() * sizeof(float),
+                           cudaMemcpyDeviceToHost));
+    for (size_t k = 0; k < copied.size(); ++k) {
+      ASSERT_EQ(values[k], copied[k]) << "round " << round << ", element " << k;
+    }
+  }
+  cudaFree(destinations);
+  cudaFree(sources);
+  cudaFree(blocker);
+  cudaFreeHost(release);
+  cudaStreamDestroy(stream);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, BatchedCopyGpuTest, ::testing::ValuesIn(kAllTypes),
