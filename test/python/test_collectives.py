@@ -139,6 +139,19 @@ def test_allgather_variable_first_dimension(dtype, rank, size):
     assert empty.shape == (0, 3)
 
 
+def test_host_output_buffers_are_host_memory(rank, size):
+    # A host input's output is host memory behind the buffer protocol; only device outputs offer
+    # __cuda_array_interface__, which torch.as_tensor would otherwise take for device memory.
+    from gradsync import _core
+    t = torch.full((2,), float(rank))
+    h = _core.allgather(t.data_ptr(), 6, [2], 0, -1, "host.output.buffer", 0)
+    h.wait()
+    assert h.output.device == -1 and h.output.nbytes == 8 * size
+    assert not hasattr(h.output, "__cuda_array_interface__")
+    assert torch.equal(torch.frombuffer(h.output, dtype=torch.float32),
+                       torch.arange(size, dtype=torch.float32).repeat_interleave(2))
+
+
 def test_grouped_allgather(rank, size):
     results = hvd.grouped_allgather([torch.full((1,), rank), torch.full((2, 1), float(rank))],
                                     name="gag")
