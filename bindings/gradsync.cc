@@ -9,7 +9,6 @@
 #include "coordinator/wire_format.h"
 #include "ops/data_plane.h"
 #include "ops/device/device_events.h"
-#include "ops/device/device_plane_factory.h"
 #include "runtime/op_state.h"
 
 namespace gradsync {
@@ -310,22 +309,6 @@ Handle MakeHandle(std::shared_ptr<OpState> state) {
   Handle h;
   h.state_ = std::move(state);
   return h;
-}
-
-bool cuda_built() { return BuiltWithCuda(); }
-
-int nccl_version() { return NcclVersion(); }
-
-void* allocate_device_memory(int device, size_t bytes) {
-  void* data = nullptr;
-  const Status allocated = AllocateDeviceMemory(device, bytes, &data);
-  if (!allocated.ok()) Throw(allocated);
-  return data;
-}
-
-void free_device_memory(int device, void* data) {
-  const Status freed = FreeDeviceMemory(device, data);
-  if (!freed.ok()) Throw(freed);
 }
 
 Handle allreduce(const TensorView& tensor, const AllreduceOptions& options) {

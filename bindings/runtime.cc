@@ -1,9 +1,10 @@
-// The public C++ API's lifecycle and topology: init(), shutdown(), the timeline switches, and
-// the one runtime they create and destroy.
+// The public C++ API's lifecycle and topology: init(), shutdown(), the timeline switches, the
+// one runtime they create and destroy, and what this build offers for devices.
 #include <memory>
 #include <mutex>
 
 #include "bindings/runtime.h"
+#include "ops/device/device_plane_factory.h"
 #include "runtime/logging.h"
 #include "runtime/thread_role.h"
 
@@ -118,5 +119,21 @@ int local_size() { return ActiveRuntime("local_size").mpi->local_size(); }
 int cross_rank() { return ActiveRuntime("cross_rank").mpi->cross_rank(); }
 int cross_size() { return ActiveRuntime("cross_size").mpi->cross_size(); }
 int gpu_device() { return ActiveRuntime("gpu_device").launch.gpu; }
+
+bool cuda_built() { return BuiltWithCuda(); }
+
+int nccl_version() { return NcclVersion(); }
+
+void* allocate_device_memory(int device, size_t bytes) {
+  void* data = nullptr;
+  const Status allocated = AllocateDeviceMemory(device, bytes, &data);
+  if (!allocated.ok()) Throw(allocated);
+  return data;
+}
+
+void free_device_memory(int device, void* data) {
+  const Status freed = FreeDeviceMemory(device, data);
+  if (!freed.ok()) Throw(freed);
+}
 
 }  // namespace gradsync
