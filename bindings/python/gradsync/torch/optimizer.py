@@ -118,15 +118,21 @@ class _DistributedOptimizer:
                        for i, p in enumerate(members)}
 
     def _start_in_batch(self, p):
-        """Starts ``p``'s reduction through the batch; False if ``p`` has no slot in it."""
+        """Starts ``p``'s reduction through the batch; False if ``p`` has no slot in it.
+
+        Called from every hook, so it keeps to attribute reads and one crossing into the runtime.
+        """
         if self._slots is None:
             self._make_batch()
         slot = self._slots.get(id(p))
         if slot is None:
             return False
         index, dtype, is_cuda, device = slot
-        grad = self._prepare_grad(p)
-        if grad.dtype is not dtype or grad.device != device or not grad.is_contiguous():
+        grad = p.grad
+        if grad is None or grad.is_sparse:
+            grad = self._prepare_grad(p)
+        if (grad.dtype is not dtype or grad.is_cuda is not is_cuda
+                or (is_cuda and grad.device != device) or not grad.is_contiguous()):
             # Every rank reduces this slot the same way whatever its gradient looks like here.
             grad = grad.to(device=device, dtype=dtype).contiguous()
             self._refits.append((p, grad))
@@ -151,14 +157,15 @@ class _DistributedOptimizer:
 
     def _on_grad_ready(self, p):
         pid = id(p)
-        if self._delay[pid] <= 0:
+        delay = self._delay[pid]
+        if delay <= 0:
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before "
                 "call to step(). Increase backward_passes_per_step to accumulate gradients "
                 "locally.")
-        self._delay[pid] -= 1
-        if self._delay[pid] == 0:
-            self._enqueue(p)
+        self._delay[pid] = delay - 1
+        if delay == 1 and not self._start_in_batch(p):
+            self._enqueue_general(p)
 
     def _prepare_grad(self, p):
         if p.grad is None:
@@ -170,6 +177,11 @@ class _DistributedOptimizer:
         return p.grad
 
     def _enqueue(self, p):
+        if not self._start_in_batch(p):
+            self._enqueue_general(p)
+
+    def _enqueue_general(self, p):
+        """Enqueues ``p`` outside the batch: with its group, or on its own."""
         pid = id(p)
         if pid in self._groups:
             gi = self._groups[pid]
@@ -178,8 +190,6 @@ class _DistributedOptimizer:
             waiting.discard(pid)
             if not waiting:
                 self._enqueue_group(gi)
-            return
-        if self._start_in_batch(p):
             return
         grad = self._prepare_grad(p)
         compressed, ctx = self._compression.compress(grad)
