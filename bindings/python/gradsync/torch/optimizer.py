@@ -164,8 +164,8 @@ class _DistributedOptimizer:
                 "call to step(). Increase backward_passes_per_step to accumulate gradients "
                 "locally.")
         self._delay[pid] = delay - 1
-        if delay == 1 and not self._start_in_batch(p):
-            self._enqueue_general(p)
+        if delay == 1:
+            self._enqueue(p)
 
     def _prepare_grad(self, p):
         if p.grad is None:
