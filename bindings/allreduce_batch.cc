@@ -7,10 +7,14 @@
 #include <atomic>
 #include <cstring>
 #include <optional>
+#include <thread>
 #include <unordered_set>
 #include <utility>
 
 #include "bindings/runtime.h"
+#include "ops/mpi/caller_allreduce.h"
+#include "runtime/caller_lanes.h"
+#include "runtime/logging.h"
 
 namespace gradsync {
 
@@ -74,9 +78,24 @@ struct AllreduceBatch::Impl {
   std::vector<Bucket> buckets;
   std::vector<size_t> started;  // slot indices since the last wait, in start order
 
+  // The last bucket's lane (runtime/caller_lanes.h), when it can have one (sum or average), and
+  // the table it is registered in (that of the runtime of the latest step; null before one).
+  int lane_bucket = -1;
+  CallerLane lane;
+  std::shared_ptr<CallerLaneTable> lane_table;
+  std::vector<unsigned char> lane_staging;
+  uint64_t caller_reductions = 0;
+
   // `reduction`: the options every bucket shares but its name.
   void Layout(const AllreduceOptions& reduction);
+  // Registers the lane with `rt`'s table, where it is not yet; called as a step starts.
+  void RegisterLane(Runtime& rt);
+  void ForgetLane();
+  // Whether `bucket` is reduced by wait() on its lane this step rather than negotiated.
+  bool OnLane(const Bucket& bucket) const;
   void Enqueue(Bucket* bucket);
+  // Reduces the lane's bucket on the calling thread; a failure is kept in *first_failure.
+  void ReduceOnLane(Bucket* bucket, std::optional<Error>* first_failure);
   void Finish(std::optional<Error>* first_failure);
 };
 
@@ -117,6 +136,9 @@ void AllreduceBatch::Impl::Layout(const AllreduceOptions& reduction) {
     }
     listed += slot.bytes;
   }
+  if (!buckets.empty() && (reduction.op == ReduceOp::kSum || reduction.op == ReduceOp::kAverage)) {
+    lane_bucket = static_cast<int>(buckets.size()) - 1;
+  }
   for (Bucket& bucket : buckets) {
     const Slot& first = slots[bucket.members.front()];
     const Slot& last = slots[bucket.members.back()];
@@ -125,6 +147,57 @@ void AllreduceBatch::Impl::Layout(const AllreduceOptions& reduction) {
     bucket.options.name = "bucket(" + first.options.name +
                           (bucket.members.size() > 1 ? ".." + last.options.name : "") + ")";
   }
+}
+
+void AllreduceBatch::Impl::RegisterLane(Runtime& rt) {
+  if (lane_bucket < 0 || lane_table == rt.lanes) return;
+  ForgetLane();
+  lane_table = rt.lanes;
+  lane_table->Add(&lane);
+}
+
+void AllreduceBatch::Impl::ForgetLane() {
+  if (lane_table != nullptr) lane_table->Remove(&lane);
+  ReleaseLaneComm(&lane);
+  lane.failed = false;
+  lane_table.reset();
+}
+
+bool AllreduceBatch::Impl::OnLane(const Bucket& bucket) const {
+  return lane_bucket >= 0 && &bucket == &buckets[static_cast<size_t>(lane_bucket)] &&
+         lane.comm.load(std::memory_order_relaxed) != MPI_COMM_NULL;
+}
+
+void AllreduceBatch::Impl::ReduceOnLane(Bucket* bucket, std::optional<Error>* first_failure) {
+  bucket->started = 0;
+  // A process set that failed or went away fails the bucket on the negotiated path, as it would
+  // any other operation.
+  int set_rank = 0, set_size = 0;
+  const Status member =
+      ActiveRuntime("AllreduceBatch::wait")
+          .registry.Membership(bucket->options.process_set.id(), &set_rank, &set_size);
+  if (!member.ok()) {
+    if (!*first_failure) *first_failure = Error(member);
+    return;
+  }
+  const LaneReduction reduction{bucket->dtype, bucket->options.op, bucket->options.prescale,
+                                bucket->options.postscale};
+  bool flagged = false;
+  lane.entered_seconds.store(LaneClockSeconds(), std::memory_order_relaxed);
+  const Status status = AllreduceOnLane(
+      bucket->pieces.data(), bucket->pieces.size(), reduction, /*flag=*/false,
+      lane.comm.load(std::memory_order_relaxed),
+      "allreduce of " + bucket->options.name + " on its caller's thread", &lane_staging, &flagged);
+  lane.entered_seconds.store(0.0, std::memory_order_relaxed);
+  if (!status.ok()) {
+    lane.failed = true;
+    ReleaseLaneComm(&lane);
+    if (!*first_failure) *first_failure = Error(status);
+    return;
+  }
+  ++caller_reductions;
+  // A rank has joined: the bucket goes back to negotiation, where its stand-ins take part.
+  if (flagged) ReleaseLaneComm(&lane);
 }
 
 void AllreduceBatch::Impl::Enqueue(Bucket* bucket) {
@@ -175,6 +248,35 @@ void AllreduceBatch::Impl::Finish(std::optional<Error>* first_failure) {
   started.clear();
 }
 
+void TakePartInLanesOnJoin(Runtime& rt) {
+  std::vector<CallerLane*> granted;
+  rt.lanes->ForEach([&](CallerLane* lane) {
+    if (lane->process_set == 0 && lane->comm.load() != MPI_COMM_NULL) granted.push_back(lane);
+  });
+  // One thread each: the others may reach their lanes in any order.
+  auto take_part = [](CallerLane* lane) {
+    const size_t element = DataTypeSize(lane->dtype);
+    std::vector<unsigned char> identity(static_cast<size_t>(lane->elements) * element, 0);
+    std::vector<unsigned char> staging;
+    HostSegment piece{identity.data(), lane->elements};
+    bool flagged = false;
+    lane->entered_seconds.store(LaneClockSeconds(), std::memory_order_relaxed);
+    const Status status = AllreduceOnLane(&piece, 1, {lane->dtype, ReduceOp::kSum, 1.0, 1.0},
+                                          /*flag=*/true, lane->comm.load(),
+                                          "join's part in " + lane->name, &staging, &flagged);
+    lane->entered_seconds.store(0.0, std::memory_order_relaxed);
+    if (!status.ok()) {
+      lane->failed = true;
+      Log().error("{}", status.ToString());
+    }
+    ReleaseLaneComm(lane);
+  };
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < granted.size(); ++i) threads.emplace_back(take_part, granted[i]);
+  if (!granted.empty()) take_part(granted[0]);
+  for (std::thread& t : threads) t.join();
+}
+
 AllreduceBatch::AllreduceBatch(const std::vector<TensorView>& tensors,
                                const AllreduceBatchOptions& options)
     : impl_(std::make_unique<Impl>()) {
@@ -208,12 +310,23 @@ AllreduceBatch::AllreduceBatch(const std::vector<TensorView>& tensors,
   }
   impl_->Layout(reduction);
   impl_->started.reserve(tensors.size());
+  if (impl_->lane_bucket >= 0) {
+    const Impl::Bucket& last = impl_->buckets[static_cast<size_t>(impl_->lane_bucket)];
+    CallerLane& lane = impl_->lane;
+    lane.name = last.options.name;
+    lane.process_set = options.process_set.id();
+    lane.dtype = last.dtype;
+    for (const HostSegment& piece : last.pieces) lane.elements += piece.elements;
+  }
 }
 
 AllreduceBatch::~AllreduceBatch() {
-  if (!impl_ || impl_->started.empty()) return;
-  std::optional<Error> dropped;
-  impl_->Finish(&dropped);
+  if (!impl_) return;
+  if (!impl_->started.empty()) {
+    std::optional<Error> dropped;
+    impl_->Finish(&dropped);
+  }
+  impl_->ForgetLane();
 }
 
 AllreduceBatch::AllreduceBatch(AllreduceBatch&&) noexcept = default;
@@ -224,6 +337,7 @@ AllreduceBatch& AllreduceBatch::operator=(AllreduceBatch&& other) noexcept {
       std::optional<Error> dropped;
       impl_->Finish(&dropped);
     }
+    if (impl_) impl_->ForgetLane();
     impl_ = std::move(other.impl_);
   }
   return *this;
@@ -237,6 +351,7 @@ void AllreduceBatch::start(size_t index, void* data) {
   Impl::Slot& slot = impl_->slots[index];
   if (slot.started)
     Throw(Invalid("tensor '" + slot.options.name + "' started twice before wait()"));
+  if (impl_->started.empty()) impl_->RegisterLane(ActiveRuntime("AllreduceBatch::start"));
   slot.view.data = data;
   if (slot.bucket < 0) {
     slot.handle = allreduce(slot.view, slot.options);
@@ -248,13 +363,15 @@ void AllreduceBatch::start(size_t index, void* data) {
   bucket.pieces[slot.piece].data = data;
   slot.started = true;
   impl_->started.push_back(index);
-  if (++bucket.started == bucket.members.size()) impl_->Enqueue(&bucket);
+  // A bucket on its lane waits for wait(), which reduces it on this thread.
+  if (++bucket.started == bucket.members.size() && !impl_->OnLane(bucket)) impl_->Enqueue(&bucket);
 }
 
 void AllreduceBatch::wait() {
   RequireCallerThread("AllreduceBatch::wait");
   if (impl_->started.empty()) return;
   std::optional<Error> first_failure;
+  Impl::Bucket* on_lane = nullptr;
   for (Impl::Bucket& bucket : impl_->buckets) {
     if (bucket.enqueued) continue;
     // Each unstarted member gets its own zeros: a reduction may write one member's result while
@@ -267,12 +384,18 @@ void AllreduceBatch::wait() {
       if (slot.bytes > 0) std::memset(zeros, 0, slot.bytes);
       bucket.pieces[slot.piece].data = zeros;
     }
+    if (impl_->OnLane(bucket)) {
+      on_lane = &bucket;
+      continue;
+    }
     try {
       impl_->Enqueue(&bucket);
     } catch (const Error&) {
       // Kept in the bucket: Finish reports it.
     }
   }
+  // While the background thread runs the rest.
+  if (on_lane != nullptr) impl_->ReduceOnLane(on_lane, &first_failure);
   impl_->Finish(&first_failure);
   if (first_failure) throw *first_failure;
 }
@@ -282,5 +405,7 @@ size_t AllreduceBatch::size() const { return impl_ ? impl_->slots.size() : 0; }
 size_t AllreduceBatch::in_flight() const { return impl_ ? impl_->started.size() : 0; }
 
 size_t AllreduceBatch::bucket_count() const { return impl_ ? impl_->buckets.size() : 0; }
+
+uint64_t AllreduceBatch::caller_reductions() const { return impl_ ? impl_->caller_reductions : 0; }
 
 }  // namespace gradsync

@@ -40,7 +40,11 @@ int join() {
   // One join per rank at a time, so a fixed name pairs up every rank's join.
   auto entry = NewEntry(rt, OpType::kJoin, "gradsync.join", nullptr);
   std::shared_ptr<OpState> state = entry->state;
-  Submit(rt, std::move(entry), Status::OK()).wait();
+  Handle joined = Submit(rt, std::move(entry), Status::OK());
+  // After the join is submitted, so that this rank's stand-ins serve the others' negotiated
+  // buckets while it takes part in their lanes.
+  TakePartInLanesOnJoin(rt);
+  joined.wait();
   return state->result;
 }
 

@@ -76,7 +76,7 @@ void init(const InitOptions& options) {
     if (!started.ok()) Log().error("GRADSYNC_TIMELINE: {}; no timeline", started.message());
   }
   rt->loop = std::make_unique<BackgroundLoop>(rt->config, *rt->mpi, &rt->queue, &rt->timeline,
-                                              &rt->registry);
+                                              &rt->registry, rt->lanes.get());
   status = AddDeclaredProcessSets(*rt, options.process_sets);
   if (!status.ok()) Throw(status);
   rt->loop->Start([launch = rt->launch] { launch.BindBackgroundThread(); });
@@ -91,6 +91,7 @@ void shutdown() {
   g_active.store(nullptr, std::memory_order_release);
   g_runtime->loop->Shutdown();
   g_runtime->loop.reset();
+  g_runtime->lanes->Close();
   const Status stopped = g_runtime->timeline.Stop();
   if (!stopped.ok()) Log().error("timeline: {}", stopped.message());
   g_runtime.reset();  // frees the communicators, finalizes MPI if init() started it

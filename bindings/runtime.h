@@ -16,6 +16,7 @@
 #include "bindings/launch_setup.h"
 #include "coordinator/background_loop.h"
 #include "gradsync/gradsync.h"
+#include "runtime/caller_lanes.h"
 #include "runtime/config.h"
 #include "runtime/mpi_context.h"
 #include "runtime/process_set_registry.h"
@@ -31,6 +32,8 @@ struct Runtime {
   TensorQueue queue;
   Timeline timeline;  // written on rank 0 only; outlives the loop that records into it
   ProcessSetRegistry registry;
+  // Shared with the batches that registered lanes, which may outlive the runtime.
+  std::shared_ptr<CallerLaneTable> lanes = std::make_shared<CallerLaneTable>();
   std::unique_ptr<BackgroundLoop> loop;
   // Generated names: the global set's counters per op type, and the other sets' per op type and
   // set (their operations match only among the set's members, in the members' order).
@@ -67,6 +70,11 @@ Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& val
 // then throws it).
 Status FillAllreduce(const Runtime& rt, const TensorView& input, const TensorView& output,
                      const AllreduceOptions& options, TensorEntry* entry);
+
+// join()'s part in the caller lanes (runtime/caller_lanes.h): each global-set lane this rank
+// holds takes part once in the others' reduction on it, with the identity and the flag that hands
+// the bucket back to negotiation on every rank. Returns once each has.
+void TakePartInLanesOnJoin(Runtime& rt);
 
 // Creates the process sets declared at init, after checking that every rank declared the same.
 // Collective over every rank; fails identically everywhere.

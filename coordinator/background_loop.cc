@@ -21,12 +21,14 @@ constexpr std::chrono::nanoseconds kFirstBackoff = std::chrono::microseconds(20)
 }  // namespace
 
 BackgroundLoop::BackgroundLoop(const Config& config, const MpiContext& mpi, TensorQueue* queue,
-                               Timeline* timeline, ProcessSetRegistry* registry)
+                               Timeline* timeline, ProcessSetRegistry* registry,
+                               CallerLaneTable* lanes)
     : config_(config),
       mpi_(mpi),
       queue_(queue),
       timeline_(timeline),
       sets_(mpi, config, timeline, registry),
+      lanes_(config, lanes),
       finalizer_([this](const std::vector<TensorEntry*>& entries, const Status& status) {
         Complete(entries, status);
       }) {}
@@ -81,6 +83,7 @@ bool BackgroundLoop::RunOneCycle() {
   queue_->WaitForWork(NextWait(), CycleTime());
   const auto started = std::chrono::steady_clock::now();
   Distribute(TakeFreshEntries());
+  lanes_.Watch(LaneClockSeconds());
   bool productive = false;
   // By id, so that sets added or removed by the global set's responses are picked up (or skipped)
   // in this same cycle on every rank alike.
@@ -233,10 +236,16 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
     if (!local_failures_.empty()) CompleteLocalFailures();
     std::shared_ptr<StreamEvent> launched;
     if (executed.ok() && plane != nullptr) launched = plane->TakeCompletion();
+    Status status = executed;
+    if (executed.ok() && launched == nullptr &&
+        responses[bucket.responses.front()]->type == ResponseType::kAllreduce) {
+      // Before the handles complete, so that a caller finds its lane granted once it waited.
+      status = lanes_.GrantAfterRun(set->id(), set->data_comm(), members_, outcome.joined);
+    }
     if (launched != nullptr) {
       finalizer_.Add(plane, set->id(), members_, std::move(launched));
     } else {
-      Complete(members_, executed);
+      Complete(members_, status);
     }
   }
   if (config_.autotune) {

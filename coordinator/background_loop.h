@@ -25,6 +25,7 @@
 
 #include "coordinator/finalizer.h"
 #include "coordinator/fusion_planner.h"
+#include "coordinator/lane_keeper.h"
 #include "coordinator/negotiator.h"
 #include "coordinator/process_sets.h"
 #include "ops/data_plane.h"
@@ -38,10 +39,11 @@ namespace gradsync {
 
 class BackgroundLoop {
  public:
-  // `timeline` (active on rank 0 only, when started), `mpi`, `queue` and `registry` must outlive
-  // the loop.
+  // `timeline` (active on rank 0 only, when started), `mpi`, `queue`, `registry` and `lanes` (may
+  // be null: no caller lanes) must outlive the loop.
   BackgroundLoop(const Config& config, const MpiContext& mpi, TensorQueue* queue,
-                 Timeline* timeline, ProcessSetRegistry* registry);
+                 Timeline* timeline, ProcessSetRegistry* registry,
+                 CallerLaneTable* lanes = nullptr);
   ~BackgroundLoop();
 
   // Before Start, collective over every rank: a process set declared at init.
@@ -106,6 +108,7 @@ class BackgroundLoop {
   TensorQueue* queue_;
   Timeline* timeline_;
   ProcessSets sets_;
+  LaneKeeper lanes_;
   std::mutex completion_mu_;                  // one Complete at a time
   std::vector<TensorEntry*> releasing_;       // Complete's scratch, under completion_mu_
   std::vector<TensorEntry*> members_;         // Execute's scratch

@@ -48,6 +48,7 @@ class ProcessSetRuntime {
   int32_t id() const { return id_; }
   const std::vector<int>& ranks() const { return ranks_; }
   Negotiator& negotiator() { return *negotiator_; }
+  MPI_Comm data_comm() const { return data_comm_; }
   // The plane for tensors on `device`. A device's plane is created by its first operation (the
   // same one on every member), which fails when this build or machine cannot serve the device;
   // the failure is kept and returned for every later operation there.

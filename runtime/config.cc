@@ -209,6 +209,9 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
   if (std::string_view text = Lookup(getenv, "GRADSYNC_CALIBRATE"); !text.empty()) {
     GRADSYNC_RETURN_IF_ERROR(ParseSwitch("GRADSYNC_CALIBRATE", text, &c.calibrate));
   }
+  if (std::string_view text = Lookup(getenv, "GRADSYNC_CALLER_REDUCE"); !text.empty()) {
+    GRADSYNC_RETURN_IF_ERROR(ParseSwitch("GRADSYNC_CALLER_REDUCE", text, &c.caller_reduce));
+  }
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kShmThreshold, &c.shm_threshold_bytes));
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kCycleTime, &c.cycle_time_ms));
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kCacheCapacity, &c.cache_capacity));
@@ -248,6 +251,7 @@ std::string Config::ToString() const {
          " GRADSYNC_INPLACE_THRESHOLD=" + std::to_string(inplace_threshold_bytes) +
          (inplace_threshold_pinned || !calibrate ? "" : "(until calibrated)") +
          " GRADSYNC_CALIBRATE=" + (calibrate ? "1" : "0") +
+         " GRADSYNC_CALLER_REDUCE=" + (caller_reduce ? "1" : "0") +
          " GRADSYNC_PIPELINE_CHUNK_BYTES=" + std::to_string(pipeline_chunk_bytes) +
          " GRADSYNC_AUTOTUNE=" + (autotune ? "1 (" + autotune_log + ")" : "0") +
          " GRADSYNC_SHM_THRESHOLD=" + std::to_string(shm_threshold_bytes) +

@@ -36,6 +36,10 @@ struct Config {
   // GRADSYNC_CALIBRATE: at each process set's first host allreduce, measure what reducing alone
   // and fused costs there and plan from it (coordinator/cost_model.h).
   bool calibrate = true;
+  // GRADSYNC_CALLER_REDUCE: after its first step, an AllreduceBatch's last bucket is reduced by the
+  // caller's own thread in wait(), with no negotiation (runtime/caller_lanes.h). Off on any rank,
+  // it is off on every rank.
+  bool caller_reduce = true;
   // GRADSYNC_SHM_THRESHOLD: a fused allreduce bucket up to this size goes through memory shared by
   // the ranks when they all run on one node (2 to 64 ranks); 0 sends every bucket through MPI.
   int64_t shm_threshold_bytes = 16ll << 20;

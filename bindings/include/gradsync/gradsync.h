@@ -314,6 +314,13 @@ std::vector<Handle> grouped_reducescatter(const std::vector<TensorView>& inputs,
 //   kBucketSpanBytes of the list (its members and the larger tensors between them), so that
 //   buckets close, and reduce, while backward still runs.
 // - Larger and device tensors are reduced on their own, as allreduce() would, from start().
+// - From the second step on, the last bucket is reduced in wait() by the calling thread itself,
+//   with no negotiation and no hand-off to the background thread: the step's final reduction,
+//   which nothing overlaps, then costs what a hand-written MPI_Allreduce of it would
+//   (GRADSYNC_CALLER_REDUCE=0 turns this off; docs/architecture.md, "Caller-reduced buckets").
+//   A rank that joins takes part once, and the bucket goes back to negotiation until everyone
+//   has joined. A rank that waits there for one that never comes is reported after
+//   GRADSYNC_STALL_WARNING_SECONDS, and the job aborts after GRADSYNC_STALL_SHUTDOWN_SECONDS.
 // wait() reduces every bucket not yet complete, its members not started contributing zeros (as
 // DDP treats unused parameters) and getting no result, so that the ranks reduce the same buckets
 // whatever each started; a rank that started nothing since its last wait() reduces nothing. Every
@@ -358,6 +365,8 @@ class AllreduceBatch {
   size_t in_flight() const;
   // Buckets the batched tensors fall into.
   size_t bucket_count() const;
+  // Steps whose last bucket the calling thread reduced itself.
+  uint64_t caller_reductions() const;
 
  private:
   struct Impl;

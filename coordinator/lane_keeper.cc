@@ -1,0 +1,83 @@
+#include "coordinator/lane_keeper.h"
+
+#include <string>
+
+#include "runtime/logging.h"
+#include "runtime/mpi_context.h"
+
+namespace gradsync {
+
+LaneKeeper::LaneKeeper(const Config& config, CallerLaneTable* lanes)
+    : caller_reduce_(config.caller_reduce),
+      warning_seconds_(config.stall_warning_seconds),
+      shutdown_seconds_(config.stall_shutdown_seconds),
+      lanes_(lanes) {}
+
+Status LaneKeeper::GrantAfterRun(int32_t set_id, MPI_Comm data_comm,
+                                 const std::vector<TensorEntry*>& members, bool joined) {
+  if (lanes_ == nullptr || lanes_->empty()) return Status::OK();
+  for (const TensorEntry* member : members) {
+    CallerLane* lane = lanes_->Find(member->name);
+    if (lane == nullptr) continue;
+    // Asked whatever this rank's own state, so that the allreduce pairs up: a joining rank may
+    // still be letting its communicator go as the others come back here.
+    const bool fits = lane->process_set == set_id && lane->dtype == member->input.dtype &&
+                      lane->elements == member->input.num_elements();
+    int want =
+        caller_reduce_ && !joined && !lane->failed && fits && lane->comm.load() == MPI_COMM_NULL
+            ? 1
+            : 0;
+    int everyone = 0;
+    GRADSYNC_RETURN_IF_ERROR(MpiResult(
+        MPI_Allreduce(&want, &everyone, 1, MPI_INT, MPI_MIN, data_comm), "MPI_Allreduce"));
+    if (!everyone) continue;
+    MPI_Comm comm = MPI_COMM_NULL;
+    GRADSYNC_RETURN_IF_ERROR(MpiResult(MPI_Comm_dup(data_comm, &comm), "MPI_Comm_dup"));
+    const Status handler =
+        MpiResult(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    if (!handler.ok()) {
+      MPI_Comm_free(&comm);
+      return handler;
+    }
+    lane->comm = comm;
+    Log().debug("bucket '{}' is reduced by its caller from its next step on", lane->name);
+  }
+  return Status::OK();
+}
+
+void LaneKeeper::Watch(double now) {
+  if (lanes_ == nullptr || lanes_->empty() || now < next_look_) return;
+  next_look_ = now + 1.0;
+  bool abort = false;
+  lanes_->ForEach([&](CallerLane* lane) {
+    const double entered = lane->entered_seconds.load(std::memory_order_relaxed);
+    if (entered == 0.0) {
+      warned_at_.erase(lane);
+      return;
+    }
+    const double waited = now - entered;
+    if (shutdown_seconds_ > 0 && waited >= shutdown_seconds_) {
+      Log().error(
+          "bucket '{}' has waited {:.0f} s in its allreduce on the caller's thread, past "
+          "GRADSYNC_STALL_SHUTDOWN_SECONDS: some rank of process set {} never reached "
+          "AllreduceBatch::wait() for it (each rank that waits says so). Aborting the job, as the "
+          "waiting thread is inside MPI where nothing else can stop it.",
+          lane->name, waited, lane->process_set);
+      abort = true;
+      return;
+    }
+    if (waited < warning_seconds_) return;
+    auto it = warned_at_.find(lane);
+    if (it != warned_at_.end() && now - it->second < warning_seconds_) return;
+    warned_at_[lane] = now;
+    Log().warn(
+        "bucket '{}' has waited {:.0f} s in its allreduce on the caller's thread: some rank of "
+        "process set {} has not reached AllreduceBatch::wait() for it (each rank that waits says "
+        "so; the ranks that do not are the missing ones). The job aborts after "
+        "GRADSYNC_STALL_SHUTDOWN_SECONDS.",
+        lane->name, waited, lane->process_set);
+  });
+  if (abort) MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+}  // namespace gradsync
