@@ -1,6 +1,8 @@
 // AllreduceBatch: how it cuts buckets, results of batched and lone tensors of several dtypes over
-// many steps and start orders, members some rank did not start, and its refusals.
+// many steps and start orders, members some rank did not start, the last bucket reduced by the
+// caller from the second step on, and its refusals.
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -165,6 +167,96 @@ TEST_F(AllreduceBatchTest, MembersNotStartedCountAsZeros) {
       ASSERT_EQ(tensors[t]->Get(0), expected) << "step " << step << " tensor " << t;
     }
   }
+}
+
+// The first step negotiates the last bucket and grants its lane; from the second the caller
+// reduces it, with every dtype and op a lane takes, members left out, and a scale.
+TEST_F(AllreduceBatchTest, CallerReducesTheLastBucketFromTheSecondStep) {
+  for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
+                         DataType::kInt32, DataType::kFloat64}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+      std::vector<std::unique_ptr<HostTensor>> tensors;
+      std::vector<TensorView> specs;
+      AllreduceBatchOptions options;
+      options.op = op;
+      options.postscale = 2.0;
+      for (int64_t elements : {int64_t{3}, int64_t{0}, int64_t{17}, int64_t{1}}) {
+        tensors.push_back(std::make_unique<HostTensor>(dtype, std::vector<int64_t>{elements}));
+        specs.push_back(Spec(dtype, elements));
+        options.names.push_back("lane." + DataTypeName(dtype) + "." + ReduceOpName(op) + "." +
+                                std::to_string(specs.size()));
+      }
+      AllreduceBatch batch(specs, options);
+      ASSERT_EQ(batch.bucket_count(), 1u);
+      for (int step = 0; step < 4; ++step) {
+        const bool left_out = step == 2 && rank_ == 0;  // rank 0 does not start tensor 2
+        for (size_t t = 0; t < tensors.size(); ++t) {
+          for (int64_t i = 0; i < tensors[t]->size(); ++i) tensors[t]->Set(i, rank_ + 1 + step);
+          if (!(left_out && t == 2)) batch.start(t, tensors[t]->view().data);
+        }
+        batch.wait();
+        EXPECT_EQ(batch.caller_reductions(), CallerReduces() ? static_cast<uint64_t>(step) : 0u)
+            << DataTypeName(dtype) << " step " << step;
+        for (size_t t = 0; t < tensors.size(); ++t) {
+          if (left_out && t == 2) continue;
+          double sum = 0;
+          for (int r = 0; r < size_; ++r) {
+            if (!(step == 2 && r == 0 && t == 2)) sum += r + 1 + step;
+          }
+          double want = 2.0 * (op == ReduceOp::kAverage ? sum / size_ : sum);
+          if (dtype == DataType::kInt32) want = static_cast<double>(static_cast<int64_t>(want));
+          for (int64_t i = 0; i < tensors[t]->size(); ++i) {
+            ASSERT_NEAR(tensors[t]->Get(i), want, 0.02 * want)
+                << DataTypeName(dtype) << " " << ReduceOpName(op) << " step " << step << " tensor "
+                << t;
+          }
+        }
+      }
+    }
+  }
+}
+
+// A product has no lane: every step is negotiated.
+TEST_F(AllreduceBatchTest, OpsOtherThanSumAndAverageStayNegotiated) {
+  HostTensor a(DataType::kFloat32, {4});
+  AllreduceBatchOptions options;
+  options.names = {"product.a"};
+  options.op = ReduceOp::kProduct;
+  AllreduceBatch batch({a.view()}, options);
+  for (int step = 0; step < 3; ++step) {
+    for (int64_t i = 0; i < 4; ++i) a.Set(i, 2.0);
+    batch.start(0, a.view().data);
+    batch.wait();
+    EXPECT_EQ(a.Get(3), std::pow(2.0, size_));
+  }
+  EXPECT_EQ(batch.caller_reductions(), 0u);
+}
+
+// Two batches with the same names, the first still alive: the newer one takes the lane.
+TEST_F(AllreduceBatchTest, ANewerBatchOfTheSameNamesTakesTheLane) {
+  HostTensor a(DataType::kFloat32, {8});
+  AllreduceBatchOptions options;
+  options.names = {"renewed.a"};
+  auto older = std::make_unique<AllreduceBatch>(std::vector<TensorView>{a.view()}, options);
+  for (int step = 0; step < 2; ++step) {
+    a.Set(0, 1.0);
+    older->start(0, a.view().data);
+    older->wait();
+    EXPECT_EQ(a.Get(0), size_);
+  }
+  AllreduceBatch newer({a.view()}, options);
+  for (int step = 0; step < 3; ++step) {
+    a.Set(0, 1.0);
+    newer.start(0, a.view().data);
+    newer.wait();
+    EXPECT_EQ(a.Get(0), size_);
+  }
+  older.reset();
+  a.Set(0, 1.0);
+  newer.start(0, a.view().data);
+  newer.wait();
+  EXPECT_EQ(a.Get(0), size_);
+  EXPECT_EQ(newer.caller_reductions(), CallerReduces() ? 3u : 0u);
 }
 
 TEST_F(AllreduceBatchTest, RefusesRepeatedAndUnknownStarts) {

@@ -3,6 +3,7 @@
 // complete, the collectives that cannot be joined fail on every rank, and join() returns the last
 // rank to join, the same everywhere.
 #include <memory>
+#include <numeric>
 #include <thread>
 
 #include "test/mpi/multi_rank_test.h"
@@ -134,6 +135,49 @@ TEST_F(JoinTest, CollectivesThatCannotJoinFailWhileARankHasJoined) {
   }
   EXPECT_GE(last, 1);
   ExpectAgreedOnEveryRank(last);
+}
+
+// A batch whose last bucket its callers reduce: rank r runs 2 + 2r steps, then joins. The first
+// rank to join takes part once in the others' reduction (with zeros), which hands the bucket back
+// to negotiation, where its stand-ins take part until everyone has joined; then the callers
+// reduce it again.
+TEST_F(JoinTest, ABatchReducedByItsCallersJoinsToo) {
+  std::vector<std::unique_ptr<HostTensor>> tensors;
+  std::vector<TensorView> specs;
+  AllreduceBatchOptions options;
+  options.op = ReduceOp::kAverage;
+  for (int t = 0; t < 3; ++t) {
+    tensors.push_back(std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{7}));
+    specs.push_back(tensors.back()->view());
+    options.names.push_back("join.batch." + std::to_string(t));
+  }
+  AllreduceBatch batch(specs, options);
+  auto run_step = [&](const std::vector<int>& running, const std::string& where) {
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      for (int i = 0; i < 7; ++i) tensors[t]->Set(i, rank_ + 1);
+      batch.start(t, tensors[t]->view().data);
+    }
+    batch.wait();
+    double want = 0;
+    for (int r : running) want += r + 1;
+    want /= size_;
+    for (auto& tensor : tensors) ASSERT_NEAR(tensor->Get(6), want, 1e-5) << where;
+  };
+  const int my_steps = 2 + 2 * rank_;
+  for (int step = 0; step < my_steps; ++step) {
+    std::vector<int> running;
+    for (int r = 0; r < size_; ++r) {
+      if (2 + 2 * r > step) running.push_back(r);
+    }
+    run_step(running, "step " + std::to_string(step));
+  }
+  const uint64_t before_join = batch.caller_reductions();
+  ExpectAgreedOnEveryRank(join());
+  std::vector<int> everyone(size_);
+  std::iota(everyone.begin(), everyone.end(), 0);
+  for (int step = 0; step < 3; ++step) run_step(everyone, "after join " + std::to_string(step));
+  // Negotiated once more after the join, then reduced by the callers.
+  EXPECT_EQ(batch.caller_reductions() - before_join, CallerReduces() ? 2u : 0u);
 }
 
 TEST_F(JoinTest, EveryRankJoiningAtOnce) {

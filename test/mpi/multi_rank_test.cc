@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "runtime/half.h"
@@ -22,6 +23,11 @@ void MultiRankTest::TearDown() {
   int failed_anywhere = 0;
   MPI_Allreduce(&failed_here, &failed_anywhere, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (failed_anywhere && !failed_here) ADD_FAILURE() << "this test failed on another rank";
+}
+
+bool CallerReduces() {
+  const char* value = std::getenv("GRADSYNC_CALLER_REDUCE");
+  return value == nullptr || std::string(value) != "0";
 }
 
 ::testing::AssertionResult Succeeds(const Handle& handle) {

@@ -29,6 +29,9 @@ class MultiRankTest : public ::testing::Test {
   int size_ = 1;
 };
 
+// GRADSYNC_CALLER_REDUCE as this run has it (on unless "0").
+bool CallerReduces();
+
 // Waits (bounded) for a handle that must succeed.
 ::testing::AssertionResult Succeeds(const Handle& handle);
 // Waits (bounded) for a handle that must fail with `code` and a message containing `needle`.
