@@ -260,11 +260,10 @@ void TakePartInLanesOnJoin(Runtime& rt) {
     std::vector<unsigned char> staging;
     HostSegment piece{identity.data(), lane->elements};
     bool flagged = false;
-    lane->entered_seconds.store(LaneClockSeconds(), std::memory_order_relaxed);
+    // Not watched: a joined rank waiting for the others is no stall, however long they train.
     const Status status = AllreduceOnLane(&piece, 1, {lane->dtype, ReduceOp::kSum, 1.0, 1.0},
                                           /*flag=*/true, lane->comm.load(),
                                           "join's part in " + lane->name, &staging, &flagged);
-    lane->entered_seconds.store(0.0, std::memory_order_relaxed);
     if (!status.ok()) {
       lane->failed = true;
       Log().error("{}", status.ToString());
