@@ -172,10 +172,10 @@ void AllreduceBatch::Impl::ReduceOnLane(Bucket* bucket, std::optional<Error>* fi
   bucket->started = 0;
   // A process set that failed or went away fails the bucket on the negotiated path, as it would
   // any other operation.
+  Runtime& rt = ActiveRuntime("AllreduceBatch::wait");
   int set_rank = 0, set_size = 0;
   const Status member =
-      ActiveRuntime("AllreduceBatch::wait")
-          .registry.Membership(bucket->options.process_set.id(), &set_rank, &set_size);
+      rt.registry.Membership(bucket->options.process_set.id(), &set_rank, &set_size);
   if (!member.ok()) {
     if (!*first_failure) *first_failure = Error(member);
     return;
@@ -183,12 +183,15 @@ void AllreduceBatch::Impl::ReduceOnLane(Bucket* bucket, std::optional<Error>* fi
   const LaneReduction reduction{bucket->dtype, bucket->options.op, bucket->options.prescale,
                                 bucket->options.postscale};
   bool flagged = false;
+  const bool traced = rt.timeline.active();
+  if (traced) rt.timeline.ActivityStart(bucket->options.name, "CALLER_ALLREDUCE");
   lane.entered_seconds.store(LaneClockSeconds(), std::memory_order_relaxed);
   const Status status = AllreduceOnLane(
       bucket->pieces.data(), bucket->pieces.size(), reduction, /*flag=*/false,
       lane.comm.load(std::memory_order_relaxed),
       "allreduce of " + bucket->options.name + " on its caller's thread", &lane_staging, &flagged);
   lane.entered_seconds.store(0.0, std::memory_order_relaxed);
+  if (traced) rt.timeline.ActivityEnd(bucket->options.name);
   if (!status.ok()) {
     lane.failed = true;
     ReleaseLaneComm(&lane);
@@ -196,8 +199,13 @@ void AllreduceBatch::Impl::ReduceOnLane(Bucket* bucket, std::optional<Error>* fi
     return;
   }
   ++caller_reductions;
-  // A rank has joined: the bucket goes back to negotiation, where its stand-ins take part.
-  if (flagged) ReleaseLaneComm(&lane);
+  if (!flagged) return;
+  // A rank has joined: the bucket goes back to negotiation, where its stand-ins take part. The
+  // joining rank's join went out in a round before it took part here; one more whole round keeps
+  // a join() this rank calls next from arriving in that same round, so the rank that joins last
+  // is still the one that called join() last.
+  ReleaseLaneComm(&lane);
+  rt.loop->WaitForFreshCycle();
 }
 
 void AllreduceBatch::Impl::Enqueue(Bucket* bucket) {
@@ -253,6 +261,10 @@ void TakePartInLanesOnJoin(Runtime& rt) {
   rt.lanes->ForEach([&](CallerLane* lane) {
     if (lane->process_set == 0 && lane->comm.load() != MPI_COMM_NULL) granted.push_back(lane);
   });
+  if (granted.empty()) return;
+  // The join goes out in a negotiation round before the others can finish a step with this
+  // rank's part in it (ReduceOnLane waits a round after that).
+  rt.loop->WaitForFreshCycle();
   // One thread each: the others may reach their lanes in any order.
   auto take_part = [](CallerLane* lane) {
     const size_t element = DataTypeSize(lane->dtype);
@@ -272,7 +284,7 @@ void TakePartInLanesOnJoin(Runtime& rt) {
   };
   std::vector<std::thread> threads;
   for (size_t i = 1; i < granted.size(); ++i) threads.emplace_back(take_part, granted[i]);
-  if (!granted.empty()) take_part(granted[0]);
+  take_part(granted[0]);
   for (std::thread& t : threads) t.join();
 }
 

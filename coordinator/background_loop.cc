@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <thread>
 
 #ifdef __linux__
 #include <pthread.h>
@@ -42,6 +43,7 @@ Status BackgroundLoop::AddProcessSet(const std::vector<int>& ranks, int32_t* id)
 }
 
 void BackgroundLoop::Start(std::function<void()> on_thread_start) {
+  running_ = true;
   thread_ = std::thread([this, on_thread_start = std::move(on_thread_start)] {
 #ifdef __linux__
     pthread_setname_np(pthread_self(), "gradsync-loop");  // as top -H and /proc show it
@@ -60,6 +62,17 @@ void BackgroundLoop::Shutdown() {
 void BackgroundLoop::Run() {
   MarkBackgroundThread();
   while (RunOneCycle()) {
+    cycles_run_.fetch_add(1, std::memory_order_release);
+  }
+  running_ = false;
+}
+
+void BackgroundLoop::WaitForFreshCycle() {
+  // The cycle under way may have begun before the call: the one after it is whole.
+  const uint64_t target = cycles_run_.load(std::memory_order_acquire) + 2;
+  while (running_.load() && cycles_run_.load(std::memory_order_acquire) < target) {
+    queue_->Wake();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 

@@ -53,6 +53,11 @@ class BackgroundLoop {
   void Start(std::function<void()> on_thread_start = {});
   // Asks every rank to stop (pending operations fail with a Shutdown error) and joins the thread.
   void Shutdown();
+  // Returns once the loop has run a whole cycle that began after the call (any thread; at once
+  // when the loop has stopped): what this rank pushed before the call has been negotiated in a
+  // round, and every request the others sent in rounds this rank had joined before the call has
+  // reached the coordinator. Used to keep join()'s order of arrival with caller lanes.
+  void WaitForFreshCycle();
 
  private:
   void Run();
@@ -119,6 +124,8 @@ class BackgroundLoop {
   std::atomic<size_t> held_{0};
   int unproductive_cycles_ = 0;  // consecutive cycles that executed nothing
   std::atomic<bool> shutdown_requested_{false};
+  std::atomic<uint64_t> cycles_run_{0};
+  std::atomic<bool> running_{false};
   std::thread thread_;
   // Last: destroyed first, completing what it still holds while the rest is intact.
   Finalizer finalizer_;

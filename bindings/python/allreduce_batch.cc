@@ -78,6 +78,7 @@ void BindAllreduceBatch(py::module_& m) {
            })
       .def("in_flight", &AllreduceBatch::in_flight)
       .def("bucket_count", &AllreduceBatch::bucket_count)
+      .def("caller_reductions", &AllreduceBatch::caller_reductions)
       .def("__len__", &AllreduceBatch::size);
 }
 

@@ -148,6 +148,38 @@ TEST_F(TimelineTest, StartedAtRunTimeRecordsEveryPhase) {
   }
 }
 
+// A batch's last bucket: negotiated in the first step, reduced on the caller's thread after.
+TEST_F(TimelineTest, ABatchsLastBucketShowsWhereItWasReduced) {
+  const fs::path path = TracePath("timeline_batch");
+  start_timeline(path.string());
+  std::vector<std::unique_ptr<HostTensor>> tensors;
+  std::vector<TensorView> views;
+  AllreduceBatchOptions options;
+  for (int t = 0; t < 3; ++t) {
+    tensors.push_back(Filled(8, t));
+    views.push_back(tensors.back()->view());
+    options.names.push_back("tl.batch." + std::to_string(t));
+  }
+  AllreduceBatch batch(views, options);
+  for (int step = 0; step < 3; ++step) {
+    for (int t = 0; t < 3; ++t) {
+      for (int64_t i = 0; i < 8; ++i) tensors[t]->Set(i, Value(ReduceOp::kSum, rank_, i + t));
+      batch.start(t, views[t].data);
+    }
+    batch.wait();
+    ExpectSums(tensors, 0);
+  }
+  stop_timeline();
+  if (rank_ != 0) return;
+  const Trace trace = LoadTrace(path);
+  fs::remove(path);
+  ASSERT_TRUE(trace.ok);
+  ExpectAllClosed(trace);
+  const std::vector<std::string> row = RowOf(trace, "bucket(tl.batch.0..tl.batch.2)");
+  EXPECT_EQ(std::count(row.begin(), row.end(), "B NEGOTIATE_ALLREDUCE"), 1);
+  EXPECT_EQ(std::count(row.begin(), row.end(), "B CALLER_ALLREDUCE"), CallerReduces() ? 2 : 0);
+}
+
 TEST_F(TimelineTest, EnvironmentVariableStartsOneAtInit) {
   const fs::path path = TracePath("timeline_env");
   shutdown();

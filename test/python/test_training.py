@@ -1,5 +1,7 @@
 """DistributedOptimizer: replicas stay identical and match one process on the full batch."""
 
+import os
+
 import pytest
 import torch
 
@@ -141,6 +143,15 @@ def test_optimizer_hooks_start_reductions_through_the_batch(rank, size):
     assert optimizer._batch.in_flight() == len(params)
     optimizer.step()
     assert optimizer._batch.in_flight() == 0
+    assert_replicas_equal(torch.cat([p.detach().flatten() for p in params]))
+    # From the second step on, the batch's last bucket is reduced on this thread.
+    for step in range(1, 3):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x[rank * 4:rank * 4 + 4]), y[rank * 4:rank * 4 + 4]) \
+            .backward()
+        optimizer.step()
+    caller_reduces = os.environ.get("GRADSYNC_CALLER_REDUCE", "1") != "0"
+    assert optimizer._batch.caller_reductions() == (2 if caller_reduces else 0)
     assert_replicas_equal(torch.cat([p.detach().flatten() for p in params]))
 
 

@@ -101,7 +101,10 @@ class _DistributedOptimizer:
         self._slots = {}
         if self._compression is not Compression.none:
             return
-        members = [p for p in self._requires_update
+        # In backward's order (reverse registration, roughly), as the batch wants its list: its
+        # buckets then close as backward goes, and its last bucket, which wait() reduces on this
+        # thread from the second step on, is the one backward fills last.
+        members = [p for p in reversed(self._requires_update)
                    if id(p) not in self._groups and p.dtype in _DTYPES
                    and p.device.type in ("cpu", "cuda")]
         if not members:
