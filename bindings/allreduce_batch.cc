@@ -170,8 +170,8 @@ bool AllreduceBatch::Impl::OnLane(const Bucket& bucket) const {
 
 void AllreduceBatch::Impl::ReduceOnLane(Bucket* bucket, std::optional<Error>* first_failure) {
   bucket->started = 0;
-  // A process set that failed or went away fails the bucket on the negotiated path, as it would
-  // any other operation.
+  // A process set that failed or went away fails the bucket with its reason, as it fails an
+  // enqueue.
   Runtime& rt = ActiveRuntime("AllreduceBatch::wait");
   int set_rank = 0, set_size = 0;
   const Status member =

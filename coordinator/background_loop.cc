@@ -96,7 +96,7 @@ bool BackgroundLoop::RunOneCycle() {
   queue_->WaitForWork(NextWait(), CycleTime());
   const auto started = std::chrono::steady_clock::now();
   Distribute(TakeFreshEntries());
-  lanes_.Watch(LaneClockSeconds());
+  lanes_.Watch();
   bool productive = false;
   // By id, so that sets added or removed by the global set's responses are picked up (or skipped)
   // in this same cycle on every rank alike.

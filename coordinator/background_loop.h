@@ -39,11 +39,10 @@ namespace gradsync {
 
 class BackgroundLoop {
  public:
-  // `timeline` (active on rank 0 only, when started), `mpi`, `queue`, `registry` and `lanes` (may
-  // be null: no caller lanes) must outlive the loop.
+  // `timeline` (active on rank 0 only, when started), `mpi`, `queue`, `registry` and `lanes` must
+  // outlive the loop.
   BackgroundLoop(const Config& config, const MpiContext& mpi, TensorQueue* queue,
-                 Timeline* timeline, ProcessSetRegistry* registry,
-                 CallerLaneTable* lanes = nullptr);
+                 Timeline* timeline, ProcessSetRegistry* registry, CallerLaneTable* lanes);
   ~BackgroundLoop();
 
   // Before Start, collective over every rank: a process set declared at init.

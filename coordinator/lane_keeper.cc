@@ -15,7 +15,7 @@ LaneKeeper::LaneKeeper(const Config& config, CallerLaneTable* lanes)
 
 Status LaneKeeper::GrantAfterRun(int32_t set_id, MPI_Comm data_comm,
                                  const std::vector<TensorEntry*>& members, bool joined) {
-  if (lanes_ == nullptr || lanes_->empty()) return Status::OK();
+  if (lanes_->empty()) return Status::OK();
   for (const TensorEntry* member : members) {
     CallerLane* lane = lanes_->Find(member->name);
     if (lane == nullptr) continue;
@@ -32,21 +32,17 @@ Status LaneKeeper::GrantAfterRun(int32_t set_id, MPI_Comm data_comm,
         MPI_Allreduce(&want, &everyone, 1, MPI_INT, MPI_MIN, data_comm), "MPI_Allreduce"));
     if (!everyone) continue;
     MPI_Comm comm = MPI_COMM_NULL;
-    GRADSYNC_RETURN_IF_ERROR(MpiResult(MPI_Comm_dup(data_comm, &comm), "MPI_Comm_dup"));
-    const Status handler =
-        MpiResult(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-    if (!handler.ok()) {
-      MPI_Comm_free(&comm);
-      return handler;
-    }
+    GRADSYNC_RETURN_IF_ERROR(DupWithReturnedErrors(data_comm, &comm));
     lane->comm = comm;
     Log().debug("bucket '{}' is reduced by its caller from its next step on", lane->name);
   }
   return Status::OK();
 }
 
-void LaneKeeper::Watch(double now) {
-  if (lanes_ == nullptr || lanes_->empty() || now < next_look_) return;
+void LaneKeeper::Watch() {
+  if (lanes_->empty()) return;
+  const double now = LaneClockSeconds();
+  if (now < next_look_) return;
   next_look_ = now + 1.0;
   bool abort = false;
   lanes_->ForEach([&](CallerLane* lane) {

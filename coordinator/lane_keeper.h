@@ -21,7 +21,7 @@ namespace gradsync {
 
 class LaneKeeper {
  public:
-  // `lanes` may be null (no lanes: both calls do nothing); it must outlive the keeper.
+  // `lanes` must outlive the keeper.
   LaneKeeper(const Config& config, CallerLaneTable* lanes);
 
   // After a host allreduce bucket ran on set `set_id`, on every member of the set alike (the
@@ -37,7 +37,7 @@ class LaneKeeper {
   // Logs each caller that has waited in a lane's collective past GRADSYNC_STALL_WARNING_SECONDS
   // (again every such period); past GRADSYNC_STALL_SHUTDOWN_SECONDS (unless 0) logs an error and
   // aborts the job. Cheap when no lane exists; looks at most once a second.
-  void Watch(double now);
+  void Watch();
 
  private:
   bool caller_reduce_;

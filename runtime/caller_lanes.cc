@@ -40,11 +40,6 @@ void CallerLaneTable::Remove(CallerLane* lane) {
   ReleaseLaneComm(lane);
 }
 
-bool CallerLaneTable::Contains(const CallerLane* lane) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return std::find(lanes_.begin(), lanes_.end(), lane) != lanes_.end();
-}
-
 CallerLane* CallerLaneTable::Find(const std::string& name) const {
   if (empty()) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);

@@ -58,7 +58,6 @@ class CallerLaneTable {
   // Forgets the lane and frees its communicator; nothing when the lane is not (or no longer) in
   // the table.
   void Remove(CallerLane* lane);
-  bool Contains(const CallerLane* lane) const;
   // The newest lane registered under `name`, or null. Cheap when the table is empty.
   CallerLane* Find(const std::string& name) const;
   // Calls `visit` for every lane, under the table's mutex (so none goes away meanwhile).

@@ -115,14 +115,6 @@ Status QueryTopology(MPI_Comm base, Topology* t) {
   return Status::OK();
 }
 
-// gradsync owns these communicators, so their errors come back as return codes (and become a
-// Status) instead of aborting the job under the default MPI_ERRORS_ARE_FATAL handler.
-Status DupWithReturnedErrors(MPI_Comm base, MPI_Comm* out) {
-  GRADSYNC_MPI_CALL(MPI_Comm_dup(base, out));
-  GRADSYNC_MPI_CALL(MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN));
-  return Status::OK();
-}
-
 // Sets *owns only when this call initialized MPI: an application that initialized MPI itself also
 // finalizes it, and gradsync must leave it usable after shutdown().
 Status EnsureMpiInitialized(bool* owns) {
@@ -157,6 +149,19 @@ Status MpiResult(int rc, const char* call) {
   if (rc == MPI_SUCCESS) return Status::OK();
   return Status::MpiError(std::string(call) + " failed on rank " + WorldRankString() + ": " +
                           MpiErrorString(rc));
+}
+
+Status DupWithReturnedErrors(MPI_Comm base, MPI_Comm* out) {
+  MPI_Comm dup = MPI_COMM_NULL;
+  GRADSYNC_MPI_CALL(MPI_Comm_dup(base, &dup));
+  const Status handler =
+      MpiResult(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  if (!handler.ok()) {
+    MPI_Comm_free(&dup);
+    return handler;
+  }
+  *out = dup;
+  return Status::OK();
 }
 
 Status MpiContext::Create(MPI_Comm base, std::unique_ptr<MpiContext>* out) {

@@ -19,6 +19,11 @@ namespace gradsync {
 // OK for MPI_SUCCESS; otherwise an MpiError "<call> failed on rank R: <MPI error string>".
 Status MpiResult(int rc, const char* call);
 
+// A duplicate of `base` that gradsync owns, so its errors come back as return codes (and become a
+// Status) instead of aborting the job under the default MPI_ERRORS_ARE_FATAL handler. Collective
+// over `base`; *out stays null on failure.
+Status DupWithReturnedErrors(MPI_Comm base, MPI_Comm* out);
+
 // Whether MPI calls may be made now: initialized and not yet finalized. Destructors that free MPI
 // handles ask first, since the application may finalize MPI before gradsync lets go of them.
 bool MpiUsable();
