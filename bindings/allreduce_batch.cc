@@ -188,7 +188,7 @@ void AllreduceBatch::Impl::ReduceOnLane(Bucket* bucket, std::optional<Error>* fi
   lane.entered_seconds.store(LaneClockSeconds(), std::memory_order_relaxed);
   const Status status = AllreduceOnLane(
       bucket->pieces.data(), bucket->pieces.size(), reduction, /*flag=*/false,
-      lane.comm.load(std::memory_order_relaxed),
+      lane.comm.load(std::memory_order_relaxed), lane.piece_bytes,
       "allreduce of " + bucket->options.name + " on its caller's thread", &lane_staging, &flagged);
   lane.entered_seconds.store(0.0, std::memory_order_relaxed);
   if (traced) rt.timeline.ActivityEnd(bucket->options.name);
@@ -274,7 +274,7 @@ void TakePartInLanesOnJoin(Runtime& rt) {
     bool flagged = false;
     // Not watched: a joined rank waiting for the others is no stall, however long they train.
     const Status status = AllreduceOnLane(&piece, 1, {lane->dtype, ReduceOp::kSum, 1.0, 1.0},
-                                          /*flag=*/true, lane->comm.load(),
+                                          /*flag=*/true, lane->comm.load(), lane->piece_bytes,
                                           "join's part in " + lane->name, &staging, &flagged);
     if (!status.ok()) {
       lane->failed = true;

@@ -76,6 +76,23 @@ std::string DescribeCostTerms(const LinearCost& cost) {
          " + " + Format("%.3f ns/B", cost.per_byte_us * 1e3);
 }
 
+struct PieceExtremes {
+  const PieceSample* whole = nullptr;
+  const PieceSample* fastest = nullptr;  // of the samples in pieces; the first of equals
+};
+
+PieceExtremes FindPieceExtremes(const std::vector<PieceSample>& samples) {
+  PieceExtremes found;
+  for (const PieceSample& s : samples) {
+    if (s.piece_bytes <= 0) {
+      found.whole = &s;
+    } else if (found.fastest == nullptr || s.us < found.fastest->us) {
+      found.fastest = &s;
+    }
+  }
+  return found;
+}
+
 }  // namespace
 
 LinearCost FitLinearCost(const std::vector<CostSample>& samples, int terms) {
@@ -144,6 +161,27 @@ int64_t HierarchicalFrom(const LinearCost& flat, const LinearCost& hierarchical)
   if (!(bytes < static_cast<double>(kNeverInPlace))) return kNeverInPlace;
   const int64_t granule = 4096;
   return bytes == 0 ? 0 : (static_cast<int64_t>(bytes) / granule + 1) * granule;
+}
+
+int64_t ChoosePieceBytes(const std::vector<PieceSample>& samples) {
+  const PieceExtremes found = FindPieceExtremes(samples);
+  if (found.whole == nullptr || found.fastest == nullptr) return 0;
+  return found.fastest->us <= found.whole->us * (1 - kPieceMargin) ? found.fastest->piece_bytes : 0;
+}
+
+std::string DescribePieceChoice(const std::vector<PieceSample>& samples, int64_t chosen) {
+  const PieceExtremes found = FindPieceExtremes(samples);
+  if (found.whole == nullptr || found.fastest == nullptr) return "whole (not measured)";
+  const std::string probe = "a " + DescribeBytes(kPieceProbeBytes) + " allreduce: ";
+  const double whole_ms = found.whole->us / 1e3;
+  const double fastest_ms = found.fastest->us / 1e3;
+  if (chosen > 0) {
+    return "in pieces of " + DescribeBytes(chosen) + " (" + probe +
+           Format("%.1f ms so, ", fastest_ms) + Format("%.1f ms whole)", whole_ms);
+  }
+  return "whole (" + probe + Format("%.1f ms whole, ", whole_ms) +
+         Format("%.1f ms at best in pieces, of ", fastest_ms) +
+         DescribeBytes(found.fastest->piece_bytes) + ")";
 }
 
 std::string DescribeCost(const LinearCost& cost) { return DescribeCostTerms(cost); }

@@ -75,6 +75,16 @@ int64_t FusedBucketCap(const AllreduceCosts& costs, double largest_measured, int
 // per byte by a quarter); kNeverInPlace (never) when it does not.
 int64_t HierarchicalFrom(const LinearCost& flat, const LinearCost& hierarchical);
 
+// The piece size for the plane's MPI allreduces (MpiDataPlane::set_piece_bytes) from the piece
+// probe's samples: the fastest piece size when it beat the whole probe by kPieceMargin at least,
+// else 0 (whole). A large allreduce in pieces that stay in a core's cache can take half the time
+// of one through memory (docs/benchmarks.md); where the two are close, whole allreduces keep each
+// tensor to one collective. 0 without a whole sample.
+constexpr double kPieceMargin = 0.1;
+int64_t ChoosePieceBytes(const std::vector<PieceSample>& samples);
+// "in pieces of 1 MiB (a 32 MiB allreduce: 16.4 ms so, 30.5 ms whole)", or "whole (...)".
+std::string DescribePieceChoice(const std::vector<PieceSample>& samples, int64_t chosen);
+
 // "alone 0.0 us + 35.20 us/tensor + 0.410 ns/B; fused 41.0 us + 0.30 us/tensor + 0.520 ns/B"
 std::string DescribeCosts(const AllreduceCosts& costs);
 // "41.0 us + 0.30 us/tensor + 0.520 ns/B"

@@ -13,7 +13,7 @@ LaneKeeper::LaneKeeper(const Config& config, CallerLaneTable* lanes)
       shutdown_seconds_(config.stall_shutdown_seconds),
       lanes_(lanes) {}
 
-Status LaneKeeper::GrantAfterRun(int32_t set_id, MPI_Comm data_comm,
+Status LaneKeeper::GrantAfterRun(int32_t set_id, MPI_Comm data_comm, int64_t piece_bytes,
                                  const std::vector<TensorEntry*>& members, bool joined) {
   if (lanes_->empty()) return Status::OK();
   for (const TensorEntry* member : members) {
@@ -33,6 +33,7 @@ Status LaneKeeper::GrantAfterRun(int32_t set_id, MPI_Comm data_comm,
     if (!everyone) continue;
     MPI_Comm comm = MPI_COMM_NULL;
     GRADSYNC_RETURN_IF_ERROR(DupWithReturnedErrors(data_comm, &comm));
+    lane->piece_bytes = piece_bytes;
     lane->comm = comm;
     Log().debug("bucket '{}' is reduced by its caller from its next step on", lane->name);
   }

@@ -13,12 +13,70 @@ namespace gradsync {
 
 void ProcessSetRuntime::Calibrate() {
   calibrated_ = true;
+  AgreeOnPieces();
   MeasureCosts();
   StartAutotune();
 }
 
+int64_t ProcessSetRuntime::allreduce_piece_bytes() const { return host_plane_->piece_bytes(); }
+
+void ProcessSetRuntime::AgreeOnPieces() {
+  if (ranks_.size() < 2) return;
+  const bool pinned = config_.allreduce_piece_pinned;
+  int64_t mine[2] = {pinned ? config_.allreduce_piece_bytes : INT64_MAX, pinned ? 0 : 1};
+  int64_t agreed[2] = {0, 0};
+  const Status status = MpiResult(MPI_Allreduce(mine, agreed, 2, MPI_INT64_T, MPI_MIN, data_comm_),
+                                  "MPI_Allreduce (allreduce piece size)");
+  if (!status.ok()) {
+    Log().error("process set {}: {}", id_, status.ToString());
+    return;
+  }
+  if (agreed[1] == 1) return;  // no rank pinned it: calibration chooses, for every rank alike
+  if (!pinned || agreed[0] != config_.allreduce_piece_bytes) {
+    Log().warn(
+        "process set {}: GRADSYNC_ALLREDUCE_PIECE_BYTES differs between ranks; every rank uses "
+        "the smallest set, {}",
+        id_, agreed[0] > 0 ? DescribeBytes(agreed[0]) : std::string("0 (whole)"));
+  }
+  config_.allreduce_piece_pinned = true;
+  config_.allreduce_piece_bytes = agreed[0];
+  host_plane_->set_piece_bytes(agreed[0]);
+}
+
 void ProcessSetRuntime::MeasureCosts() {
   if (!config_.calibrate || ranks_.size() < 2) return;  // one rank has nothing to measure
+  const auto start = std::chrono::steady_clock::now();
+  // Pieces first: the ladder then times the paths as they will run.
+  std::string pieces = "MPI allreduces ";
+  if (config_.allreduce_piece_pinned) {
+    pieces += config_.allreduce_piece_bytes > 0
+                  ? "in pieces of " + DescribeBytes(config_.allreduce_piece_bytes)
+                  : std::string("whole");
+    pieces += " (GRADSYNC_ALLREDUCE_PIECE_BYTES)";
+  } else {
+    std::vector<PieceSample> samples;
+    const Status probed = host_plane_->CalibratePieces(&samples);
+    if (!probed.ok()) {
+      Log().error("process set {}: calibration failed ({}); planning with the configured settings",
+                  id_, probed.ToString());
+      return;
+    }
+    if (Log().should_log(spdlog::level::debug)) {
+      std::string timed;
+      for (const PieceSample& s : samples) {
+        timed += " " + (s.piece_bytes > 0 ? DescribeBytes(s.piece_bytes) : std::string("whole")) +
+                 "=" + std::to_string(int64_t(s.us)) + "us";
+      }
+      Log().debug(
+          "process set {}: piece probe of {} in {:.0f} ms:{}", id_, DescribeBytes(kPieceProbeBytes),
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count(),
+          timed);
+    }
+    const int64_t chosen = ChoosePieceBytes(samples);
+    host_plane_->set_piece_bytes(chosen);
+    pieces += DescribePieceChoice(samples, chosen);
+  }
   AllreduceCalibration measured;
   const Status status = host_plane_->Calibrate(HierarchyByCalibration(config_), &measured);
   if (!status.ok()) {
@@ -85,8 +143,11 @@ void ProcessSetRuntime::MeasureCosts() {
   int rank = 0;
   MPI_Comm_rank(data_comm_, &rank);
   if (rank != 0) return;  // every member fitted the same numbers
-  Log().info("process set {}: allreduce costs on {} ranks, measured in {:.0f} ms: {}; {}", id_,
-             ranks_.size(), measured.seconds * 1e3, described, policy);
+  Log().info(
+      "process set {}: allreduce costs on {} ranks, measured in {:.0f} ms: {}; {}; {}", id_,
+      ranks_.size(),
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count(),
+      described, policy, pieces);
 }
 
 void ProcessSetRuntime::StartAutotune() {

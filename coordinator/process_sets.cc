@@ -55,6 +55,7 @@ ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Com
       config_(config) {
   if (HierarchyByCalibration(config)) host_plane_->LeaveHierarchyToCalibration(kNeverInPlace);
   host_plane_->set_pipeline_chunk_bytes(config.pipeline_chunk_bytes);
+  host_plane_->set_piece_bytes(config.allreduce_piece_bytes);
 }
 
 Status ProcessSetRuntime::PlaneFor(const Device& device, DataPlane** plane) {

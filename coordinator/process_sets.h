@@ -49,6 +49,8 @@ class ProcessSetRuntime {
   const std::vector<int>& ranks() const { return ranks_; }
   Negotiator& negotiator() { return *negotiator_; }
   MPI_Comm data_comm() const { return data_comm_; }
+  // The piece size of the set's MPI allreduces of host memory (MpiDataPlane::piece_bytes).
+  int64_t allreduce_piece_bytes() const;
   // The plane for tensors on `device`. A device's plane is created by its first operation (the
   // same one on every member), which fails when this build or machine cannot serve the device;
   // the failure is kept and returned for every later operation there.
@@ -92,8 +94,12 @@ class ProcessSetRuntime {
     std::ofstream log;  // rank 0's trajectory
   };
   std::unique_ptr<Tuning> tuning_;
-  // Calibrate's two parts: fitting the costs (and settings) to measurements, then with
-  // GRADSYNC_AUTOTUNE, the tuner, starting from those settings.
+  // Calibrate's parts. First the members agree on GRADSYNC_ALLREDUCE_PIECE_BYTES (one small
+  // allreduce): the piece size fixes the sequence of collectives, and a rank that pinned it must
+  // not skip the probe that the others run; where any rank set it, every rank takes the smallest
+  // value set. Then fitting the costs (and settings) to measurements, then with GRADSYNC_AUTOTUNE,
+  // the tuner, starting from those settings.
+  void AgreeOnPieces();
   void MeasureCosts();
   void StartAutotune();
   // Whether GRADSYNC_HIERARCHICAL_ALLREDUCE is left to calibration.

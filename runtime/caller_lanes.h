@@ -39,6 +39,9 @@ struct CallerLane {
   int64_t elements = 0;
   // Granted; null while the bucket takes the negotiated path.
   std::atomic<MPI_Comm> comm{MPI_COMM_NULL};
+  // The set's MPI allreduce piece size when `comm` was granted (written before it): every rank's
+  // collectives on the lane are issued in the same pieces.
+  int64_t piece_bytes = 0;
   std::atomic<bool> failed{false};  // a collective on it failed: never asked for again
   // Steady-clock seconds at which the caller entered the lane's collective; 0 outside it. Joined
   // ranks taking part leave it at 0: waiting for the others is not a stall there.

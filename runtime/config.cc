@@ -78,6 +78,8 @@ const IntegerSpec kGpuDevice{"GRADSYNC_GPU_DEVICE", 1023, "visible devices",
                              " (unset: the local rank modulo the visible GPUs)"};
 const IntegerSpec kPipelineChunk{"GRADSYNC_PIPELINE_CHUNK_BYTES", int64_t{1} << 30, "bytes",
                                  " (a multiple of 64; 0 reduces buckets whole)"};
+const IntegerSpec kAllreducePiece{"GRADSYNC_ALLREDUCE_PIECE_BYTES", int64_t{1} << 30, "bytes",
+                                  " (a multiple of 64; 0 reduces whole)"};
 const RealSpec kCycleTime{"GRADSYNC_CYCLE_TIME_MS", 0.05, false, 10000.0, "milliseconds", ""};
 const RealSpec kStallWarning{"GRADSYNC_STALL_WARNING_SECONDS", 0.0, true, 1e6, "seconds", ""};
 const RealSpec kStallShutdown{
@@ -198,6 +200,12 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
     return BadValue(kPipelineChunk.name, Lookup(getenv, kPipelineChunk.name),
                     kPipelineChunk.Describe());
   }
+  GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kAllreducePiece, &c.allreduce_piece_bytes));
+  if (c.allreduce_piece_bytes % 64 != 0) {
+    return BadValue(kAllreducePiece.name, Lookup(getenv, kAllreducePiece.name),
+                    kAllreducePiece.Describe());
+  }
+  c.allreduce_piece_pinned = !Lookup(getenv, kAllreducePiece.name).empty();
   c.fusion_threshold_pinned = !Lookup(getenv, kFusionThreshold.name).empty();
   c.inplace_threshold_pinned = !Lookup(getenv, kInplaceThreshold.name).empty();
   if (std::string_view text = Lookup(getenv, "GRADSYNC_AUTOTUNE"); !text.empty()) {
@@ -253,6 +261,9 @@ std::string Config::ToString() const {
          " GRADSYNC_CALIBRATE=" + (calibrate ? "1" : "0") +
          " GRADSYNC_CALLER_REDUCE=" + (caller_reduce ? "1" : "0") +
          " GRADSYNC_PIPELINE_CHUNK_BYTES=" + std::to_string(pipeline_chunk_bytes) +
+         " GRADSYNC_ALLREDUCE_PIECE_BYTES=" +
+         (allreduce_piece_pinned || !calibrate ? std::to_string(allreduce_piece_bytes)
+                                               : "(calibrated)") +
          " GRADSYNC_AUTOTUNE=" + (autotune ? "1 (" + autotune_log + ")" : "0") +
          " GRADSYNC_SHM_THRESHOLD=" + std::to_string(shm_threshold_bytes) +
          " GRADSYNC_HIERARCHICAL_ALLREDUCE=" +

@@ -56,6 +56,10 @@ struct Config {
   // reduced chunk by chunk, copies overlapping reductions; 0 (the default: measured slower across
   // hosts, docs/benchmarks.md) reduces them whole.
   int64_t pipeline_chunk_bytes = 0;
+  // GRADSYNC_ALLREDUCE_PIECE_BYTES: blocking MPI allreduces of host memory are issued in pieces of
+  // at most this many bytes (0: whole). Unset, calibration chooses (whole without calibration).
+  int64_t allreduce_piece_bytes = 0;
+  bool allreduce_piece_pinned = false;
   // GRADSYNC_CYCLE_TIME_MS: the longest the background thread sleeps between cycles when idle.
   double cycle_time_ms = 1.0;
   // GRADSYNC_CACHE_CAPACITY: response cache entries; 0 disables the cache.

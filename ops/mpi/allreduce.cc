@@ -102,14 +102,17 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
   if (hierarchical) {
     TimelineActivity activity(timeline_, entry, "HIERARCHICAL_ALLREDUCE");
     ScaledCopy(in, out, n, spec.dtype, spec.prescale);
-    GRADSYNC_RETURN_IF_ERROR(hierarchical_.AllreduceInPlace(out, n, elem_size, type, op));
+    GRADSYNC_RETURN_IF_ERROR(
+        hierarchical_.AllreduceInPlace(out, n, elem_size, type, op, piece_bytes_));
   } else if (in != out && spec.prescale == 1.0) {
     TimelineActivity activity(timeline_, entry, "MPI_ALLREDUCE");
-    GRADSYNC_RETURN_IF_ERROR(AllreduceInPieces(in, out, n, elem_size, type, op, comm_));
+    GRADSYNC_RETURN_IF_ERROR(
+        AllreduceInPieces(in, out, n, elem_size, type, op, comm_, piece_bytes_));
   } else {
     TimelineActivity activity(timeline_, entry, "MPI_ALLREDUCE");
     ScaledCopy(in, out, n, spec.dtype, spec.prescale);
-    GRADSYNC_RETURN_IF_ERROR(AllreduceInPieces(MPI_IN_PLACE, out, n, elem_size, type, op, comm_));
+    GRADSYNC_RETURN_IF_ERROR(
+        AllreduceInPieces(MPI_IN_PLACE, out, n, elem_size, type, op, comm_, piece_bytes_));
   }
   ScaledCopy(out, out, n, spec.dtype, spec.postscale);
   if (staged != nullptr) {
@@ -165,7 +168,7 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
   {
     TimelineActivity activity(timeline_, entries, "MPI_ALLREDUCE");
     GRADSYNC_RETURN_IF_ERROR(
-        AllreduceInPieces(MPI_IN_PLACE, buffer, count, elem_size, type, op, comm_));
+        AllreduceInPieces(MPI_IN_PLACE, buffer, count, elem_size, type, op, comm_, piece_bytes_));
   }
   UnpackFused(entries, offsets, counts, buffer, spec.postscale);
   return Status::OK();
@@ -189,7 +192,7 @@ Status MpiDataPlane::AllreduceFusedHierarchical(const std::vector<TensorEntry*>&
   {
     TimelineActivity activity(timeline_, entries, "HIERARCHICAL_ALLREDUCE");
     GRADSYNC_RETURN_IF_ERROR(hierarchical_.AllreduceInPlace(
-        buffer, static_cast<int64_t>(total / elem_size), elem_size, type, op));
+        buffer, static_cast<int64_t>(total / elem_size), elem_size, type, op, piece_bytes_));
   }
   UnpackFused(entries, offsets, counts, buffer, spec.postscale);
   return Status::OK();
@@ -211,6 +214,7 @@ Status MpiDataPlane::AllreduceFusedSlices(const std::vector<TensorEntry*>& entri
   how.cross = cross;
   how.mpi_type = type;
   how.mpi_op = op;
+  how.piece_bytes = piece_bytes_;
   {
     TimelineActivity activity(timeline_, entries,
                               cross == MPI_COMM_NULL ? "SHM_ALLREDUCE" : "HIERARCHICAL_ALLREDUCE");

@@ -5,6 +5,7 @@
 // Thread safety: Calibrate runs on the background thread, as every collective of the plane.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "gradsync/status.h"
@@ -18,6 +19,17 @@ struct CostSample {
   int tensors = 1;
   double us = 0;
 };
+
+// One allreduce of a probe buffer issued in pieces of `piece_bytes` (0: whole) took `us`.
+struct PieceSample {
+  int64_t piece_bytes = 0;
+  double us = 0;
+};
+// The probe: larger than a core's cache, as a large layer's gradient is, so that the whole
+// allreduce goes through memory while pieces of a suitable size stay in the cache.
+constexpr int64_t kPieceProbeBytes = int64_t{32} << 20;
+// The piece sizes tried besides the whole probe.
+constexpr int64_t kPieceCandidates[] = {512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20};
 
 struct AllreduceCalibration {
   std::vector<CostSample> in_place;  // one tensor per allreduce, reduced where it lies

@@ -1,4 +1,5 @@
 // MpiDataPlane::Calibrate: the plane's own allreduce paths timed on synthetic float32 tensors.
+// MpiDataPlane::CalibratePieces: one large allreduce timed whole and in pieces of several sizes.
 // At each size of a ladder, tensors are reduced each way: two alone one after another, k as one
 // fused bucket (and, when comparing, k as one bucket through the flat and through the
 // hierarchical path), the ways taking turns so that a machine that slows down in the middle slows
@@ -9,9 +10,11 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <iterator>
 #include <string>
 
 #include "ops/mpi/mpi_data_plane.h"
+#include "ops/mpi/mpi_types.h"
 #include "runtime/mpi_context.h"
 
 namespace gradsync {
@@ -30,6 +33,9 @@ constexpr int kRepetitions = 3;  // after one warm-up round
 // A rung whose warm-up round took longer than this is timed once more only: over a slow network
 // the ladder would otherwise take seconds.
 constexpr double kSlowRoundUs = 50000;
+// The same for the piece probe's round, which moves the 32 MiB probe once per way. Higher: one
+// timed round across hosts picked a piece size whose steps were 1.7 times slower than the best.
+constexpr double kSlowPieceRoundUs = 400000;
 constexpr int64_t kNoHierarchy = int64_t{1} << 62;
 
 // The ladder's tensors, mapped for one calibration only. From malloc, the 8 MiB freed after a
@@ -57,7 +63,62 @@ double Median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+// Times each of `ways` once per round, in turn, after one warm-up round; repeats kRepetitions
+// rounds, or one when the slowest rank's warm-up round took longer than `slow_round_us`. Appends
+// each way's median to *medians, this rank's own.
+Status TimeInTurns(const std::vector<std::function<Status()>>& ways, double slow_round_us,
+                   MPI_Comm comm, std::vector<double>* medians) {
+  std::vector<std::vector<double>> runs(ways.size());
+  int repetitions = kRepetitions;
+  for (int rep = 0; rep <= repetitions; ++rep) {
+    double round_us = 0;
+    for (size_t w = 0; w < ways.size(); ++w) {
+      GRADSYNC_MPI_CALL(MPI_Barrier(comm));
+      const auto t0 = std::chrono::steady_clock::now();
+      GRADSYNC_RETURN_IF_ERROR(ways[w]());
+      const double us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      round_us += us;
+      if (rep > 0) runs[w].push_back(us);  // the warm-up maps and touches what the rest reuse
+    }
+    if (rep == 0) {  // every rank must repeat as often: decided on the slowest warm-up
+      double slowest = 0;
+      GRADSYNC_MPI_CALL(MPI_Allreduce(&round_us, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm));
+      if (slowest > slow_round_us) repetitions = 1;
+    }
+  }
+  for (const std::vector<double>& way : runs) medians->push_back(Median(way));
+  return Status::OK();
+}
+
 }  // namespace
+
+Status MpiDataPlane::CalibratePieces(std::vector<PieceSample>* out) {
+  Scratch probe(static_cast<size_t>(kPieceProbeBytes));
+  if (probe.data() == nullptr) {
+    return Status::Internal("calibration could not map " + std::to_string(kPieceProbeBytes) +
+                            " bytes");
+  }
+  const int64_t count = kPieceProbeBytes / static_cast<int64_t>(sizeof(float));
+  std::fill(probe.data(), probe.data() + count, 0.0f);  // sums of zeros: no overflow, no denormals
+  std::vector<int64_t> pieces = {0};
+  pieces.insert(pieces.end(), std::begin(kPieceCandidates), std::end(kPieceCandidates));
+  std::vector<std::function<Status()>> ways;
+  for (const int64_t piece : pieces) {
+    ways.push_back([&, piece] {
+      return AllreduceInPieces(MPI_IN_PLACE, probe.data(), count, sizeof(float), MPI_FLOAT, MPI_SUM,
+                               comm_, piece);
+    });
+  }
+  std::vector<double> medians;
+  GRADSYNC_RETURN_IF_ERROR(TimeInTurns(ways, kSlowPieceRoundUs, comm_, &medians));
+  // A rank sees its own time; the collective takes as long as the slowest rank's.
+  GRADSYNC_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, medians.data(), static_cast<int>(medians.size()),
+                                  MPI_DOUBLE, MPI_MAX, comm_));
+  out->clear();
+  for (size_t i = 0; i < pieces.size(); ++i) out->push_back({pieces[i], medians[i]});
+  return Status::OK();
+}
 
 Status MpiDataPlane::Calibrate(bool compare_hierarchical, AllreduceCalibration* out) {
   const auto start = std::chrono::steady_clock::now();
@@ -107,28 +168,7 @@ Status MpiDataPlane::Calibrate(bool compare_hierarchical, AllreduceCalibration* 
       e.output = e.input;
       members.push_back(&e);
     }
-    std::vector<std::vector<double>> runs(ways.size());
-    int repetitions = kRepetitions;
-    for (int rep = 0; rep <= repetitions; ++rep) {
-      double round_us = 0;
-      for (size_t w = 0; w < ways.size(); ++w) {
-        GRADSYNC_MPI_CALL(MPI_Barrier(comm_));
-        const auto t0 = std::chrono::steady_clock::now();
-        GRADSYNC_RETURN_IF_ERROR(ways[w]());
-        const double us =
-            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                .count();
-        round_us += us;
-        if (rep > 0) runs[w].push_back(us);  // the warm-up maps and touches what the rest reuse
-      }
-      if (rep == 0) {  // every rank must repeat as often: decided on the slowest warm-up
-        double slowest = 0;
-        GRADSYNC_MPI_CALL(MPI_Allreduce(&round_us, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm_));
-        if (slowest > kSlowRoundUs) repetitions = 1;
-      }
-    }
-    for (const std::vector<double>& way : runs) medians.push_back(Median(way));
-    return Status::OK();
+    return TimeInTurns(ways, kSlowRoundUs, comm_, &medians);
   };
   Status status;
   for (const Rung& rung : kLadder) {

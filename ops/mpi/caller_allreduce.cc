@@ -10,7 +10,7 @@
 namespace gradsync {
 
 Status AllreduceOnLane(const HostSegment* pieces, size_t count, const LaneReduction& reduction,
-                       bool flag, MPI_Comm comm, const std::string& what,
+                       bool flag, MPI_Comm comm, int64_t mpi_piece_bytes, const std::string& what,
                        std::vector<unsigned char>* staging, bool* flagged) {
   if (reduction.op != ReduceOp::kSum && reduction.op != ReduceOp::kAverage) {
     return Status::InvalidArgument(what + ": a lane reduces only with sum or average");
@@ -35,7 +35,7 @@ Status AllreduceOnLane(const HostSegment* pieces, size_t count, const LaneReduct
   Status status = MpiReduceOpOf(reduction.dtype, reduction.op, &op);
   if (status.ok()) {
     status = AllreduceInPieces(MPI_IN_PLACE, buffer, elements + 1, element,
-                               MpiDatatypeOf(reduction.dtype), op, comm);
+                               MpiDatatypeOf(reduction.dtype), op, comm, mpi_piece_bytes);
   }
   if (!status.ok()) return Status(status.code(), what + ": " + status.message());
   // A sum of zeros is all zero bits in every dtype; any set flag makes it nonzero.

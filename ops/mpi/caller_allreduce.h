@@ -27,10 +27,12 @@ struct LaneReduction {
   double postscale = 1.0;
 };
 
-// Reduces the `count` pieces in place over `comm`'s ranks. `flag` is this rank's flag; *flagged
-// says whether any rank set its own. An MPI failure comes back as a Status naming `what`.
+// Reduces the `count` pieces in place over `comm`'s ranks, the staging buffer in MPI allreduces of
+// at most `mpi_piece_bytes` (AllreduceInPieces; every rank passes the lane's). `flag` is this
+// rank's flag; *flagged says whether any rank set its own. An MPI failure comes back as a Status
+// naming `what`.
 Status AllreduceOnLane(const HostSegment* pieces, size_t count, const LaneReduction& reduction,
-                       bool flag, MPI_Comm comm, const std::string& what,
+                       bool flag, MPI_Comm comm, int64_t mpi_piece_bytes, const std::string& what,
                        std::vector<unsigned char>* staging, bool* flagged);
 
 }  // namespace gradsync

@@ -104,7 +104,7 @@ Status HierarchicalAllreduce::Decide() {
 }
 
 Status HierarchicalAllreduce::AllreduceInPlace(void* buffer, int64_t count, size_t elem_size,
-                                               MPI_Datatype type, MPI_Op op) {
+                                               MPI_Datatype type, MPI_Op op, int64_t piece_bytes) {
   if (count == 0) return Status::OK();
   std::vector<int> counts(static_cast<size_t>(local_size_));
   std::vector<int> displacements(static_cast<size_t>(local_size_));
@@ -119,7 +119,7 @@ Status HierarchicalAllreduce::AllreduceInPlace(void* buffer, int64_t count, size
   // MPI's int counts and displacements cannot address such a bucket within the host; every rank
   // sees the same count, so every rank goes flat together.
   if (largest > INT_MAX || count > INT_MAX) {
-    return AllreduceInPieces(MPI_IN_PLACE, buffer, count, elem_size, type, op, comm_);
+    return AllreduceInPieces(MPI_IN_PLACE, buffer, count, elem_size, type, op, comm_, piece_bytes);
   }
   auto* bytes = static_cast<char*>(buffer);
   const auto me = static_cast<size_t>(local_rank_);
@@ -130,7 +130,7 @@ Status HierarchicalAllreduce::AllreduceInPlace(void* buffer, int64_t count, size
     std::memmove(slice, bytes, static_cast<size_t>(counts[me]) * elem_size);
   }
   GRADSYNC_RETURN_IF_ERROR(
-      AllreduceInPieces(MPI_IN_PLACE, slice, counts[me], elem_size, type, op, cross_));
+      AllreduceInPieces(MPI_IN_PLACE, slice, counts[me], elem_size, type, op, cross_, piece_bytes));
   GRADSYNC_MPI_CALL(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer, counts.data(),
                                    displacements.data(), type, local_));
   return Status::OK();

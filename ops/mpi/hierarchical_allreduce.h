@@ -53,9 +53,10 @@ class HierarchicalAllreduce {
   void set_quiet(bool quiet) { quiet_ = quiet; }
 
   // In place over `count` elements of `elem_size` bytes in `buffer`, through MPI on the host's
-  // communicator. Unscaled: the caller applies its scales.
+  // communicator, the allreduce across hosts in pieces of at most `piece_bytes` (see
+  // AllreduceInPieces). Unscaled: the caller applies its scales.
   Status AllreduceInPlace(void* buffer, int64_t count, size_t elem_size, MPI_Datatype type,
-                          MPI_Op op);
+                          MPI_Op op, int64_t piece_bytes);
 
   // Valid once Applies() said yes.
   NodeSharedMemory* host_memory() { return host_memory_.get(); }

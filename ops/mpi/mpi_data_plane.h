@@ -50,6 +50,10 @@ class MpiDataPlane : public DataPlane {
   // `compare_hierarchical`, where the hierarchical path applies, fused buckets are also timed
   // through it and through the flat path (fused_hierarchical, fused_flat).
   Status Calibrate(bool compare_hierarchical, AllreduceCalibration* out);
+  // Collective over the plane's communicator: times one allreduce of kPieceProbeBytes in place,
+  // whole and in pieces of each of kPieceCandidates, taking turns; each sample is the slowest
+  // rank's median, so every rank chooses alike (ChoosePieceBytes, coordinator/cost_model.h).
+  Status CalibratePieces(std::vector<PieceSample>* out);
 
   // Where the hierarchical path applies (several hosts; see hierarchical_allreduce.h), buckets
   // and lone tensors of at least this many bytes take it; 0 (the default) sends them all, and a
@@ -59,6 +63,11 @@ class MpiDataPlane : public DataPlane {
   // 64) are reduced chunk by chunk, the copies overlapping the reductions
   // (pipelined_allreduce.cc); 0 reduces every bucket whole.
   void set_pipeline_chunk_bytes(int64_t bytes) { pipeline_chunk_bytes_ = bytes; }
+  // Every blocking MPI allreduce of the plane (a tensor alone, a fused bucket, the slices across
+  // hosts) is issued in pieces of at most this many bytes (AllreduceInPieces); 0 (the default)
+  // issues each whole. Set from GRADSYNC_ALLREDUCE_PIECE_BYTES or by calibration (CalibratePieces).
+  void set_piece_bytes(int64_t bytes) { piece_bytes_ = bytes; }
+  int64_t piece_bytes() const { return piece_bytes_; }
   // Flat until Calibrate(true, ...) has compared the two paths (the plane must have been created
   // with the hierarchical path requested); a layout where it cannot apply is logged at debug level.
   void LeaveHierarchyToCalibration(int64_t never) {
@@ -117,6 +126,7 @@ class MpiDataPlane : public DataPlane {
   HierarchicalAllreduce hierarchical_;
   int64_t hierarchical_from_bytes_ = 0;
   int64_t pipeline_chunk_bytes_ = 0;
+  int64_t piece_bytes_ = 0;
   Timeline* timeline_;
 };
 

@@ -153,10 +153,14 @@ Status MpiReduceOpOf(DataType dtype, ReduceOp op, MPI_Op* out) {
 }
 
 Status AllreduceInPieces(const void* send, void* recv, int64_t count, size_t elem_size,
-                         MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
+                         MPI_Datatype type, MPI_Op op, MPI_Comm comm, int64_t piece_bytes) {
   const bool in_place = send == MPI_IN_PLACE;
+  const int64_t most =
+      piece_bytes > 0
+          ? std::clamp<int64_t>(piece_bytes / static_cast<int64_t>(elem_size), 1, INT_MAX)
+          : INT_MAX;
   for (int64_t done = 0; done < count;) {
-    const int piece = static_cast<int>(std::min<int64_t>(count - done, INT_MAX));
+    const int piece = static_cast<int>(std::min<int64_t>(count - done, most));
     const size_t offset = static_cast<size_t>(done) * elem_size;
     const void* piece_send = in_place ? MPI_IN_PLACE : static_cast<const char*>(send) + offset;
     const int rc =

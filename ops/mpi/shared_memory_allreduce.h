@@ -36,10 +36,12 @@ struct SliceReduction {
   ReduceOp op = ReduceOp::kSum;
   double postscale = 1.0;
   // When set, each rank's reduced slice is allreduced over `cross` (the ranks holding the same
-  // slice on the other hosts) before the scale; `mpi_type` and `mpi_op` are used there.
+  // slice on the other hosts) before the scale, in pieces of at most `piece_bytes` (see
+  // AllreduceInPieces); `mpi_type` and `mpi_op` are used there.
   MPI_Comm cross = MPI_COMM_NULL;
   MPI_Datatype mpi_type = MPI_DATATYPE_NULL;
   MPI_Op mpi_op = MPI_OP_NULL;
+  int64_t piece_bytes = 0;
 };
 
 // Every rank of the memory's communicator (`rank` of `size`) has packed a bucket of `count`

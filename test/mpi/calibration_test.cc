@@ -1,10 +1,12 @@
 // Calibration of the MPI plane's allreduce paths at 2 and 4 ranks: every rank gets the same
 // samples (so the same fitted costs and the same plan), the samples cover the ladder, the plane
 // still reduces correctly afterwards and leaves nothing in the timeline, and the fitted settings
-// stay within their bounds.
+// stay within their bounds. The piece probe: every rank gets the same samples and choice, and the
+// plane reduces correctly in the pieces chosen.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <iterator>
 #include <vector>
 
 #include "coordinator/cost_model.h"
@@ -87,6 +89,47 @@ TEST_F(CalibrationTest, EveryRankFitsTheSameCostsAndThePlaneStillReduces) {
     const float expected = float(size_ * (size_ + 1) / 2);
     for (const auto& tensor : data) {
       for (float v : tensor) ASSERT_EQ(v, expected);
+    }
+  }
+}
+
+TEST_F(CalibrationTest, EveryRankChoosesTheSamePiecesAndThePlaneReducesInThem) {
+  for (int64_t shm : {int64_t{16} << 20, int64_t{0}}) {
+    MpiDataPlane plane(comm_, nullptr, shm);
+    std::vector<PieceSample> samples;
+    const Status probed = plane.CalibratePieces(&samples);
+    ASSERT_TRUE(probed.ok()) << probed.ToString();
+    const size_t candidates = std::size(kPieceCandidates);
+    ASSERT_EQ(samples.size(), 1 + candidates);
+    EXPECT_EQ(samples[0].piece_bytes, 0);  // whole
+    std::vector<double> values;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      EXPECT_GT(samples[i].us, 0);
+      if (i > 0) {
+        EXPECT_EQ(samples[i].piece_bytes, kPieceCandidates[i - 1]);
+      }
+      values.insert(values.end(), {double(samples[i].piece_bytes), samples[i].us});
+    }
+    EXPECT_TRUE(SameOnEveryRank(values));
+    const int64_t chosen = ChoosePieceBytes(samples);
+    EXPECT_TRUE(SameOnEveryRank({double(chosen)}));
+
+    // Whatever was chosen, and pieces much smaller than a tensor, reduce exactly.
+    for (int64_t piece : {chosen, int64_t{4096}}) {
+      plane.set_piece_bytes(piece);
+      std::vector<float> alone(300000, float(rank_ + 1));
+      std::vector<float> fused(70000, float(rank_ + 1));
+      std::vector<TensorEntry> entries(2);
+      entries[0].name = "pieces.alone";
+      entries[0].input = TensorView(alone.data(), DataType::kFloat32, {300000});
+      entries[1].name = "pieces.fused";
+      entries[1].input = TensorView(fused.data(), DataType::kFloat32, {70000});
+      for (TensorEntry& e : entries) e.output = e.input;
+      ASSERT_TRUE(plane.Allreduce({&entries[0]}, ReduceSpec{}).ok());
+      ASSERT_TRUE(plane.Allreduce({&entries[1], &entries[0]}, ReduceSpec{}).ok());
+      const float once = float(size_ * (size_ + 1) / 2);
+      for (float v : fused) ASSERT_EQ(v, once) << "piece " << piece;
+      for (float v : alone) ASSERT_EQ(v, once * float(size_)) << "piece " << piece;
     }
   }
 }

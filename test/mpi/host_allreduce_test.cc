@@ -3,6 +3,7 @@
 // hosts simulated as groups of consecutive ranks (the real thing across network namespaces is the
 // multihost test). Every dtype and op, in place and out of place, buckets smaller than the rank
 // count, scales, and many buckets in a row so the double buffers and the result area are reused.
+// AllreduceInPieces: no reduction sees more than a piece, and the pieces cover the buffer.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -17,6 +18,7 @@
 
 #include "ops/mpi/hierarchical_allreduce.h"
 #include "ops/mpi/mpi_data_plane.h"
+#include "ops/mpi/mpi_types.h"
 #include "ops/mpi/shared_memory_allreduce.h"
 #include "test/mpi/multi_rank_test.h"
 
@@ -65,8 +67,9 @@ struct Op {
 struct PlaneShape {
   const char* name;
   int64_t shm_threshold;
-  int ranks_per_host;          // 0: the real nodes (one, here)
-  int64_t pipeline_chunk = 0;  // bytes; 0: buckets whole
+  int ranks_per_host;           // 0: the real nodes (one, here)
+  int64_t pipeline_chunk = 0;   // bytes; 0: buckets whole
+  int64_t allreduce_piece = 0;  // bytes; 0: every MPI allreduce whole
 };
 
 void PrintTo(const PlaneShape& shape, std::ostream* out) { *out << shape.name; }
@@ -83,6 +86,7 @@ class HostAllreduceTest : public ::testing::TestWithParam<PlaneShape> {
     plane_ = std::make_unique<MpiDataPlane>(comm_, nullptr, shape.shm_threshold,
                                             shape.ranks_per_host > 0);
     plane_->set_pipeline_chunk_bytes(shape.pipeline_chunk);
+    plane_->set_piece_bytes(shape.allreduce_piece);
   }
   void TearDown() override {
     plane_.reset();
@@ -212,19 +216,24 @@ TEST_P(HostAllreduceTest, TensorsInPieces) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, HostAllreduceTest,
-                         ::testing::Values(PlaneShape{"MpiMessages", 0, 0},
-                                           // Chunks of 256 bytes: boundaries inside tensors and
-                                           // gaps, many chunks in flight one after another.
-                                           PlaneShape{"MpiMessagesPipelined", 0, 0, 256},
-                                           PlaneShape{"SharedMemory", kUnlimitedShm, 0},
-                                           PlaneShape{"HierarchicalTwoPerHost", kUnlimitedShm, 2},
-                                           PlaneShape{"HierarchicalFourPerHost", kUnlimitedShm, 4},
-                                           PlaneShape{"HierarchicalWithoutSharedMemory", 0, 2},
-                                           PlaneShape{"HierarchicalSmallSharedMemory", 4096, 2}),
-                         [](const ::testing::TestParamInfo<PlaneShape>& info) {
-                           return info.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Paths, HostAllreduceTest,
+    ::testing::Values(PlaneShape{"MpiMessages", 0, 0},
+                      // Chunks of 256 bytes: boundaries inside tensors and
+                      // gaps, many chunks in flight one after another.
+                      PlaneShape{"MpiMessagesPipelined", 0, 0, 256},
+                      // MPI allreduces in pieces of 192 bytes: boundaries
+                      // inside tensors, elements of every size, a last
+                      // piece shorter than the rest.
+                      PlaneShape{"MpiMessagesInPieces", 0, 0, 0, 192},
+                      PlaneShape{"SharedMemory", kUnlimitedShm, 0},
+                      PlaneShape{"HierarchicalTwoPerHost", kUnlimitedShm, 2},
+                      PlaneShape{"HierarchicalFourPerHost", kUnlimitedShm, 4},
+                      PlaneShape{"HierarchicalWithoutSharedMemory", 0, 2},
+                      PlaneShape{"HierarchicalInPieces", kUnlimitedShm, 2, 0, 192},
+                      PlaneShape{"HierarchicalWithoutSharedMemoryInPieces", 0, 2, 0, 192},
+                      PlaneShape{"HierarchicalSmallSharedMemory", 4096, 2}),
+    [](const ::testing::TestParamInfo<PlaneShape>& info) { return info.param.name; });
 
 // The hierarchy is taken exactly when there are several hosts with the same number of ranks, more
 // than one, on each.
@@ -240,6 +249,51 @@ TEST(HierarchicalAllreduce, AppliesOnlyToEvenHostsOfSeveralRanks) {
     EXPECT_EQ(applies, expected) << per_host << " ranks per host of " << size;
   }
   SetRanksPerHostForTesting(0);
+}
+
+// A float sum that records the most elements MPI handed it at once. MPI applies an op to no more
+// elements than one call's count, so a piece size shows as a bound on it.
+int64_t most_elements_folded = 0;
+void RecordingSum(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+  most_elements_folded = std::max<int64_t>(most_elements_folded, *len);
+  for (int i = 0; i < *len; ++i) static_cast<float*>(inout)[i] += static_cast<float*>(in)[i];
+}
+
+TEST(AllreduceInPieces, NoReductionSeesMoreThanAPiece) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Op sum = MPI_OP_NULL;
+  ASSERT_EQ(MPI_Op_create(&RecordingSum, /*commute=*/1, &sum), MPI_SUCCESS);
+  // Piece sizes in bytes: whole, 48 floats, a size that is no whole number of floats, less than
+  // one float (one each), and more than the buffer.
+  for (int64_t piece :
+       {int64_t{0}, int64_t{192}, int64_t{4 * 7 + 2}, int64_t{3}, int64_t{1 << 20}}) {
+    for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{48}, int64_t{1001}}) {
+      for (bool in_place : {true, false}) {
+        SCOPED_TRACE("piece " + std::to_string(piece) + ", count " + std::to_string(count) +
+                     (in_place ? ", in place" : ", out of place"));
+        std::vector<float> input(static_cast<size_t>(count)), output(input.size(), -1.0f);
+        for (int64_t i = 0; i < count; ++i) input[i] = float(rank + 1) * float(i % 7);
+        if (in_place) output = input;
+        most_elements_folded = 0;
+        const Status status =
+            AllreduceInPieces(in_place ? MPI_IN_PLACE : input.data(), output.data(), count,
+                              sizeof(float), MPI_FLOAT, sum, MPI_COMM_WORLD, piece);
+        ASSERT_TRUE(status.ok()) << status.ToString();
+        for (int64_t i = 0; i < count; ++i) {
+          ASSERT_EQ(output[i], float(size * (size + 1) / 2) * float(i % 7)) << "element " << i;
+        }
+        const int64_t per_piece = piece == 0 ? count : std::max<int64_t>(1, piece / 4);
+        EXPECT_LE(most_elements_folded, std::min(count, per_piece));
+        // Whole, MPI folds more than a piece would hold (a check that the bound above can fail).
+        if (size > 1 && piece == 0 && count == 1001) {
+          EXPECT_GT(most_elements_folded, 48);
+        }
+      }
+    }
+  }
+  MPI_Op_free(&sum);
 }
 
 // A setting missing on some rank must not split the ranks between two paths.

@@ -269,6 +269,29 @@ TEST(ConfigTest, CalibrationAndItsPin) {
   }
 }
 
+TEST(ConfigTest, AllreducePiecesAreCalibratedUnlessSet) {
+  const Config defaults = ParseOk({});
+  EXPECT_EQ(defaults.allreduce_piece_bytes, 0);
+  EXPECT_FALSE(defaults.allreduce_piece_pinned);
+  EXPECT_NE(defaults.ToString().find("GRADSYNC_ALLREDUCE_PIECE_BYTES=(calibrated)"),
+            std::string::npos);
+  const Config whole = ParseOk({{"GRADSYNC_ALLREDUCE_PIECE_BYTES", "0"}});
+  EXPECT_TRUE(whole.allreduce_piece_pinned);
+  EXPECT_EQ(whole.allreduce_piece_bytes, 0);
+  EXPECT_NE(whole.ToString().find("GRADSYNC_ALLREDUCE_PIECE_BYTES=0"), std::string::npos);
+  const Config pinned = ParseOk({{"GRADSYNC_ALLREDUCE_PIECE_BYTES", "1048576"}});
+  EXPECT_TRUE(pinned.allreduce_piece_pinned);
+  EXPECT_EQ(pinned.allreduce_piece_bytes, 1 << 20);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_ALLREDUCE_PIECE_BYTES", "1073741824"}}).allreduce_piece_bytes,
+            1 << 30);
+  // Without calibration nothing chooses: unset means whole.
+  const Config uncalibrated = ParseOk({{"GRADSYNC_CALIBRATE", "0"}});
+  EXPECT_NE(uncalibrated.ToString().find("GRADSYNC_ALLREDUCE_PIECE_BYTES=0"), std::string::npos);
+  for (const char* bad : {"100", "-64", "1073741888", "1M", " 64"}) {
+    ExpectRejected("GRADSYNC_ALLREDUCE_PIECE_BYTES", bad);
+  }
+}
+
 TEST(ConfigTest, PlacementVariables) {
   const Config defaults = ParseOk({});
   EXPECT_EQ(defaults.gpu_device, -1);
@@ -299,6 +322,7 @@ TEST(ConfigTest, NcclTimeoutAcceptsSecondsAndZeroDisables) {
 TEST(ConfigTest, ToStringListsEveryKnob) {
   Config config = ParseOk({{"GRADSYNC_FUSION_THRESHOLD", "1024"},
                            {"GRADSYNC_INPLACE_THRESHOLD", "0"},
+                           {"GRADSYNC_ALLREDUCE_PIECE_BYTES", "4096"},
                            {"GRADSYNC_SHM_THRESHOLD", "0"},
                            {"GRADSYNC_CALLER_REDUCE", "off"},
                            {"GRADSYNC_HIERARCHICAL_ALLREDUCE", "yes"},
@@ -316,8 +340,8 @@ TEST(ConfigTest, ToStringListsEveryKnob) {
   EXPECT_EQ(
       config.ToString(),
       "GRADSYNC_FUSION_THRESHOLD=1024 GRADSYNC_INPLACE_THRESHOLD=0 GRADSYNC_CALIBRATE=1 "
-      "GRADSYNC_CALLER_REDUCE=0 GRADSYNC_PIPELINE_CHUNK_BYTES=0 GRADSYNC_AUTOTUNE=0 "
-      "GRADSYNC_SHM_THRESHOLD=0 "
+      "GRADSYNC_CALLER_REDUCE=0 GRADSYNC_PIPELINE_CHUNK_BYTES=0 "
+      "GRADSYNC_ALLREDUCE_PIECE_BYTES=4096 GRADSYNC_AUTOTUNE=0 GRADSYNC_SHM_THRESHOLD=0 "
       "GRADSYNC_HIERARCHICAL_ALLREDUCE=1 GRADSYNC_CYCLE_TIME_MS=0.05 GRADSYNC_CACHE_CAPACITY=0 "
       "GRADSYNC_STALL_WARNING_SECONDS=1.5 GRADSYNC_STALL_SHUTDOWN_SECONDS=1000000 "
       "GRADSYNC_LOG_LEVEL=debug GRADSYNC_GPU_BACKEND=mpi GRADSYNC_NCCL_TIMEOUT_SECONDS=2.5 "

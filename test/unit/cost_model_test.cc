@@ -153,6 +153,35 @@ TEST(CostModelTest, HierarchicalFromTheCrossover) {
   EXPECT_EQ(HierarchicalFrom(flat, {50.0, 1.6e-3, 0}), kNeverInPlace);
 }
 
+// Across the namespace hosts of docs/benchmarks.md: pieces that stay in a core's cache beat the
+// whole probe three times over, and beyond 1 MiB they stop fitting.
+TEST(CostModelTest, PiecesChosenWhenFasterByTheMargin) {
+  const std::vector<PieceSample> across_hosts = {
+      {0, 39155}, {512 << 10, 15772}, {1 << 20, 12035}, {2 << 20, 24488}, {4 << 20, 25047}};
+  EXPECT_EQ(ChoosePieceBytes(across_hosts), 1 << 20);
+  EXPECT_EQ(DescribePieceChoice(across_hosts, 1 << 20),
+            "in pieces of 1 MiB (a 32 MiB allreduce: 12.0 ms so, 39.2 ms whole)");
+  // Within the margin, whole allreduces keep each tensor to one collective.
+  const std::vector<PieceSample> close = {{0, 10000}, {1 << 20, 9100}, {4 << 20, 9500}};
+  EXPECT_EQ(ChoosePieceBytes(close), 0);
+  EXPECT_EQ(DescribePieceChoice(close, 0),
+            "whole (a 32 MiB allreduce: 10.0 ms whole, 9.1 ms at best in pieces, of 1 MiB)");
+  EXPECT_EQ(ChoosePieceBytes({{0, 10000}, {1 << 20, 9000}}), 1 << 20);  // exactly the margin
+  // Slower in pieces: whole.
+  EXPECT_EQ(ChoosePieceBytes({{0, 5000}, {1 << 20, 8000}, {8 << 20, 5200}}), 0);
+  // Equal pieces: the first listed, the smallest.
+  EXPECT_EQ(ChoosePieceBytes({{0, 10000}, {1 << 20, 4000}, {2 << 20, 4000}}), 1 << 20);
+  // The order of the samples does not matter.
+  EXPECT_EQ(ChoosePieceBytes({{4 << 20, 3000}, {0, 10000}, {1 << 20, 5000}}), 4 << 20);
+}
+
+TEST(CostModelTest, PiecesNeedAWholeSampleToCompareWith) {
+  EXPECT_EQ(ChoosePieceBytes({}), 0);
+  EXPECT_EQ(ChoosePieceBytes({{1 << 20, 1000}}), 0);
+  EXPECT_EQ(ChoosePieceBytes({{0, 1000}}), 0);
+  EXPECT_EQ(DescribePieceChoice({}, 0), "whole (not measured)");
+}
+
 TEST(CostModelTest, Descriptions) {
   AllreduceCosts costs;
   costs.in_place = {0, 0.41e-3, 35.2};
