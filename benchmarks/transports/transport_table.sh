@@ -15,6 +15,8 @@
 # horovod.torch (../shared/ANCHORS.md says how to build one); without it only gradsync runs on the
 # PyTorch side. PYTHON (default /usr/bin/python3, Debian's, which has torch) runs gradsync.torch.
 # DATA_DIR (default $GRADSYNC_DATA_DIR, else ../shared/data) holds the gradient sets.
+# GRADSYNC_LOG_LEVEL (default info) goes to every rank, so that each run's calibrated policy
+# (rank 0's "allreduce costs" line) is on stderr beside its results.
 set -euo pipefail
 build=$(cd "$1" && pwd) out=$(mkdir -p "$2" && cd "$2" && pwd)
 iters=${3:-10} reps=${4:-2} tiny_iters=${TINY_ITERS:-200}
@@ -24,6 +26,7 @@ data=${DATA_DIR:-${GRADSYNC_DATA_DIR:-$repo/../shared/data}}
 sets=resnet50,bert_base
 hosts=$repo/test/multihost/namespace_hosts.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export GRADSYNC_LOG_LEVEL=${GRADSYNC_LOG_LEVEL:-info}
 
 "$hosts" down 2
 trap '"$hosts" down 2' EXIT
@@ -31,7 +34,7 @@ flags=$("$hosts" up 2 "$out/hosts")
 mca=${flags% --hosts *}
 # Ranks on namespace hosts share this machine's cores: each host's launcher would bind its first
 # rank to the same core, so nothing is bound.
-env_flags="-x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -x PYTHONPATH"
+env_flags="-x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -x PYTHONPATH -x GRADSYNC_LOG_LEVEL"
 declare -A layout_np=([1x2]=2 [1x4]=4 [2x1]=2 [2x2]=4)
 declare -A layout_args=(
   [1x2]=""
