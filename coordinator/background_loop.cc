@@ -254,7 +254,7 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
         responses[bucket.responses.front()]->type == ResponseType::kAllreduce) {
       // Before the handles complete, so that a caller finds its lane granted once it waited.
       status = lanes_.GrantAfterRun(set->id(), set->data_comm(), set->allreduce_piece_bytes(),
-                                    members_, outcome.joined);
+                                    set->last_allreduce_shared(), members_, outcome.joined);
     }
     if (launched != nullptr) {
       finalizer_.Add(plane, set->id(), members_, std::move(launched));

@@ -20,6 +20,10 @@ void ProcessSetRuntime::Calibrate() {
 
 int64_t ProcessSetRuntime::allreduce_piece_bytes() const { return host_plane_->piece_bytes(); }
 
+bool ProcessSetRuntime::last_allreduce_shared() const {
+  return host_plane_->last_allreduce_shared();
+}
+
 void ProcessSetRuntime::AgreeOnPieces() {
   if (ranks_.size() < 2) return;
   const bool pinned = config_.allreduce_piece_pinned;

@@ -51,6 +51,8 @@ class ProcessSetRuntime {
   MPI_Comm data_comm() const { return data_comm_; }
   // The piece size of the set's MPI allreduces of host memory (MpiDataPlane::piece_bytes).
   int64_t allreduce_piece_bytes() const;
+  // Whether the set's last host allreduce went through node shared memory.
+  bool last_allreduce_shared() const;
   // The plane for tensors on `device`. A device's plane is created by its first operation (the
   // same one on every member), which fails when this build or machine cannot serve the device;
   // the failure is kept and returned for every later operation there.

@@ -50,6 +50,7 @@ Status ValidateEntry(const TensorEntry& entry, const ReduceSpec& spec) {
 }  // namespace
 
 Status MpiDataPlane::Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) {
+  last_allreduce_shared_ = false;
   if (entries.empty()) return Status::OK();
   for (const TensorEntry* entry : entries) GRADSYNC_RETURN_IF_ERROR(ValidateEntry(*entry, spec));
   MPI_Op op = MPI_OP_NULL;
@@ -149,6 +150,7 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
   }
   bool shared = false;
   GRADSYNC_RETURN_IF_ERROR(shared_memory_.Prepare(total, &shared));
+  last_allreduce_shared_ = shared;
   if (shared && FoldEveryRegion(size_, total)) {
     return AllreduceFusedShared(entries, spec, offsets, counts);
   }

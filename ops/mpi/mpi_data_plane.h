@@ -68,6 +68,8 @@ class MpiDataPlane : public DataPlane {
   // issues each whole. Set from GRADSYNC_ALLREDUCE_PIECE_BYTES or by calibration (CalibratePieces).
   void set_piece_bytes(int64_t bytes) { piece_bytes_ = bytes; }
   int64_t piece_bytes() const { return piece_bytes_; }
+  // Whether the last Allreduce went through node shared memory (the same on every rank).
+  bool last_allreduce_shared() const { return last_allreduce_shared_; }
   // Flat until Calibrate(true, ...) has compared the two paths (the plane must have been created
   // with the hierarchical path requested); a layout where it cannot apply is logged at debug level.
   void LeaveHierarchyToCalibration(int64_t never) {
@@ -127,6 +129,7 @@ class MpiDataPlane : public DataPlane {
   int64_t hierarchical_from_bytes_ = 0;
   int64_t pipeline_chunk_bytes_ = 0;
   int64_t piece_bytes_ = 0;
+  bool last_allreduce_shared_ = false;
   Timeline* timeline_;
 };
 

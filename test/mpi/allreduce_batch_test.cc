@@ -195,7 +195,8 @@ TEST_F(AllreduceBatchTest, CallerReducesTheLastBucketFromTheSecondStep) {
           if (!(left_out && t == 2)) batch.start(t, tensors[t]->view().data);
         }
         batch.wait();
-        EXPECT_EQ(batch.caller_reductions(), CallerReduces() ? static_cast<uint64_t>(step) : 0u)
+        EXPECT_EQ(batch.caller_reductions(),
+                  CallerReduces(size_) ? static_cast<uint64_t>(step) : 0u)
             << DataTypeName(dtype) << " step " << step;
         for (size_t t = 0; t < tensors.size(); ++t) {
           if (left_out && t == 2) continue;
@@ -256,7 +257,7 @@ TEST_F(AllreduceBatchTest, ANewerBatchOfTheSameNamesTakesTheLane) {
   newer.start(0, a.view().data);
   newer.wait();
   EXPECT_EQ(a.Get(0), size_);
-  EXPECT_EQ(newer.caller_reductions(), CallerReduces() ? 3u : 0u);
+  EXPECT_EQ(newer.caller_reductions(), CallerReduces(size_) ? 3u : 0u);
 }
 
 TEST_F(AllreduceBatchTest, RefusesRepeatedAndUnknownStarts) {

@@ -177,7 +177,7 @@ TEST_F(JoinTest, ABatchReducedByItsCallersJoinsToo) {
   std::iota(everyone.begin(), everyone.end(), 0);
   for (int step = 0; step < 3; ++step) run_step(everyone, "after join " + std::to_string(step));
   // Negotiated once more after the join, then reduced by the callers.
-  EXPECT_EQ(batch.caller_reductions() - before_join, CallerReduces() ? 2u : 0u);
+  EXPECT_EQ(batch.caller_reductions() - before_join, CallerReduces(size_) ? 2u : 0u);
 }
 
 TEST_F(JoinTest, EveryRankJoiningAtOnce) {

@@ -29,8 +29,10 @@ class MultiRankTest : public ::testing::Test {
   int size_ = 1;
 };
 
-// GRADSYNC_CALLER_REDUCE as this run has it (on unless "0").
-bool CallerReduces();
+// Whether batches' last buckets get lanes in this run: GRADSYNC_CALLER_REDUCE is on (unless "0"),
+// and with `ranks` ranks on this one node the small buckets of the tests do not go through node
+// shared memory, which takes them past two ranks unless GRADSYNC_SHM_THRESHOLD=0.
+bool CallerReduces(int ranks);
 
 // Waits (bounded) for a handle that must succeed.
 ::testing::AssertionResult Succeeds(const Handle& handle);
