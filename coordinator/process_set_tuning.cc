@@ -47,40 +47,46 @@ void ProcessSetRuntime::AgreeOnPieces() {
   host_plane_->set_piece_bytes(agreed[0]);
 }
 
+bool ProcessSetRuntime::SettlePieces(std::string* policy) {
+  *policy = "MPI allreduces ";
+  if (config_.allreduce_piece_pinned) {
+    *policy += config_.allreduce_piece_bytes > 0
+                   ? "in pieces of " + DescribeBytes(config_.allreduce_piece_bytes)
+                   : std::string("whole");
+    *policy += " (GRADSYNC_ALLREDUCE_PIECE_BYTES)";
+    return true;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<PieceSample> samples;
+  const Status probed = host_plane_->CalibratePieces(&samples);
+  if (!probed.ok()) {
+    Log().error("process set {}: calibration failed ({}); planning with the configured settings",
+                id_, probed.ToString());
+    return false;
+  }
+  if (Log().should_log(spdlog::level::debug)) {
+    std::string timed;
+    for (const PieceSample& s : samples) {
+      timed += " " + (s.piece_bytes > 0 ? DescribeBytes(s.piece_bytes) : std::string("whole")) +
+               "=" + std::to_string(int64_t(s.us)) + "us";
+    }
+    Log().debug(
+        "process set {}: piece probe of {} in {:.0f} ms:{}", id_, DescribeBytes(kPieceProbeBytes),
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count(),
+        timed);
+  }
+  const int64_t chosen = ChoosePieceBytes(samples);
+  host_plane_->set_piece_bytes(chosen);
+  *policy += DescribePieceChoice(samples, chosen);
+  return true;
+}
+
 void ProcessSetRuntime::MeasureCosts() {
   if (!config_.calibrate || ranks_.size() < 2) return;  // one rank has nothing to measure
   const auto start = std::chrono::steady_clock::now();
   // Pieces first: the ladder then times the paths as they will run.
-  std::string pieces = "MPI allreduces ";
-  if (config_.allreduce_piece_pinned) {
-    pieces += config_.allreduce_piece_bytes > 0
-                  ? "in pieces of " + DescribeBytes(config_.allreduce_piece_bytes)
-                  : std::string("whole");
-    pieces += " (GRADSYNC_ALLREDUCE_PIECE_BYTES)";
-  } else {
-    std::vector<PieceSample> samples;
-    const Status probed = host_plane_->CalibratePieces(&samples);
-    if (!probed.ok()) {
-      Log().error("process set {}: calibration failed ({}); planning with the configured settings",
-                  id_, probed.ToString());
-      return;
-    }
-    if (Log().should_log(spdlog::level::debug)) {
-      std::string timed;
-      for (const PieceSample& s : samples) {
-        timed += " " + (s.piece_bytes > 0 ? DescribeBytes(s.piece_bytes) : std::string("whole")) +
-                 "=" + std::to_string(int64_t(s.us)) + "us";
-      }
-      Log().debug(
-          "process set {}: piece probe of {} in {:.0f} ms:{}", id_, DescribeBytes(kPieceProbeBytes),
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-              .count(),
-          timed);
-    }
-    const int64_t chosen = ChoosePieceBytes(samples);
-    host_plane_->set_piece_bytes(chosen);
-    pieces += DescribePieceChoice(samples, chosen);
-  }
+  std::string pieces;
+  if (!SettlePieces(&pieces)) return;
   AllreduceCalibration measured;
   const Status status = host_plane_->Calibrate(HierarchyByCalibration(config_), &measured);
   if (!status.ok()) {

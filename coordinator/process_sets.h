@@ -103,6 +103,9 @@ class ProcessSetRuntime {
   // the tuner, starting from those settings.
   void AgreeOnPieces();
   void MeasureCosts();
+  // MeasureCosts' first part: the piece size of the set's MPI allreduces, as pinned or from the
+  // probe, with the words for the policy line; false (logged) when the probe failed.
+  bool SettlePieces(std::string* policy);
   void StartAutotune();
   // Whether GRADSYNC_HIERARCHICAL_ALLREDUCE is left to calibration.
   static bool HierarchyByCalibration(const Config& config);
