@@ -52,7 +52,7 @@ class MpiDataPlane : public DataPlane {
   Status Calibrate(bool compare_hierarchical, AllreduceCalibration* out);
   // Collective over the plane's communicator: times one allreduce of kPieceProbeBytes in place,
   // whole and in pieces of each of kPieceCandidates, taking turns; each sample is the slowest
-  // rank's median, so every rank chooses alike (ChoosePieceBytes, coordinator/cost_model.h).
+  // rank's fastest round, so every rank chooses alike (ChoosePieceBytes, coordinator/cost_model.h).
   Status CalibratePieces(std::vector<PieceSample>* out);
 
   // Where the hierarchical path applies (several hosts; see hierarchical_allreduce.h), buckets
