@@ -77,6 +77,9 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
   const int64_t n = entry->input.num_elements();
   // Every rank holds the same shape, so every rank skips together.
   if (n == 0) return Status::OK();
+  // A tensor in pieces goes as a bucket of one, copied into the fusion buffer and back: the same
+  // collective as a whole tensor's, on every path.
+  if (entry->segments != nullptr) return AllreduceFused({entry}, spec, type, op);
   const size_t elem_size = DataTypeSize(spec.dtype);
   const size_t bytes = static_cast<size_t>(n) * elem_size;
   bool hierarchical = false;
@@ -91,34 +94,18 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
   }
   void* out = entry->output.data;
   const void* in = entry->input.data;
-  // A tensor in pieces is reduced in place on a whole copy in the fusion buffer: the same
-  // collective as a whole tensor's.
-  char* staged = nullptr;
-  if (entry->segments != nullptr) {
-    staged = static_cast<char*>(fusion_buffer_.Get(bytes));
-    TimelineActivity activity(timeline_, entry, "MEMCPY_IN_FUSION_BUFFER");
-    CopyEntryIn(*entry, 0, n, 1.0, staged);
-    in = out = staged;
-  }
   if (hierarchical) {
     TimelineActivity activity(timeline_, entry, "HIERARCHICAL_ALLREDUCE");
     ScaledCopy(in, out, n, spec.dtype, spec.prescale);
     GRADSYNC_RETURN_IF_ERROR(
         hierarchical_.AllreduceInPlace(out, n, elem_size, type, op, piece_bytes_));
-  } else if (in != out && spec.prescale == 1.0) {
-    TimelineActivity activity(timeline_, entry, "MPI_ALLREDUCE");
-    GRADSYNC_RETURN_IF_ERROR(
-        AllreduceInPieces(in, out, n, elem_size, type, op, comm_, piece_bytes_));
+    ScaledCopy(out, out, n, spec.dtype, spec.postscale);
   } else {
     TimelineActivity activity(timeline_, entry, "MPI_ALLREDUCE");
-    ScaledCopy(in, out, n, spec.dtype, spec.prescale);
+    const PieceHooks scaling = ScalingHooks(in, out, spec.dtype, spec.prescale, spec.postscale);
+    const void* send = in == out || scaling.before ? MPI_IN_PLACE : in;
     GRADSYNC_RETURN_IF_ERROR(
-        AllreduceInPieces(MPI_IN_PLACE, out, n, elem_size, type, op, comm_, piece_bytes_));
-  }
-  ScaledCopy(out, out, n, spec.dtype, spec.postscale);
-  if (staged != nullptr) {
-    TimelineActivity activity(timeline_, entry, "MEMCPY_OUT_FUSION_BUFFER");
-    CopyEntryOut(staged, 0, n, 1.0, *entry);
+        AllreduceInPieces(send, out, n, elem_size, type, op, comm_, piece_bytes_, scaling));
   }
   return Status::OK();
 }
@@ -163,10 +150,26 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
     return AllreduceFusedPipelined(entries, spec, offsets, counts, total, type, op);
   }
   auto* buffer = static_cast<char*>(fusion_buffer_.Get(total));
-  PackFused(entries, spec, offsets, counts, buffer);
-
   // Offsets are multiples of 64, hence of every element size: the span is whole elements.
   const auto count = static_cast<int64_t>(total / elem_size);
+  if (piece_bytes_ > 0 && total > static_cast<size_t>(piece_bytes_)) {
+    // Each piece packed, reduced and unpacked while it is in the cache: packing and unpacking the
+    // whole bucket first and last would send a bucket larger than the cache through memory twice
+    // more (docs/benchmarks.md, "Work on each piece").
+    TimelineActivity activity(timeline_, entries, "MPI_ALLREDUCE");
+    const FusedLayout layout{entries, offsets, counts, elem_size};
+    size_t packed = 0, unpacked = 0;  // tensor cursors, see CopyFusedRange
+    PieceHooks copies;
+    copies.before = [&](size_t begin, size_t end) {
+      CopyFusedRange(layout, buffer, begin, end, true, spec.prescale, &packed);
+    };
+    copies.after = [&](size_t begin, size_t end) {
+      CopyFusedRange(layout, buffer, begin, end, false, spec.postscale, &unpacked);
+    };
+    return AllreduceInPieces(MPI_IN_PLACE, buffer, count, elem_size, type, op, comm_, piece_bytes_,
+                             copies);
+  }
+  PackFused(entries, spec, offsets, counts, buffer);
   {
     TimelineActivity activity(timeline_, entries, "MPI_ALLREDUCE");
     GRADSYNC_RETURN_IF_ERROR(
@@ -230,26 +233,20 @@ Status MpiDataPlane::AllreduceFusedSlices(const std::vector<TensorEntry*>& entri
 
 void MpiDataPlane::UnpackFused(const std::vector<TensorEntry*>& entries,
                                const std::vector<size_t>& offsets,
-                               const std::vector<int64_t>& counts, const char* buffer,
-                               double postscale) {
+                               const std::vector<int64_t>& counts, char* buffer, double postscale) {
   TimelineActivity activity(timeline_, entries, "MEMCPY_OUT_FUSION_BUFFER");
-  for (size_t i = 0; i < entries.size(); ++i) {
-    CopyEntryOut(buffer + offsets[i], 0, counts[i], postscale, *entries[i]);
-  }
+  const FusedLayout layout{entries, offsets, counts, DataTypeSize(entries.front()->input.dtype)};
+  size_t first = 0;
+  CopyFusedRange(layout, buffer, 0, layout.End(entries.size() - 1), false, postscale, &first);
 }
 
 void MpiDataPlane::PackFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                              const std::vector<size_t>& offsets, const std::vector<int64_t>& counts,
                              char* buffer) {
   TimelineActivity activity(timeline_, entries, "MEMCPY_IN_FUSION_BUFFER");
-  const size_t elem_size = DataTypeSize(spec.dtype);
-  size_t packed_end = 0;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    // Padding is reduced with the data; zeros keep that arithmetic on harmless values.
-    if (offsets[i] > packed_end) std::memset(buffer + packed_end, 0, offsets[i] - packed_end);
-    CopyEntryIn(*entries[i], 0, counts[i], spec.prescale, buffer + offsets[i]);
-    packed_end = offsets[i] + static_cast<size_t>(counts[i]) * elem_size;
-  }
+  const FusedLayout layout{entries, offsets, counts, DataTypeSize(spec.dtype)};
+  size_t first = 0;
+  CopyFusedRange(layout, buffer, 0, layout.End(entries.size() - 1), true, spec.prescale, &first);
 }
 
 Status MpiDataPlane::AllreduceFusedShared(const std::vector<TensorEntry*>& entries,

@@ -1,11 +1,14 @@
 // The memory of a host allreduce entry, whole or kept in pieces (TensorEntry::segments), as the
-// fused and in-place paths copy it in and out of their buffers.
+// fused and in-place paths copy it in and out of their buffers; and any byte range of a fused
+// bucket, as it is packed and unpacked whole or a part at a time.
 //
 // Thread safety: pure functions over the entry's memory, which the caller owns for the call.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "ops/scale.h"
 #include "runtime/tensor_entry.h"
@@ -58,6 +61,47 @@ inline void CopyEntryOut(const char* buffer, int64_t first, int64_t count, doubl
   ForEachRun(entry, true, first, count, [&](char* memory, int64_t at, int64_t n) {
     ScaledCopy(buffer + static_cast<size_t>(at - first) * element, memory, n, dtype, scale);
   });
+}
+
+// Where a fused bucket's tensors lie in the fusion buffer: entry t at offsets[t], counts[t]
+// elements of elem_size bytes, in order, with gaps between them.
+struct FusedLayout {
+  const std::vector<TensorEntry*>& entries;
+  const std::vector<size_t>& offsets;
+  const std::vector<int64_t>& counts;
+  size_t elem_size;
+
+  size_t End(size_t t) const { return offsets[t] + static_cast<size_t>(counts[t]) * elem_size; }
+};
+
+// Copies bytes [begin, end) of the bucket between the tensors and `buffer`: in (packing, times
+// `scale`, with zeros in the gaps, so that reducing them is harmless) or out (unpacking, times
+// `scale`). `first` is a tensor index at or before the range, advanced for the next call, so
+// consecutive ranges cost no search.
+inline void CopyFusedRange(const FusedLayout& layout, char* buffer, size_t begin, size_t end,
+                           bool in, double scale, size_t* first) {
+  size_t t = *first;
+  while (t < layout.entries.size() && layout.End(t) <= begin) ++t;
+  *first = t;
+  size_t at = begin;
+  for (; t < layout.entries.size() && at < end; ++t) {
+    const size_t from = std::max(at, layout.offsets[t]);
+    const size_t to = std::min(end, layout.End(t));
+    if (in && from > at) std::memset(buffer + at, 0, std::min(from, end) - at);
+    if (from >= to) {
+      at = std::max(at, std::min(from, end));
+      continue;
+    }
+    const auto inside = static_cast<int64_t>((from - layout.offsets[t]) / layout.elem_size);
+    const auto count = static_cast<int64_t>((to - from) / layout.elem_size);
+    if (in) {
+      CopyEntryIn(*layout.entries[t], inside, count, scale, buffer + from);
+    } else {
+      CopyEntryOut(buffer + from, inside, count, scale, *layout.entries[t]);
+    }
+    at = to;
+  }
+  if (in && at < end) std::memset(buffer + at, 0, end - at);
 }
 
 }  // namespace gradsync

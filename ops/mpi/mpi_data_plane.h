@@ -105,7 +105,7 @@ class MpiDataPlane : public DataPlane {
                                     MPI_Datatype type, MPI_Op op);
   // Copies the reduced bucket in `buffer` out to the entries' outputs, scaled by `postscale`.
   void UnpackFused(const std::vector<TensorEntry*>& entries, const std::vector<size_t>& offsets,
-                   const std::vector<int64_t>& counts, const char* buffer, double postscale);
+                   const std::vector<int64_t>& counts, char* buffer, double postscale);
   // Packs the entries' inputs, scaled by spec.prescale, at `offsets` in `buffer`, zeroing the gaps.
   void PackFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                  const std::vector<size_t>& offsets, const std::vector<int64_t>& counts,

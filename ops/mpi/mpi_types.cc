@@ -152,20 +152,46 @@ Status MpiReduceOpOf(DataType dtype, ReduceOp op, MPI_Op* out) {
   return Status::OK();
 }
 
+PieceHooks ScalingHooks(const void* in, void* out, DataType dtype, double prescale,
+                        double postscale) {
+  const size_t elem_size = DataTypeSize(dtype);
+  PieceHooks hooks;
+  if (prescale != 1.0) {
+    hooks.before = [=](size_t begin, size_t end) {
+      ScaledCopy(static_cast<const char*>(in) + begin, static_cast<char*>(out) + begin,
+                 static_cast<int64_t>((end - begin) / elem_size), dtype, prescale);
+    };
+  }
+  if (postscale != 1.0) {
+    hooks.after = [=](size_t begin, size_t end) {
+      char* piece = static_cast<char*>(out) + begin;
+      ScaledCopy(piece, piece, static_cast<int64_t>((end - begin) / elem_size), dtype, postscale);
+    };
+  }
+  return hooks;
+}
+
 Status AllreduceInPieces(const void* send, void* recv, int64_t count, size_t elem_size,
-                         MPI_Datatype type, MPI_Op op, MPI_Comm comm, int64_t piece_bytes) {
+                         MPI_Datatype type, MPI_Op op, MPI_Comm comm, int64_t piece_bytes,
+                         const PieceHooks& hooks) {
   const bool in_place = send == MPI_IN_PLACE;
+  if (hooks.before && !in_place) {
+    return Status::InvalidArgument("AllreduceInPieces: a piece filled by a hook is in place");
+  }
   const int64_t most =
       piece_bytes > 0
           ? std::clamp<int64_t>(piece_bytes / static_cast<int64_t>(elem_size), 1, INT_MAX)
           : INT_MAX;
   for (int64_t done = 0; done < count;) {
     const int piece = static_cast<int>(std::min<int64_t>(count - done, most));
-    const size_t offset = static_cast<size_t>(done) * elem_size;
-    const void* piece_send = in_place ? MPI_IN_PLACE : static_cast<const char*>(send) + offset;
+    const size_t begin = static_cast<size_t>(done) * elem_size;
+    const size_t end = begin + static_cast<size_t>(piece) * elem_size;
+    if (hooks.before) hooks.before(begin, end);
+    const void* piece_send = in_place ? MPI_IN_PLACE : static_cast<const char*>(send) + begin;
     const int rc =
-        MPI_Allreduce(piece_send, static_cast<char*>(recv) + offset, piece, type, op, comm);
+        MPI_Allreduce(piece_send, static_cast<char*>(recv) + begin, piece, type, op, comm);
     GRADSYNC_RETURN_IF_ERROR(MpiResult(rc, "MPI_Allreduce"));
+    if (hooks.after) hooks.after(begin, end);
     done += piece;
   }
   return Status::OK();

@@ -4,11 +4,9 @@
 // reduced and the one being copied. MPI progresses a non-blocking collective only inside MPI
 // calls, so the copies go in slices with an MPI_Test of the chunk in flight between them.
 #include <algorithm>
-#include <cstring>
 
 #include "ops/mpi/entry_pieces.h"
 #include "ops/mpi/mpi_data_plane.h"
-#include "ops/scale.h"
 #include "runtime/mpi_context.h"
 #include "runtime/timeline_activity.h"
 
@@ -16,45 +14,6 @@ namespace gradsync {
 namespace {
 
 constexpr size_t kCopySlice = 256 << 10;  // bytes copied between two progress tests
-
-// The byte ranges of a bucket's tensors within the fusion buffer, for copying part of it.
-struct Layout {
-  const std::vector<TensorEntry*>& entries;
-  const std::vector<size_t>& offsets;
-  const std::vector<int64_t>& counts;
-  size_t elem_size;
-
-  size_t End(size_t t) const { return offsets[t] + static_cast<size_t>(counts[t]) * elem_size; }
-};
-
-// Copies bytes [begin, end) of the bucket between the tensors and `buffer`: in (packing, with
-// `scale` and zeros in the gaps) or out (unpacking, with `scale`). `first` is a tensor index at or
-// before the range, advanced for the next call.
-void CopyRange(const Layout& layout, char* buffer, size_t begin, size_t end, bool in, double scale,
-               size_t* first) {
-  size_t t = *first;
-  while (t < layout.entries.size() && layout.End(t) <= begin) ++t;
-  *first = t;
-  size_t at = begin;
-  for (; t < layout.entries.size() && at < end; ++t) {
-    const size_t from = std::max(at, layout.offsets[t]);
-    const size_t to = std::min(end, layout.End(t));
-    if (in && from > at) std::memset(buffer + at, 0, std::min(from, end) - at);
-    if (from >= to) {
-      at = std::max(at, std::min(from, end));
-      continue;
-    }
-    const auto inside = static_cast<int64_t>((from - layout.offsets[t]) / layout.elem_size);
-    const auto count = static_cast<int64_t>((to - from) / layout.elem_size);
-    if (in) {
-      CopyEntryIn(*layout.entries[t], inside, count, scale, buffer + from);
-    } else {
-      CopyEntryOut(buffer + from, inside, count, scale, *layout.entries[t]);
-    }
-    at = to;
-  }
-  if (in && at < end) std::memset(buffer + at, 0, end - at);
-}
 
 }  // namespace
 
@@ -64,7 +23,7 @@ Status MpiDataPlane::AllreduceFusedPipelined(const std::vector<TensorEntry*>& en
                                              const std::vector<int64_t>& counts, size_t total,
                                              MPI_Datatype type, MPI_Op op) {
   auto* buffer = static_cast<char*>(fusion_buffer_.Get(total));
-  const Layout layout{entries, offsets, counts, DataTypeSize(spec.dtype)};
+  const FusedLayout layout{entries, offsets, counts, DataTypeSize(spec.dtype)};
   const size_t chunk = static_cast<size_t>(pipeline_chunk_bytes_);
   const size_t chunks = (total + chunk - 1) / chunk;
   TimelineActivity activity(timeline_, entries, "MPI_ALLREDUCE_PIPELINED");
@@ -76,8 +35,8 @@ Status MpiDataPlane::AllreduceFusedPipelined(const std::vector<TensorEntry*>& en
   Status status;
   const auto copy = [&](size_t begin, size_t end, bool in, size_t* cursor) {
     for (size_t at = begin; at < end; at += kCopySlice) {
-      CopyRange(layout, buffer, at, std::min(end, at + kCopySlice), in,
-                in ? spec.prescale : spec.postscale, cursor);
+      CopyFusedRange(layout, buffer, at, std::min(end, at + kCopySlice), in,
+                     in ? spec.prescale : spec.postscale, cursor);
       if (testing != nullptr && *testing != MPI_REQUEST_NULL && status.ok()) {
         int done = 0;
         status = MpiResult(MPI_Test(testing, &done, MPI_STATUS_IGNORE), "MPI_Test");

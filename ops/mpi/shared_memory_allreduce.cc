@@ -29,10 +29,9 @@ Status ReduceSlicesThroughSharedMemory(NodeSharedMemory* memory, int rank, int s
   CombineInto(inputs.data(), size, result, mine.size(), how.dtype, how.op,
               across_hosts ? 1.0 : how.postscale);
   if (across_hosts) {
-    GRADSYNC_RETURN_IF_ERROR(AllreduceInPieces(MPI_IN_PLACE, result, mine.size(), elem_size,
-                                               how.mpi_type, how.mpi_op, how.cross,
-                                               how.piece_bytes));
-    ScaledCopy(result, result, mine.size(), how.dtype, how.postscale);
+    GRADSYNC_RETURN_IF_ERROR(AllreduceInPieces(
+        MPI_IN_PLACE, result, mine.size(), elem_size, how.mpi_type, how.mpi_op, how.cross,
+        how.piece_bytes, ScalingHooks(result, result, how.dtype, 1.0, how.postscale)));
   }
   return memory->Barrier();
 }
