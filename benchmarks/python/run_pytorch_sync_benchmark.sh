@@ -28,6 +28,11 @@
 #                        (${TMPDIR:-/tmp}/pytorch_sync_<date>_<time>.jsonl)
 #   --mpirun-args ARGS   extra mpirun arguments, split on spaces ($MPIRUN_ARGS, else none)
 #
+# Where the build has gradsync_cpu_pair_round_trip (benchmarks/cpu_pair_round_trip.cc), each
+# run is bracketed on stderr by the round trip of a cache line between CPUs 0 and 1 before and
+# after it: on a virtual machine whose host moves its CPUs, transfers between ranks on the
+# machine follow that placement (docs/benchmarks.md, "What the state is").
+#
 # mpirun gets --oversubscribe --bind-to none for every framework (more ranks than cores on a
 # small machine; no pinning, so each rank's threads can use any core). As root, Open MPI also
 # wants OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 in the environment.
@@ -76,6 +81,11 @@ IFS=, read -r -a set_list <<<"$sets"
 IFS=, read -r -a rank_list <<<"$ranks"
 read -r -a extra <<<"$mpirun_args"
 
+cpu_pair() {
+  local probe=$build_dir/benchmarks/gradsync_cpu_pair_round_trip
+  if [[ -x $probe ]]; then "$probe" --samples 3 >&2 || true; fi
+}
+
 python_for() { if [[ $1 == horovod ]]; then echo "$horovod_python"; else echo "$python"; fi; }
 
 # Keep only the frameworks that import here (gradsync-ddp only where gradsync has it).
@@ -101,6 +111,7 @@ for ((rep = 1; rep <= reps; rep++)); do
     for np in "${rank_list[@]}"; do
       for fw in "${order[@]}"; do
         echo "--- rep $rep: $fw, $set_name, $np ranks ($((SECONDS - start)) s so far)" >&2
+        cpu_pair
         # The JSON line goes to the results file; a failed or timed-out run is reported and
         # the sweep goes on (its group then has fewer runs in the table).
         if ! timeout --kill-after=30 "$timeout_s" \
@@ -111,6 +122,7 @@ for ((rep = 1; rep <= reps; rep++)); do
           echo "FAILED (exit ${PIPESTATUS[0]}): $fw, $set_name, $np ranks, rep $rep" >&2
           failures=$((failures + 1))
         fi
+        cpu_pair
       done
     done
   done

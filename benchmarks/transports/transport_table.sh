@@ -46,9 +46,16 @@ frameworks=gradsync
 [ -n "${HOROVOD_PYTHON:-}" ] && frameworks=gradsync,horovod
 export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
 
+cpu_pair() {
+  if [[ -x $build/benchmarks/gradsync_cpu_pair_round_trip ]]; then
+    "$build/benchmarks/gradsync_cpu_pair_round_trip" --samples 3 >&2 || true
+  fi
+}
+
 for layout in 1x2 1x4 2x1 2x2; do
   np=${layout_np[$layout]}
   echo "=== $layout: gradsync_bench_models" >&2
+  cpu_pair
   # shellcheck disable=SC2086
   timeout --kill-after=30 1200 mpirun -np "$np" --oversubscribe --bind-to none ${layout_args[$layout]} \
     "$build/benchmarks/gradsync_bench_models" --data-dir "$data" --sets "$sets" \
@@ -57,6 +64,7 @@ for layout in 1x2 1x4 2x1 2x2; do
   timeout --kill-after=30 600 mpirun -np "$np" --oversubscribe --bind-to none ${layout_args[$layout]} \
     "$build/benchmarks/gradsync_bench_models" --data-dir "$data" --sets "" \
     --strategies gradsync,flat+copy,bucketed,flat --iters "$tiny_iters" | tee -a "$out/models_$layout.txt"
+  cpu_pair
   echo "=== $layout: PyTorch step, $frameworks" >&2
   rm -f "$out/pytorch_$layout.jsonl"
   "$repo/benchmarks/python/run_pytorch_sync_benchmark.sh" --python "$python" \
