@@ -1,9 +1,10 @@
 // How far apart two CPUs are, as the time one cache line takes to go from one to the other and
 // back: two threads, pinned one to each CPU, hand a flag back and forth. Two hardware threads of
-// one core, which share their caches, take tens of nanoseconds; cores that share no cache take
-// hundreds. On a virtual machine the host may move its virtual CPUs between such placements while
-// a job runs, and transfers between processes on one machine (the namespace hosts of
-// docs/benchmarks.md) follow: the transport table's runs are tagged with it.
+// one core, which share their caches, take about a hundred nanoseconds or less; cores that share
+// no cache below memory, three hundred or more. On a virtual machine the host may move its virtual
+// CPUs between such placements while a job runs, and transfers between processes on one machine
+// (the namespace hosts of docs/benchmarks.md) follow: the transport table's runs are tagged with
+// it.
 //
 //   gradsync_cpu_pair_round_trip [--cpus A,B] [--round-trips N] [--samples S]
 //
