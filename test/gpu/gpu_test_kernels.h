@@ -10,5 +10,12 @@ namespace testing {
 void LaunchSlowFill(void* stream, volatile int* release, float* out, long long count, float value,
                     long long max_spin_ns);
 
+// Launches on `stream` one thread that spins until *release (mapped host memory) is non-zero,
+// however long that takes, then writes `value` to *out.
+void LaunchWaitThenWrite(void* stream, volatile int* release, int* out, int value);
+
+// Launches on `stream` one thread that copies *in to *out.
+void LaunchCopyInt(void* stream, const int* in, int* out);
+
 }  // namespace testing
 }  // namespace gradsync

@@ -1,27 +1,23 @@
 // CudaStream and CudaEvent on a device: a consumer stream runs after a slow producer kernel
 // without the host waiting, the framework's stream is ordered after the reduction's event, a wait
 // on work stuck behind a producer times out, and an abort fails the stuck event and later ones.
+// Host C++: the kernels it launches are in gpu_test_kernels.cu, so that GoogleTest's macros are
+// compiled by the host compiler alone (nvcc's front end warns on what they generate).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
+#include <string>
 
 #include "ops/cuda/cuda_stream.h"
+#include "test/gpu/gpu_test_kernels.h"
 
 namespace gradsync {
 namespace {
 
 constexpr std::chrono::seconds kLong(30);
 constexpr std::chrono::milliseconds kShort(50);
-
-// Spins until the host sets *release (in mapped host memory), then writes `value`.
-__global__ void SlowProducer(volatile int* release, int* out, int value) {
-  while (*release == 0) {
-  }
-  *out = value;
-}
-
-__global__ void CopyOne(const int* in, int* out) { *out = *in; }
 
 struct Memory {
   int* release = nullptr;         // mapped host memory the kernel polls
@@ -50,16 +46,14 @@ struct Memory {
   }
 };
 
-cudaStream_t Native(const CudaStream& s) { return static_cast<cudaStream_t>(s.native()); }
-
 TEST(CudaStreamTest, ConsumerRunsAfterTheProducerWithoutTheHostWaiting) {
   std::unique_ptr<CudaStream> producer, consumer;
   ASSERT_TRUE(CudaStream::Create(0, &producer).ok());
   ASSERT_TRUE(CudaStream::Create(0, &consumer).ok());
   Memory m;
-  SlowProducer<<<1, 1, 0, Native(*producer)>>>(m.release_device, m.a, 42);
+  testing::LaunchWaitThenWrite(producer->native(), m.release_device, m.a, 42);
   consumer->WaitFor(producer->Record());
-  CopyOne<<<1, 1, 0, Native(*consumer)>>>(m.a, m.b);
+  testing::LaunchCopyInt(consumer->native(), m.a, m.b);
   std::shared_ptr<StreamEvent> done = consumer->Record();
   // Everything above returned while the producer still spins.
   EXPECT_FALSE(done->Query());
@@ -74,7 +68,7 @@ TEST(CudaStreamTest, AbortFailsTheStuckEventAndLaterRecords) {
   ASSERT_TRUE(CudaStream::Create(0, &producer).ok());
   ASSERT_TRUE(CudaStream::Create(0, &communication).ok());
   Memory m;
-  SlowProducer<<<1, 1, 0, Native(*producer)>>>(m.release_device, m.a, 7);
+  testing::LaunchWaitThenWrite(producer->native(), m.release_device, m.a, 7);
   communication->WaitFor(producer->Record());
   std::shared_ptr<StreamEvent> stuck = communication->Record();
   EXPECT_EQ(StatusCode::kTimeout, stuck->Wait(kShort).code());
