@@ -2,7 +2,8 @@
 # find_package(gradsync), as trainers' own builds would: one that enables C and C++, one that
 # enables C++ alone (as most C++ projects do), one that enables C alone (using the C API), and,
 # when the package has the libtorch adapter, a libtorch trainer. Each runs on two ranks.
-# Inputs: BUILD_DIR, CONSUMERS_DIR, WORK_DIR, MPIEXEC.
+# Inputs: BUILD_DIR, CONSUMERS_DIR, WORK_DIR, MPIEXEC, and C_COMPILER and CXX_COMPILER, the
+# build's compilers, which the consumers are built with.
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
@@ -21,7 +22,8 @@ endif()
 foreach(consumer ${consumers})
   set(build ${WORK_DIR}/${consumer})
   run(${CMAKE_COMMAND} -S ${CONSUMERS_DIR}/${consumer} -B ${build}
-      -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+      -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_C_COMPILER=${C_COMPILER}
+      -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
   run(${CMAKE_COMMAND} --build ${build})
   run(${MPIEXEC} -np 2 --oversubscribe ${build}/consumer)
 endforeach()
