@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and then runs the demo or the test suite.
-#   scripts/dev.sh demo [ranks]   build, then train the demo MLP on N ranks (default 4)
-#   scripts/dev.sh test           build, then run the whole test suite, then build it again with
-#                                 sanitizers and run it there too
-#   scripts/dev.sh build          build only
+#   scripts/dev.sh demo [ranks]   install what the demo needs, build the library and the demo
+#                                 trainer only, then train the demo MLP on N ranks (default 4)
+#   scripts/dev.sh test           install what the suite needs, build everything, run the whole
+#                                 test suite, then build it again with sanitizers (with clang
+#                                 where installed) and run it there too
+#   scripts/dev.sh build          install what the suite needs, build everything
 # BUILD_DIR (default: build) and JOBS (default: number of cores) are honoured. PYTHON (default:
 # Debian's /usr/bin/python3, the interpreter python3-torch installs into) is the interpreter the
 # Python package is built and tested for. SANITIZE (default
@@ -18,15 +20,20 @@ sanitizers=${SANITIZE-address,undefined}
 python=${PYTHON:-/usr/bin/python3}
 jobs=${JOBS:-$(nproc)}
 
-# Debian packages the build, tests and demo need.
-packages=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libspdlog-dev
-          libgtest-dev libgmock-dev python3-dev pybind11-dev python3-torch python3-pytest
-          python3-venv python3-mpi4py libtorch-dev libhwloc-dev iproute2 slurm-wlm munge
-          python3-matplotlib)
+# Debian packages the library and the demo need (python3 runs launch/gradsyncrun).
+demo_packages=(build-essential cmake pkg-config openmpi-bin libopenmpi-dev libspdlog-dev
+               libhwloc-dev python3)
+# And what the whole tree and its tests need on top: GoogleTest, the Python package and its tests,
+# libtorch, the cluster tests (Slurm, network namespaces), the scaling plot, and clang for the
+# sanitized build.
+test_packages=("${demo_packages[@]}" libgtest-dev libgmock-dev python3-dev pybind11-dev
+               python3-torch python3-pytest python3-venv python3-mpi4py libtorch-dev iproute2
+               slurm-wlm munge python3-matplotlib clang)
 
+# install_missing PACKAGE...
 install_missing() {
   local missing=()
-  for p in "${packages[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return
@@ -37,16 +44,40 @@ install_missing() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
 }
 
+# Everything: the parts a demo build left out are turned back on (their defaults).
 build() {
   cmake -S "$repo_root" -B "$build_dir" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" \
-    -DPython_EXECUTABLE="$python"
+    -DPython_EXECUTABLE="$python" -DGRADSYNC_BUILD_TESTS=ON -DGRADSYNC_BUILD_BENCHMARKS=ON \
+    -DGRADSYNC_BUILD_EXAMPLES=ON -DGRADSYNC_BUILD_PYTHON=AUTO -DGRADSYNC_WITH_CUDA=AUTO
   cmake --build "$build_dir" -j "$jobs"
 }
 
-# The library and every test under sanitizers (docs/sanitizers.md). Benchmarks and the demo are
-# left out: their timings mean nothing there, and the tests drive the same code.
+# The library and the demo trainer only. A new build folder is configured without what the demo
+# does not use (tests, benchmarks, the Python package, and the CUDA kernels: the demo trains on
+# the CPU, and nvcc would add minutes), so that it needs none of the test packages; a folder that
+# `build` or `test` configured is kept as it is, and only the demo's targets are brought up to
+# date in it.
+demo_build() {
+  local options=(-DGRADSYNC_BUILD_EXAMPLES=ON)
+  if [ ! -f "$build_dir/CMakeCache.txt" ]; then
+    options+=(-DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" -DGRADSYNC_BUILD_TESTS=OFF
+              -DGRADSYNC_BUILD_BENCHMARKS=OFF -DGRADSYNC_BUILD_PYTHON=OFF
+              -DGRADSYNC_WITH_CUDA=OFF)
+  fi
+  cmake -S "$repo_root" -B "$build_dir" "${options[@]}"
+  cmake --build "$build_dir" -j "$jobs" --target gradsync_demo_trainer
+}
+
+# The library and every test under sanitizers (docs/sanitizers.md), with clang where it is
+# installed (the test command installs it): the ordinary build is the default compiler's (gcc on
+# Debian), so the two builds check both compilers. Benchmarks and the demo are left out: their
+# timings mean nothing there, and the tests drive the same code.
 sanitized_build() {
-  cmake -S "$repo_root" -B "$sanitized_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  local compilers=()
+  if command -v clang >/dev/null && command -v clang++ >/dev/null; then
+    compilers=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
+  fi
+  cmake -S "$repo_root" -B "$sanitized_dir" "${compilers[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DGRADSYNC_SANITIZE="$sanitizers" -DGRADSYNC_BUILD_BENCHMARKS=OFF \
     -DGRADSYNC_BUILD_EXAMPLES=OFF
   cmake --build "$sanitized_dir" -j "$jobs"
@@ -68,11 +99,11 @@ mpi_env() {
 cmd=${1:-demo}
 case "$cmd" in
   demo)
-    install_missing && build && mpi_env
+    install_missing "${demo_packages[@]}" && demo_build && mpi_env
     "$repo_root/launch/gradsyncrun" -np "${2:-4}" "$build_dir/examples/demo_trainer/gradsync_demo_trainer"
     ;;
   test)
-    install_missing && build && mpi_env
+    install_missing "${test_packages[@]}" && build && mpi_env
     run_tests "$build_dir"
     if [ -n "$sanitizers" ]; then
       echo "dev.sh: the suite again, built with -fsanitize=$sanitizers"
@@ -80,7 +111,7 @@ case "$cmd" in
     fi
     ;;
   build)
-    install_missing && build
+    install_missing "${test_packages[@]}" && build
     ;;
   *)
     echo "usage: scripts/dev.sh {demo [ranks]|test|build}" >&2
