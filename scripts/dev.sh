@@ -73,11 +73,22 @@ demo_build() {
 # Debian), so the two builds check both compilers. Benchmarks and the demo are left out: their
 # timings mean nothing there, and the tests drive the same code.
 sanitized_build() {
-  local compilers=()
+  local cc cxx cached
   if command -v clang >/dev/null && command -v clang++ >/dev/null; then
-    compilers=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
+    cc=$(command -v clang) cxx=$(command -v clang++)
+  else
+    cc=$(command -v "${CC:-cc}") cxx=$(command -v "${CXX:-c++}")
   fi
-  cmake -S "$repo_root" -B "$sanitized_dir" "${compilers[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  # CMake answers another compiler in an existing folder by dropping its cache and configuring
+  # again without the options given (an unsanitized build): start that folder afresh instead.
+  cached=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$sanitized_dir/CMakeCache.txt" 2>/dev/null ||
+           true)
+  if [ -n "$cached" ] && [ "$cached" != "$cxx" ]; then
+    echo "dev.sh: $sanitized_dir was built with $cached; building it again with $cxx"
+    rm -rf "$sanitized_dir"
+  fi
+  cmake -S "$repo_root" -B "$sanitized_dir" -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DGRADSYNC_SANITIZE="$sanitizers" -DGRADSYNC_BUILD_BENCHMARKS=OFF \
     -DGRADSYNC_BUILD_EXAMPLES=OFF
   cmake --build "$sanitized_dir" -j "$jobs"
