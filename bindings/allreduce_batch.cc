@@ -77,6 +77,9 @@ struct AllreduceBatch::Impl {
   std::vector<Slot> slots;
   std::vector<Bucket> buckets;
   std::vector<size_t> started;  // slot indices since the last wait, in start order
+  // Device reductions a synchronize_stream() ordered on a stream rather than waited for; the next
+  // step reports those that failed.
+  std::vector<Handle> ordered_on_device;
 
   // The last bucket's lane (runtime/caller_lanes.h), when it can have one (sum or average), and
   // the table it is registered in (that of the runtime of the latest step; null before one).
@@ -94,9 +97,16 @@ struct AllreduceBatch::Impl {
   // Whether `bucket` is reduced by wait() on its lane this step rather than negotiated.
   bool OnLane(const Bucket& bucket) const;
   void Enqueue(Bucket* bucket);
+  void Start(size_t index, void* data, const DeviceReadiness* ready);
+  // Keeps the first failure of the device reductions the last step left ordered on a stream.
+  void NoteOrderedFailures(std::optional<Error>* first_failure);
+  // wait() and synchronize_stream(): with `order_on` set, device slots are ordered on it.
+  void FinishStep(bool order_device_slots, void* order_on);
   // Reduces the lane's bucket on the calling thread; a failure is kept in *first_failure.
   void ReduceOnLane(Bucket* bucket, std::optional<Error>* first_failure);
-  void Finish(std::optional<Error>* first_failure);
+  // `order_device_slots`: device slots' reductions are ordered on `order_on` instead of waited.
+  void Finish(std::optional<Error>* first_failure, bool order_device_slots = false,
+              void* order_on = nullptr);
 };
 
 // Buckets are made in list order, one open per dtype: a trainer lists its tensors in the order
@@ -221,7 +231,8 @@ void AllreduceBatch::Impl::Enqueue(Bucket* bucket) {
 
 // Waits for everything started since the last wait and writes the buckets' results back; the
 // first failure is kept, the rest only waited for.
-void AllreduceBatch::Impl::Finish(std::optional<Error>* first_failure) {
+void AllreduceBatch::Impl::Finish(std::optional<Error>* first_failure, bool order_device_slots,
+                                  void* order_on) {
   auto note = [&](const Error& e) {
     if (!*first_failure) *first_failure = e;
   };
@@ -245,7 +256,12 @@ void AllreduceBatch::Impl::Finish(std::optional<Error>* first_failure) {
     Slot& slot = slots[i];
     if (slot.handle.valid()) {
       try {
-        slot.handle.wait();
+        if (order_device_slots && slot.view.device.kind != DeviceKind::kCpu) {
+          slot.handle.synchronize_stream(order_on);
+          ordered_on_device.push_back(slot.handle);
+        } else {
+          slot.handle.wait();
+        }
       } catch (const Error& e) {
         note(e);
       }
@@ -354,60 +370,93 @@ AllreduceBatch& AllreduceBatch::operator=(AllreduceBatch&& other) noexcept {
   return *this;
 }
 
-void AllreduceBatch::start(size_t index, void* data) {
-  if (index >= impl_->slots.size()) {
-    Throw(Invalid("no tensor " + std::to_string(index) + " in a batch of " +
-                  std::to_string(impl_->slots.size())));
+void AllreduceBatch::Impl::NoteOrderedFailures(std::optional<Error>* first_failure) {
+  for (const Handle& h : ordered_on_device) {
+    // Never blocks: one still running has not failed yet, and its stream order stands.
+    if (!*first_failure && h.poll() && !h.status().ok()) *first_failure = Error(h.status());
   }
-  Impl::Slot& slot = impl_->slots[index];
+  ordered_on_device.clear();
+}
+
+void AllreduceBatch::start(size_t index, void* data) { impl_->Start(index, data, nullptr); }
+
+void AllreduceBatch::start(size_t index, void* data, const DeviceReadiness& ready) {
+  impl_->Start(index, data, &ready);
+}
+
+void AllreduceBatch::Impl::Start(size_t index, void* data, const DeviceReadiness* ready) {
+  if (index >= slots.size()) {
+    Throw(Invalid("no tensor " + std::to_string(index) + " in a batch of " +
+                  std::to_string(slots.size())));
+  }
+  Impl::Slot& slot = slots[index];
   if (slot.started)
     Throw(Invalid("tensor '" + slot.options.name + "' started twice before wait()"));
-  if (impl_->started.empty()) impl_->RegisterLane(ActiveRuntime("AllreduceBatch::start"));
+  if (started.empty()) RegisterLane(ActiveRuntime("AllreduceBatch::start"));
   slot.view.data = data;
   if (slot.bucket < 0) {
-    slot.handle = allreduce(slot.view, slot.options);
+    if (ready == nullptr) {
+      slot.handle = allreduce(slot.view, slot.options);
+    } else {
+      AllreduceOptions options = slot.options;
+      options.ready = *ready;
+      slot.handle = allreduce(slot.view, options);
+    }
     slot.started = true;
-    impl_->started.push_back(index);
+    started.push_back(index);
     return;
   }
-  Impl::Bucket& bucket = impl_->buckets[static_cast<size_t>(slot.bucket)];
+  Impl::Bucket& bucket = buckets[static_cast<size_t>(slot.bucket)];
   bucket.pieces[slot.piece].data = data;
   slot.started = true;
-  impl_->started.push_back(index);
+  started.push_back(index);
   // A bucket on its lane waits for wait(), which reduces it on this thread.
-  if (++bucket.started == bucket.members.size() && !impl_->OnLane(bucket)) impl_->Enqueue(&bucket);
+  if (++bucket.started == bucket.members.size() && !OnLane(bucket)) Enqueue(&bucket);
 }
 
 void AllreduceBatch::wait() {
   RequireCallerThread("AllreduceBatch::wait");
-  if (impl_->started.empty()) return;
+  impl_->FinishStep(false, nullptr);
+}
+
+void AllreduceBatch::synchronize_stream(void* cuda_stream) {
+  RequireCallerThread("AllreduceBatch::synchronize_stream");
+  impl_->FinishStep(true, cuda_stream);
+}
+
+void AllreduceBatch::Impl::FinishStep(bool order_device_slots, void* order_on) {
   std::optional<Error> first_failure;
+  NoteOrderedFailures(&first_failure);
+  if (started.empty()) {
+    if (first_failure) throw *first_failure;
+    return;
+  }
   Impl::Bucket* on_lane = nullptr;
-  for (Impl::Bucket& bucket : impl_->buckets) {
+  for (Impl::Bucket& bucket : buckets) {
     if (bucket.enqueued) continue;
     // Each unstarted member gets its own zeros: a reduction may write one member's result while
     // still reading a later member's input.
     if (bucket.unstarted.size() < bucket.bytes) bucket.unstarted.resize(bucket.bytes);
     for (size_t i : bucket.members) {
-      const Impl::Slot& slot = impl_->slots[i];
+      const Impl::Slot& slot = slots[i];
       if (slot.started) continue;
       unsigned char* zeros = bucket.unstarted.data() + slot.offset;
       if (slot.bytes > 0) std::memset(zeros, 0, slot.bytes);
       bucket.pieces[slot.piece].data = zeros;
     }
-    if (impl_->OnLane(bucket)) {
+    if (OnLane(bucket)) {
       on_lane = &bucket;
       continue;
     }
     try {
-      impl_->Enqueue(&bucket);
+      Enqueue(&bucket);
     } catch (const Error&) {
       // Kept in the bucket: Finish reports it.
     }
   }
   // While the background thread runs the rest.
-  if (on_lane != nullptr) impl_->ReduceOnLane(on_lane, &first_failure);
-  impl_->Finish(&first_failure);
+  if (on_lane != nullptr) ReduceOnLane(on_lane, &first_failure);
+  Finish(&first_failure, order_device_slots, order_on);
   if (first_failure) throw *first_failure;
 }
 

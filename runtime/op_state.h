@@ -57,6 +57,8 @@ class OpState {
   // at most `timeout`; returns the event, or null when the operation completed without one (it
   // ran on the host or failed before launch) or the timeout passed first (*timed_out is set).
   std::shared_ptr<StreamEvent> WaitLaunched(std::chrono::nanoseconds timeout, bool* timed_out);
+  // Whether SetLaunched has given the work's event. Never blocks.
+  bool launched() const { return std::atomic_load(&launched_) != nullptr; }
 
  private:
   // First, so that with make_shared's control block what every operation touches (the flag, the

@@ -40,6 +40,20 @@ Status TensorQueue::CheckAcceptingLocked(const TensorEntry& entry) const {
   return Status::OK();
 }
 
+// Only a device operation: a host one is launched and finished on the host, and submitting its name
+// again before waiting for it is a caller's mistake, reported as a duplicate.
+void TensorQueue::WaitOutLaunchedLocked(std::unique_lock<std::mutex>* lock,
+                                        const TensorEntry& entry) {
+  auto launched_holder = [&] {
+    const std::unique_ptr<TensorEntry>* held = in_flight_.Find(entry.key());
+    return held != nullptr && (*held)->state != nullptr && (*held)->state->launched();
+  };
+  if (closed_flag_ || !launched_holder()) return;
+  ++waiting_out_launched_;
+  released_cv_.wait(*lock, [&] { return closed_flag_ || !launched_holder(); });
+  --waiting_out_launched_;
+}
+
 // Notifies only a sleeping waiter: on the hot enqueue path the background thread is usually busy
 // or about to drain anyway, and a futex wake per tensor would be wasted. Clearing the flag keeps
 // a burst of pushes to one wake-up; that is safe because only the waiter drains, so once this
@@ -49,7 +63,8 @@ Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry) {
   entry->name_hash = HashName(entry->name);  // outside the lock
   bool notify = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    WaitOutLaunchedLocked(&lock, *entry);
     if (closed_flag_) return closed_;
     TensorEntry* raw = entry.get();
     if (!in_flight_.Insert(raw->key(), std::move(entry))) return DuplicateName(raw->name);
@@ -70,7 +85,8 @@ Status TensorQueue::PushAll(std::vector<std::unique_ptr<TensorEntry>> entries) {
   }
   bool notify = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    for (const auto& entry : entries) WaitOutLaunchedLocked(&lock, *entry);
     if (closed_flag_) return closed_;  // an empty batch must fail too once closed
     std::unordered_set<NameKey, NameKeyHash> batch;
     for (const auto& entry : entries) {
@@ -170,6 +186,7 @@ std::vector<TensorEntry*> TensorQueue::Drain() {
 // only when every entry in flight is among `entries` do the counts agree.
 void TensorQueue::Release(const std::vector<TensorEntry*>& entries) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (waiting_out_launched_ > 0) released_cv_.notify_all();
   size_t releasing = 0;
   for (TensorEntry* entry : entries) {
     if (entry->in_flight) {
@@ -226,6 +243,7 @@ void TensorQueue::Close(Status reason) {
     }
   }
   cv_.notify_all();
+  released_cv_.notify_all();
 }
 
 Status TensorQueue::closed_status() const {

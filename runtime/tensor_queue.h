@@ -7,7 +7,10 @@
 // the background thread, which may use a drained entry until it recycles it; Release and Recycle
 // from one thread at a time (the background loop's completions, on its thread or the
 // finalizer's, take a lock of the loop's).
-// Every member takes one mutex at most (NewEntry often none); no member blocks except WaitForWork.
+// Every member takes one mutex at most (NewEntry often none); no member blocks except WaitForWork,
+// and Push/PushAll while a device operation of the same name, already launched, finishes: a
+// trainer that orders its next step after a reduction on a stream (Handle::synchronize_stream)
+// submits the name again while the reduction may still run on the device, which is no duplicate.
 #pragma once
 
 #include <atomic>
@@ -34,8 +37,9 @@ class TensorQueue {
 
   // A cleared entry (see TensorEntry::Clear) to fill and push.
   std::unique_ptr<TensorEntry> NewEntry();
-  // Fails with InvalidArgument if the name is in flight, or with the Close() status once closed.
-  // Sets the entry's name_hash.
+  // Fails with InvalidArgument if the name is in flight and not yet launched, or with the Close()
+  // status once closed; waits if the operation in flight under the name has been launched on a
+  // device, until it completes. Sets the entry's name_hash.
   Status Push(std::unique_ptr<TensorEntry> entry);
   // Pushes several entries atomically: all are accepted or none is.
   Status PushAll(std::vector<std::unique_ptr<TensorEntry>> entries);
@@ -73,6 +77,8 @@ class TensorQueue {
 
  private:
   Status CheckAcceptingLocked(const TensorEntry& entry) const;
+  // Waits, releasing `lock` meanwhile, until no launched device operation holds `entry`'s name.
+  void WaitOutLaunchedLocked(std::unique_lock<std::mutex>* lock, const TensorEntry& entry);
   // The burst-settling part of WaitForWork; `lock` holds mu_.
   void SettleLocked(std::unique_lock<std::mutex>* lock, std::chrono::nanoseconds settle_for);
   // Moves a pooled entry into spare_ if it is empty, so that the next NewEntry takes no lock.
@@ -80,6 +86,8 @@ class TensorQueue {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable released_cv_;  // Release() wakes pushes waiting out a launched name
+  int waiting_out_launched_ = 0;
   std::vector<TensorEntry*> pending_;
   // Keyed by the entry's own name, which stays unchanged while the entry is in flight.
   NameTable<std::unique_ptr<TensorEntry>> in_flight_;

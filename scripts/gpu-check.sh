@@ -8,9 +8,10 @@
 #   scripts/gpu-check.sh run [OUT]    on the GPU machine, with .gpu-deps/ beside the sources:
 #                                     unpack it, build with CUDA, run the tests labelled gpu, the
 #                                     Python package's CUDA tests (where python3 has torch, pybind11
-#                                     and pytest), the placement probe and the GPU benchmark, and
-#                                     write nvidia-smi's report and every log to OUT (default:
-#                                     gpu-check-out)
+#                                     and pytest), the placement probe, the GPU benchmark and the
+#                                     training-step benchmark against PyTorch DDP (where python3
+#                                     has torchvision and transformers), and write nvidia-smi's
+#                                     report and every log to OUT (default: gpu-check-out)
 # WORK (default: /tmp/gradsync-gpu-check) holds the unpacked dependencies and the build.
 # CUDA_ARCHS (default: native) is passed as CMAKE_CUDA_ARCHITECTURES.
 set -euo pipefail
@@ -139,6 +140,29 @@ run() {
     "$bench" --data-dir "$data" --iters "${BENCH_ITERS:-20}" --max-bytes 4 --compute-scale 10 |
       grep -A2 '^# overlap' || true
   } 2>&1 | tee "$out/gpu-bench.log"
+  # A real model's training step against PyTorch DDP (benchmarks/python/training_step_benchmark.py)
+  # where python3 has torchvision and transformers: one rank through NCCL, then two sharing the
+  # GPU through the MPI backend beside DDP on gloo.
+  if [ ${#python_targets[@]} -gt 0 ] && python3 -c 'import torchvision, transformers' 2>/dev/null
+  then
+    local train=(python3 "$repo_root/benchmarks/python/training_step_benchmark.py"
+                 --json "$out/training.jsonl")
+    rm -f "$out/training.jsonl"
+    {
+      local failed=0
+      for model in resnet50 bert; do
+        PYTHONPATH=$work/build/python timeout 300 mpirun -np 1 -x PYTHONPATH "${train[@]}" \
+          --model "$model" || failed=1
+      done
+      PYTHONPATH=$work/build/python GRADSYNC_GPU_BACKEND=mpi timeout 300 mpirun -np 2 \
+        --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND "${train[@]}" --model resnet50 \
+        --batch 16 || failed=1
+      [ "$failed" -eq 0 ]
+    } 2>&1 | tee "$out/training.log" || status=1
+  else
+    echo "gpu-check: python3 lacks torchvision or transformers: training benchmark not run" |
+      tee "$out/training.log"
+  fi
   echo "gpu-check: logs in $out"
   return "$status"
 }

@@ -63,15 +63,35 @@ void BindAllreduceBatch(py::module_& m) {
            py::arg("names"), py::arg("dtypes"), py::arg("shapes"), py::arg("device_kinds"),
            py::arg("device_indices"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
            py::arg("process_set"))
-      .def("start",
-           [](AllreduceBatch& b, size_t i, uintptr_t data) {
-             Enqueue([&] { b.start(i, reinterpret_cast<void*>(data)); });
-           })
+      // `ready_stream`: a device tensor's producer stream (a cudaStream_t), 0 when it is ready.
+      .def(
+          "start",
+          [](AllreduceBatch& b, size_t i, uintptr_t data, uintptr_t ready_stream) {
+            Enqueue([&] {
+              if (ready_stream == 0) {
+                b.start(i, reinterpret_cast<void*>(data));
+              } else {
+                DeviceReadiness ready;
+                ready.cuda_stream = reinterpret_cast<void*>(ready_stream);
+                b.start(i, reinterpret_cast<void*>(data), ready);
+              }
+            });
+          },
+          py::arg("index"), py::arg("data"), py::arg("ready_stream") = 0)
       .def("wait",
            [](AllreduceBatch& b) {
              try {
                py::gil_scoped_release release;
                b.wait();
+             } catch (const Error& e) {
+               RaiseWaitError(e);
+             }
+           })
+      .def("synchronize_stream",
+           [](AllreduceBatch& b, uintptr_t stream) {
+             try {
+               py::gil_scoped_release release;
+               b.synchronize_stream(reinterpret_cast<void*>(stream));
              } catch (const Error& e) {
                RaiseWaitError(e);
              }

@@ -164,6 +164,14 @@ void SetReduction(Options* o, int op, double prescale, double postscale, int pro
   o->process_set = SetById(process_set);
 }
 
+// A device input's producer, as Python passes it: the cudaStream_t current where the tensor was
+// made (torch.cuda.current_stream().cuda_stream), or 0 for an input that is ready now.
+DeviceReadiness ReadyOn(uintptr_t stream) {
+  DeviceReadiness ready;
+  ready.cuda_stream = reinterpret_cast<void*>(stream);
+  return ready;
+}
+
 void Wait(const PyHandle& h) {
   try {
     py::gil_scoped_release release;
@@ -264,32 +272,45 @@ void BindHandle(py::module_& m) {
   py::class_<PyHandle>(m, "Handle")
       .def("wait", &Wait)
       .def("poll", [](const PyHandle& h) { return h.handle.poll(); })
+      .def("synchronize_stream",
+           [](const PyHandle& h, uintptr_t stream) {
+             try {
+               py::gil_scoped_release release;
+               h.handle.synchronize_stream(reinterpret_cast<void*>(stream));
+             } catch (const Error& e) {
+               RaiseWaitError(e);
+             }
+           })
       .def_readonly("output", &PyHandle::output)
       .def("output_shape", [](const PyHandle& h) { return h.handle.output_shape(); })
       .def("received_splits", [](const PyHandle& h) { return h.handle.received_splits(); });
 }
 
 void BindCollectives(py::module_& m) {
-  m.def("allreduce", [](uintptr_t in, uintptr_t out, int dtype, std::vector<int64_t> shape,
-                        int device_kind, int device_index, std::string name, int op,
-                        double prescale, double postscale, int process_set) {
-    return Enqueue([&] {
-      AllreduceOptions o;
-      o.name = std::move(name);
-      SetReduction(&o, op, prescale, postscale, process_set);
-      const TensorView input = View(in, dtype, shape, device_kind, device_index);
-      const TensorView output = View(out, dtype, std::move(shape), device_kind, device_index);
-      return PyHandle{allreduce(input, output, o), nullptr};
-    });
-  });
+  m.def("allreduce",
+        [](uintptr_t in, uintptr_t out, int dtype, std::vector<int64_t> shape, int device_kind,
+           int device_index, std::string name, int op, double prescale, double postscale,
+           int process_set, uintptr_t ready_stream) {
+          return Enqueue([&] {
+            AllreduceOptions o;
+            o.name = std::move(name);
+            SetReduction(&o, op, prescale, postscale, process_set);
+            o.ready = ReadyOn(ready_stream);
+            const TensorView input = View(in, dtype, shape, device_kind, device_index);
+            const TensorView output = View(out, dtype, std::move(shape), device_kind, device_index);
+            return PyHandle{allreduce(input, output, o), nullptr};
+          });
+        });
   m.def("grouped_allreduce", [](std::vector<uintptr_t> data, std::vector<int> dtypes,
                                 std::vector<std::vector<int64_t>> shapes, int device_kind,
                                 int device_index, std::vector<std::string> names, int op,
-                                double prescale, double postscale, int process_set) {
+                                double prescale, double postscale, int process_set,
+                                uintptr_t ready_stream) {
     return Enqueue([&] {
       GroupedAllreduceOptions o;
       o.names = std::move(names);
       SetReduction(&o, op, prescale, postscale, process_set);
+      o.ready = ReadyOn(ready_stream);
       std::vector<PyHandle> out;
       for (Handle& h :
            grouped_allreduce(Views(data, dtypes, std::move(shapes), device_kind, device_index), o))
@@ -297,70 +318,79 @@ void BindCollectives(py::module_& m) {
       return out;
     });
   });
-  m.def("allgather", [](uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind,
-                        int device_index, std::string name, int process_set) {
-    return Enqueue([&] {
-      AllgatherOptions o;
-      o.name = std::move(name);
-      o.process_set = SetById(process_set);
-      auto buffer = OutputFor(device_kind, device_index);
-      Handle h = allgather(View(data, dtype, std::move(shape), device_kind, device_index),
-                           AllocatorInto(buffer), o);
-      return PyHandle{h, buffer};
-    });
-  });
-  m.def("grouped_allgather", [](std::vector<uintptr_t> data, std::vector<int> dtypes,
-                                std::vector<std::vector<int64_t>> shapes, int device_kind,
-                                int device_index, std::vector<std::string> names, int process_set) {
-    return Enqueue([&] {
-      GroupedAllgatherOptions o;
-      o.names = std::move(names);
-      o.process_set = SetById(process_set);
-      GroupOutputs outputs(data.size(), device_kind, device_index);
-      return outputs.Wrap(
-          grouped_allgather(Views(data, dtypes, std::move(shapes), device_kind, device_index),
-                            outputs.allocators, o));
-    });
-  });
-  m.def("broadcast", [](uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind,
-                        int device_index, int root, std::string name, int process_set) {
-    return Enqueue([&] {
-      BroadcastOptions o;
-      o.name = std::move(name);
-      o.process_set = SetById(process_set);
-      return PyHandle{
-          broadcast(View(data, dtype, std::move(shape), device_kind, device_index), root, o),
-          nullptr};
-    });
-  });
+  m.def("allgather",
+        [](uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind, int device_index,
+           std::string name, int process_set, uintptr_t ready_stream) {
+          return Enqueue([&] {
+            AllgatherOptions o;
+            o.name = std::move(name);
+            o.process_set = SetById(process_set);
+            o.ready = ReadyOn(ready_stream);
+            auto buffer = OutputFor(device_kind, device_index);
+            Handle h = allgather(View(data, dtype, std::move(shape), device_kind, device_index),
+                                 AllocatorInto(buffer), o);
+            return PyHandle{h, buffer};
+          });
+        });
+  m.def("grouped_allgather",
+        [](std::vector<uintptr_t> data, std::vector<int> dtypes,
+           std::vector<std::vector<int64_t>> shapes, int device_kind, int device_index,
+           std::vector<std::string> names, int process_set, uintptr_t ready_stream) {
+          return Enqueue([&] {
+            GroupedAllgatherOptions o;
+            o.names = std::move(names);
+            o.process_set = SetById(process_set);
+            o.ready = ReadyOn(ready_stream);
+            GroupOutputs outputs(data.size(), device_kind, device_index);
+            return outputs.Wrap(
+                grouped_allgather(Views(data, dtypes, std::move(shapes), device_kind, device_index),
+                                  outputs.allocators, o));
+          });
+        });
+  m.def("broadcast",
+        [](uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind, int device_index,
+           int root, std::string name, int process_set, uintptr_t ready_stream) {
+          return Enqueue([&] {
+            BroadcastOptions o;
+            o.name = std::move(name);
+            o.process_set = SetById(process_set);
+            o.ready = ReadyOn(ready_stream);
+            return PyHandle{
+                broadcast(View(data, dtype, std::move(shape), device_kind, device_index), root, o),
+                nullptr};
+          });
+        });
   m.def("alltoall",
         [](uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind, int device_index,
-           std::vector<int64_t> splits, std::string name, int process_set) {
+           std::vector<int64_t> splits, std::string name, int process_set, uintptr_t ready_stream) {
           return Enqueue([&] {
             AlltoallOptions o;
             o.name = std::move(name);
             o.splits = std::move(splits);
             o.process_set = SetById(process_set);
+            o.ready = ReadyOn(ready_stream);
             auto buffer = OutputFor(device_kind, device_index);
             Handle h = alltoall(View(data, dtype, std::move(shape), device_kind, device_index),
                                 AllocatorInto(buffer), o);
             return PyHandle{h, buffer};
           });
         });
-  m.def("reducescatter", [](std::vector<uintptr_t> data, std::vector<int> dtypes,
-                            std::vector<std::vector<int64_t>> shapes, int device_kind,
-                            int device_index, std::vector<std::string> names, int op,
-                            double prescale, double postscale, int process_set) {
-    return Enqueue([&] {
-      GroupedReducescatterOptions o;
-      o.names = std::move(names);
-      SetReduction(&o, op, prescale, postscale, process_set);
-      GroupOutputs outputs(data.size(), device_kind, device_index);
-      return outputs.Wrap(
-          grouped_reducescatter(Views(data, dtypes, std::move(shapes), device_kind, device_index),
-                                outputs.allocators, o));
-    });
-  });
+  m.def("reducescatter",
+        [](std::vector<uintptr_t> data, std::vector<int> dtypes,
+           std::vector<std::vector<int64_t>> shapes, int device_kind, int device_index,
+           std::vector<std::string> names, int op, double prescale, double postscale,
+           int process_set, uintptr_t ready_stream) {
+          return Enqueue([&] {
+            GroupedReducescatterOptions o;
+            o.names = std::move(names);
+            SetReduction(&o, op, prescale, postscale, process_set);
+            o.ready = ReadyOn(ready_stream);
+            GroupOutputs outputs(data.size(), device_kind, device_index);
+            return outputs.Wrap(grouped_reducescatter(
+                Views(data, dtypes, std::move(shapes), device_kind, device_index),
+                outputs.allocators, o));
+          });
+        });
   m.def("barrier", [](int process_set) {
     return Enqueue([&] { return PyHandle{barrier("", SetById(process_set)), nullptr}; });
   });

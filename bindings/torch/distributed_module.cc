@@ -2,6 +2,10 @@
 
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
+#ifdef GRADSYNC_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include <stdexcept>
 #include <utility>
 
@@ -38,6 +42,21 @@ TensorView View(const ::torch::Tensor& t) {
   std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
   const Device device = t.is_cuda() ? Device::Cuda(t.device().index()) : Device::Cpu();
   return TensorView(t.data_ptr(), DataTypeOf(t), std::move(shape), device);
+}
+
+// The stream current on a CUDA tensor's device (a cudaStream_t): where backward's kernels that
+// made a gradient may still be queued, and where the optimizer's kernels that read it will be.
+// gradsync orders its own stream after it, and it after gradsync's, on the device, so that the
+// hooks and synchronize() never wait for the GPU on the host, as DDP's never do.
+void* CurrentStream(const ::torch::Tensor& t) {
+#ifdef GRADSYNC_TORCH_CUDA
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+#else
+  (void)t;
+  throw Error(Status::InvalidArgument(
+      "a CUDA gradient reached gradsync::torch built against a libtorch without CUDA: rebuild "
+      "gradsync against the libtorch that runs the trainer"));
+#endif
 }
 
 // Broadcasts each tensor in place (through a contiguous copy where it is not contiguous).
@@ -153,6 +172,10 @@ void DistributedModule::Launch(size_t b) {
     views.push_back(View(wire));
     options.names.push_back(options_.name + ".grad." + std::to_string(b) + "." + std::to_string(k));
   }
+  // The bucket's gradients and their copies were made on this stream (grouped allreduces keep to
+  // one device).
+  if (bucket.wires.front().is_cuda())
+    options.ready.cuda_stream = CurrentStream(bucket.wires.front());
   bucket.handles = grouped_allreduce(views, options);
   bucket.launched = true;
 }
@@ -165,7 +188,12 @@ void DistributedModule::synchronize() {
   }
   ::torch::NoGradGuard no_grad;
   for (Bucket& bucket : buckets_) {
-    for (Handle& h : bucket.handles) h.wait();
+    if (!bucket.wires.empty() && bucket.wires.front().is_cuda()) {
+      void* consumer = CurrentStream(bucket.wires.front());
+      for (Handle& h : bucket.handles) h.synchronize_stream(consumer);
+    } else {
+      for (Handle& h : bucket.handles) h.wait();
+    }
     for (size_t i = 0; i < bucket.params.size(); ++i) {
       ::torch::Tensor& grad = params_[bucket.params[i]].mutable_grad();
       if (!bucket.wires[i].is_same(grad)) grad.copy_(bucket.wires[i]);

@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -221,6 +222,63 @@ TEST_F(DeviceCollectivesTest, SlowProducerAndStreamOrderedCompletion) {
   const float expected = static_cast<float>(size_ * (size_ + 1) / 2);
   for (float v : seen.Get()) ASSERT_EQ(v, expected);
   ASSERT_TRUE(h.wait_for(kLimit));
+  cudaFreeHost(release);
+  cudaStreamDestroy(producer);
+  cudaStreamDestroy(consumer);
+}
+
+// DistributedOptimizer's path: a batch whose device tensors start from hooks with their
+// producer's stream as readiness, finished with synchronize_stream. Through NCCL the host never
+// waits for the producer: start() and synchronize_stream() both return while it still spins, and
+// only then is it released. (The MPI backend stages through the host, so its finish waits.)
+TEST_F(DeviceCollectivesTest, BatchStartsAndFinishesWithoutWaitingForTheProducer) {
+  if (NcclSharingOneGpu()) GTEST_SKIP();
+  const char* backend = std::getenv("GRADSYNC_GPU_BACKEND");
+  const bool staged_through_host = backend != nullptr && std::string(backend) == "mpi";
+  cudaStream_t producer = nullptr;
+  cudaStream_t consumer = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking));
+  int* release = nullptr;
+  CUDA_OK(cudaHostAlloc(&release, sizeof(int), cudaHostAllocMapped));
+  const std::vector<size_t> counts = {1, 300, 1 << 18};
+  std::vector<std::unique_ptr<DeviceFloats>> grads;
+  std::vector<TensorView> views;
+  for (size_t n : counts) {
+    grads.push_back(std::make_unique<DeviceFloats>(n));
+    views.push_back(grads.back()->view());
+  }
+  AllreduceBatchOptions options;
+  options.names = {"batch.slow.0", "batch.slow.1", "batch.slow.2"};
+  options.op = ReduceOp::kAverage;
+  AllreduceBatch batch(views, options);
+  DeviceReadiness ready;
+  ready.cuda_stream = producer;
+  for (int step = 0; step < 3; ++step) {
+    *release = 0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      grads[i]->Set(std::vector<float>(counts[i], -100.0f));
+      // Up to 20 s of spinning, released below: far longer than any launch takes.
+      LaunchSlowFill(producer, release, grads[i]->data(), static_cast<long long>(counts[i]),
+                     static_cast<float>(rank_ + step), 20000000000LL);
+      batch.start(i, grads[i]->data(), ready);
+    }
+    EXPECT_EQ(cudaStreamQuery(producer), cudaErrorNotReady) << "start() waited for the producer";
+    if (!staged_through_host) {
+      batch.synchronize_stream(consumer);
+      EXPECT_EQ(cudaStreamQuery(producer), cudaErrorNotReady)
+          << "synchronize_stream() waited for the producer";
+      *release = 1;
+    } else {
+      *release = 1;
+      batch.synchronize_stream(consumer);
+    }
+    CUDA_OK(cudaStreamSynchronize(consumer));
+    const float expected = static_cast<float>(step) + static_cast<float>(size_ - 1) / 2.0f;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      for (float v : grads[i]->Get()) ASSERT_EQ(v, expected) << "tensor " << i << " step " << step;
+    }
+  }
   cudaFreeHost(release);
   cudaStreamDestroy(producer);
   cudaStreamDestroy(consumer);

@@ -143,6 +143,40 @@ TEST_F(DeviceLoopTest, StreamOrderedCompletionOfAHostEventWaitsForTheResult) {
   EXPECT_EQ(grad.Get(49999), size_ * (size_ + 1) / 2);
 }
 
+// DistributedOptimizer's path for device gradients: each started with readiness of its own, the
+// step finished by synchronize_stream, beside host tensors the batch fuses. Here the device
+// plane's completion events are host events, so the finish waits for them as it must.
+TEST_F(DeviceLoopTest, BatchOfDeviceAndHostTensorsFinishedOnAStream) {
+  std::vector<std::unique_ptr<HostTensor>> tensors;
+  std::vector<TensorView> views;
+  AllreduceBatchOptions options;
+  options.op = ReduceOp::kAverage;
+  for (int i = 0; i < 12; ++i) {
+    tensors.push_back(
+        std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{1 + i * 301}));
+    views.push_back(i % 3 == 0 ? tensors.back()->view() : OnDevice(tensors.back().get()));
+    options.names.push_back("stream.batch." + std::to_string(i));
+  }
+  AllreduceBatch batch(views, options);
+  for (int step = 0; step < 3; ++step) {
+    for (int i = 11; i >= 0; --i) {
+      HostTensor& t = *tensors[static_cast<size_t>(i)];
+      for (int64_t k = 0; k < t.size(); ++k) t.Set(k, rank_ + step + k % 5);
+      if (i % 3 == 0) {
+        batch.start(static_cast<size_t>(i), t.view().data);
+      } else {
+        batch.start(static_cast<size_t>(i), t.view().data, DeviceReadiness{});
+      }
+    }
+    batch.synchronize_stream(nullptr);
+    EXPECT_EQ(batch.in_flight(), 0u);
+    const double mean_rank = (size_ - 1) / 2.0;
+    for (auto& t : tensors) {
+      for (int64_t k = 0; k < t->size(); ++k) ASSERT_EQ(t->Get(k), mean_rank + step + k % 5);
+    }
+  }
+}
+
 TEST_F(DeviceLoopTest, ProcessSetsGetDevicePlanesOfTheirOwn) {
   if (size_ < 2) GTEST_SKIP() << "a set of every other rank is the global set at 1 rank";
   std::vector<int> evens;

@@ -144,7 +144,7 @@ def test_host_output_buffers_are_host_memory(rank, size):
     # __cuda_array_interface__, which torch.as_tensor would otherwise take for device memory.
     from gradsync import _core
     t = torch.full((2,), float(rank))
-    h = _core.allgather(t.data_ptr(), 6, [2], 0, -1, "host.output.buffer", 0)
+    h = _core.allgather(t.data_ptr(), 6, [2], 0, -1, "host.output.buffer", 0, 0)
     h.wait()
     assert h.output.device == -1 and h.output.nbytes == 8 * size
     assert not hasattr(h.output, "__cuda_array_interface__")

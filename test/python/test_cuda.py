@@ -2,6 +2,8 @@
 DistributedOptimizer training a model on the GPU to identical replicas that match one process on
 the full batch. Skipped where this build has no CUDA or the machine has no GPU."""
 
+import os
+
 import pytest
 import torch
 
@@ -82,8 +84,8 @@ def full_batch(step, size, device, per_rank=4):
     return x.to(device), y.to(device)
 
 
-def test_cuda_distributed_optimizer_matches_full_batch(device, rank, size):
-    steps = 5
+def reference_parameters(steps, size, device):
+    """One process's parameters after ``steps`` steps on the full batch of ``size`` ranks."""
     reference = make_model(device)
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     for step in range(steps):
@@ -91,6 +93,11 @@ def test_cuda_distributed_optimizer_matches_full_batch(device, rank, size):
         reference_optimizer.zero_grad()
         torch.nn.functional.mse_loss(reference(x), y).backward()
         reference_optimizer.step()
+    return torch.cat([p.detach().flatten() for p in reference.parameters()])
+
+
+def test_cuda_distributed_optimizer_matches_full_batch(device, rank, size):
+    steps = 5
 
     model = make_model(device)
     if rank != 0:
@@ -113,5 +120,61 @@ def test_cuda_distributed_optimizer_matches_full_batch(device, rank, size):
     gathered = hvd.allgather(params.unsqueeze(0), name="cuda.replicas")
     for row in gathered:
         assert torch.equal(row, gathered[0])
-    expected = torch.cat([p.detach().flatten() for p in reference.parameters()])
-    assert torch.allclose(params, expected, rtol=1e-5, atol=1e-7)
+    assert torch.allclose(params, reference_parameters(steps, size, device), rtol=1e-5, atol=1e-7)
+
+
+# About 1.5 s of spinning at 2 GHz: far longer than any enqueue or launch takes.
+SPIN_CYCLES = 3_000_000_000
+
+
+def staged_through_host():
+    """The MPI backend copies through host memory, so its completion waits for the producer."""
+    return os.environ.get("GRADSYNC_GPU_BACKEND") == "mpi"
+
+
+def test_cuda_allreduce_never_waits_for_the_producer_on_the_host(device, rank, size):
+    t = torch.zeros(1 << 20, device=device)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(SPIN_CYCLES)
+    t.fill_(rank + 1)
+    produced = torch.cuda.Event()
+    produced.record()
+    h = hvd.allreduce_async_(t, op=hvd.Sum, name="cuda.slow.producer")
+    assert not produced.query(), "the enqueue waited for the producer"
+    hvd.synchronize(h)
+    if not staged_through_host():
+        assert not produced.query(), "synchronize() waited for the producer"
+    assert torch.equal(t.cpu(), torch.full((1 << 20,), float(size * (size + 1) // 2)))
+
+
+@pytest.mark.parametrize("wrapper", ["optimizer", "ddp"])
+def test_cuda_backward_hooks_never_wait_for_the_gpu(wrapper, device, rank, size):
+    """Backward returns while the GPU still runs the step's first kernels, as with PyTorch DDP,
+    and training still matches one process on the full batch."""
+    steps = 3
+    model = make_model(device)
+    if wrapper == "ddp":
+        module = hvd.DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    else:
+        module = model
+        optimizer = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+            named_parameters=[("hooks." + n, p) for n, p in model.named_parameters()])
+    for step in range(steps):
+        x, y = full_batch(step, size, device)
+        mine = slice(rank * 4, (rank + 1) * 4)
+        optimizer.zero_grad()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(SPIN_CYCLES)
+        torch.nn.functional.mse_loss(module(x[mine]), y[mine]).backward()
+        after_backward = torch.cuda.Event()
+        after_backward.record()
+        still_running = not after_backward.query()
+        optimizer.step()
+        # DDP's wrapper finishes its reductions as backward ends, which the MPI backend does on
+        # the host.
+        if not (wrapper == "ddp" and staged_through_host()):
+            assert still_running, "a hook waited for the GPU (step %d)" % step
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert torch.allclose(params, reference_parameters(steps, size, device), rtol=1e-5, atol=1e-7)

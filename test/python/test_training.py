@@ -1,6 +1,8 @@
 """DistributedOptimizer: replicas stay identical and match one process on the full batch."""
 
+import gc
 import os
+import weakref
 
 import pytest
 import torch
@@ -127,6 +129,33 @@ def test_distributed_optimizer_uneven_inputs_with_join(rank, size):
         sgd.step()
     want = torch.cat([p.detach().flatten() for p in reference.parameters()])
     assert torch.allclose(params, want, atol=TOLERANCE, rtol=0)
+
+
+def test_dropped_wrappers_go_at_once_on_every_rank(rank, size):
+    """An optimizer or DDP wrapper the script drops is freed then, not when the garbage collector
+    runs (at another moment on every rank): its batch and its caller-reduced lane go with it, so
+    a later join() never takes part in a lane only some ranks still hold."""
+    model = make_model()
+    x, y = full_batch(0, size)
+    gc.disable()
+    try:
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                             named_parameters=model.named_parameters())
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        dropped = weakref.ref(optimizer)
+        del optimizer
+        assert dropped() is None
+        wrapped = hvd.DistributedDataParallel(model)
+        torch.nn.functional.mse_loss(wrapped(x), y).backward()
+        dropped = weakref.ref(wrapped)
+        del wrapped
+        assert dropped() is None
+        # The model's hooks outlive their wrappers and do nothing.
+        model.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+    finally:
+        gc.enable()
 
 
 def test_optimizer_hooks_start_reductions_through_the_batch(rank, size):

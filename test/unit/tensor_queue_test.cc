@@ -73,6 +73,48 @@ TEST(TensorQueueTest, DuplicateNameIsRejectedWhileInFlight) {
   EXPECT_EQ(queue.Push(Entry("grad.w")).code(), StatusCode::kInvalidArgument);
 }
 
+// Stands for a device operation's completion event; these tests never ask it anything.
+class NeverAskedEvent : public StreamEvent {
+ public:
+  bool Query() override { return false; }
+  Status Wait(std::chrono::nanoseconds) override { return Status::OK(); }
+};
+
+// A name whose operation was launched and ordered on a stream comes back with the next step while
+// the device may still run it: the push waits for the completion instead of failing.
+TEST(TensorQueueTest, NameOfALaunchedOperationIsAcceptedOnceItCompletes) {
+  TensorQueue queue;
+  auto first = Entry("grad.w");
+  first->state->SetLaunched(std::make_shared<NeverAskedEvent>());
+  ASSERT_TRUE(queue.Push(std::move(first)).ok());
+  const std::vector<TensorEntry*> running = queue.Drain();
+  std::atomic<bool> pushed{false};
+  Status second;
+  std::thread next_step([&] {
+    second = queue.Push(Entry("grad.w"));
+    pushed = true;
+  });
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_FALSE(pushed.load());
+  queue.Release(running);
+  next_step.join();
+  EXPECT_TRUE(second.ok()) << second.ToString();
+  EXPECT_EQ(Names(queue.Drain()), (std::vector<std::string>{"grad.w"}));
+}
+
+TEST(TensorQueueTest, CloseEndsAWaitForALaunchedName) {
+  TensorQueue queue;
+  auto first = Entry("grad.w");
+  first->state->SetLaunched(std::make_shared<NeverAskedEvent>());
+  ASSERT_TRUE(queue.Push(std::move(first)).ok());
+  Status second;
+  std::thread next_step([&] { second = queue.PushAll(Entries({"grad.b", "grad.w"})); });
+  std::this_thread::sleep_for(milliseconds(20));
+  queue.Close(Status::Stalled("rank 1 never submitted 'grad.w'"));
+  next_step.join();
+  EXPECT_EQ(second.code(), StatusCode::kStalled);
+}
+
 TEST(TensorQueueTest, NameIsAcceptedAgainAfterRelease) {
   TensorQueue queue;
   ASSERT_TRUE(queue.Push(Entry("grad.w")).ok());

@@ -355,10 +355,19 @@ class AllreduceBatch {
   // caller until wait() returns. Throws Error for an index out of range or started twice before
   // wait(), and as allreduce() does.
   void start(size_t index, void* data);
+  // The same for a device tensor whose producer may still be running: `ready` overrides the
+  // batch's readiness for this start, so that a hook passes the stream current where backward
+  // produced the gradient and never waits for it on the host.
+  void start(size_t index, void* data, const DeviceReadiness& ready);
   // Finishes the step: reduces the buckets not yet complete, waits for every reduction started
   // since the last wait(), and writes the batched results back. If any failed, throws the first
   // failure once all have finished.
   void wait();
+  // wait(), but device tensors' reductions are ordered before work later given to `cuda_stream`
+  // (a cudaStream_t) instead of waited for: the host blocks only until each is launched, as
+  // Handle::synchronize_stream does. Host tensors are waited for as wait() does. A device
+  // reduction that fails after its launch is reported by the next wait() or synchronize_stream().
+  void synchronize_stream(void* cuda_stream);
 
   size_t size() const;
   // Tensors started since the last wait().

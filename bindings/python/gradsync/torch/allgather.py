@@ -7,13 +7,14 @@ from gradsync.torch.allreduce import allreduce
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.wire import (_DTYPES, Sum, _args, _check, _device, _name, _output_tensor,
-                                 _to_wire)
+                                 _ready_stream, _to_wire)
 
 
 def _allgather_async(tensor, name, process_set):
     _check(tensor)
     wire = _to_wire(tensor)
-    h = _core.allgather(*_args(wire), _name("allgather", name), _id_of(process_set))
+    h = _core.allgather(*_args(wire), _name("allgather", name), _id_of(process_set),
+                        _ready_stream(wire))
     return _register([h], (tensor, wire), lambda: _output_tensor(h, tensor.dtype))
 
 
@@ -58,7 +59,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     handles = _core.grouped_allgather([w.data_ptr() for w in wires],
                                       [_DTYPES[w.dtype] for w in wires],
                                       [list(w.shape) for w in wires], kind, index, names,
-                                      _id_of(process_set))
+                                      _id_of(process_set), _ready_stream(wires[0]))
     return _register(handles, (tensors, wires),
                      lambda: [_output_tensor(h, t.dtype) for h, t in zip(handles, tensors)])
 

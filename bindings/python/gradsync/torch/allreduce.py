@@ -6,8 +6,8 @@ from gradsync import _core
 from gradsync.torch.compression import Compression
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
-from gradsync.torch.wire import (_CORE_OPS, _DTYPES, Max, Min, Product, _args, _check, _device,
-                                 _name, _op_of, _to_wire, _wire_op)
+from gradsync.torch.wire import (_CORE_OPS, _DTYPES, Max, Min, Product, _args, _check, _consumer,
+                                 _device, _name, _op_of, _ready_stream, _to_wire, _wire_op)
 
 
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
@@ -19,14 +19,14 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     source, target = (tensor, output) if wire is tensor else (wire, wire)
     h = _core.allreduce(source.data_ptr(), target.data_ptr(), *_args(source)[1:],
                         _name("allreduce", name), _CORE_OPS[op], prescale_factor,
-                        postscale_factor, _id_of(process_set))
+                        postscale_factor, _id_of(process_set), _ready_stream(source))
 
     def finish():
         if target is not output:
             output.copy_(target)
         return output
 
-    return _register([h], (tensor, output, wire), finish)
+    return _register([h], (tensor, output, wire), finish, _consumer(source))
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -113,7 +113,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
                                       [_DTYPES[t.dtype] for t in targets],
                                       [list(t.shape) for t in targets], kind, index, names,
                                       _CORE_OPS[op], prescale_factor, postscale_factor,
-                                      _id_of(process_set))
+                                      _id_of(process_set), _ready_stream(targets[0]))
 
     def finish():
         for o, target in zip(outputs, targets):
@@ -121,7 +121,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
                 o.copy_(target)
         return list(outputs)
 
-    return _register(handles, (tensors, outputs, wires, targets), finish)
+    return _register(handles, (tensors, outputs, wires, targets), finish, _consumer(targets[0]))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,

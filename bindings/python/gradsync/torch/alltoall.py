@@ -5,7 +5,7 @@ import torch
 from gradsync import _core
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
-from gradsync.torch.wire import _args, _check, _name, _output_tensor, _to_wire
+from gradsync.torch.wire import _args, _check, _name, _output_tensor, _ready_stream, _to_wire
 
 
 def _splits_list(splits):
@@ -27,7 +27,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     _check(tensor)
     wire = _to_wire(tensor)
     h = _core.alltoall(*_args(wire), _splits_list(splits), _name("alltoall", name),
-                       _id_of(process_set))
+                       _id_of(process_set), _ready_stream(wire))
 
     def finish():
         output = _output_tensor(h, tensor.dtype)

@@ -6,7 +6,7 @@ from gradsync import _core
 from gradsync.torch.allreduce import allreduce
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
-from gradsync.torch.wire import Sum, _args, _check, _name, _to_wire
+from gradsync.torch.wire import Sum, _args, _check, _consumer, _name, _ready_stream, _to_wire
 
 
 def _broadcast_async(tensor, output, root_rank, name, process_set):
@@ -14,14 +14,15 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
     if output is not tensor:
         output.copy_(tensor)
     wire = _to_wire(output)
-    h = _core.broadcast(*_args(wire), root_rank, _name("broadcast", name), _id_of(process_set))
+    h = _core.broadcast(*_args(wire), root_rank, _name("broadcast", name), _id_of(process_set),
+                        _ready_stream(wire))
 
     def finish():
         if wire is not output:
             output.copy_(wire)
         return output
 
-    return _register([h], (tensor, output, wire), finish)
+    return _register([h], (tensor, output, wire), finish, _consumer(wire))
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):

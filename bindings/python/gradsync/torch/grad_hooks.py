@@ -1,20 +1,42 @@
 """One way to learn that a parameter's gradient is complete for this backward pass."""
 
+import inspect
+import weakref
+
 import torch
 
 
 def register_grad_ready_hook(param, hook):
     """Calls ``hook(param)`` each time backward has finished accumulating into ``param.grad``.
 
+    A bound method is held weakly, and does nothing once its object is gone: autograd keeps the
+    hook, and a hook that kept its optimizer or module alive would leave them (with their
+    batches and the runtime's lanes) to the garbage collector, which runs at another moment on
+    every rank.
+
     PyTorch 2.1 and later say so directly (``register_post_accumulate_grad_hook``). Older ones run
     the hooks of the leaf's gradient accumulator node after it wrote ``param.grad``; that node
     lives only as long as something refers to it, so the returned handle must be kept.
     """
+    hook = _weakly(hook)
     if hasattr(param, "register_post_accumulate_grad_hook"):
         return param.register_post_accumulate_grad_hook(hook)
     accumulator = param.expand_as(param).grad_fn.next_functions[0][0]
     accumulator.register_hook(lambda *_: hook(param))
     return accumulator
+
+
+def _weakly(hook):
+    if not inspect.ismethod(hook):
+        return hook
+    method = weakref.WeakMethod(hook)
+
+    def call(param):
+        bound = method()
+        if bound is not None:
+            bound(param)
+
+    return call
 
 
 def queue_end_of_backward(callback):

@@ -78,6 +78,7 @@ class _DistributedOptimizer:
         self._reset_delays()
         # The batch is made at the first gradient, once init() and the process set surely exist.
         self._batch = None
+        self._batch_consumer = None  # the one CUDA device of the batch's members, if one
         self._slots = None
         self._batch_grads = []  # gradients in flight in the batch, kept alive until the wait
         self._refits = []  # (parameter, fitting copy in flight) to copy back after the wait
@@ -119,6 +120,9 @@ class _DistributedOptimizer:
             _CORE_OPS[self._op], self._scales[0], self._scales[1], _id_of(self._process_set))
         self._slots = {id(p): (i, p.dtype, p.device.type == "cuda", p.device)
                        for i, p in enumerate(members)}
+        cuda_devices = {p.device for p in members if p.device.type == "cuda"}
+        # With one device, the step's consumer is its current stream; with several, the host.
+        self._batch_consumer = next(iter(cuda_devices)) if len(cuda_devices) == 1 else None
 
     def _start_in_batch(self, p):
         """Starts ``p``'s reduction through the batch; False if ``p`` has no slot in it.
@@ -140,9 +144,12 @@ class _DistributedOptimizer:
             grad = grad.to(device=device, dtype=dtype).contiguous()
             self._refits.append((p, grad))
         if is_cuda:
-            # As on the general path: the kernels that produced the gradient may still be queued.
-            torch.cuda.current_stream(device).synchronize()
-        self._batch.start(index, grad.data_ptr())
+            # The kernels that produced the gradient may still be queued on the current stream:
+            # the runtime's stream waits for it there, and the hook returns at once.
+            self._batch.start(index, grad.data_ptr(),
+                              torch.cuda.current_stream(device).cuda_stream)
+        else:
+            self._batch.start(index, grad.data_ptr())
         self._batch_grads.append(grad)
         self._handles[id(p)] = _IN_BATCH
         return True
@@ -223,7 +230,13 @@ class _DistributedOptimizer:
                 self._enqueue(p)
         if self._batch_grads:
             try:
-                self._batch.wait()
+                if self._batch_consumer is not None:
+                    # As DDP: the optimizer's kernels, queued on the current stream, wait for the
+                    # reductions on the device; the host blocks only until they are launched.
+                    self._batch.synchronize_stream(
+                        torch.cuda.current_stream(self._batch_consumer).cuda_stream)
+                else:
+                    self._batch.wait()
                 for p, reduced in self._refits:
                     p.grad.copy_(reduced)
             finally:

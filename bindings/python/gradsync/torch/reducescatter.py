@@ -8,7 +8,7 @@ from gradsync.torch.compression import Compression
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.wire import (_CORE_OPS, _DTYPES, Average, _check, _device, _op_of,
-                                 _output_tensor, _to_wire, _wire_op)
+                                 _output_tensor, _ready_stream, _to_wire, _wire_op)
 
 
 def _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor, process_set,
@@ -24,7 +24,7 @@ def _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor, p
     handles = _core.reducescatter([w.data_ptr() for w in wires], [_DTYPES[w.dtype] for w in wires],
                                   [list(w.shape) for w in wires], kind, index, names,
                                   _CORE_OPS[op], prescale_factor, postscale_factor,
-                                  _id_of(process_set))
+                                  _id_of(process_set), _ready_stream(wires[0]))
     return handles, (tensors, wires)
 
 

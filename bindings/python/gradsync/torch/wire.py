@@ -49,11 +49,24 @@ def _device(tensor):
     if tensor.device.type == "cpu":
         return _DEVICE_CPU, -1
     if tensor.device.type == "cuda":
-        # The kernels that produce the tensor may still be queued on the current stream: the
-        # enqueue waits for them here, so that gradsync reads finished values.
-        torch.cuda.current_stream(tensor.device).synchronize()
         return _DEVICE_CUDA, tensor.device.index if tensor.device.index is not None else 0
     raise ValueError("tensors on %s are not supported by gradsync" % tensor.device)
+
+
+def _ready_stream(tensor):
+    """The producer of a CUDA tensor, for the runtime to wait on: the stream current now on its
+    device (a cudaStream_t as an integer), where the kernels that made it may still be queued.
+    gradsync's communication stream waits for that stream on the device, so the host never waits
+    for the producer, as PyTorch DDP's hooks never do. 0 for a host tensor."""
+    if tensor.device.type != "cuda":
+        return 0
+    return torch.cuda.current_stream(tensor.device).cuda_stream
+
+
+def _consumer(tensor):
+    """Where a stream-ordered handle's result is consumed: the tensor's CUDA device, or None for a
+    host tensor (its handle is waited for on the host)."""
+    return tensor.device if tensor.device.type == "cuda" else None
 
 
 def _check(tensor):

@@ -14,6 +14,11 @@
 // synchronize() enqueues what backward did not reach (parameters left unused contribute zeros),
 // waits, and writes the results into the gradients.
 //
+// CUDA gradients never stall the host: a bucket's reduction waits on the device for the stream
+// that was current when backward made its gradients, and synchronize() orders the current
+// stream after the reductions (the host blocks only until they are launched), so the optimizer's
+// kernels queued there read reduced gradients. Work on another stream must wait for that one.
+//
 // Thread safety: one trainer thread drives a DistributedModule (the hooks run on the thread that
 // runs backward). gradsync must be initialized first and outlive the object.
 #pragma once
