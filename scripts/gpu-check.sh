@@ -115,9 +115,12 @@ run() {
     local pytest=(python3 -m pytest -q -p no:cacheprovider --color=no
                   "$repo_root/test/python/test_cuda.py")
     {
-      PYTHONPATH=$work/build/python timeout 300 mpirun -np 1 -x PYTHONPATH "${pytest[@]}" &&
-        PYTHONPATH=$work/build/python GRADSYNC_GPU_BACKEND=mpi timeout 300 mpirun -np 2 \
-          --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND "${pytest[@]}"
+      local failed=0
+      PYTHONPATH=$work/build/python timeout 300 mpirun -np 1 -x PYTHONPATH "${pytest[@]}" ||
+        failed=1
+      PYTHONPATH=$work/build/python GRADSYNC_GPU_BACKEND=mpi timeout 300 mpirun -np 2 \
+        --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND "${pytest[@]}" || failed=1
+      [ "$failed" -eq 0 ]
     } 2>&1 | tee "$out/python-tests.log" || status=1
   else
     echo "gpu-check: python3 lacks torch, pybind11 or pytest: Python CUDA tests not run" |

@@ -50,7 +50,9 @@ TensorView View(const ::torch::Tensor& t) {
 // hooks and synchronize() never wait for the GPU on the host, as DDP's never do.
 void* CurrentStream(const ::torch::Tensor& t) {
 #ifdef GRADSYNC_TORCH_CUDA
-  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+  cudaStream_t current = c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+  // libtorch's default stream is the legacy one, handle 0, which gradsync reads as "no stream".
+  return current != nullptr ? current : cudaStreamLegacy;
 #else
   (void)t;
   throw Error(Status::InvalidArgument(

@@ -145,8 +145,9 @@ using CompletionCallback = std::function<void(const Status&)>;
 // producer's stream (a cudaStream_t: gradsync records an event on it at enqueue), or an event (a
 // cudaEvent_t the caller recorded after the producing work, and does not record again until the
 // operation is launched, which wait() or synchronize_stream() assure). Opaque handles, so that
-// this header needs no CUDA headers. Both null (the default): the input is ready at enqueue.
-// Ignored for host tensors.
+// this header needs no CUDA headers. Both null (the default): the input is ready at enqueue; so
+// the legacy default stream, whose handle is null, is given as cudaStreamLegacy. Ignored for host
+// tensors.
 struct DeviceReadiness {
   void* cuda_stream = nullptr;
   void* cuda_event = nullptr;
@@ -173,8 +174,9 @@ class Handle {
   // after this call runs after the operation, ordered on the device (as DDP orders its next
   // kernels after its communication stream). Blocks the host only until the operation is launched
   // (its negotiation done), never until it has run; with the MPI device backend, and for host
-  // tensors, it waits on the host until the operation finishes. Throws Error if the operation
-  // failed before launch, or if its work is known to have failed.
+  // tensors, it waits on the host until the operation finishes; so it does for a null stream
+  // (give the legacy default stream as cudaStreamLegacy). Throws Error if the operation failed
+  // before launch, or if its work is known to have failed.
   void synchronize_stream(void* cuda_stream) const;
   bool valid() const { return state_ != nullptr; }
 

@@ -6,7 +6,7 @@ knows how to produce the operation's result.
 
 import itertools
 
-import torch
+from gradsync.torch.wire import _stream_of
 
 
 class _Pending:
@@ -64,7 +64,7 @@ def synchronize(handle):
         for h in pending.handles:
             h.wait()
     else:
-        stream = torch.cuda.current_stream(pending.consumer).cuda_stream
+        stream = _stream_of(pending.consumer)
         for h in pending.handles:
             h.synchronize_stream(stream)
     return pending.finish()

@@ -10,7 +10,8 @@ from gradsync.torch import mpi_ops
 from gradsync.torch.compression import Compression
 from gradsync.torch.grad_hooks import register_grad_ready_hook
 from gradsync.torch.process_sets import _id_of, global_process_set
-from gradsync.torch.wire import _CORE_OPS, _DEVICE_CPU, _DEVICE_CUDA, _DTYPES, _name
+from gradsync.torch.wire import (_CORE_OPS, _DEVICE_CPU, _DEVICE_CUDA, _DTYPES, _name,
+                                 _stream_of)
 
 # Marks a parameter whose gradient is in flight in the batch (self._handles' value for it).
 _IN_BATCH = (None, None)
@@ -146,8 +147,7 @@ class _DistributedOptimizer:
         if is_cuda:
             # The kernels that produced the gradient may still be queued on the current stream:
             # the runtime's stream waits for it there, and the hook returns at once.
-            self._batch.start(index, grad.data_ptr(),
-                              torch.cuda.current_stream(device).cuda_stream)
+            self._batch.start(index, grad.data_ptr(), _stream_of(device))
         else:
             self._batch.start(index, grad.data_ptr())
         self._batch_grads.append(grad)
@@ -233,8 +233,7 @@ class _DistributedOptimizer:
                 if self._batch_consumer is not None:
                     # As DDP: the optimizer's kernels, queued on the current stream, wait for the
                     # reductions on the device; the host blocks only until they are launched.
-                    self._batch.synchronize_stream(
-                        torch.cuda.current_stream(self._batch_consumer).cuda_stream)
+                    self._batch.synchronize_stream(_stream_of(self._batch_consumer))
                 else:
                     self._batch.wait()
                 for p, reduced in self._refits:

@@ -53,14 +53,25 @@ def _device(tensor):
     raise ValueError("tensors on %s are not supported by gradsync" % tensor.device)
 
 
+# cudaStreamLegacy, the handle of CUDA's legacy default stream: PyTorch reports that stream as 0,
+# which the runtime reads as "nothing to wait for" (a host tensor, an input ready now).
+_CUDA_STREAM_LEGACY = 1
+
+
+def _stream_of(device):
+    """The stream current on CUDA ``device``, as the cudaStream_t the runtime takes (an integer,
+    never 0)."""
+    return torch.cuda.current_stream(device).cuda_stream or _CUDA_STREAM_LEGACY
+
+
 def _ready_stream(tensor):
     """The producer of a CUDA tensor, for the runtime to wait on: the stream current now on its
-    device (a cudaStream_t as an integer), where the kernels that made it may still be queued.
-    gradsync's communication stream waits for that stream on the device, so the host never waits
-    for the producer, as PyTorch DDP's hooks never do. 0 for a host tensor."""
+    device, where the kernels that made it may still be queued. gradsync's communication stream
+    waits for that stream on the device, so the host never waits for the producer, as PyTorch
+    DDP's hooks never do. 0 for a host tensor."""
     if tensor.device.type != "cuda":
         return 0
-    return torch.cuda.current_stream(tensor.device).cuda_stream
+    return _stream_of(tensor.device)
 
 
 def _consumer(tensor):
