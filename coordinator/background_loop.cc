@@ -12,6 +12,7 @@
 #include "ops/scale.h"
 #include "runtime/logging.h"
 #include "runtime/thread_role.h"
+#include "runtime/timeline_activity.h"
 
 namespace gradsync {
 
@@ -30,9 +31,9 @@ BackgroundLoop::BackgroundLoop(const Config& config, const MpiContext& mpi, Tens
       timeline_(timeline),
       sets_(mpi, config, timeline, registry),
       lanes_(config, lanes),
-      finalizer_([this](const std::vector<TensorEntry*>& entries, const Status& status) {
-        Complete(entries, status);
-      }) {}
+      finalizer_([this](const std::vector<TensorEntry*>& entries,
+                        const Status& status) { Complete(entries, status); },
+                 timeline) {}
 
 BackgroundLoop::~BackgroundLoop() {
   if (thread_.joinable()) Shutdown();
@@ -244,11 +245,21 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
     if (members_.empty()) continue;  // a joined rank's barrier: nothing to do
     local_failures_.clear();
     DataPlane* plane = nullptr;
-    const Status executed =
-        ExecuteBucket(set, *responses[bucket.responses.front()], members_, &plane);
+    const Response& first = *responses[bucket.responses.front()];
+    const bool traced_device = first.device.kind != DeviceKind::kCpu && timeline_->active();
+    Status executed;
+    {
+      // A device bucket's launch: the host's part, before its phases on the stream.
+      TimelineActivity launch(traced_device ? timeline_ : nullptr, members_, "DEVICE_LAUNCH");
+      executed = ExecuteBucket(set, first, members_, traced_device, &plane);
+    }
     if (!local_failures_.empty()) CompleteLocalFailures();
     std::shared_ptr<StreamEvent> launched;
-    if (executed.ok() && plane != nullptr) launched = plane->TakeCompletion();
+    std::vector<DataPlane::TimedPhase> phases;
+    if (executed.ok() && plane != nullptr) {
+      launched = plane->TakeCompletion();
+      phases = plane->TakePhases();
+    }
     Status status = executed;
     if (executed.ok() && launched == nullptr &&
         responses[bucket.responses.front()]->type == ResponseType::kAllreduce) {
@@ -257,7 +268,8 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
                                     set->last_allreduce_shared(), members_, outcome.joined);
     }
     if (launched != nullptr) {
-      finalizer_.Add(plane, set->id(), members_, std::move(launched));
+      finalizer_.Add(plane, set->id(), members_, std::move(launched), std::move(phases),
+                     std::chrono::steady_clock::now());
     } else {
       Complete(members_, status);
     }
@@ -270,12 +282,13 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
 }
 
 Status BackgroundLoop::ExecuteBucket(ProcessSetRuntime* set, const Response& first,
-                                     const std::vector<TensorEntry*>& members,
+                                     const std::vector<TensorEntry*>& members, bool record_phases,
                                      DataPlane** plane_used) {
   TensorEntry* first_entry = members.front();
   DataPlane* plane = nullptr;
   GRADSYNC_RETURN_IF_ERROR(set->PlaneFor(first.device, &plane));
   *plane_used = plane;  // PlaneFor gives a plane whenever it returns OK
+  plane->RecordPhases(record_phases);
   switch (first.type) {
     case ResponseType::kAllreduce:
       return plane->Allreduce(members,

@@ -80,9 +80,11 @@ class BackgroundLoop {
   Status Execute(ProcessSetRuntime* set, const CycleOutcome& outcome);
   // Runs one bucket: `response` is its first response, `members` this rank's entries for all.
   // Entries that failed on this rank alone are left in local_failures_. *plane is the data plane
-  // it ran on (null for those that need none).
+  // it ran on (null for those that need none). `record_phases`: a device plane records the
+  // bucket's phases for the timeline.
   Status ExecuteBucket(ProcessSetRuntime* set, const Response& response,
-                       const std::vector<TensorEntry*>& members, DataPlane** plane);
+                       const std::vector<TensorEntry*>& members, bool record_phases,
+                       DataPlane** plane);
   Status ExecuteAddProcessSet(TensorEntry* entry);
   Status ExecuteRemoveProcessSet(TensorEntry* entry);
   // On a joined rank: an allreduce input of the response's shape holding the identity of its

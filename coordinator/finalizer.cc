@@ -25,7 +25,8 @@ std::string Seconds(std::chrono::nanoseconds d) {
 
 }  // namespace
 
-Finalizer::Finalizer(CompleteFn complete) : complete_(std::move(complete)) {}
+Finalizer::Finalizer(CompleteFn complete, Timeline* timeline)
+    : complete_(std::move(complete)), timeline_(timeline) {}
 
 Finalizer::~Finalizer() {
   Drain();
@@ -38,7 +39,8 @@ Finalizer::~Finalizer() {
 }
 
 void Finalizer::Add(DataPlane* plane, int32_t process_set, const std::vector<TensorEntry*>& entries,
-                    std::shared_ptr<StreamEvent> done) {
+                    std::shared_ptr<StreamEvent> done, std::vector<DataPlane::TimedPhase> phases,
+                    std::chrono::steady_clock::time_point launched) {
   const auto timeout = plane->completion_timeout();
   const auto now = std::chrono::steady_clock::now();
   const auto deadline = timeout >= std::chrono::steady_clock::time_point::max() - now
@@ -46,10 +48,24 @@ void Finalizer::Add(DataPlane* plane, int32_t process_set, const std::vector<Ten
                             : now + timeout;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    buckets_.push_back(Bucket{plane, process_set, entries, std::move(done), deadline});
+    buckets_.push_back(Bucket{plane, process_set, entries, std::move(done), deadline,
+                              std::move(phases), launched});
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
   }
   wake_.notify_one();
+}
+
+void Finalizer::TracePhases(const Bucket& bucket) {
+  if (timeline_ == nullptr || !timeline_->active()) return;
+  std::chrono::steady_clock::time_point begin = bucket.launched;
+  for (const DataPlane::TimedPhase& phase : bucket.phases) {
+    std::chrono::steady_clock::time_point end;
+    if (!phase.end->CompletedAt(&end)) return;
+    for (const TensorEntry* entry : bucket.entries) {
+      if (entry->state != nullptr) timeline_->ActivitySpan(entry->name, phase.label, begin, end);
+    }
+    begin = std::max(begin, end);
+  }
 }
 
 void Finalizer::Drain() {
@@ -125,6 +141,7 @@ size_t Finalizer::Sweep() {
   }
   for (Bucket& bucket : finished) {
     const Status status = bucket.done->Wait(std::chrono::nanoseconds(0));
+    if (status.ok() && !bucket.phases.empty()) TracePhases(bucket);
     complete_(bucket.entries, status);
   }
   if (!finished.empty()) {

@@ -28,6 +28,7 @@
 #include "ops/data_plane.h"
 #include "runtime/stream.h"
 #include "runtime/tensor_entry.h"
+#include "runtime/timeline.h"
 
 namespace gradsync {
 
@@ -36,7 +37,9 @@ class Finalizer {
   // Completes a bucket's entries with its status. Runs on the finalizer's thread.
   using CompleteFn = std::function<void(const std::vector<TensorEntry*>&, const Status&)>;
 
-  explicit Finalizer(CompleteFn complete);
+  // `timeline`, when not null, gets each bucket's device phases (DataPlane::TakePhases) as it
+  // completes.
+  explicit Finalizer(CompleteFn complete, Timeline* timeline = nullptr);
   // Drains, then stops the thread.
   ~Finalizer();
   Finalizer(const Finalizer&) = delete;
@@ -45,8 +48,11 @@ class Finalizer {
   // Takes a launched bucket: `entries` (stand-ins included; the function skips what it must) are
   // completed once `done` completes. `plane` must outlive the bucket; `process_set` is for
   // messages.
+  // `phases`, recorded while the timeline was on, are drawn on the entries' rows from
+  // `launched` (when the launch was queued) on.
   void Add(DataPlane* plane, int32_t process_set, const std::vector<TensorEntry*>& entries,
-           std::shared_ptr<StreamEvent> done);
+           std::shared_ptr<StreamEvent> done, std::vector<DataPlane::TimedPhase> phases = {},
+           std::chrono::steady_clock::time_point launched = {});
   // Blocks until every bucket handed over so far has completed. Each does, by its event, an
   // error, or its timeout, so this ends.
   void Drain();
@@ -60,9 +66,14 @@ class Finalizer {
     std::vector<TensorEntry*> entries;
     std::shared_ptr<StreamEvent> done;
     std::chrono::steady_clock::time_point deadline;
+    std::vector<DataPlane::TimedPhase> phases;
+    std::chrono::steady_clock::time_point launched;
   };
 
   void Run();
+  // Draws a completed bucket's phases on the timeline: each from the end of the one before (the
+  // first from the launch) to its event's completion; stops at a phase whose time is unknown.
+  void TracePhases(const Bucket& bucket);
   // One look at every bucket: completes the finished ones, aborts the planes of late ones and of
   // those reporting errors. Returns the number completed.
   size_t Sweep();
@@ -70,6 +81,7 @@ class Finalizer {
   static std::string Describe(const Bucket& bucket);
 
   CompleteFn complete_;
+  Timeline* timeline_;
   mutable std::mutex mu_;
   std::condition_variable wake_;     // work arrived, or stopping
   std::condition_variable drained_;  // a bucket completed

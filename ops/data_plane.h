@@ -100,6 +100,16 @@ class DataPlane {
   // event that completes, OK or failed, once it has run. Each call's event is taken once.
   virtual std::shared_ptr<StreamEvent> TakeCompletion() { return nullptr; }
 
+  // Device planes, for the timeline: while on, each launch records its phases on the stream (the
+  // wait for the inputs and for earlier work, the copy in, the collective, the copy out), each
+  // ended by a timed event (Stream::RecordTimed), and TakePhases() gives them with the completion.
+  struct TimedPhase {
+    const char* label;  // "DEVICE_QUEUE", "DEVICE_COPY_IN", "DEVICE_ALLREDUCE", ...
+    std::shared_ptr<StreamEvent> end;
+  };
+  virtual void RecordPhases(bool on) { (void)on; }
+  virtual std::vector<TimedPhase> TakePhases() { return {}; }
+
   // How long launched work may run before the finalizer gives up on it and calls Abort().
   virtual std::chrono::nanoseconds completion_timeout() const {
     return std::chrono::nanoseconds::max();

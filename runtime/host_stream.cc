@@ -25,12 +25,21 @@ Status HostEvent::Wait(std::chrono::nanoseconds timeout) {
   return status_;
 }
 
+bool HostEvent::CompletedAt(std::chrono::steady_clock::time_point* at) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_ || !status_.ok()) return false;
+  *at = completed_at_;
+  return true;
+}
+
 void HostEvent::Complete(const Status& status) {
+  const auto now = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return;
     done_ = true;
     status_ = status;
+    completed_at_ = now;
   }
   cv_.notify_all();
 }

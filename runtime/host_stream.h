@@ -22,6 +22,9 @@ class HostEvent : public StreamEvent {
   bool Query() override;
   Status Wait(std::chrono::nanoseconds timeout) override;
 
+  // The moment Complete() was first called, when that was with OK.
+  bool CompletedAt(std::chrono::steady_clock::time_point* at) override;
+
   // Completes the event with `status` (the first completion wins).
   void Complete(const Status& status);
 
@@ -30,6 +33,7 @@ class HostEvent : public StreamEvent {
   std::condition_variable cv_;
   bool done_ = false;
   Status status_;
+  std::chrono::steady_clock::time_point completed_at_;
 };
 
 class HostStream : public Stream {

@@ -29,6 +29,14 @@ class StreamEvent {
   // Blocks until Query() is true, for at most `timeout`: OK when the work ran, Timeout when it
   // has not yet, and the abort's status when the stream was aborted first.
   virtual Status Wait(std::chrono::nanoseconds timeout) = 0;
+
+  // When the work before the event finished, on the steady clock, for the timeline: true with *at
+  // set once the event has completed successfully and its stream can tell (every event of a host
+  // stream; a device stream's from RecordTimed). Never blocks.
+  virtual bool CompletedAt(std::chrono::steady_clock::time_point* at) {
+    (void)at;
+    return false;
+  }
 };
 
 class Stream {
@@ -37,6 +45,10 @@ class Stream {
 
   // An event that completes once everything given to this stream so far has run.
   virtual std::shared_ptr<StreamEvent> Record() = 0;
+
+  // As Record(), with an event that can tell when it completed (CompletedAt). It may cost more
+  // than Record(), so it is for the timeline, while it records.
+  virtual std::shared_ptr<StreamEvent> RecordTimed() { return Record(); }
 
   // Work given to this stream after this call starts only once `event` has completed. Returns at
   // once: the stream waits, not the caller.

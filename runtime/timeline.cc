@@ -174,6 +174,13 @@ void Timeline::ActivityStart(const std::string& name, std::string_view activity)
 
 void Timeline::ActivityEnd(const std::string& name) { Record(Event::Kind::kEnd, &name, {}, 0); }
 
+void Timeline::ActivitySpan(const std::string& name, std::string_view activity,
+                            std::chrono::steady_clock::time_point begin,
+                            std::chrono::steady_clock::time_point end) {
+  const std::chrono::steady_clock::time_point span[2] = {begin, std::max(begin, end)};
+  Record(Event::Kind::kSpan, &name, activity, 0, span);
+}
+
 void Timeline::CycleMark() { Record(Event::Kind::kCycle, nullptr, {}, 0); }
 
 int64_t Timeline::NowLocked() const {
@@ -183,9 +190,10 @@ int64_t Timeline::NowLocked() const {
 }
 
 // The clock is read under the lock so that the buffer, and hence the file, is in time order even
-// when several threads record. Room for two records is checked first so that a tensor's row is
-// never created without its name.
-void Timeline::Record(Event::Kind kind, const std::string* name, std::string_view text, int rank) {
+// when several threads record (spans excepted: they are recorded once they have ended). Room for
+// two records is checked first so that a tensor's row is never created without its name.
+void Timeline::Record(Event::Kind kind, const std::string* name, std::string_view text, int rank,
+                      const std::chrono::steady_clock::time_point* span) {
   if (!active()) return;
   bool wake = false;
   {
@@ -202,7 +210,17 @@ void Timeline::Record(Event::Kind kind, const std::string* name, std::string_vie
       row = it->second;
       if (inserted) pending_.push_back(Event{Event::Kind::kRowName, row, 0, ts_us, *name});
     }
-    pending_.push_back(Event{kind, row, rank, ts_us, std::string(text)});
+    Event event{kind, row, rank, ts_us, std::string(text)};
+    if (span != nullptr) {
+      // A span from before Start begins with the file.
+      auto since_start = [this](std::chrono::steady_clock::time_point t) {
+        return std::max<int64_t>(
+            0, std::chrono::duration_cast<std::chrono::microseconds>(t - start_time_).count());
+      };
+      event.ts_us = since_start(span[0]);
+      event.dur_us = since_start(span[1]) - event.ts_us;
+    }
+    pending_.push_back(std::move(event));
     if (pending_.size() >= wake_writer_at_ && !wake_requested_) {
       wake_requested_ = wake = true;
     }
@@ -295,6 +313,14 @@ void Timeline::AppendEventJson(const Event& event, std::string* out) {
     case Event::Kind::kCycle:
       out->append("\"name\":\"CYCLE_START\",\"ph\":\"i\",\"s\":\"g\",");
       AppendPlacement(event.ts_us, 0, out);
+      break;
+    case Event::Kind::kSpan:
+      out->append("\"name\":");
+      AppendJsonString(event.text, out);
+      out->append(",\"ph\":\"X\",");
+      AppendPlacement(event.ts_us, event.row, out);
+      out->append(",\"dur\":");
+      AppendInt(event.dur_us, out);
       break;
   }
   out->push_back('}');

@@ -70,21 +70,37 @@ class Timeline {
   // A phase of `name`'s operation, such as "QUEUE", "MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE".
   void ActivityStart(const std::string& name, std::string_view activity);
   void ActivityEnd(const std::string& name);
+  // A phase of `name`'s operation that ran from `begin` to `end` (steady clock), recorded once it
+  // is known: a device's copies and collective, timed by its stream's events. A "X" event.
+  void ActivitySpan(const std::string& name, std::string_view activity,
+                    std::chrono::steady_clock::time_point begin,
+                    std::chrono::steady_clock::time_point end);
   // The background thread starts a cycle; a global instant event across all rows.
   void CycleMark();
 
  private:
   // One recorded event, before formatting; the writer thread turns it into JSON.
   struct Event {
-    enum class Kind : uint8_t { kRowName, kNegotiateBegin, kBegin, kEnd, kRankReady, kCycle };
+    enum class Kind : uint8_t {
+      kRowName,
+      kNegotiateBegin,
+      kBegin,
+      kEnd,
+      kRankReady,
+      kCycle,
+      kSpan
+    };
     Kind kind;
-    int32_t row;       // the tensor's row; 0 for kCycle
-    int32_t rank;      // kRankReady only
-    int64_t ts_us;     // microseconds since Start
-    std::string text;  // kRowName: the tensor name; kNegotiateBegin: the op; kBegin: the activity
+    int32_t row;         // the tensor's row; 0 for kCycle
+    int32_t rank;        // kRankReady only
+    int64_t ts_us;       // microseconds since Start
+    std::string text;    // kRowName: the tensor name; kNegotiateBegin: the op; kBegin: the activity
+    int64_t dur_us = 0;  // kSpan only
   };
 
-  void Record(Event::Kind kind, const std::string* name, std::string_view text, int rank);
+  // `span`, for kSpan: the activity's begin and end, in place of now.
+  void Record(Event::Kind kind, const std::string* name, std::string_view text, int rank,
+              const std::chrono::steady_clock::time_point* span = nullptr);
   int64_t NowLocked() const;
   void WriterLoop();
   static void AppendEventJson(const Event& event, std::string* out);

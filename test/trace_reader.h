@@ -451,11 +451,14 @@ inline Trace LoadTrace(const fs::path& path) {
       continue;
     }
     const int64_t ts = IntField(event, "ts");
-    if (ts < last_ts) {
-      ADD_FAILURE() << "event " << i << " goes back in time: " << ts << " < " << last_ts;
-      return trace;
+    // A span ("X") is written once it has ended, so it may begin before events already written.
+    if (ph != "X") {
+      if (ts < last_ts) {
+        ADD_FAILURE() << "event " << i << " goes back in time: " << ts << " < " << last_ts;
+        return trace;
+      }
+      last_ts = ts;
     }
-    last_ts = ts;
     if (ph == "i" && StringField(event, "s") == "g") continue;  // global: not on a tensor row
     if (trace.rows.count(tid) == 0) {
       ADD_FAILURE() << "event " << i << " on row " << tid << " before the row's name";
@@ -466,7 +469,11 @@ inline Trace LoadTrace(const fs::path& path) {
       ADD_FAILURE() << "event " << i << ": E without an open B on row " << tid;
       return trace;
     }
-    if (ph != "B" && ph != "E" && ph != "i") {
+    if (ph == "X" && IntField(event, "dur") < 0) {
+      ADD_FAILURE() << "event " << i << ": a span of negative duration";
+      return trace;
+    }
+    if (ph != "B" && ph != "E" && ph != "i" && ph != "X") {
       ADD_FAILURE() << "event " << i << ": unexpected phase '" << ph << "'";
       return trace;
     }

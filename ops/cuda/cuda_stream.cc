@@ -40,9 +40,31 @@ void Fail(CudaStreamFailure* failure, const Status& status) {
 
 }  // namespace
 
+CudaClockAnchor::~CudaClockAnchor() {
+  if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
 CudaEvent::CudaEvent(void* event, int device, std::shared_ptr<CudaStreamFailure> failure,
-                     bool owned)
-    : event_(event), device_(device), failure_(std::move(failure)), owned_(owned) {}
+                     bool owned, std::shared_ptr<const CudaClockAnchor> anchor)
+    : event_(event),
+      device_(device),
+      failure_(std::move(failure)),
+      owned_(owned),
+      anchor_(std::move(anchor)) {}
+
+bool CudaEvent::CompletedAt(std::chrono::steady_clock::time_point* at) {
+  if (anchor_ == nullptr) return false;
+  bool settled = false;
+  if (!Poll(&settled).ok() || !settled) return false;
+  float ms = 0.0f;
+  if (cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(anchor_->event),
+                           static_cast<cudaEvent_t>(event_)) != cudaSuccess) {
+    return false;  // not a timed pair after all: the timeline leaves this phase out
+  }
+  *at = anchor_->at + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                          std::chrono::duration<double, std::milli>(ms));
+  return true;
+}
 
 CudaEvent::~CudaEvent() {
   if (owned_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
@@ -101,20 +123,53 @@ CudaStream::CudaStream(void* stream, int device) : stream_(stream), device_(devi
 
 CudaStream::~CudaStream() { cudaStreamDestroy(static_cast<cudaStream_t>(stream_)); }
 
-std::shared_ptr<StreamEvent> CudaStream::Record() {
+std::shared_ptr<StreamEvent> CudaStream::Record() { return RecordEvent(false, nullptr); }
+
+std::shared_ptr<StreamEvent> CudaStream::RecordTimed() {
+  std::shared_ptr<const CudaClockAnchor> anchor;
+  const Status anchored = FreshAnchor(&anchor);
+  if (!anchored.ok()) return std::make_shared<FailedEvent>(anchored);
+  return RecordEvent(true, std::move(anchor));
+}
+
+std::shared_ptr<StreamEvent> CudaStream::RecordEvent(
+    bool timed, std::shared_ptr<const CudaClockAnchor> anchor) {
   Status failed = FailureOf(failure_.get());
   if (!failed.ok()) return std::make_shared<FailedEvent>(failed);
   cudaEvent_t event = nullptr;
-  cudaError_t error = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  cudaError_t error = cudaEventCreateWithFlags(&event, timed ? 0 : cudaEventDisableTiming);
   if (error != cudaSuccess) {
     return std::make_shared<FailedEvent>(CudaFailure("cudaEventCreateWithFlags", device_, error));
   }
-  auto recorded = std::make_shared<CudaEvent>(event, device_, failure_);
+  auto recorded =
+      std::make_shared<CudaEvent>(event, device_, failure_, /*owned=*/true, std::move(anchor));
   error = cudaEventRecord(event, static_cast<cudaStream_t>(stream_));
   if (error != cudaSuccess) {
     return std::make_shared<FailedEvent>(CudaFailure("cudaEventRecord", device_, error));
   }
   return recorded;
+}
+
+Status CudaStream::FreshAnchor(std::shared_ptr<const CudaClockAnchor>* anchor) {
+  std::lock_guard<std::mutex> lock(anchor_mu_);
+  const auto now = std::chrono::steady_clock::now();
+  if (anchor_ != nullptr && now - anchor_->at < std::chrono::seconds(30)) {
+    *anchor = anchor_;
+    return Status::OK();
+  }
+  auto fresh = std::make_shared<CudaClockAnchor>();
+  cudaEvent_t event = nullptr;
+  cudaError_t error = cudaEventCreate(&event);
+  if (error != cudaSuccess) return CudaFailure("cudaEventCreate", device_, error);
+  fresh->event = event;
+  error = cudaEventRecord(event, static_cast<cudaStream_t>(stream_));
+  if (error != cudaSuccess) return CudaFailure("cudaEventRecord", device_, error);
+  error = cudaEventSynchronize(event);
+  if (error != cudaSuccess) return CudaFailure("cudaEventSynchronize", device_, error);
+  fresh->at = std::chrono::steady_clock::now();
+  anchor_ = std::move(fresh);
+  *anchor = anchor_;
+  return Status::OK();
 }
 
 void CudaStream::WaitFor(std::shared_ptr<StreamEvent> event) {

@@ -11,6 +11,7 @@
 // failure becomes a CudaError status naming the call, the device and CUDA's message.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 
@@ -25,10 +26,20 @@ struct CudaStreamFailure {
   Status status;
 };
 
+// A timed event of a stream, finished, and the steady-clock moment its completion was seen: a
+// timed event's completion is that moment plus cudaEventElapsedTime from this one.
+struct CudaClockAnchor {
+  ~CudaClockAnchor();
+  void* event = nullptr;  // a cudaEvent_t, owned
+  std::chrono::steady_clock::time_point at;
+};
+
 class CudaEvent : public StreamEvent {
  public:
-  // `owned`: destroyed with this object (false for a caller's event).
-  CudaEvent(void* event, int device, std::shared_ptr<CudaStreamFailure> failure, bool owned = true);
+  // `owned`: destroyed with this object (false for a caller's event). `anchor`: for a timed event
+  // (CudaStream::RecordTimed), what CompletedAt measures from.
+  CudaEvent(void* event, int device, std::shared_ptr<CudaStreamFailure> failure, bool owned = true,
+            std::shared_ptr<const CudaClockAnchor> anchor = nullptr);
   ~CudaEvent() override;
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
@@ -36,6 +47,7 @@ class CudaEvent : public StreamEvent {
   bool Query() override;
   // Polls the event, sleeping between looks, so the waiting thread does not spin a core.
   Status Wait(std::chrono::nanoseconds timeout) override;
+  bool CompletedAt(std::chrono::steady_clock::time_point* at) override;
 
   void* native() const { return event_; }  // a cudaEvent_t
   int device() const { return device_; }
@@ -49,6 +61,7 @@ class CudaEvent : public StreamEvent {
   int device_;
   std::shared_ptr<CudaStreamFailure> failure_;
   bool owned_;
+  std::shared_ptr<const CudaClockAnchor> anchor_;
 };
 
 class CudaStream : public Stream {
@@ -60,6 +73,10 @@ class CudaStream : public Stream {
   CudaStream& operator=(const CudaStream&) = delete;
 
   std::shared_ptr<StreamEvent> Record() override;
+  // A timing-enabled event. The first one (and the first after 30 s, so that the float elapsed
+  // times keep microseconds) also records an anchor and waits on the host for the stream to reach
+  // it: only a caller that records the timeline pays that wait.
+  std::shared_ptr<StreamEvent> RecordTimed() override;
   // `event` must be a CudaEvent; any other kind fails the stream with InvalidArgument.
   void WaitFor(std::shared_ptr<StreamEvent> event) override;
   void Abort(const Status& status) override;
@@ -69,10 +86,17 @@ class CudaStream : public Stream {
 
  private:
   CudaStream(void* stream, int device);
+  // A new event recorded on the stream (timing-enabled when `timed`), or a failed one.
+  std::shared_ptr<StreamEvent> RecordEvent(bool timed,
+                                           std::shared_ptr<const CudaClockAnchor> anchor);
+  // The anchor for a timed event recorded now, renewed when missing or old.
+  Status FreshAnchor(std::shared_ptr<const CudaClockAnchor>* anchor);
 
   void* stream_;
   int device_;
   std::shared_ptr<CudaStreamFailure> failure_ = std::make_shared<CudaStreamFailure>();
+  std::mutex anchor_mu_;
+  std::shared_ptr<const CudaClockAnchor> anchor_;
 };
 
 }  // namespace gradsync

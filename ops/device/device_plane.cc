@@ -74,8 +74,17 @@ void DevicePlane::WaitForInputs(const std::vector<TensorEntry*>& entries) {
   }
 }
 
-Status DevicePlane::FinishLaunch(const std::vector<TensorEntry*>& entries) {
-  completion_ = backend_->stream()->Record();
+void DevicePlane::MarkPhase(const char* ended) {
+  if (record_phases_) phases_.push_back({ended, backend_->stream()->RecordTimed()});
+}
+
+Status DevicePlane::FinishLaunch(const std::vector<TensorEntry*>& entries, const char* last) {
+  if (record_phases_) {
+    completion_ = backend_->stream()->RecordTimed();
+    phases_.push_back({last, completion_});
+  } else {
+    completion_ = backend_->stream()->Record();
+  }
   for (TensorEntry* entry : entries) {
     if (entry->state != nullptr) entry->state->SetLaunched(completion_);
   }
@@ -122,24 +131,30 @@ Status DevicePlane::Allreduce(const std::vector<TensorEntry*>& entries, const Re
                        "allreduce", entries);
     }
   }
+  phases_.clear();
   WaitForInputs(entries);
+  MarkPhase("DEVICE_QUEUE");
   segments_.clear();
   if (entries.size() == 1) {
     TensorEntry* entry = entries.front();
     const int64_t count = entry->input.num_elements();
+    const char* last = "DEVICE_ALLREDUCE";
     if (count > 0) {
       void* out = entry->output.data;
       if (entry->input.data != out || spec.prescale != 1.0) {
         segments_.push_back({entry->input.data, out, count, spec.prescale});
         GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
+        MarkPhase("DEVICE_COPY_IN");
       }
       GRADSYNC_LAUNCH(backend_->Allreduce(out, out, count, spec.dtype, op), "allreduce", entries);
       if (postscale != 1.0) {
+        MarkPhase("DEVICE_ALLREDUCE");
         segments_.assign(1, CopySegment{out, out, count, postscale});
         GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
+        last = "DEVICE_SCALE";
       }
     }
-    return FinishLaunch(entries);
+    return FinishLaunch(entries, last);
   }
   size_t offset = 0;
   std::vector<size_t> offsets(entries.size());
@@ -155,13 +170,15 @@ Status DevicePlane::Allreduce(const std::vector<TensorEntry*>& entries, const Re
   }
   const auto total = static_cast<int64_t>(offset / element_size);
   GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
+  MarkPhase("DEVICE_COPY_IN");
   GRADSYNC_LAUNCH(backend_->Allreduce(fusion, fusion, total, spec.dtype, op), "allreduce", entries);
+  MarkPhase("DEVICE_ALLREDUCE");
   for (size_t i = 0; i < entries.size(); ++i) {
     segments_[i] = {static_cast<char*>(fusion) + offsets[i], entries[i]->output.data,
                     entries[i]->input.num_elements(), postscale};
   }
   GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
-  return FinishLaunch(entries);
+  return FinishLaunch(entries, "DEVICE_COPY_OUT");
 }
 
 Status DevicePlane::Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims) {
@@ -185,24 +202,28 @@ Status DevicePlane::Allgather(TensorEntry* entry, const std::vector<int64_t>& fi
     entry->output = TensorView(output, entry->input.dtype, shape, entry->input.device);
     entry->state->output_shape = shape;
   }
+  phases_.clear();
   WaitForInputs(entries);
+  MarkPhase("DEVICE_QUEUE");
   GRADSYNC_LAUNCH(backend_->Allgatherv(entry->input.data, output, counts, entry->input.dtype),
                   "allgather", entries);
-  GRADSYNC_RETURN_IF_ERROR(FinishLaunch(entries));
+  GRADSYNC_RETURN_IF_ERROR(FinishLaunch(entries, "DEVICE_ALLGATHER"));
   return local;
 }
 
 Status DevicePlane::Broadcast(TensorEntry* entry, int root) {
   GRADSYNC_RETURN_IF_ERROR(Failed());
   const std::vector<TensorEntry*> entries{entry};
+  phases_.clear();
   WaitForInputs(entries);
+  MarkPhase("DEVICE_QUEUE");
   const int64_t count = entry->input.num_elements();
   if (count > 0) {
     GRADSYNC_LAUNCH(backend_->Broadcast(entry->input.data, count, entry->input.dtype, root),
                     "broadcast", entries);
   }
   entry->output = entry->input;
-  return FinishLaunch(entries);
+  return FinishLaunch(entries, "DEVICE_BROADCAST");
 }
 
 Status DevicePlane::Alltoall(TensorEntry* entry) {
@@ -233,11 +254,13 @@ Status DevicePlane::Alltoall(TensorEntry* entry) {
     entry->state->output_shape = shape;
     entry->state->received_splits = received;
   }
+  phases_.clear();
   WaitForInputs(entries);
+  MarkPhase("DEVICE_QUEUE");
   GRADSYNC_LAUNCH(backend_->Alltoallv(entry->input.data, Scaled(splits, row), output,
                                       Scaled(received, row), entry->input.dtype),
                   "alltoall", entries);
-  GRADSYNC_RETURN_IF_ERROR(FinishLaunch(entries));
+  GRADSYNC_RETURN_IF_ERROR(FinishLaunch(entries, "DEVICE_ALLTOALL"));
   return local;
 }
 
@@ -282,7 +305,9 @@ Status DevicePlane::Reducescatter(const std::vector<TensorEntry*>& entries, cons
     entry->output = TensorView(output, spec.dtype, shape, entry->input.device);
     entry->state->output_shape = shape;
   }
+  phases_.clear();
   WaitForInputs(entries);
+  MarkPhase("DEVICE_QUEUE");
   segments_.clear();
   if (entries.size() == 1 && spec.prescale == 1.0 && allocated[0]) {
     TensorEntry* entry = entries.front();
@@ -293,7 +318,7 @@ Status DevicePlane::Reducescatter(const std::vector<TensorEntry*>& entries, cons
       segments_.push_back({entry->output.data, entry->output.data, counts[rank], postscale});
       GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "reducescatter", entries);
     }
-    return FinishLaunch(entries);
+    return FinishLaunch(entries, "DEVICE_REDUCESCATTER");
   }
   // Rank-major in the fusion buffer: every tensor's share for rank 0, then for rank 1, ...; this
   // rank's result lands after them.
@@ -314,8 +339,10 @@ Status DevicePlane::Reducescatter(const std::vector<TensorEntry*>& entries, cons
     }
   }
   GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "reducescatter", entries);
+  MarkPhase("DEVICE_COPY_IN");
   GRADSYNC_LAUNCH(backend_->ReduceScatterv(fusion, result, counts, spec.dtype, op), "reducescatter",
                   entries);
+  MarkPhase("DEVICE_REDUCESCATTER");
   // This rank's result holds each tensor's share in turn.
   segments_.clear();
   int64_t result_offset = 0;
@@ -327,7 +354,7 @@ Status DevicePlane::Reducescatter(const std::vector<TensorEntry*>& entries, cons
     result_offset += shares[i][rank];
   }
   GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "reducescatter", entries);
-  return FinishLaunch(entries);
+  return FinishLaunch(entries, "DEVICE_COPY_OUT");
 }
 
 #undef GRADSYNC_LAUNCH

@@ -45,6 +45,8 @@ class DevicePlane : public DataPlane {
   Status AdoptStandIn(TensorEntry* stand_in) override;
   void ReleaseStandIns() override;
   std::shared_ptr<StreamEvent> TakeCompletion() override;
+  void RecordPhases(bool on) override { record_phases_ = on; }
+  std::vector<TimedPhase> TakePhases() override { return std::move(phases_); }
   std::chrono::nanoseconds completion_timeout() const override { return timeout_; }
   Status CheckAsyncError() override;
   void Abort(const Status& status) override;
@@ -56,8 +58,11 @@ class DevicePlane : public DataPlane {
   Status Failed() const;
   // Every entry's input has its producer's readiness waited for on the stream.
   void WaitForInputs(const std::vector<TensorEntry*>& entries);
-  // Records the launch's completion event and gives it to the entries' handles.
-  Status FinishLaunch(const std::vector<TensorEntry*>& entries);
+  // While phases are recorded: a timed event ending the phase `ended` (the stream's work so far).
+  void MarkPhase(const char* ended);
+  // Records the launch's completion event, which ends the phase `last` (timed while phases are
+  // recorded), and gives it to the entries' handles.
+  Status FinishLaunch(const std::vector<TensorEntry*>& entries, const char* last);
   // The fusion buffer, at least `bytes` large.
   Status FusionBuffer(size_t bytes, void** buffer);
   // `status` with the collective and the tensors in front.
@@ -78,6 +83,8 @@ class DevicePlane : public DataPlane {
   };
   std::vector<StandInMemory> stand_ins_;
   std::shared_ptr<StreamEvent> completion_;
+  bool record_phases_ = false;
+  std::vector<TimedPhase> phases_;     // the last launch's, while recorded
   std::vector<CopySegment> segments_;  // scratch
   mutable std::mutex abort_mu_;
   bool aborted_ = false;

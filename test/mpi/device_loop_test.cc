@@ -2,6 +2,8 @@
 // loop's hand-off to the finalizer thread, and completion, with the process sets' device planes
 // made over the host backend (SetDevicePlaneFactoryForTesting). The "device" tensors are host
 // memory labelled cuda:0; everything above the backend runs as it does on a GPU.
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -13,6 +15,7 @@
 #include "ops/device/device_plane_factory.h"
 #include "ops/device/host_device_backend.h"
 #include "test/mpi/multi_rank_test.h"
+#include "test/trace_reader.h"
 
 namespace gradsync {
 namespace testing {
@@ -175,6 +178,78 @@ TEST_F(DeviceLoopTest, BatchOfDeviceAndHostTensorsFinishedOnAStream) {
       for (int64_t k = 0; k < t->size(); ++k) ASSERT_EQ(t->Get(k), mean_rank + step + k % 5);
     }
   }
+}
+
+// The phases of `row` drawn after the fact ("X" events), in file order, with their times.
+struct Phase {
+  std::string name;
+  int64_t ts = 0;
+  int64_t dur = 0;
+};
+std::vector<Phase> PhasesOf(const Trace& trace, const std::string& row) {
+  std::vector<Phase> phases;
+  const int64_t tid = trace.RowOf(row);
+  for (const Json& e : trace.events) {
+    if (IntField(e, "tid") != tid || StringField(e, "ph") != "X") continue;
+    phases.push_back({StringField(e, "name"), IntField(e, "ts"), IntField(e, "dur")});
+  }
+  return phases;
+}
+
+// The timeline shows a device bucket's launch on the host and then its phases on the stream, one
+// after the other: the wait for its inputs, the copy in, the collective, the copy out.
+TEST_F(DeviceLoopTest, TimelineShowsEachBucketsLaunchAndItsPhasesOnTheStream) {
+  const fs::path path = fs::temp_directory_path() /
+                        ("gradsync_device_timeline_" + std::to_string(getpid()) + ".json");
+  start_timeline(path.string());
+  std::vector<std::unique_ptr<HostTensor>> group;
+  std::vector<TensorView> views;
+  GroupedAllreduceOptions group_options;
+  for (int i = 0; i < 4; ++i) {
+    group.push_back(std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{100}));
+    for (int64_t k = 0; k < 100; ++k) group.back()->Set(k, 1);
+    views.push_back(OnDevice(group.back().get()));
+    group_options.names.push_back("device.tl.group." + std::to_string(i));
+  }
+  HostTensor alone(DataType::kFloat32, {1000});
+  for (int64_t k = 0; k < 1000; ++k) alone.Set(k, 2);
+  AllreduceOptions alone_options;
+  alone_options.name = "device.tl.alone";
+  alone_options.op = ReduceOp::kAverage;
+  for (const Handle& h : grouped_allreduce(views, group_options)) ASSERT_TRUE(Succeeds(h));
+  ASSERT_TRUE(Succeeds(allreduce(OnDevice(&alone), alone_options)));
+  EXPECT_EQ(group[0]->Get(0), size_);
+  EXPECT_EQ(alone.Get(0), 2);
+  stop_timeline();
+  if (rank_ != 0) return;
+
+  const Trace trace = LoadTrace(path);
+  fs::remove(path);
+  ASSERT_TRUE(trace.ok);
+  ExpectAllClosed(trace);
+  auto names = [](const std::vector<Phase>& phases) {
+    std::vector<std::string> out;
+    for (const Phase& p : phases) out.push_back(p.name);
+    return out;
+  };
+  auto expect_back_to_back = [](const std::vector<Phase>& phases) {
+    for (size_t i = 1; i < phases.size(); ++i) {
+      // Microseconds, rounded on each side.
+      EXPECT_GE(phases[i].ts, phases[i - 1].ts + phases[i - 1].dur - 1) << phases[i].name;
+    }
+  };
+  const std::vector<std::string> row = trace.Sequence(trace.RowOf("device.tl.group.2"));
+  EXPECT_NE(std::find(row.begin(), row.end(), "B DEVICE_LAUNCH"), row.end());
+  const std::vector<Phase> fused = PhasesOf(trace, "device.tl.group.2");
+  EXPECT_EQ(names(fused), (std::vector<std::string>{"DEVICE_QUEUE", "DEVICE_COPY_IN",
+                                                    "DEVICE_ALLREDUCE", "DEVICE_COPY_OUT"}));
+  expect_back_to_back(fused);
+  // In place, so no copy in; an average past one rank is scaled after the sum.
+  const std::vector<Phase> lone = PhasesOf(trace, "device.tl.alone");
+  std::vector<std::string> expected{"DEVICE_QUEUE", "DEVICE_ALLREDUCE"};
+  if (size_ > 1) expected.push_back("DEVICE_SCALE");
+  EXPECT_EQ(names(lone), expected);
+  expect_back_to_back(lone);
 }
 
 TEST_F(DeviceLoopTest, ProcessSetsGetDevicePlanesOfTheirOwn) {

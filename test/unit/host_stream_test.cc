@@ -6,6 +6,7 @@
 
 #include <future>
 #include <memory>
+#include <thread>
 #include <vector>
 
 namespace gradsync {
@@ -21,6 +22,31 @@ TEST(HostStreamTest, RunsWorkInTheOrderGiven) {
   ASSERT_TRUE(stream.Record()->Wait(kLong).ok());
   ASSERT_EQ(100u, seen.size());
   for (int i = 0; i < 100; ++i) EXPECT_EQ(i, seen[i]);
+}
+
+// The timeline draws a device bucket's phases from its events' completion times.
+TEST(HostStreamTest, EventsTellWhenTheirWorkFinished) {
+  HostStream stream;
+  const auto before = std::chrono::steady_clock::now();
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  stream.Enqueue([released] { released.wait(); });
+  std::shared_ptr<StreamEvent> event = stream.RecordTimed();
+  std::chrono::steady_clock::time_point at;
+  EXPECT_FALSE(event->CompletedAt(&at));  // not yet run
+  std::this_thread::sleep_for(kShort);
+  const auto released_at = std::chrono::steady_clock::now();
+  release.set_value();
+  ASSERT_TRUE(event->Wait(kLong).ok());
+  ASSERT_TRUE(event->CompletedAt(&at));
+  EXPECT_GE(at, released_at);
+  EXPECT_GE(at, before);
+  EXPECT_LE(at, std::chrono::steady_clock::now());
+  // A failed event has no completion time to show.
+  stream.Abort(Status::Timeout("stuck"));
+  std::shared_ptr<StreamEvent> failed = stream.Record();
+  failed->Wait(kLong);
+  EXPECT_FALSE(failed->CompletedAt(&at));
 }
 
 // A consumer stream reads a tensor only after its producer finished writing it, and neither the

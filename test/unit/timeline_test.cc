@@ -147,6 +147,41 @@ TEST_F(TimelineTest, RecordsEachTensorOnItsOwnRow) {
   ExpectAllClosed(trace);
 }
 
+// A span known only once it has ended (a device phase) is written as one "X" event with its own
+// begin and duration, placed on the tensor's row; one from before Start begins with the file.
+TEST_F(TimelineTest, SpansRecordedAfterTheFactKeepTheirOwnTimes) {
+  const fs::path path = TempPath("spans");
+  Timeline timeline;
+  const auto before_start = std::chrono::steady_clock::now() - std::chrono::seconds(1);
+  ASSERT_TRUE(timeline.Start(path.string()).ok());
+  const auto begin = std::chrono::steady_clock::now() + std::chrono::milliseconds(5);
+  timeline.ActivityStart("w", "DEVICE_LAUNCH");
+  timeline.ActivityEnd("w");
+  timeline.ActivitySpan("w", "DEVICE_ALLREDUCE", begin, begin + std::chrono::microseconds(1500));
+  timeline.ActivitySpan("w", "DEVICE_QUEUE", before_start, begin);
+  ASSERT_TRUE(timeline.Stop().ok());
+
+  const Trace trace = LoadTrace(path);
+  fs::remove(path);
+  ASSERT_TRUE(trace.ok);
+  const int64_t row = trace.RowOf("w");
+  EXPECT_EQ(
+      trace.Sequence(row),
+      (std::vector<std::string>{"B DEVICE_LAUNCH", "E", "X DEVICE_ALLREDUCE", "X DEVICE_QUEUE"}));
+  int64_t allreduce_ts = -1;
+  for (const auto& e : trace.events) {
+    if (testing::StringField(e, "ph") != "X") continue;
+    if (testing::StringField(e, "name") == "DEVICE_ALLREDUCE") {
+      allreduce_ts = testing::IntField(e, "ts");
+      EXPECT_EQ(testing::IntField(e, "dur"), 1500);
+    } else {
+      EXPECT_EQ(testing::IntField(e, "ts"), 0);  // clamped to the start
+      EXPECT_GE(testing::IntField(e, "dur"), allreduce_ts - 1);
+    }
+  }
+  EXPECT_GE(allreduce_ts, 5000);
+}
+
 TEST_F(TimelineTest, EscapesAnyBytesInANameIntoValidJson) {
   std::string name;
   for (int c = 0; c < 0x20; ++c) name.push_back(static_cast<char>(c));
