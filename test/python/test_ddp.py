@@ -202,6 +202,31 @@ def test_ddp_broadcast_buffers_before_forward(broadcast_buffers, rank, size):
     assert inner.scale[0].item() == (1 if broadcast_buffers else rank + 1)
 
 
+def test_ddp_broadcasts_buffers_coalesced_by_dtype(rank, size, monkeypatch):
+    """BatchNorm's buffers (float statistics, an int64 counter) reach every rank from rank 0 in
+    one broadcast per dtype, as PyTorch DDP coalesces them, not one per buffer."""
+    import gradsync.torch.ddp as ddp_module
+    inner = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4),
+                                torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    model = hvd.DistributedDataParallel(inner)
+    for name, b in inner.named_buffers():
+        b.fill_(rank + 1 if b.is_floating_point() else 7 * (rank + 1))
+    sent = []
+    real = ddp_module.broadcast_async_
+
+    def counting(tensor, root_rank, **kwargs):
+        sent.append(tensor.dtype)
+        return real(tensor, root_rank, **kwargs)
+
+    monkeypatch.setattr(ddp_module, "broadcast_async_", counting)
+    model.eval()  # the statistics stay as broadcast
+    model(torch.ones(2, 3)).sum().backward()
+    assert sorted(map(str, sent)) == ["torch.float32", "torch.int64"]
+    for name, b in inner.named_buffers():
+        want = 1 if b.is_floating_point() else 7
+        assert torch.equal(b, torch.full_like(b, want)), name
+
+
 def test_ddp_buffers_follow_the_lowest_running_rank_while_joined(rank, size):
     inner = WithBuffer()
     model = hvd.DistributedDataParallel(inner)

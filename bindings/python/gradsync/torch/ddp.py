@@ -150,11 +150,22 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _sync_buffers(self):
         if self._join is None:
-            handles = [broadcast_async_(b, 0, name="%s.buffer.%s" % (self._prefix, name),
-                                        process_set=self.process_set)
-                       for name, b in self._buffers_to_sync]
-            for h in handles:
+            # As PyTorch DDP coalesces them: one broadcast per dtype and device, not one per
+            # buffer (ResNet-50 has 161, each a launch of its own on a GPU).
+            pending = []
+            for i, buffers in enumerate(self._buffer_groups()):
+                flat = (buffers[0].reshape(-1) if len(buffers) == 1 else
+                        torch.cat([b.reshape(-1) for b in buffers]))
+                h = broadcast_async_(flat, 0, name="%s.buffers.%d" % (self._prefix, i),
+                                     process_set=self.process_set)
+                pending.append((h, flat, buffers))
+            for h, flat, buffers in pending:
                 synchronize(h)
+                if len(buffers) > 1:
+                    offset = 0
+                    for b in buffers:
+                        b.copy_(flat[offset:offset + b.numel()].view_as(b))
+                        offset += b.numel()
             return
         # A broadcast cannot run beside joined ranks, so the lowest rank still training hands
         # its buffers to the others through a sum to which everyone else adds zeros.
@@ -168,6 +179,13 @@ class DistributedDataParallel(torch.nn.Module):
         for (_, b), c in zip(self._buffers_to_sync, contributions):
             if c is not b:
                 b.copy_(c)
+
+    def _buffer_groups(self):
+        """The buffers to broadcast, by dtype and device, in registration order within each."""
+        groups = {}
+        for _, b in self._buffers_to_sync:
+            groups.setdefault((b.dtype, b.device), []).append(b)
+        return list(groups.values())
 
     # ------------------------------------------------------------------------------------------
     # backward
