@@ -21,8 +21,11 @@ agree to the rounding of the model's nondeterministic kernels (BERT's embedding 
 with atomics), far below what a gradient read before backward wrote it would give.
 
 Models: resnet50 (torchvision, 224x224 images, --batch default 32), bert (transformers'
-BertForMaskedLM with BERT-base's configuration, sequence 128, --batch default 16), and tiny (a
-small convolutional network, for a smoke test without either package).
+BertForMaskedLM with BERT-base's configuration, sequence 128, --batch default 16), tiny (a small
+convolutional network, for a smoke test without either package), and hooks (100 linear layers of
+32 x 32, 200 gradients of 4 KiB or less with next to no compute: the step's overhead over no
+communication divided by the gradients is what each mode's hooks and synchronization cost per
+gradient, printed as us_per_grad).
 
   mpirun -np 1 python3 training_step_benchmark.py --model resnet50
   GRADSYNC_GPU_BACKEND=mpi mpirun -np 2 python3 training_step_benchmark.py --model resnet50 \\
@@ -47,7 +50,8 @@ MODES = ("none", "ddp", "gs-opt", "gs-ddp")
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=("resnet50", "bert", "tiny"), default="resnet50")
+    parser.add_argument("--model", choices=("resnet50", "bert", "tiny", "hooks"),
+                        default="resnet50")
     parser.add_argument("--batch", type=int, default=0, help="per rank (0: the model's default)")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--warmup", type=int, default=5)
@@ -83,6 +87,12 @@ class Workload:
             self.inputs = torch.randint(0, config.vocab_size, (self.batch, 128),
                                         generator=gen).to(device)
             self.targets = self.inputs.clone()
+        elif name == "hooks":
+            self.batch = batch or 8
+            self._factory = lambda: torch.nn.Sequential(
+                *[torch.nn.Linear(32, 32) for _ in range(100)])
+            self.inputs = torch.randn(self.batch, 32, generator=gen).to(device)
+            self.targets = torch.randint(0, 32, (self.batch,), generator=gen).to(device)
         else:
             self.batch = batch or 8
             self._factory = lambda: torch.nn.Sequential(
@@ -217,18 +227,21 @@ def report(args, workload, device, backend, results):
     none = results.get("none", (None,))[0]
     ddp = results.get("ddp", (None,))[0]
     ddp_checksum = results["ddp"][3] if "ddp" in results else None
-    print("%-8s %10s %10s %12s %10s %10s %22s %12s" % (
+    gradients = sum(1 for p in workload.model().parameters() if p.requires_grad)
+    print("%-8s %10s %10s %12s %10s %10s %22s %12s %12s" % (
         "mode", "median_ms", "min_ms", "over_none_ms", "vs_ddp", "replicas", "checksum",
-        "sum_vs_ddp"))
+        "sum_vs_ddp", "us_per_grad"))
     for name, (median, fastest, agree, checksum) in results.items():
         over = "%.2f" % (median - none) if none is not None else "-"
+        per_grad = (median - none) * 1e3 / gradients if none is not None else None
         ratio = "%.3f" % (median / ddp) if ddp else "-"
         drift = (abs(checksum - ddp_checksum) / max(abs(ddp_checksum), 1e-30)
                  if ddp_checksum is not None else None)
-        print("%-8s %10.2f %10.2f %12s %10s %10s %22.12g %12s" % (
+        print("%-8s %10.2f %10.2f %12s %10s %10s %22.12g %12s %12s" % (
             name, median, fastest, over, ratio,
             {True: "identical", False: "DIFFER", None: "own"}[agree], checksum,
-            "-" if drift is None else "%.1e" % drift))
+            "-" if drift is None else "%.1e" % drift,
+            "-" if per_grad is None else "%.2f" % per_grad))
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps({
@@ -238,7 +251,8 @@ def report(args, workload, device, backend, results):
                     "over_none_ms": None if none is None else round(median - none, 3),
                     "vs_ddp": None if not ddp else round(median / ddp, 4),
                     "replicas_identical": agree, "checksum": checksum,
-                    "checksum_vs_ddp": drift}) + "\n")
+                    "checksum_vs_ddp": drift, "gradients": gradients,
+                    "us_per_gradient": per_grad}) + "\n")
     sys.stdout.flush()
 
 
