@@ -8,7 +8,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "gradsync/status.h"
 
@@ -37,7 +39,17 @@ class StreamEvent {
     (void)at;
     return false;
   }
+
+  // Where the event was recorded, for a stream that must wait for many events at once (a bucket's
+  // producers): the events of one source complete in the order of their `sequence`, so waiting
+  // for the latest is waiting for all. Null when unknown: the event is waited for itself.
+  virtual const void* source() const { return nullptr; }
+  virtual uint64_t sequence() const { return 0; }
 };
+
+// The events a stream must wait for to have waited for all of `events`: the latest of each known
+// source, and every event of unknown source, in their first order. Null events are skipped.
+std::vector<StreamEvent*> LatestPerSource(const std::vector<StreamEvent*>& events);
 
 class Stream {
  public:

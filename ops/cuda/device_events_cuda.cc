@@ -1,12 +1,82 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "ops/cuda/cuda_status.h"
 #include "ops/cuda/cuda_stream.h"
 #include "ops/device/device_events.h"
 
 namespace gradsync {
+namespace {
+
+// Readiness events are made for every device tensor enqueued, from the backward hooks: they come
+// from a pool instead of cudaEventCreate and go back to it instead of cudaEventDestroy. An event
+// back in the pool may still be pending; recording it again is safe, as a stream that waits for
+// it captured its earlier record.
+class ReadinessEventPool {
+ public:
+  Status Take(int device, cudaEvent_t* event) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->first != device) continue;
+        *event = it->second;
+        free_.erase(it);
+        return Status::OK();
+      }
+    }
+    GRADSYNC_CUDA_CALL(cudaEventCreateWithFlags(event, cudaEventDisableTiming), device);
+    return Status::OK();
+  }
+  void Give(int device, cudaEvent_t event) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (free_.size() < kKept) {
+        free_.emplace_back(device, event);
+        return;
+      }
+    }
+    cudaEventDestroy(event);
+  }
+
+ private:
+  static constexpr size_t kKept = 4096;  // a step's gradients, several times over
+  std::mutex mu_;
+  std::vector<std::pair<int, cudaEvent_t>> free_;
+};
+
+ReadinessEventPool& Pool() {
+  static ReadinessEventPool* pool = new ReadinessEventPool;  // outlives every event
+  return *pool;
+}
+
+// An event recorded on a producer's stream: its source and the order of its record among all such
+// events, so that a bucket waits only for the latest event of each producer stream.
+class ReadinessEvent : public CudaEvent {
+ public:
+  ReadinessEvent(cudaEvent_t event, int device, const void* stream, uint64_t sequence)
+      : CudaEvent(event, device, std::make_shared<CudaStreamFailure>(), /*owned=*/false),
+        stream_(stream),
+        sequence_(sequence) {}
+  ~ReadinessEvent() override { Pool().Give(device(), static_cast<cudaEvent_t>(native())); }
+  const void* source() const override { return stream_; }
+  uint64_t sequence() const override { return sequence_; }
+
+ private:
+  const void* stream_;
+  uint64_t sequence_;
+};
+
+// Orders the records of readiness events: the sequence of a record is taken under the same lock,
+// so two threads recording on one stream cannot get sequences in the other order.
+std::mutex record_mu;
+uint64_t records = 0;
+
+}  // namespace
 
 Status ImportReadiness(void* cuda_event, void* cuda_stream, int device,
                        std::shared_ptr<StreamEvent>* ready) {
@@ -19,14 +89,20 @@ Status ImportReadiness(void* cuda_event, void* cuda_stream, int device,
   }
   if (cuda_stream == nullptr) return Status::OK();
   cudaEvent_t event = nullptr;
-  GRADSYNC_CUDA_CALL(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), device);
-  const Status recorded = CudaResult(cudaEventRecord(event, static_cast<cudaStream_t>(cuda_stream)),
-                                     "cudaEventRecord", device);
+  GRADSYNC_RETURN_IF_ERROR(Pool().Take(device, &event));
+  uint64_t sequence = 0;
+  Status recorded;
+  {
+    std::lock_guard<std::mutex> lock(record_mu);
+    sequence = ++records;
+    recorded = CudaResult(cudaEventRecord(event, static_cast<cudaStream_t>(cuda_stream)),
+                          "cudaEventRecord", device);
+  }
   if (!recorded.ok()) {
-    cudaEventDestroy(event);
+    Pool().Give(device, event);
     return recorded;
   }
-  *ready = std::make_shared<CudaEvent>(event, device, std::make_shared<CudaStreamFailure>());
+  *ready = std::make_shared<ReadinessEvent>(event, device, cuda_stream, sequence);
   return Status::OK();
 }
 

@@ -68,9 +68,21 @@ Status DevicePlane::InContext(const Status& status, const std::string& collectiv
   return Status(status.code(), DescribeBucket(collective, entries) + ": " + status.message());
 }
 
+// One wait per producer stream, not per tensor: a bucket's gradients mostly come from one stream,
+// whose latest event implies the others.
 void DevicePlane::WaitForInputs(const std::vector<TensorEntry*>& entries) {
+  ready_scratch_.clear();
   for (TensorEntry* entry : entries) {
-    if (entry->ready != nullptr) backend_->stream()->WaitFor(entry->ready);
+    if (entry->ready != nullptr) ready_scratch_.push_back(entry->ready.get());
+  }
+  if (ready_scratch_.empty()) return;
+  for (StreamEvent* latest : LatestPerSource(ready_scratch_)) {
+    for (TensorEntry* entry : entries) {
+      if (entry->ready.get() == latest) {
+        backend_->stream()->WaitFor(entry->ready);
+        break;
+      }
+    }
   }
 }
 

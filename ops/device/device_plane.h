@@ -84,8 +84,9 @@ class DevicePlane : public DataPlane {
   std::vector<StandInMemory> stand_ins_;
   std::shared_ptr<StreamEvent> completion_;
   bool record_phases_ = false;
-  std::vector<TimedPhase> phases_;     // the last launch's, while recorded
-  std::vector<CopySegment> segments_;  // scratch
+  std::vector<TimedPhase> phases_;           // the last launch's, while recorded
+  std::vector<CopySegment> segments_;        // scratch
+  std::vector<StreamEvent*> ready_scratch_;  // WaitForInputs'
   mutable std::mutex abort_mu_;
   bool aborted_ = false;
   Status abort_status_;

@@ -24,6 +24,33 @@ TEST(HostStreamTest, RunsWorkInTheOrderGiven) {
   for (int i = 0; i < 100; ++i) EXPECT_EQ(i, seen[i]);
 }
 
+// A stand-in for a producer's readiness event, of a known stream or not.
+class ProducerEvent : public StreamEvent {
+ public:
+  ProducerEvent(const void* source, uint64_t sequence) : source_(source), sequence_(sequence) {}
+  bool Query() override { return true; }
+  Status Wait(std::chrono::nanoseconds) override { return Status::OK(); }
+  const void* source() const override { return source_; }
+  uint64_t sequence() const override { return sequence_; }
+
+ private:
+  const void* source_;
+  uint64_t sequence_;
+};
+
+// A bucket waits once per producer stream, for its latest event, and for every event whose
+// stream is unknown (a caller's own event).
+TEST(HostStreamTest, ABucketWaitsForTheLatestEventOfEachProducer) {
+  int stream_a = 0, stream_b = 0;
+  ProducerEvent a1(&stream_a, 1), b2(&stream_b, 2), a3(&stream_a, 3), a5(&stream_a, 5),
+      b4(&stream_b, 4), own1(nullptr, 0), own2(nullptr, 0);
+  const std::vector<StreamEvent*> waited =
+      LatestPerSource({&a1, &b2, nullptr, &own1, &a5, &a3, &b4, &own2});
+  EXPECT_EQ(waited, (std::vector<StreamEvent*>{&a5, &b4, &own1, &own2}));
+  EXPECT_TRUE(LatestPerSource({}).empty());
+  EXPECT_EQ(LatestPerSource({&a3}), (std::vector<StreamEvent*>{&a3}));
+}
+
 // The timeline draws a device bucket's phases from its events' completion times.
 TEST(HostStreamTest, EventsTellWhenTheirWorkFinished) {
   HostStream stream;
