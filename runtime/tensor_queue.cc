@@ -42,15 +42,16 @@ Status TensorQueue::CheckAcceptingLocked(const TensorEntry& entry) const {
 
 // Only a device operation: a host one is launched and finished on the host, and submitting its name
 // again before waiting for it is a caller's mistake, reported as a duplicate.
+bool TensorQueue::HeldByLaunchedLocked(const TensorEntry& entry) const {
+  const std::unique_ptr<TensorEntry>* held = in_flight_.Find(entry.key());
+  return held != nullptr && (*held)->state != nullptr && (*held)->state->launched();
+}
+
 void TensorQueue::WaitOutLaunchedLocked(std::unique_lock<std::mutex>* lock,
                                         const TensorEntry& entry) {
-  auto launched_holder = [&] {
-    const std::unique_ptr<TensorEntry>* held = in_flight_.Find(entry.key());
-    return held != nullptr && (*held)->state != nullptr && (*held)->state->launched();
-  };
-  if (closed_flag_ || !launched_holder()) return;
+  if (closed_flag_ || !HeldByLaunchedLocked(entry)) return;
   ++waiting_out_launched_;
-  released_cv_.wait(*lock, [&] { return closed_flag_ || !launched_holder(); });
+  released_cv_.wait(*lock, [&] { return closed_flag_ || !HeldByLaunchedLocked(entry); });
   --waiting_out_launched_;
 }
 
@@ -64,10 +65,15 @@ Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry) {
   bool notify = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    WaitOutLaunchedLocked(&lock, *entry);
     if (closed_flag_) return closed_;
     TensorEntry* raw = entry.get();
-    if (!in_flight_.Insert(raw->key(), std::move(entry))) return DuplicateName(raw->name);
+    // The insert is the duplicate check: the common path hashes once. A refused insert leaves
+    // `entry` untouched (NameTable moves the value in only once it has found room).
+    while (!in_flight_.Insert(raw->key(), std::move(entry))) {
+      if (!HeldByLaunchedLocked(*raw)) return DuplicateName(raw->name);
+      WaitOutLaunchedLocked(&lock, *raw);
+      if (closed_flag_) return closed_;
+    }
     raw->in_flight = true;
     pending_.push_back(raw);
     notify = std::exchange(waiter_sleeping_, false);

@@ -77,6 +77,8 @@ class TensorQueue {
 
  private:
   Status CheckAcceptingLocked(const TensorEntry& entry) const;
+  // Whether the operation in flight under `entry`'s name is a launched device operation.
+  bool HeldByLaunchedLocked(const TensorEntry& entry) const;
   // Waits, releasing `lock` meanwhile, until no launched device operation holds `entry`'s name.
   void WaitOutLaunchedLocked(std::unique_lock<std::mutex>* lock, const TensorEntry& entry);
   // The burst-settling part of WaitForWork; `lock` holds mu_.
