@@ -20,4 +20,16 @@ namespace gradsync {
 Status LaunchBatchedCopy(const CopySegment* device_segments, const int64_t* device_first_chunk,
                          int num_segments, int64_t total_chunks, DataType dtype, void* stream);
 
+// A small batch's segments and plan, passed to the kernel by value as its parameter (under the
+// 4 KiB every CUDA device accepts), so that its launch needs no host-to-device copy first.
+struct InlineCopyPlan {
+  static constexpr int kMaxSegments = 96;
+  CopySegment segments[kMaxSegments];
+  int64_t first_chunk[kMaxSegments + 1];
+  int num_segments = 0;
+};
+
+// As LaunchBatchedCopy, with the segments (host values of device pointers) and the plan in `plan`.
+Status LaunchInlineBatchedCopy(const InlineCopyPlan& plan, DataType dtype, void* stream);
+
 }  // namespace gradsync

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "ops/cuda/batched_copy_kernel.h"
@@ -76,6 +77,14 @@ Status CudaBatchedCopier::Launch(const std::vector<CopySegment>& segments, DataT
   const std::vector<int64_t> first_chunk =
       PlanCopyChunks(segments.data(), static_cast<int>(segments.size()), DataTypeSize(dtype));
   if (first_chunk.back() == 0) return Status::OK();
+  if (segments.size() <= static_cast<size_t>(InlineCopyPlan::kMaxSegments)) {
+    // Most buckets: the plan goes as the kernel's parameter, with no staging and no copy.
+    InlineCopyPlan plan;
+    plan.num_segments = static_cast<int>(segments.size());
+    std::copy(segments.begin(), segments.end(), plan.segments);
+    std::copy(first_chunk.begin(), first_chunk.end(), plan.first_chunk);
+    return LaunchInlineBatchedCopy(plan, dtype, stream);
+  }
   const size_t segment_bytes = segments.size() * sizeof(CopySegment);
   const size_t plan_bytes = first_chunk.size() * sizeof(int64_t);
   Staging* staging = nullptr;

@@ -1,6 +1,8 @@
-// CudaBatchedCopier: the batched copy launched on a CUDA stream, with the launch's descriptors
-// (segments and chunk plan) moved to the device through pinned staging blocks that are reused
-// once the copy that read them has run, so that a launch costs no synchronization.
+// CudaBatchedCopier: the batched copy launched on a CUDA stream. A launch of up to
+// InlineCopyPlan::kMaxSegments segments passes its descriptors (segments and chunk plan) as the
+// kernel's parameter: one launch, no copy. A larger one moves them to the device through pinned
+// staging blocks that are reused once the copy that read them has run, so that a launch costs no
+// synchronization.
 //
 // While the stream waits for a producer (a backward pass still computing), every launch takes a
 // fresh block, and dozens are in flight at once. They finish in the order they were launched

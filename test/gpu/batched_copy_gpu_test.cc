@@ -157,7 +157,7 @@ TEST_P(BatchedCopyGpuTest, MatchesTheHostExecutor) {
 // block reused before its copy ran, a later launch's descriptors would replace an earlier one's,
 // and some destination would receive another's values. Then the same again with the stream free,
 // so that finished blocks are reused.
-TEST(CudaBatchedCopierGpuTest, StagingOutlivesLaunchesQueuedBehindAStalledStream) {
+TEST(CudaBatchedCopierGpuTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStream) {
   constexpr int kLaunches = 200;
   constexpr int64_t kCount = 1000;
   cudaStream_t stream = nullptr;
@@ -172,7 +172,9 @@ TEST(CudaBatchedCopierGpuTest, StagingOutlivesLaunchesQueuedBehindAStalledStream
   ASSERT_CUDA(cudaMalloc(&destinations, kLaunches * kCount * sizeof(float)));
   std::vector<float> values(static_cast<size_t>(kLaunches * kCount));
   CudaBatchedCopier copier(0);
-  for (int round = 0; round < 2; ++round) {
+  // Rounds 0 and 1 launch plans that go inline as the kernel's parameter, 2 and 3 plans that go
+  // through staging; the first of each behind a stalled stream.
+  for (int round = 0; round < 4; ++round) {
     for (int i = 0; i < kLaunches; ++i) {
       std::fill(values.begin() + i * kCount, values.begin() + (i + 1) * kCount,
                 static_cast<float>(round * kLaunches + i));
@@ -181,12 +183,13 @@ TEST(CudaBatchedCopierGpuTest, StagingOutlivesLaunchesQueuedBehindAStalledStream
         cudaMemcpy(sources, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
     ASSERT_CUDA(cudaMemset(destinations, 0, values.size() * sizeof(float)));
     *release = 0;
-    const bool stalled = round == 0;
+    const bool stalled = round % 2 == 0;
     if (stalled) testing::LaunchSlowFill(stream, release, blocker, 1, 0.0f, 10'000'000'000LL);
     for (int i = 0; i < kLaunches; ++i) {
-      // One to three segments a launch, so that launches ask for staging of different sizes.
+      // One to three segments more or less from launch to launch, so that staged launches ask
+      // for staging of different sizes.
       std::vector<CopySegment> segments;
-      const int pieces = 1 + i % 3;
+      const int pieces = (round < 2 ? 1 : InlineCopyPlan::kMaxSegments + 1) + i % 3;
       for (int p = 0; p < pieces; ++p) {
         const int64_t begin = kCount * p / pieces, end = kCount * (p + 1) / pieces;
         segments.push_back(
