@@ -10,12 +10,14 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/half.h"
 #include "test/gpu/gpu_test_kernels.h"
+#include "test/trace_reader.h"
 
 namespace gradsync {
 namespace testing {
@@ -282,6 +284,41 @@ TEST_F(DeviceCollectivesTest, BatchStartsAndFinishesWithoutWaitingForTheProducer
   cudaFreeHost(release);
   cudaStreamDestroy(producer);
   cudaStreamDestroy(consumer);
+}
+
+// The timeline draws a CUDA bucket's phases on the stream from timed events, in order and one
+// after the other, on rank 0's rows.
+TEST_F(DeviceCollectivesTest, TimelineShowsTheBucketsPhasesOnTheDevice) {
+  if (NcclSharingOneGpu()) GTEST_SKIP() << "the shared-GPU error is checked instead";
+  const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                     ("gradsync_gpu_timeline_" + std::to_string(rank_) + ".json");
+  start_timeline(path.string());
+  std::vector<std::unique_ptr<DeviceFloats>> tensors;
+  std::vector<TensorView> views;
+  GroupedAllreduceOptions options;
+  for (int i = 0; i < 4; ++i) {
+    tensors.push_back(std::make_unique<DeviceFloats>(1000));
+    tensors.back()->Set(std::vector<float>(1000, 1.0f));
+    views.push_back(tensors.back()->view());
+    options.names.push_back("gpu.tl." + std::to_string(i));
+  }
+  for (const Handle& h : grouped_allreduce(views, options)) ASSERT_TRUE(h.wait_for(kLimit));
+  stop_timeline();
+  if (rank_ != 0) return;
+  const testing::Trace trace = testing::LoadTrace(path);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(trace.ok);
+  const int64_t row = trace.RowOf("gpu.tl.1");
+  std::vector<std::string> phases;
+  int64_t last_end = -1;
+  for (const testing::Json& e : trace.events) {
+    if (testing::IntField(e, "tid") != row || testing::StringField(e, "ph") != "X") continue;
+    phases.push_back(testing::StringField(e, "name"));
+    EXPECT_GE(testing::IntField(e, "ts"), last_end - 1) << phases.back();
+    last_end = testing::IntField(e, "ts") + testing::IntField(e, "dur");
+  }
+  EXPECT_EQ(phases, (std::vector<std::string>{"DEVICE_QUEUE", "DEVICE_COPY_IN", "DEVICE_ALLREDUCE",
+                                              "DEVICE_COPY_OUT"}));
 }
 
 TEST_F(DeviceCollectivesTest, NcclRefusesRanksSharingOneGpu) {
