@@ -1,0 +1,201 @@
+// The enqueue path every collective takes: argument checks, process set membership, naming, and
+// the push of one entry or a group into the queue.
+#include "bindings/enqueue.h"
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/device/device_events.h"
+#include "runtime/op_state.h"
+
+namespace gradsync {
+
+namespace {
+
+std::string Describe(const Runtime& rt, OpType op, const std::string& name) {
+  return OpTypeName(op) + " of tensor '" + name + "' on rank " + std::to_string(rt.mpi->rank());
+}
+
+// This rank's rank in `set` and the set's size; the global set costs no lock.
+Status Membership(const Runtime& rt, const ProcessSet& set, int* set_rank, int* set_size) {
+  if (set.id() == 0) {
+    *set_rank = rt.mpi->rank();
+    *set_size = rt.mpi->size();
+    return Status::OK();
+  }
+  return rt.registry.Membership(set.id(), set_rank, set_size);
+}
+
+// Throws `validation` (or a name too long for the wire) with the operation, tensor and rank in
+// front.
+void ThrowIfRefused(const Runtime& rt, TensorEntry* entry, const Status& checked) {
+  const bool internal = entry->op == OpType::kJoin || entry->op == OpType::kAddProcessSet ||
+                        entry->op == OpType::kRemoveProcessSet;
+  const std::string& name = entry->name;
+  const bool reserved =
+      !internal && name.size() >= 9 && name[0] == 'g' && name.compare(0, 9, "gradsync.") == 0;
+  if (checked.ok() && !reserved && name.size() <= kMaxWireNameBytes) return;  // accepted
+  Status validation = checked;
+  if (validation.ok() && reserved) {
+    validation = Status::InvalidArgument("names starting with 'gradsync.' are reserved");
+  }
+  if (validation.ok() && entry->name.size() > kMaxWireNameBytes) {
+    validation = Status::InvalidArgument("tensor name of " + std::to_string(entry->name.size()) +
+                                         " bytes; at most " + std::to_string(kMaxWireNameBytes) +
+                                         " are supported");
+    entry->name = entry->name.substr(0, 64) + "...";
+  }
+  if (!validation.ok()) {
+    const std::string name = entry->name.empty() ? "<unnamed>" : entry->name;
+    Throw(Status(validation.code(), Describe(rt, entry->op, name) + ": " + validation.message()));
+  }
+}
+
+// Called only for accepted operations, so every rank's counter stays in step even when one rank's
+// enqueue is refused.
+void NameIfUnnamed(Runtime& rt, TensorEntry* entry) {
+  if (!entry->name.empty()) return;
+  const auto op = static_cast<int>(entry->op);
+  if (entry->process_set == 0) {
+    entry->name = OpTypeName(entry->op) + ".noname." + std::to_string(rt.unnamed_counters[op]++);
+    return;
+  }
+  uint64_t n = 0;
+  {
+    std::lock_guard<std::mutex> lock(rt.unnamed_in_sets_mu);
+    n = rt.unnamed_in_sets[{op, entry->process_set}]++;
+  }
+  entry->name = OpTypeName(entry->op) + ".set" + std::to_string(entry->process_set) + ".noname." +
+                std::to_string(n);
+}
+
+}  // namespace
+
+Status ValidateTensor(const TensorView& t, int64_t bytes, const char* what) {
+  if (PlainlyValid(t, bytes)) return Status::OK();
+  if (!IsValidDataType(t.dtype)) {
+    return Status::InvalidArgument(std::string(what) + "unknown dtype " + DataTypeName(t.dtype));
+  }
+  if (t.shape.size() > kMaxWireDims) {
+    return Status::InvalidArgument(std::string(what) + std::to_string(t.shape.size()) +
+                                   " dimensions; at most " + std::to_string(kMaxWireDims) +
+                                   " are supported");
+  }
+  if (bytes < 0) {
+    for (int64_t d : t.shape) {
+      if (d < 0) {
+        return Status::InvalidArgument(std::string(what) + "negative dimension in shape " +
+                                       ShapeString(t.shape));
+      }
+    }
+    return Status::InvalidArgument(std::string(what) + "shape " + ShapeString(t.shape) +
+                                   " overflows a 64-bit byte count (zero dimensions aside)");
+  }
+  if (t.device.kind != DeviceKind::kCpu && t.device.kind != DeviceKind::kCuda) {
+    return Status::InvalidArgument(std::string(what) + "unknown device kind " +
+                                   std::to_string(static_cast<int>(t.device.kind)));
+  }
+  if (t.data == nullptr && bytes > 0) {
+    return Status::InvalidArgument(std::string(what) + "data is null but the tensor has " +
+                                   std::to_string(t.num_elements()) + " elements");
+  }
+  return Status::OK();  // not reached: PlainlyValid holds when every check above passes
+}
+
+Status ValidateTensor(const TensorView& t, const char* what) {
+  return ValidateTensor(t, t.num_bytes(), what);
+}
+
+Status UseProcessSet(const Runtime& rt, const ProcessSet& set, TensorEntry* entry, int* set_size) {
+  entry->process_set = set.id();
+  int set_rank = 0;
+  int size = 0;
+  const Status status = Membership(rt, set, &set_rank, &size);
+  if (set_size != nullptr) *set_size = size;
+  return status;
+}
+
+std::vector<Handle> SubmitGroup(Runtime& rt, std::vector<std::unique_ptr<TensorEntry>> entries,
+                                const std::vector<Status>& validations) {
+  for (size_t i = 0; i < entries.size(); ++i) ThrowIfRefused(rt, entries[i].get(), validations[i]);
+  if (entries.empty()) return {};
+  for (auto& entry : entries) NameIfUnnamed(rt, entry.get());
+  std::vector<Handle> handles;
+  handles.reserve(entries.size());
+  for (auto& entry : entries) {
+    entry->group = entries.front()->name;
+    entry->group_size = static_cast<int>(entries.size());
+    handles.push_back(MakeHandle(entry->state));
+  }
+  const bool traced = rt.timeline.active();
+  std::vector<std::string> traced_names;
+  if (traced) {
+    for (const auto& entry : entries) {
+      traced_names.push_back(entry->name);
+      rt.timeline.ActivityStart(entry->name, "QUEUE");
+    }
+  }
+  const Status pushed = rt.queue.PushAll(std::move(entries));
+  if (!pushed.ok()) {
+    for (const std::string& name : traced_names) rt.timeline.ActivityEnd(name);
+    Throw(pushed);
+  }
+  return handles;
+}
+
+Status AttachReadiness(const DeviceReadiness& ready, TensorEntry* entry) {
+  if (ready.cuda_event == nullptr && ready.cuda_stream == nullptr) return Status::OK();
+  if (entry->input.device.kind != DeviceKind::kCuda) return Status::OK();
+  return ImportReadiness(ready.cuda_event, ready.cuda_stream, entry->input.device.index,
+                         &entry->ready);
+}
+
+void RequireGroupArguments(const char* call, size_t tensors, size_t names,
+                           const size_t* allocators) {
+  Status status;
+  if (names != 0 && names != tensors) {
+    status = Status::InvalidArgument(std::to_string(names) + " names for " +
+                                     std::to_string(tensors) + " tensors; give one each or none");
+  } else if (allocators != nullptr && *allocators != tensors) {
+    status = Status::InvalidArgument(std::to_string(*allocators) + " allocators for " +
+                                     std::to_string(tensors) + " tensors; give one each");
+  }
+  if (!status.ok()) Throw(Status(status.code(), std::string(call) + ": " + status.message()));
+}
+
+std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string& name,
+                                      CompletionCallback on_complete) {
+  std::unique_ptr<TensorEntry> entry = rt.queue.NewEntry();
+  entry->op = op;
+  entry->name = name;
+  OpState::Renew(&entry->state, std::move(on_complete));
+  return entry;
+}
+
+Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& validation) {
+  ThrowIfRefused(rt, entry.get(), validation);
+  NameIfUnnamed(rt, entry.get());
+  std::shared_ptr<OpState> state = entry->state;
+  const bool traced = rt.timeline.active();
+  // Started before the push: once pushed, the background thread may end it at any moment.
+  if (traced) rt.timeline.ActivityStart(entry->name, "QUEUE");
+  std::string refused_name;
+  if (traced) refused_name = entry->name;
+  const Status pushed = rt.queue.Push(std::move(entry));
+  if (!pushed.ok()) {
+    if (traced) rt.timeline.ActivityEnd(refused_name);
+    Throw(pushed);
+  }
+  return MakeHandle(std::move(state));
+}
+
+Handle MakeHandle(std::shared_ptr<OpState> state) {
+  Handle h;
+  h.state_ = std::move(state);
+  return h;
+}
+
+}  // namespace gradsync
