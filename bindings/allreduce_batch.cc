@@ -398,9 +398,14 @@ void AllreduceBatch::Impl::Start(size_t index, void* data, const DeviceReadiness
     if (ready == nullptr) {
       slot.handle = allreduce(slot.view, slot.options);
     } else {
-      AllreduceOptions options = slot.options;
-      options.ready = *ready;
-      slot.handle = allreduce(slot.view, options);
+      // Lent to this start only, without copying the options (and their name) per gradient.
+      struct Restore {
+        DeviceReadiness* at;
+        DeviceReadiness kept;
+        ~Restore() { *at = kept; }
+      } restore{&slot.options.ready, slot.options.ready};
+      slot.options.ready = *ready;
+      slot.handle = allreduce(slot.view, slot.options);
     }
     slot.started = true;
     started.push_back(index);

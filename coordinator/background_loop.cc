@@ -256,10 +256,8 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
     if (!local_failures_.empty()) CompleteLocalFailures();
     std::shared_ptr<StreamEvent> launched;
     std::vector<DataPlane::TimedPhase> phases;
-    if (executed.ok() && plane != nullptr) {
-      launched = plane->TakeCompletion();
-      phases = plane->TakePhases();
-    }
+    if (executed.ok() && plane != nullptr) launched = plane->TakeCompletion();
+    if (traced_device && launched != nullptr) phases = plane->TakePhases();
     Status status = executed;
     if (executed.ok() && launched == nullptr &&
         responses[bucket.responses.front()]->type == ResponseType::kAllreduce) {
@@ -288,7 +286,7 @@ Status BackgroundLoop::ExecuteBucket(ProcessSetRuntime* set, const Response& fir
   DataPlane* plane = nullptr;
   GRADSYNC_RETURN_IF_ERROR(set->PlaneFor(first.device, &plane));
   *plane_used = plane;  // PlaneFor gives a plane whenever it returns OK
-  plane->RecordPhases(record_phases);
+  if (first.device.kind != DeviceKind::kCpu) plane->RecordPhases(record_phases);
   switch (first.type) {
     case ResponseType::kAllreduce:
       return plane->Allreduce(members,

@@ -34,12 +34,6 @@ std::unique_ptr<TensorEntry> TensorQueue::NewEntry() {
   return std::make_unique<TensorEntry>();
 }
 
-Status TensorQueue::CheckAcceptingLocked(const TensorEntry& entry) const {
-  if (closed_flag_) return closed_;
-  if (in_flight_.Contains(entry.key())) return DuplicateName(entry.name);
-  return Status::OK();
-}
-
 // Only a device operation: a host one is launched and finished on the host, and submitting its name
 // again before waiting for it is a caller's mistake, reported as a duplicate.
 bool TensorQueue::HeldByLaunchedLocked(const TensorEntry& entry) const {
@@ -92,12 +86,21 @@ Status TensorQueue::PushAll(std::vector<std::unique_ptr<TensorEntry>> entries) {
   bool notify = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    for (const auto& entry : entries) WaitOutLaunchedLocked(&lock, *entry);
-    if (closed_flag_) return closed_;  // an empty batch must fail too once closed
     std::unordered_set<NameKey, NameKeyHash> batch;
-    for (const auto& entry : entries) {
-      GRADSYNC_RETURN_IF_ERROR(CheckAcceptingLocked(*entry));
-      if (!batch.insert(entry->key()).second) return DuplicateName(entry->name);
+    // Checked again from the start after waiting out a launched operation under one of the names.
+    for (const TensorEntry* taken = nullptr;; taken = nullptr) {
+      if (closed_flag_) return closed_;  // an empty batch must fail too once closed
+      batch.clear();
+      for (const auto& entry : entries) {
+        if (in_flight_.Contains(entry->key())) {
+          if (!HeldByLaunchedLocked(*entry)) return DuplicateName(entry->name);
+          taken = entry.get();
+          break;
+        }
+        if (!batch.insert(entry->key()).second) return DuplicateName(entry->name);
+      }
+      if (taken == nullptr) break;
+      WaitOutLaunchedLocked(&lock, *taken);
     }
     for (auto& entry : entries) {
       TensorEntry* raw = entry.get();

@@ -76,7 +76,6 @@ class TensorQueue {
   Status closed_status() const;
 
  private:
-  Status CheckAcceptingLocked(const TensorEntry& entry) const;
   // Whether the operation in flight under `entry`'s name is a launched device operation.
   bool HeldByLaunchedLocked(const TensorEntry& entry) const;
   // Waits, releasing `lock` meanwhile, until no launched device operation holds `entry`'s name.
