@@ -112,38 +112,34 @@ bool BackgroundLoop::RunOneCycle() {
   // that what arrives meanwhile shares one negotiation instead of each paying a wake-up and a
   // control round. A caller that waits on each result pushes nothing during the cycle and keeps
   // the quick start.
-  if (queue_->HasPending()) queue_->PauseUntil(started + CycleTime());
+  // A locked set has no negotiation to share: its buckets start as soon as they fill.
+  if (queue_->HasPending() && !AnyLocked()) queue_->PauseUntil(started + CycleTime());
   return true;
 }
 
 bool BackgroundLoop::RunSetCycle(ProcessSetRuntime* set, bool* productive) {
   const int32_t id = set->id();
+  if (set->lock().locked()) {
+    if (!RunLockedCycle(set, productive)) return false;
+    if (sets_.Find(id) == nullptr || set->lock().locked()) return true;  // closed, or still locked
+    // It left the lock in this cycle: what it held is in fresh(), negotiated now.
+  }
   const bool global = id == 0;
   CycleOutcome outcome;
-  const Status negotiated =
-      set->negotiator().RunCycle(set->fresh(), global && shutdown_requested_.load(), &outcome);
+  const Status negotiated = set->negotiator().RunCycle(
+      set->fresh(), global && shutdown_requested_.load(), &outcome, set->lock().ready());
   set->fresh().clear();
   if (!negotiated.ok()) {
     Log().error("negotiation in process set {} failed: {}", id, negotiated.ToString());
-    if (global) {
-      FailEverything(negotiated);
-      return false;
-    }
-    CloseSet(id, negotiated, outcome.entries);  // some may have left the negotiator already
-    return true;
+    return FailSet(set, negotiated, outcome.entries);  // some may have left the negotiator already
   }
   if (timeline_->active()) MarkNegotiated(outcome);
   if (!outcome.responses.empty()) *productive = true;
   const Status executed = Execute(set, outcome);
   if (!executed.ok()) {
-    if (global) {
-      FailEverything(executed);
-      return false;
-    }
     // A stall has run everything before it; an Internal error has completed nothing.
     const bool stalled = executed.code() == StatusCode::kStalled;
-    CloseSet(id, executed, stalled ? std::vector<TensorEntry*>() : outcome.entries);
-    return true;
+    return FailSet(set, executed, stalled ? std::vector<TensorEntry*>() : outcome.entries);
   }
   if (outcome.shutdown) {
     FailEverything(Status::Shutdown(
@@ -152,7 +148,93 @@ bool BackgroundLoop::RunSetCycle(ProcessSetRuntime* set, bool* productive) {
         (shutdown_requested_.load() ? "this rank)" : "another rank)")));
     return false;
   }
+  set->lock().Observe(outcome);
+  if (outcome.lock_agreed) {
+    const Status locked = set->lock().Lock(set->fusion(), [set](const std::string& name) {
+      return set->negotiator().CachedResponse(name);
+    });
+    if (!locked.ok()) return FailSet(set, locked, {});
+    if (set->lock().locked() && timeline_->active()) {
+      timeline_->Mark("LOCK set " + std::to_string(id) + ": " +
+                      std::to_string(set->lock().planned_buckets()) + " buckets");
+    }
+  }
   return true;
+}
+
+bool BackgroundLoop::RunLockedCycle(ProcessSetRuntime* set, bool* productive) {
+  const bool global = set->id() == 0;
+  LockedCycle cycle;
+  const Status ran = set->lock().RunCycle(set->fresh(), global && shutdown_requested_.load(),
+                                          "shutdown() was called on this rank", &cycle);
+  set->fresh().clear();
+  if (!ran.ok()) {
+    Log().error("locked schedule of process set {} failed: {}", set->id(), ran.ToString());
+    return FailSet(set, ran, EntriesOf(cycle.buckets, 0));
+  }
+  for (size_t i = 0; i < cycle.buckets.size(); ++i) {
+    *productive = true;
+    if (timeline_->active()) MarkNegotiated(cycle.buckets[i]);
+    const Status executed = Execute(set, cycle.buckets[i]);
+    if (!executed.ok()) return FailSet(set, executed, EntriesOf(cycle.buckets, i));
+  }
+  if (cycle.unlocked) LeftLock(set, &cycle);
+  return true;
+}
+
+void BackgroundLoop::LeftLock(ProcessSetRuntime* set, LockedCycle* cycle) {
+  if (timeline_->active()) {
+    timeline_->Mark("UNLOCK set " + std::to_string(set->id()) + ": " + cycle->reason);
+  }
+  std::vector<TensorEntry*>& fresh = set->fresh();
+  fresh.insert(fresh.begin(), cycle->returned.begin(), cycle->returned.end());
+}
+
+Status BackgroundLoop::LeaveLockBeforeRemoval(const CycleOutcome& outcome) {
+  for (size_t i = 0; i < outcome.responses.size(); ++i) {
+    const TensorEntry* entry = outcome.entries[i];
+    if (outcome.responses[i]->type != ResponseType::kRemoveProcessSet || entry == nullptr ||
+        entry->splits.empty()) {
+      continue;
+    }
+    const auto id = static_cast<int32_t>(entry->splits[0]);
+    ProcessSetRuntime* doomed = id == 0 ? nullptr : sets_.Find(id);
+    if (doomed == nullptr || !doomed->lock().locked()) continue;
+    LockedCycle cycle;
+    GRADSYNC_RETURN_IF_ERROR(
+        doomed->lock().Unlock("process set " + std::to_string(id) + " is being removed", &cycle));
+    for (const CycleOutcome& bucket : cycle.buckets) {
+      GRADSYNC_RETURN_IF_ERROR(Execute(doomed, bucket));
+    }
+    LeftLock(doomed, &cycle);
+  }
+  return Status::OK();
+}
+
+std::vector<TensorEntry*> BackgroundLoop::EntriesOf(const std::vector<CycleOutcome>& buckets,
+                                                    size_t from) {
+  std::vector<TensorEntry*> entries;
+  for (size_t i = from; i < buckets.size(); ++i) {
+    entries.insert(entries.end(), buckets[i].entries.begin(), buckets[i].entries.end());
+  }
+  return entries;
+}
+
+bool BackgroundLoop::FailSet(ProcessSetRuntime* set, const Status& why,
+                             const std::vector<TensorEntry*>& taken) {
+  if (set->id() == 0) {
+    FailEverything(why);
+    return false;
+  }
+  CloseSet(set->id(), why, taken);
+  return true;
+}
+
+bool BackgroundLoop::AnyLocked() {
+  for (ProcessSetRuntime* set = sets_.Next(-1); set != nullptr; set = sets_.Next(set->id())) {
+    if (set->lock().locked()) return true;
+  }
+  return false;
 }
 
 std::vector<TensorEntry*> BackgroundLoop::TakeFreshEntries() {
@@ -163,7 +245,12 @@ std::vector<TensorEntry*> BackgroundLoop::TakeFreshEntries() {
       timeline_->ActivityEnd(entry->name);  // the QUEUE activity the enqueue started
       std::string label = OpTypeName(entry->op);
       for (char& c : label) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-      timeline_->NegotiateStart(entry->name, label);  // NEGOTIATE_ALLREDUCE, ...
+      ProcessSetRuntime* set = sets_.Find(entry->process_set);
+      if (set != nullptr && set->lock().locked()) {
+        timeline_->ActivityStart(entry->name, "LOCKED_" + label);  // waits for its bucket
+      } else {
+        timeline_->NegotiateStart(entry->name, label);  // NEGOTIATE_ALLREDUCE, ...
+      }
     }
   }
   held_ += entries.size();
@@ -192,6 +279,8 @@ void BackgroundLoop::MarkNegotiated(const CycleOutcome& outcome) {
 }
 
 Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outcome) {
+  // Before anything of this outcome runs, on every member of a set being removed alike.
+  if (set->id() == 0) GRADSYNC_RETURN_IF_ERROR(LeaveLockBeforeRemoval(outcome));
   const std::vector<const Response*>& responses = outcome.responses;
   const std::vector<TensorEntry*>& entries = outcome.entries;
   // A fatal response comes last: what was agreed before it still runs (the planner skips the fatal

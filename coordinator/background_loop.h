@@ -70,6 +70,19 @@ class BackgroundLoop {
   // One set's share of a cycle; false once the loop must end (only the global set ends it: a
   // failing process set is closed and the rest go on). Sets *productive if anything ran.
   bool RunSetCycle(ProcessSetRuntime* set, bool* productive);
+  // RunSetCycle for a set whose schedule is locked: its locked schedule takes the fresh entries
+  // and gives the buckets every member has reached, which run here. If the set leaves the lock,
+  // what it held goes back into its fresh entries.
+  bool RunLockedCycle(ProcessSetRuntime* set, bool* productive);
+  void LeftLock(ProcessSetRuntime* set, LockedCycle* cycle);
+  // For each removal of a locked set among the global set's responses: every member leaves the
+  // lock there (collective over the set), running the buckets already agreed, before the removal.
+  Status LeaveLockBeforeRemoval(const CycleOutcome& outcome);
+  static std::vector<TensorEntry*> EntriesOf(const std::vector<CycleOutcome>& buckets, size_t from);
+  // A set failed with `why`: the global set fails everything (returns false: the loop ends); any
+  // other set is closed, failing `taken` with what it held (returns true).
+  bool FailSet(ProcessSetRuntime* set, const Status& why, const std::vector<TensorEntry*>& taken);
+  bool AnyLocked();
   // Drains the queue; the entries are held until completed.
   std::vector<TensorEntry*> TakeFreshEntries();
   // Hands each entry to its set's next cycle, failing those whose set this rank does not run.

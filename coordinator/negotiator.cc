@@ -57,7 +57,7 @@ Negotiator::Negotiator(ControlChannel* channel, const Config& config, Clock cloc
 }
 
 Status Negotiator::RunCycle(const std::vector<TensorEntry*>& fresh, bool want_shutdown,
-                            CycleOutcome* out) {
+                            CycleOutcome* out, bool want_lock) {
   *out = CycleOutcome();
   const double now = clock_();
   cached_.resize(cache_.num_bits());
@@ -69,7 +69,8 @@ Status Negotiator::RunCycle(const std::vector<TensorEntry*>& fresh, bool want_sh
   out->joined = joins_pending_ > 0;
   const bool has_uncached = RefreshCachedState(now, &invalid);
 
-  std::vector<uint64_t> words = BuildBitVector(want_shutdown, has_uncached, invalid, now);
+  const bool lockable = want_lock && cached_count_ == 0 && pending_.empty() && invalid.empty();
+  std::vector<uint64_t> words = BuildBitVector(want_shutdown, lockable, has_uncached, invalid, now);
   GRADSYNC_RETURN_IF_ERROR(channel_->AllreduceAnd(&words));
 
   const uint64_t flags = ~words[0];
@@ -88,7 +89,14 @@ Status Negotiator::RunCycle(const std::vector<TensorEntry*>& fresh, bool want_sh
     out->full_round = true;
     GRADSYNC_RETURN_IF_ERROR(FullRound(now, out));
   }
+  // Every rank held nothing, so the round ran nothing: the same quiet point on every rank.
+  out->lock_agreed =
+      (flags & kFlagNoLock) == 0 && !out->shutdown && !out->full_round && out->responses.empty();
   return Status::OK();
+}
+
+ResponsePtr Negotiator::CachedResponse(const std::string& name) const {
+  return cache_.Find(NameKey(name));
 }
 
 void Negotiator::AddFresh(const std::vector<TensorEntry*>& fresh, double now,
@@ -194,13 +202,15 @@ bool Negotiator::RefreshCachedState(double now, std::vector<uint32_t>* invalid) 
                      [](const auto& item) { return item.value.state == PendingState::kUncached; });
 }
 
-std::vector<uint64_t> Negotiator::BuildBitVector(bool want_shutdown, bool has_uncached,
+std::vector<uint64_t> Negotiator::BuildBitVector(bool want_shutdown, bool want_lock,
+                                                 bool has_uncached,
                                                  const std::vector<uint32_t>& invalid,
                                                  double now) const {
   const size_t bit_words = BitWords(cache_.num_bits());
   std::vector<uint64_t> words(1 + 2 * bit_words, ~uint64_t{0});
   uint64_t flags = 0;
   if (want_shutdown) flags |= kFlagShutdown;
+  if (!want_lock) flags |= kFlagNoLock;
   if (has_uncached) flags |= kFlagUncached;
   if (joins_pending_ > 0) flags |= kFlagJoined;
   if (rank_ == 0 && stall_->InspectionDue(*table_, now)) flags |= kFlagInspect;

@@ -41,6 +41,9 @@ struct CycleOutcome {
   // This rank had joined by the time it negotiated: allreduces and barriers it never submitted may
   // be among the responses (with a null entry), and it takes part in them without data of its own.
   bool joined = false;
+  // Every rank asked to lock its schedule in this cycle's round and none holds anything
+  // (coordinator/locked_schedule.h): every rank locks after it, at the same point.
+  bool lock_agreed = false;
   // Diagnostics for tests and the timeline.
   int cache_hits = 0;
   bool full_round = false;
@@ -60,7 +63,12 @@ class Negotiator {
   // non-OK Status means this rank's control plane failed (an MPI error, or a response list that
   // does not parse): the caller fails what this negotiator holds (the entries already in *out, and
   // TakeAllPending) and does not run it again.
-  Status RunCycle(const std::vector<TensorEntry*>& fresh, bool want_shutdown, CycleOutcome* out);
+  // `want_lock`: this rank's locked schedule is ready to lock; it counts only when this rank holds
+  // nothing after taking `fresh`.
+  Status RunCycle(const std::vector<TensorEntry*>& fresh, bool want_shutdown, CycleOutcome* out,
+                  bool want_lock = false);
+  // The response the cache holds for `name`, the same on every rank; null if none.
+  ResponsePtr CachedResponse(const std::string& name) const;
   // Forgets every pending entry and returns them, for a caller that fails them (its process set
   // was removed or failed). The negotiator must not run again.
   std::vector<TensorEntry*> TakeAllPending();
@@ -83,6 +91,8 @@ class Negotiator {
     // Some rank has joined: it sets no cache bits, so every request goes through the full round,
     // where rank 0 counts joined ranks as ready.
     kFlagJoined = 1u << 3,
+    // Some rank does not want to lock its schedule, or holds something (see CycleOutcome).
+    kFlagNoLock = 1u << 4,
   };
 
   void AddFresh(const std::vector<TensorEntry*>& fresh, double now, std::vector<uint32_t>* invalid);
@@ -97,7 +107,7 @@ class Negotiator {
   // Demotes cached requests that were evicted or have waited past the stall warning; returns
   // whether any pending request now needs the full round.
   bool RefreshCachedState(double now, std::vector<uint32_t>* invalid);
-  std::vector<uint64_t> BuildBitVector(bool want_shutdown, bool has_uncached,
+  std::vector<uint64_t> BuildBitVector(bool want_shutdown, bool want_lock, bool has_uncached,
                                        const std::vector<uint32_t>& invalid, double now) const;
   void ApplyInvalidBits(const std::vector<uint64_t>& words);
   void TakeCachedReady(const std::vector<uint64_t>& words, CycleOutcome* out);

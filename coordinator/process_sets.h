@@ -2,8 +2,8 @@
 //
 // ProcessSetRuntime: one set this rank belongs to: its communicators (the global set uses
 // MpiContext's own), its negotiator (with the set's response cache, readiness table and stall
-// inspector), its host data plane (with the set's fusion buffer), and the entries drained for it
-// that it has not negotiated yet.
+// inspector), its locked schedule, its host data plane (with the set's fusion buffer), and the
+// entries drained for it that it has not negotiated yet.
 //
 // ProcessSets: every set this rank belongs to, by id, and the adding and removing of sets. Adding
 // and removing are collective over every rank and change every rank's view identically (ids are
@@ -27,6 +27,7 @@
 #include "coordinator/autotuner.h"
 #include "coordinator/control_channel.h"
 #include "coordinator/fusion_planner.h"
+#include "coordinator/locked_schedule.h"
 #include "coordinator/negotiator.h"
 #include "ops/data_plane.h"
 #include "ops/mpi/mpi_data_plane.h"
@@ -48,6 +49,8 @@ class ProcessSetRuntime {
   int32_t id() const { return id_; }
   const std::vector<int>& ranks() const { return ranks_; }
   Negotiator& negotiator() { return *negotiator_; }
+  // The set's locked schedule, which takes the negotiator's place while locked.
+  LockedSchedule& lock() { return *lock_; }
   MPI_Comm data_comm() const { return data_comm_; }
   // The piece size of the set's MPI allreduces of host memory (MpiDataPlane::piece_bytes).
   int64_t allreduce_piece_bytes() const;
@@ -83,6 +86,7 @@ class ProcessSetRuntime {
   std::unique_ptr<SubsetCommunicators> owned_comms_;
   std::unique_ptr<ControlChannel> channel_;
   std::unique_ptr<Negotiator> negotiator_;
+  std::unique_ptr<LockedSchedule> lock_;
   std::unique_ptr<MpiDataPlane> host_plane_;
   FusionSettings fusion_;
   bool calibrated_ = false;

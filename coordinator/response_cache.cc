@@ -84,6 +84,11 @@ ResponsePtr ResponseCache::Share(const Response* response) const {
   return slots_[*bit].response;
 }
 
+ResponsePtr ResponseCache::Find(const NameKey& name) const {
+  const uint32_t* bit = by_name_.Find(name);
+  return bit == nullptr ? nullptr : slots_[*bit].response;
+}
+
 void ResponseCache::AppendGroupBits(const std::string& group, std::vector<uint32_t>* bits) const {
   for (size_t bit = 0; bit < slots_.size(); ++bit) {
     if (slots_[bit].used && slots_[bit].response->group_size > 1 &&

@@ -41,6 +41,8 @@ class ResponseCache {
   const ResponsePtr& Get(uint32_t bit) const;
   // A shared reference to the cached response at `response`; null if it is not in the cache.
   ResponsePtr Share(const Response* response) const;
+  // The cached response named `name`; null if none.
+  ResponsePtr Find(const NameKey& name) const;
   // The cached response's name with its hash; the bit must be in use.
   const NameKey& KeyOf(uint32_t bit) const { return slots_[bit].key; }
   bool Contains(uint32_t bit) const { return bit < slots_.size() && slots_[bit].used; }

@@ -80,6 +80,8 @@ const IntegerSpec kPipelineChunk{"GRADSYNC_PIPELINE_CHUNK_BYTES", int64_t{1} << 
                                  " (a multiple of 64; 0 reduces buckets whole)"};
 const IntegerSpec kAllreducePiece{"GRADSYNC_ALLREDUCE_PIECE_BYTES", int64_t{1} << 30, "bytes",
                                   " (a multiple of 64; 0 reduces whole)"};
+const IntegerSpec kLockAfterSteps{"GRADSYNC_LOCK_AFTER_STEPS", 1000000, "steps", " (at least 1)"};
+const RealSpec kLockWait{"GRADSYNC_LOCK_WAIT_MS", 0.0, true, 1e7, "milliseconds", ""};
 const RealSpec kCycleTime{"GRADSYNC_CYCLE_TIME_MS", 0.05, false, 10000.0, "milliseconds", ""};
 const RealSpec kStallWarning{"GRADSYNC_STALL_WARNING_SECONDS", 0.0, true, 1e6, "seconds", ""};
 const RealSpec kStallShutdown{
@@ -222,6 +224,15 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
   }
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kShmThreshold, &c.shm_threshold_bytes));
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kCycleTime, &c.cycle_time_ms));
+  if (std::string_view text = Lookup(getenv, "GRADSYNC_LOCKED_SCHEDULE"); !text.empty()) {
+    GRADSYNC_RETURN_IF_ERROR(ParseSwitch("GRADSYNC_LOCKED_SCHEDULE", text, &c.locked_schedule));
+  }
+  GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kLockAfterSteps, &c.lock_after_steps));
+  if (c.lock_after_steps < 1) {
+    return BadValue(kLockAfterSteps.name, Lookup(getenv, kLockAfterSteps.name),
+                    kLockAfterSteps.Describe());
+  }
+  GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kLockWait, &c.lock_wait_ms));
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kCacheCapacity, &c.cache_capacity));
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kStallWarning, &c.stall_warning_seconds));
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kStallShutdown, &c.stall_shutdown_seconds));
@@ -269,6 +280,9 @@ std::string Config::ToString() const {
          " GRADSYNC_HIERARCHICAL_ALLREDUCE=" +
          (hierarchical_allreduce_pinned || !calibrate ? (hierarchical_allreduce ? "1" : "0")
                                                       : "(calibrated)") +
+         " GRADSYNC_LOCKED_SCHEDULE=" + (locked_schedule ? "1" : "0") +
+         " GRADSYNC_LOCK_AFTER_STEPS=" + std::to_string(lock_after_steps) +
+         " GRADSYNC_LOCK_WAIT_MS=" + FormatDouble(lock_wait_ms) +
          " GRADSYNC_CYCLE_TIME_MS=" + FormatDouble(cycle_time_ms) +
          " GRADSYNC_CACHE_CAPACITY=" + std::to_string(cache_capacity) +
          " GRADSYNC_STALL_WARNING_SECONDS=" + FormatDouble(stall_warning_seconds) +

@@ -60,6 +60,14 @@ struct Config {
   // at most this many bytes (0: whole). Unset, calibration chooses (whole without calibration).
   int64_t allreduce_piece_bytes = 0;
   bool allreduce_piece_pinned = false;
+  // GRADSYNC_LOCKED_SCHEDULE: a process set whose negotiation gives the same step
+  // GRADSYNC_LOCK_AFTER_STEPS times in a row locks that step's plan and launches its buckets with
+  // no negotiation (coordinator/locked_schedule.h). Off on any rank, no set locks.
+  bool locked_schedule = true;
+  int64_t lock_after_steps = 3;
+  // GRADSYNC_LOCK_WAIT_MS: how long a locked rank waits for a bucket that does not fill, or for
+  // the others to reach one, before it asks every rank to leave the lock.
+  double lock_wait_ms = 1000.0;
   // GRADSYNC_CYCLE_TIME_MS: the longest the background thread sleeps between cycles when idle.
   double cycle_time_ms = 1.0;
   // GRADSYNC_CACHE_CAPACITY: response cache entries; 0 disables the cache.

@@ -183,6 +183,8 @@ void Timeline::ActivitySpan(const std::string& name, std::string_view activity,
 
 void Timeline::CycleMark() { Record(Event::Kind::kCycle, nullptr, {}, 0); }
 
+void Timeline::Mark(std::string_view text) { Record(Event::Kind::kMark, nullptr, text, 0); }
+
 int64_t Timeline::NowLocked() const {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
                                                                start_time_)
@@ -312,6 +314,12 @@ void Timeline::AppendEventJson(const Event& event, std::string* out) {
       break;
     case Event::Kind::kCycle:
       out->append("\"name\":\"CYCLE_START\",\"ph\":\"i\",\"s\":\"g\",");
+      AppendPlacement(event.ts_us, 0, out);
+      break;
+    case Event::Kind::kMark:
+      out->append("\"name\":");
+      AppendJsonString(event.text, out);
+      out->append(",\"ph\":\"i\",\"s\":\"g\",");
       AppendPlacement(event.ts_us, 0, out);
       break;
     case Event::Kind::kSpan:

@@ -77,6 +77,8 @@ class Timeline {
                     std::chrono::steady_clock::time_point end);
   // The background thread starts a cycle; a global instant event across all rows.
   void CycleMark();
+  // A global instant event named `text`, such as a process set locking its schedule.
+  void Mark(std::string_view text);
 
  private:
   // One recorded event, before formatting; the writer thread turns it into JSON.
@@ -88,7 +90,8 @@ class Timeline {
       kEnd,
       kRankReady,
       kCycle,
-      kSpan
+      kSpan,
+      kMark
     };
     Kind kind;
     int32_t row;         // the tensor's row; 0 for kCycle

@@ -1,0 +1,339 @@
+#include "coordinator/locked_schedule.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "runtime/logging.h"
+#include "runtime/name_key.h"
+
+namespace gradsync {
+
+namespace {
+
+// Word 0 of an exchange holds flags, stored inverted so that the AND across ranks yields their OR;
+// words 1 and 2 hold the bucket's fingerprint and its complement, so that the AND shows whether
+// every rank sent the same one.
+constexpr uint64_t kRelease = 1;
+constexpr size_t kExchangeWords = 3;
+
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+uint64_t Mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  h *= 0xFF51AFD7ED558CCDull;
+  return h ^ (h >> 32);
+}
+
+uint64_t MixDouble(uint64_t h, double v) {
+  uint64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return Mix(h, bits);
+}
+
+// Everything ParametersMatch compares, as one number.
+uint64_t ParameterHash(const Response& r) {
+  uint64_t h = Mix(static_cast<uint64_t>(r.type), static_cast<uint64_t>(r.dtype));
+  h = Mix(h, static_cast<uint64_t>(r.reduce_op));
+  h = Mix(h, static_cast<uint64_t>(r.device.kind) << 32 | static_cast<uint32_t>(r.device.index));
+  h = MixDouble(MixDouble(h, r.prescale), r.postscale);
+  h = Mix(Mix(h, static_cast<uint64_t>(r.root)), static_cast<uint64_t>(r.group_size));
+  for (int64_t d : r.shape) h = Mix(h, static_cast<uint64_t>(d));
+  for (int64_t d : r.first_dims) h = Mix(h, static_cast<uint64_t>(d));
+  return Mix(h, HashName(r.group));
+}
+
+std::string Milliseconds(double seconds) {
+  return std::to_string(static_cast<int64_t>(seconds * 1e3 + 0.5)) + " ms";
+}
+
+}  // namespace
+
+LockSettings LockSettings::From(const Config& config) {
+  LockSettings s;
+  s.enabled = config.locked_schedule;
+  s.after_steps = config.lock_after_steps;
+  s.wait_seconds = config.lock_wait_ms / 1e3;
+  s.stall_warning_seconds = config.stall_warning_seconds;
+  s.stall_shutdown_seconds = config.stall_shutdown_seconds;
+  return s;
+}
+
+LockedSchedule::LockedSchedule(std::unique_ptr<LockChannel> channel, const LockSettings& settings,
+                               int32_t set_id, Clock clock)
+    : channel_(std::move(channel)),
+      settings_(settings),
+      set_id_(set_id),
+      clock_(clock ? std::move(clock) : Clock(SteadySeconds)) {}
+
+void LockedSchedule::Observe(const CycleOutcome& outcome) {
+  if (!settings_.enabled) return;
+  for (size_t i = 0; i < outcome.responses.size(); ++i) {
+    const Response& r = *outcome.responses[i];
+    const uint64_t name_hash = HashName(r.name);
+    if (current_.name_hashes.count(name_hash) != 0) CloseStep();
+    if (current_.count == current_.names.size()) current_.names.emplace_back();
+    current_.names[current_.count++] = r.name;  // assigning keeps the string's storage
+    current_.name_hashes.insert(name_hash);
+    current_.fingerprint += Mix(name_hash, ParameterHash(r));  // a sum: free of order
+    current_.lockable &=
+        r.type == ResponseType::kAllreduce && outcome.entries[i] != nullptr && !outcome.joined;
+    if (current_.count == previous_.count && current_.fingerprint == previous_.fingerprint) {
+      CloseStep();
+    }
+  }
+}
+
+void LockedSchedule::CloseStep() {
+  if (current_.count == 0) return;
+  const bool same = previous_.lockable && current_.count == previous_.count &&
+                    current_.fingerprint == previous_.fingerprint;
+  streak_ = !current_.lockable ? 0 : same ? streak_ + 1 : 1;
+  std::swap(previous_, current_);
+  current_.count = 0;
+  current_.name_hashes.clear();
+  current_.fingerprint = 0;
+  current_.lockable = true;
+}
+
+bool LockedSchedule::ready() const {
+  return settings_.enabled && !locked_ && streak_ >= settings_.after_steps && current_.count == 0;
+}
+
+Status LockedSchedule::Lock(const FusionSettings& fusion, const CachedResponse& cached) {
+  std::vector<ResponsePtr> order;
+  order.reserve(previous_.count);
+  for (size_t i = 0; i < previous_.count; ++i) {
+    ResponsePtr response = cached(previous_.names[i]);
+    // Caches are the same on every rank, so every rank gives up here alike.
+    if (response == nullptr || response->type != ResponseType::kAllreduce) {
+      streak_ = 0;
+      return Status::OK();
+    }
+    order.push_back(std::move(response));
+  }
+  std::vector<const Response*> raw;
+  raw.reserve(order.size());
+  for (const ResponsePtr& r : order) raw.push_back(r.get());
+  buckets_.clear();
+  positions_ = NameTable<Position>();
+  plan_fingerprint_ = Mix(static_cast<uint64_t>(set_id_), order.size());
+  for (const Bucket& planned : PlanFusion(raw, fusion)) {
+    PlannedBucket bucket;
+    for (size_t i : planned.responses) {
+      const Response& r = *order[i];
+      positions_.Insert(NameKey(r.name), Position{static_cast<uint32_t>(buckets_.size()),
+                                                  static_cast<uint32_t>(bucket.responses.size())});
+      plan_fingerprint_ = Mix(Mix(plan_fingerprint_, HashName(r.name)), ParameterHash(r));
+      bucket.responses.push_back(order[i]);
+    }
+    bucket.slots.assign(bucket.responses.size(), nullptr);
+    plan_fingerprint_ = Mix(plan_fingerprint_, bucket.responses.size());
+    buckets_.push_back(std::move(bucket));
+  }
+  GRADSYNC_RETURN_IF_ERROR(channel_->Open());
+  locked_ = true;
+  ++times_locked_;
+  cursor_ = 0;
+  held_ = 0;
+  last_progress_ = clock_();
+  Log().info(
+      "process set {} locked its schedule after {} identical steps: {} tensors in {} buckets",
+      set_id_, streak_, order.size(), buckets_.size());
+  return Status::OK();
+}
+
+Status LockedSchedule::RunCycle(const std::vector<TensorEntry*>& fresh, bool release,
+                                const std::string& why, LockedCycle* out) {
+  const double now = clock_();
+  for (TensorEntry* entry : fresh) Place(entry, now);
+  if (release && leave_reason_.empty()) leave_reason_ = why;
+  uint64_t nudged = 0;
+  GRADSYNC_RETURN_IF_ERROR(channel_->TakeNudges(&nudged));
+  nudged_ = std::max(nudged_, nudged);
+  return Advance(false, out);
+}
+
+Status LockedSchedule::Unlock(const std::string& why, LockedCycle* out) {
+  if (!locked_) return Status::OK();
+  if (leave_reason_.empty()) leave_reason_ = why;
+  return Advance(true, out);
+}
+
+void LockedSchedule::Place(TensorEntry* entry, double now) {
+  const Position* position = positions_.Find(entry->key());
+  if (position != nullptr) {
+    PlannedBucket& bucket = buckets_[position->bucket];
+    const Response& planned = *bucket.responses[position->index];
+    TensorEntry*& slot = bucket.slots[position->index];
+    if (slot == nullptr && ParametersMatch(planned, FieldsOf(*entry, channel_->rank()))) {
+      slot = entry;
+      ++bucket.filled;
+      ++held_;
+      last_progress_ = now;
+      return;
+    }
+  }
+  deviations_.push_back(entry);
+  if (!leave_reason_.empty()) return;
+  const std::string what = OpTypeName(entry->op) + " of '" + entry->name + "'";
+  if (entry->op == OpType::kJoin) {
+    leave_reason_ = "this rank called join()";
+  } else if (position == nullptr) {
+    leave_reason_ = "this rank submitted " + what + ", which is not in the locked plan";
+  } else {
+    leave_reason_ = "this rank submitted " + what + " with other parameters than the locked plan's";
+  }
+}
+
+Status LockedSchedule::Advance(bool block, LockedCycle* out) {
+  while (locked_) {
+    const double now = clock_();
+    if (in_flight_) {
+      bool done = false;
+      GRADSYNC_RETURN_IF_ERROR(channel_->TestAnd(&done, &words_));
+      if (done) {
+        in_flight_ = false;
+        last_progress_ = now;
+        Finish(words_, out);
+        continue;
+      }
+      GRADSYNC_RETURN_IF_ERROR(WhileWaiting(now));
+      if (!block) return Status::OK();
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      continue;
+    }
+    const PlannedBucket& next = buckets_[cursor_];
+    const bool full = next.filled == next.responses.size();
+    if (leave_reason_.empty() && !full) {
+      if (held_ > 0 && now - last_progress_ >= settings_.wait_seconds) {
+        leave_reason_ = "locked bucket " + std::to_string(cursor_) + " has waited " +
+                        Milliseconds(now - last_progress_) + " on this rank for " +
+                        MissingNames(next);
+      } else if (nudged_ > exchanges_) {
+        leave_reason_ = "another rank has waited " + Milliseconds(settings_.wait_seconds) +
+                        " for this rank to reach locked bucket " + std::to_string(cursor_);
+      }
+    }
+    if (!leave_reason_.empty() || full) {
+      GRADSYNC_RETURN_IF_ERROR(StartExchange(!leave_reason_.empty(), now));
+      continue;
+    }
+    return Status::OK();
+  }
+  return Status::OK();
+}
+
+Status LockedSchedule::StartExchange(bool release, double now) {
+  const uint64_t fingerprint = Mix(plan_fingerprint_, cursor_);
+  words_.assign(kExchangeWords, 0);
+  words_[0] = ~(release ? kRelease : uint64_t{0});
+  words_[1] = fingerprint;
+  words_[2] = ~fingerprint;
+  GRADSYNC_RETURN_IF_ERROR(channel_->StartAnd(words_));
+  in_flight_ = true;
+  ++exchanges_;
+  started_at_ = now;
+  next_nudge_ = now + settings_.wait_seconds;
+  next_warning_ = now + settings_.stall_warning_seconds;
+  return Status::OK();
+}
+
+void LockedSchedule::Finish(const std::vector<uint64_t>& words, LockedCycle* out) {
+  const bool released = (~words[0] & kRelease) != 0;
+  if (words[1] != ~words[2]) {
+    Log().error(
+        "process set {}: the ranks' locked plans differ at bucket {} (an internal error); "
+        "leaving the lock",
+        set_id_, cursor_);
+    Leave("the ranks' locked plans differ", out);
+    return;
+  }
+  if (released) {
+    Leave(leave_reason_.empty() ? "another rank left the lock" : leave_reason_, out);
+    return;
+  }
+  PlannedBucket& bucket = buckets_[cursor_];
+  CycleOutcome run;
+  run.owned = bucket.responses;
+  run.responses.reserve(bucket.responses.size());
+  for (const ResponsePtr& r : bucket.responses) run.responses.push_back(r.get());
+  run.entries = bucket.slots;
+  std::fill(bucket.slots.begin(), bucket.slots.end(), nullptr);
+  held_ -= bucket.filled;
+  bucket.filled = 0;
+  out->buckets.push_back(std::move(run));
+  cursor_ = (cursor_ + 1) % buckets_.size();
+}
+
+void LockedSchedule::Leave(const std::string& why, LockedCycle* out) {
+  out->unlocked = true;
+  out->reason = why;
+  out->returned = Clear();
+  Log().info("process set {} left its locked schedule: {}", set_id_, why);
+}
+
+std::vector<TensorEntry*> LockedSchedule::Clear() {
+  std::vector<TensorEntry*> held;
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    PlannedBucket& bucket = buckets_[(cursor_ + i) % buckets_.size()];
+    for (TensorEntry*& slot : bucket.slots) {
+      if (slot != nullptr) held.push_back(slot);
+      slot = nullptr;
+    }
+    bucket.filled = 0;
+  }
+  held.insert(held.end(), deviations_.begin(), deviations_.end());
+  deviations_.clear();
+  held_ = 0;
+  leave_reason_.clear();
+  locked_ = false;
+  streak_ = 0;
+  current_.count = 0;
+  current_.name_hashes.clear();
+  current_.fingerprint = 0;
+  current_.lockable = true;
+  return held;
+}
+
+std::vector<TensorEntry*> LockedSchedule::TakeAllHeld() { return Clear(); }
+
+Status LockedSchedule::WhileWaiting(double now) {
+  const double waited = now - started_at_;
+  if (now >= next_nudge_) {
+    GRADSYNC_RETURN_IF_ERROR(channel_->Nudge(exchanges_));
+    next_nudge_ = now + settings_.wait_seconds;
+  }
+  const std::string what = "process set " + std::to_string(set_id_) + ": locked bucket " +
+                           std::to_string(cursor_) + " has waited " + Milliseconds(waited) +
+                           " for the other ranks to reach it";
+  if (settings_.stall_shutdown_seconds > 0 && waited >= settings_.stall_shutdown_seconds) {
+    return Status::Stalled(what +
+                           " (GRADSYNC_STALL_SHUTDOWN_SECONDS); a rank's background "
+                           "thread is not running");
+  }
+  if (now >= next_warning_) {
+    Log().warn("{}", what);
+    next_warning_ = now + settings_.stall_warning_seconds;
+  }
+  return Status::OK();
+}
+
+std::string LockedSchedule::MissingNames(const PlannedBucket& bucket) const {
+  std::string names;
+  size_t listed = 0;
+  for (size_t i = 0; i < bucket.slots.size(); ++i) {
+    if (bucket.slots[i] != nullptr) continue;
+    if (listed++ == 3) {
+      names += ", ...";
+      break;
+    }
+    names += (names.empty() ? "'" : ", '") + bucket.responses[i]->name + "'";
+  }
+  return names;
+}
+
+}  // namespace gradsync

@@ -1,0 +1,168 @@
+// LockedSchedule: one process set's locked schedule (docs/protocol.md, "Locked schedule").
+//
+// While the set negotiates, Observe() watches the responses each cycle runs and cuts them into
+// steps: a step ends where a name comes back, or as soon as it holds exactly the names of the step
+// before. Once GRADSYNC_LOCK_AFTER_STEPS steps in a row held the same allreduces with the same
+// parameters, the schedule is ready. The negotiator then asks, in its next round, whether every
+// rank is ready and holds nothing; when all are, every rank calls Lock() after that same round,
+// and the last step, in the order it ran, fused as negotiation fuses, becomes the plan.
+//
+// Locked, RunCycle() takes the set's fresh entries in place of the negotiator. Each goes to its
+// slot in the plan, checked against the plan's parameters. When the next bucket in plan order is
+// full, the ranks exchange one small AND carrying the bucket's fingerprint; once every rank has
+// reached the bucket the exchange completes and the bucket is returned to run on the data plane.
+// No request, response or coordinator is involved, and a bucket starts as soon as its last
+// tensor arrives on the slowest rank.
+//
+// A rank leaves the lock by exchanging a release in place of the next bucket: when an entry does
+// not fit the plan (a new name, other parameters, a join), when its caller asks (shutdown, a set
+// being removed), when it holds entries but the next bucket has not filled for
+// GRADSYNC_LOCK_WAIT_MS, or when another rank that has waited that long on an exchange nudges it.
+// Every rank sees the release in the same exchange, so every rank leaves after the same buckets,
+// and hands what it holds back to negotiation, which runs it, or reports what differs, as it
+// always has. No data moves before every rank has agreed on its bucket, so leaving never leaves a
+// wrong result behind.
+//
+// Used by the background thread only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "coordinator/fusion_planner.h"
+#include "coordinator/lock_channel.h"
+#include "coordinator/message.h"
+#include "coordinator/negotiator.h"
+#include "runtime/config.h"
+#include "runtime/name_table.h"
+
+namespace gradsync {
+
+struct LockSettings {
+  bool enabled = true;
+  int64_t after_steps = 3;    // identical steps before locking
+  double wait_seconds = 1.0;  // GRADSYNC_LOCK_WAIT_MS
+  double stall_warning_seconds = 60.0;
+  double stall_shutdown_seconds = 300.0;  // 0: never
+
+  static LockSettings From(const Config& config);
+};
+
+// What a locked cycle gives back to run.
+struct LockedCycle {
+  // Buckets every rank agreed on, to run in this order; each outcome's responses are one planned
+  // bucket (owned by the outcome) and its entries this rank's, slot by slot.
+  std::vector<CycleOutcome> buckets;
+  // The set left the lock in this cycle, after `buckets`: what this rank held goes back to
+  // negotiation (in plan order from the bucket it left at, then what did not fit the plan).
+  bool unlocked = false;
+  std::string reason;
+  std::vector<TensorEntry*> returned;
+};
+
+class LockedSchedule {
+ public:
+  using Clock = std::function<double()>;  // seconds, monotonic
+  using CachedResponse = std::function<ResponsePtr(const std::string& name)>;
+
+  // `set_id` names the set in messages.
+  LockedSchedule(std::unique_ptr<LockChannel> channel, const LockSettings& settings, int32_t set_id,
+                 Clock clock = nullptr);
+
+  // Negotiated: the responses a cycle ran, in order; the same on every rank.
+  void Observe(const CycleOutcome& outcome);
+  // Whether enough identical steps have run, and the next has not begun.
+  bool ready() const;
+  // On every rank at the same point (after the round that agreed): takes the last step as the
+  // plan, each response as `cached` holds it, fused by `fusion`. Fails, staying unlocked on every
+  // rank alike, when a response is no longer cached; a channel failure is this rank's.
+  Status Lock(const FusionSettings& fusion, const CachedResponse& cached);
+  bool locked() const { return locked_; }
+
+  // Locked: places `fresh`, then exchanges and returns the buckets every rank has reached.
+  // `release` (with `why`) leaves the lock at the next exchange. A failure is this rank's control
+  // plane, or a stall past GRADSYNC_STALL_SHUTDOWN_SECONDS.
+  Status RunCycle(const std::vector<TensorEntry*>& fresh, bool release, const std::string& why,
+                  LockedCycle* out);
+  // Collective over the set's members, each at the same point: leaves the lock now, waiting for
+  // the others. Buckets already agreed come back in `out` to run first.
+  Status Unlock(const std::string& why, LockedCycle* out);
+  // Whether the background thread should come back soon (an exchange in flight, or entries held).
+  bool busy() const { return in_flight_ || held_ > 0; }
+  // Every entry it holds, for a caller that fails them; the schedule is left unlocked.
+  std::vector<TensorEntry*> TakeAllHeld();
+
+  // Diagnostics.
+  size_t planned_buckets() const { return buckets_.size(); }
+  uint64_t times_locked() const { return times_locked_; }
+
+ private:
+  struct PlannedBucket {
+    std::vector<ResponsePtr> responses;
+    std::vector<TensorEntry*> slots;  // this rank's entry per response, null until it arrives
+    size_t filled = 0;
+  };
+  struct Position {
+    uint32_t bucket = 0;
+    uint32_t index = 0;
+  };
+  // The observed step being cut: names (kept, storage reused) and an order-free fingerprint.
+  struct Step {
+    std::vector<std::string> names;
+    size_t count = 0;
+    std::unordered_set<uint64_t> name_hashes;
+    uint64_t fingerprint = 0;
+    bool lockable = true;
+  };
+
+  void CloseStep();
+  void Place(TensorEntry* entry, double now);
+  // Exchanges and emits until nothing more can happen without waiting (or, with `block`, until
+  // the schedule is unlocked).
+  Status Advance(bool block, LockedCycle* out);
+  Status StartExchange(bool release, double now);
+  // Handles a completed exchange: the bucket runs, or every rank leaves.
+  void Finish(const std::vector<uint64_t>& words, LockedCycle* out);
+  void Leave(const std::string& why, LockedCycle* out);
+  // Empties the slots and forgets the plan's progress; what was held, in the order Leave gives.
+  std::vector<TensorEntry*> Clear();
+  // While an exchange waits: nudges the others, warns, and past the shutdown time fails.
+  Status WhileWaiting(double now);
+  std::string MissingNames(const PlannedBucket& bucket) const;
+
+  std::unique_ptr<LockChannel> channel_;
+  LockSettings settings_;
+  int32_t set_id_;
+  Clock clock_;
+
+  // Negotiated.
+  Step current_;
+  Step previous_;
+  int64_t streak_ = 0;
+
+  // Locked.
+  bool locked_ = false;
+  uint64_t times_locked_ = 0;
+  uint64_t plan_fingerprint_ = 0;
+  std::vector<PlannedBucket> buckets_;
+  NameTable<Position> positions_;
+  size_t cursor_ = 0;                     // the next bucket to exchange
+  size_t held_ = 0;                       // entries in slots
+  std::vector<TensorEntry*> deviations_;  // entries that do not fit the plan
+  std::string leave_reason_;              // set: the next exchange releases
+  double last_progress_ = 0.0;
+  bool in_flight_ = false;
+  bool releasing_ = false;   // the exchange in flight is a release
+  uint64_t exchanges_ = 0;   // started on this channel, the same count on every rank
+  double started_at_ = 0.0;  // of the exchange in flight
+  double next_nudge_ = 0.0;
+  double next_warning_ = 0.0;
+  uint64_t nudged_ = 0;  // the highest exchange another rank said it waits on
+  std::vector<uint64_t> words_;
+};
+
+}  // namespace gradsync
