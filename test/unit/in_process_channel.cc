@@ -1,7 +1,9 @@
 #include "test/unit/in_process_channel.h"
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 namespace gradsync {
 
@@ -46,7 +48,87 @@ class InProcessChannel : public ControlChannel {
   int rank_;
 };
 
+class InProcessLockChannel : public LockChannel {
+ public:
+  InProcessLockChannel(InProcessLockHub* hub, int rank) : hub_(hub), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return hub_->size(); }
+  Status Open() override {
+    if (!opened_) hub_->CountOpen();
+    opened_ = true;
+    return Status::OK();
+  }
+  Status StartAnd(const std::vector<uint64_t>& words) override {
+    if (!opened_) return Status::Internal("exchange before Open");
+    if (in_flight_) return Status::Internal("two exchanges in flight");
+    in_flight_ = true;
+    hub_->Deposit(++started_, words);
+    return Status::OK();
+  }
+  Status TestAnd(bool* done, std::vector<uint64_t>* words) override {
+    if (!in_flight_) return Status::Internal("no exchange in flight");
+    *done = hub_->Completed(started_, words);
+    if (*done) in_flight_ = false;
+    return Status::OK();
+  }
+  Status Nudge(uint64_t sequence) override {
+    hub_->Nudge(rank_, sequence);
+    return Status::OK();
+  }
+  Status TakeNudges(uint64_t* highest) override {
+    *highest = hub_->TakeNudges(rank_);
+    return Status::OK();
+  }
+
+ private:
+  InProcessLockHub* hub_;
+  int rank_;
+  bool opened_ = false;
+  bool in_flight_ = false;
+  uint64_t started_ = 0;
+};
+
 }  // namespace
+
+InProcessLockHub::InProcessLockHub(int size) : size_(size), nudges_(size, 0) {}
+
+std::unique_ptr<LockChannel> InProcessLockHub::Channel(int rank) {
+  return std::make_unique<InProcessLockChannel>(this, rank);
+}
+
+void InProcessLockHub::Deposit(uint64_t number, const std::vector<uint64_t>& words) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Exchange& exchange = exchanges_[number];
+  if (exchange.arrived++ == 0) {
+    exchange.words = words;
+  } else {
+    for (size_t i = 0; i < words.size() && i < exchange.words.size(); ++i) {
+      exchange.words[i] &= words[i];
+    }
+  }
+}
+
+bool InProcessLockHub::Completed(uint64_t number, std::vector<uint64_t>* words) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = exchanges_.find(number);
+  if (it == exchanges_.end() || it->second.arrived < size_) return false;
+  *words = it->second.words;
+  if (++it->second.read == size_) exchanges_.erase(it);
+  return true;
+}
+
+void InProcessLockHub::Nudge(int from, uint64_t sequence) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int r = 0; r < size_; ++r) {
+    if (r != from) nudges_[r] = std::max(nudges_[r], sequence);
+  }
+}
+
+uint64_t InProcessLockHub::TakeNudges(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(nudges_[rank], 0);
+}
 
 InProcessHub::InProcessHub(int size)
     : size_(size), slots_(size), delays_(size, std::chrono::microseconds(0)) {}
