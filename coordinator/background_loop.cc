@@ -126,8 +126,12 @@ bool BackgroundLoop::RunSetCycle(ProcessSetRuntime* set, bool* productive) {
   }
   const bool global = id == 0;
   CycleOutcome outcome;
+  // Only a rank that runs no other set may lock: a locked set's buckets start once the exchange
+  // completes, which each rank sees in a cycle of its own, so a rank could sit in one of them
+  // while another waits for it in a different set's negotiation round.
+  const bool want_lock = set->lock().ready() && sets_.RunsOnlyGlobal();
   const Status negotiated = set->negotiator().RunCycle(
-      set->fresh(), global && shutdown_requested_.load(), &outcome, set->lock().ready());
+      set->fresh(), global && shutdown_requested_.load(), &outcome, want_lock);
   set->fresh().clear();
   if (!negotiated.ok()) {
     Log().error("negotiation in process set {} failed: {}", id, negotiated.ToString());
@@ -149,14 +153,18 @@ bool BackgroundLoop::RunSetCycle(ProcessSetRuntime* set, bool* productive) {
     return false;
   }
   set->lock().Observe(outcome);
-  if (outcome.lock_agreed) {
+  if (outcome.lock_agreed && set->lock().ready()) {
     const Status locked = set->lock().Lock(set->fusion(), [set](const std::string& name) {
       return set->negotiator().CachedResponse(name);
     });
     if (!locked.ok()) return FailSet(set, locked, {});
-    if (set->lock().locked() && timeline_->active()) {
-      timeline_->Mark("LOCK set " + std::to_string(id) + ": " +
-                      std::to_string(set->lock().planned_buckets()) + " buckets");
+    if (set->lock().locked()) {
+      // What waited in the cache for the next step is the lock's now.
+      set->fresh() = set->negotiator().TakeAllPending();
+      if (timeline_->active()) {
+        timeline_->Mark("LOCK set " + std::to_string(id) + ": " +
+                        std::to_string(set->lock().planned_buckets()) + " buckets");
+      }
     }
   }
   return true;
@@ -188,27 +196,6 @@ void BackgroundLoop::LeftLock(ProcessSetRuntime* set, LockedCycle* cycle) {
   }
   std::vector<TensorEntry*>& fresh = set->fresh();
   fresh.insert(fresh.begin(), cycle->returned.begin(), cycle->returned.end());
-}
-
-Status BackgroundLoop::LeaveLockBeforeRemoval(const CycleOutcome& outcome) {
-  for (size_t i = 0; i < outcome.responses.size(); ++i) {
-    const TensorEntry* entry = outcome.entries[i];
-    if (outcome.responses[i]->type != ResponseType::kRemoveProcessSet || entry == nullptr ||
-        entry->splits.empty()) {
-      continue;
-    }
-    const auto id = static_cast<int32_t>(entry->splits[0]);
-    ProcessSetRuntime* doomed = id == 0 ? nullptr : sets_.Find(id);
-    if (doomed == nullptr || !doomed->lock().locked()) continue;
-    LockedCycle cycle;
-    GRADSYNC_RETURN_IF_ERROR(
-        doomed->lock().Unlock("process set " + std::to_string(id) + " is being removed", &cycle));
-    for (const CycleOutcome& bucket : cycle.buckets) {
-      GRADSYNC_RETURN_IF_ERROR(Execute(doomed, bucket));
-    }
-    LeftLock(doomed, &cycle);
-  }
-  return Status::OK();
 }
 
 std::vector<TensorEntry*> BackgroundLoop::EntriesOf(const std::vector<CycleOutcome>& buckets,
@@ -279,8 +266,6 @@ void BackgroundLoop::MarkNegotiated(const CycleOutcome& outcome) {
 }
 
 Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outcome) {
-  // Before anything of this outcome runs, on every member of a set being removed alike.
-  if (set->id() == 0) GRADSYNC_RETURN_IF_ERROR(LeaveLockBeforeRemoval(outcome));
   const std::vector<const Response*>& responses = outcome.responses;
   const std::vector<TensorEntry*>& entries = outcome.entries;
   // A fatal response comes last: what was agreed before it still runs (the planner skips the fatal

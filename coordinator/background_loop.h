@@ -75,9 +75,6 @@ class BackgroundLoop {
   // what it held goes back into its fresh entries.
   bool RunLockedCycle(ProcessSetRuntime* set, bool* productive);
   void LeftLock(ProcessSetRuntime* set, LockedCycle* cycle);
-  // For each removal of a locked set among the global set's responses: every member leaves the
-  // lock there (collective over the set), running the buckets already agreed, before the removal.
-  Status LeaveLockBeforeRemoval(const CycleOutcome& outcome);
   static std::vector<TensorEntry*> EntriesOf(const std::vector<CycleOutcome>& buckets, size_t from);
   // A set failed with `why`: the global set fails everything (returns false: the loop ends); any
   // other set is closed, failing `taken` with what it held (returns true).

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <thread>
+#include <utility>
 
 #include "runtime/logging.h"
 #include "runtime/name_key.h"
@@ -100,7 +100,7 @@ void LockedSchedule::CloseStep() {
 }
 
 bool LockedSchedule::ready() const {
-  return settings_.enabled && !locked_ && streak_ >= settings_.after_steps && current_.count == 0;
+  return settings_.enabled && !locked_ && streak_ >= settings_.after_steps;
 }
 
 Status LockedSchedule::Lock(const FusionSettings& fusion, const CachedResponse& cached) {
@@ -131,13 +131,26 @@ Status LockedSchedule::Lock(const FusionSettings& fusion, const CachedResponse& 
       bucket.responses.push_back(order[i]);
     }
     bucket.slots.assign(bucket.responses.size(), nullptr);
+    bucket.done.assign(bucket.responses.size(), 0);
     plan_fingerprint_ = Mix(plan_fingerprint_, bucket.responses.size());
     buckets_.push_back(std::move(bucket));
+  }
+  // The step under way (the same on every rank) goes on from where negotiation left it.
+  for (size_t i = 0; i < current_.count; ++i) {
+    const Position* position = positions_.Find(NameKey(current_.names[i]));
+    if (position == nullptr) {
+      streak_ = 0;
+      return Status::OK();
+    }
+    PlannedBucket& bucket = buckets_[position->bucket];
+    bucket.done[position->index] = 1;
+    ++bucket.done_count;
   }
   GRADSYNC_RETURN_IF_ERROR(channel_->Open());
   locked_ = true;
   ++times_locked_;
-  cursor_ = 0;
+  cursor_ = buckets_.size() - 1;
+  AdvanceCursor();
   held_ = 0;
   last_progress_ = clock_();
   Log().info(
@@ -154,13 +167,7 @@ Status LockedSchedule::RunCycle(const std::vector<TensorEntry*>& fresh, bool rel
   uint64_t nudged = 0;
   GRADSYNC_RETURN_IF_ERROR(channel_->TakeNudges(&nudged));
   nudged_ = std::max(nudged_, nudged);
-  return Advance(false, out);
-}
-
-Status LockedSchedule::Unlock(const std::string& why, LockedCycle* out) {
-  if (!locked_) return Status::OK();
-  if (leave_reason_.empty()) leave_reason_ = why;
-  return Advance(true, out);
+  return Advance(out);
 }
 
 void LockedSchedule::Place(TensorEntry* entry, double now) {
@@ -171,7 +178,7 @@ void LockedSchedule::Place(TensorEntry* entry, double now) {
     TensorEntry*& slot = bucket.slots[position->index];
     if (slot == nullptr && ParametersMatch(planned, FieldsOf(*entry, channel_->rank()))) {
       slot = entry;
-      ++bucket.filled;
+      if (!bucket.done[position->index]) ++bucket.filled;
       ++held_;
       last_progress_ = now;
       return;
@@ -189,7 +196,7 @@ void LockedSchedule::Place(TensorEntry* entry, double now) {
   }
 }
 
-Status LockedSchedule::Advance(bool block, LockedCycle* out) {
+Status LockedSchedule::Advance(LockedCycle* out) {
   while (locked_) {
     const double now = clock_();
     if (in_flight_) {
@@ -201,13 +208,10 @@ Status LockedSchedule::Advance(bool block, LockedCycle* out) {
         Finish(words_, out);
         continue;
       }
-      GRADSYNC_RETURN_IF_ERROR(WhileWaiting(now));
-      if (!block) return Status::OK();
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-      continue;
+      return WhileWaiting(now);
     }
     const PlannedBucket& next = buckets_[cursor_];
-    const bool full = next.filled == next.responses.size();
+    const bool full = next.full();
     if (leave_reason_.empty() && !full) {
       if (held_ > 0 && now - last_progress_ >= settings_.wait_seconds) {
         leave_reason_ = "locked bucket " + std::to_string(cursor_) + " has waited " +
@@ -258,15 +262,44 @@ void LockedSchedule::Finish(const std::vector<uint64_t>& words, LockedCycle* out
   }
   PlannedBucket& bucket = buckets_[cursor_];
   CycleOutcome run;
-  run.owned = bucket.responses;
-  run.responses.reserve(bucket.responses.size());
-  for (const ResponsePtr& r : bucket.responses) run.responses.push_back(r.get());
-  run.entries = bucket.slots;
-  std::fill(bucket.slots.begin(), bucket.slots.end(), nullptr);
+  if (bucket.done_count == 0) {
+    run.owned = bucket.responses;
+    run.entries = bucket.slots;
+    std::fill(bucket.slots.begin(), bucket.slots.end(), nullptr);
+  } else {
+    for (size_t i = 0; i < bucket.responses.size(); ++i) {
+      if (bucket.done[i]) continue;
+      run.owned.push_back(bucket.responses[i]);
+      run.entries.push_back(std::exchange(bucket.slots[i], nullptr));
+    }
+  }
+  run.responses.reserve(run.owned.size());
+  for (const ResponsePtr& r : run.owned) run.responses.push_back(r.get());
   held_ -= bucket.filled;
   bucket.filled = 0;
+  EndFirstStep(&bucket);
   out->buckets.push_back(std::move(run));
+  AdvanceCursor();
+}
+
+void LockedSchedule::AdvanceCursor() {
   cursor_ = (cursor_ + 1) % buckets_.size();
+  // At most once around: a step never runs every bucket before the lock begins.
+  for (size_t turns = 0; turns < buckets_.size() &&
+                         buckets_[cursor_].done_count == buckets_[cursor_].responses.size();
+       ++turns) {
+    EndFirstStep(&buckets_[cursor_]);
+    cursor_ = (cursor_ + 1) % buckets_.size();
+  }
+}
+
+void LockedSchedule::EndFirstStep(PlannedBucket* bucket) {
+  if (bucket->done_count == 0) return;
+  std::fill(bucket->done.begin(), bucket->done.end(), 0);
+  bucket->done_count = 0;
+  bucket->filled =
+      static_cast<size_t>(std::count_if(bucket->slots.begin(), bucket->slots.end(),
+                                        [](const TensorEntry* entry) { return entry != nullptr; }));
 }
 
 void LockedSchedule::Leave(const std::string& why, LockedCycle* out) {
@@ -285,6 +318,8 @@ std::vector<TensorEntry*> LockedSchedule::Clear() {
       slot = nullptr;
     }
     bucket.filled = 0;
+    std::fill(bucket.done.begin(), bucket.done.end(), 0);
+    bucket.done_count = 0;
   }
   held.insert(held.end(), deviations_.begin(), deviations_.end());
   deviations_.clear();
@@ -326,7 +361,7 @@ std::string LockedSchedule::MissingNames(const PlannedBucket& bucket) const {
   std::string names;
   size_t listed = 0;
   for (size_t i = 0; i < bucket.slots.size(); ++i) {
-    if (bucket.slots[i] != nullptr) continue;
+    if (bucket.slots[i] != nullptr || bucket.done[i]) continue;
     if (listed++ == 3) {
       names += ", ...";
       break;

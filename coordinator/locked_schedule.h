@@ -4,8 +4,10 @@
 // steps: a step ends where a name comes back, or as soon as it holds exactly the names of the step
 // before. Once GRADSYNC_LOCK_AFTER_STEPS steps in a row held the same allreduces with the same
 // parameters, the schedule is ready. The negotiator then asks, in its next round, whether every
-// rank is ready and holds nothing; when all are, every rank calls Lock() after that same round,
-// and the last step, in the order it ran, fused as negotiation fuses, becomes the plan.
+// rank is ready and holds nothing that needs the full round; when all are, and the round's
+// responses leave the schedule ready (none, or exactly one whole step), every rank calls Lock()
+// after running them, and the last step, in the order it ran, fused as negotiation fuses,
+// becomes the plan.
 //
 // Locked, RunCycle() takes the set's fresh entries in place of the negotiator. Each goes to its
 // slot in the plan, checked against the plan's parameters. When the next bucket in plan order is
@@ -15,8 +17,8 @@
 // tensor arrives on the slowest rank.
 //
 // A rank leaves the lock by exchanging a release in place of the next bucket: when an entry does
-// not fit the plan (a new name, other parameters, a join), when its caller asks (shutdown, a set
-// being removed), when it holds entries but the next bucket has not filled for
+// not fit the plan (a new name, other parameters, a join, a process set added), when its caller
+// asks (shutdown), when it holds entries but the next bucket has not filled for
 // GRADSYNC_LOCK_WAIT_MS, or when another rank that has waited that long on an exchange nudges it.
 // Every rank sees the release in the same exchange, so every rank leaves after the same buckets,
 // and hands what it holds back to negotiation, which runs it, or reports what differs, as it
@@ -75,11 +77,13 @@ class LockedSchedule {
 
   // Negotiated: the responses a cycle ran, in order; the same on every rank.
   void Observe(const CycleOutcome& outcome);
-  // Whether enough identical steps have run, and the next has not begun.
+  // Whether enough identical steps have run.
   bool ready() const;
-  // On every rank at the same point (after the round that agreed): takes the last step as the
-  // plan, each response as `cached` holds it, fused by `fusion`. Fails, staying unlocked on every
-  // rank alike, when a response is no longer cached; a channel failure is this rank's.
+  // On every rank at the same point (after the round that agreed): takes the last whole step as
+  // the plan, each response as `cached` holds it, fused by `fusion`; what the step under way has
+  // run already is left out of this step's turn of its buckets. Stays unlocked, on every rank
+  // alike, when a response is no longer cached or the step under way ran a name the plan lacks;
+  // fails when the channel does (this rank's).
   Status Lock(const FusionSettings& fusion, const CachedResponse& cached);
   bool locked() const { return locked_; }
 
@@ -88,9 +92,6 @@ class LockedSchedule {
   // plane, or a stall past GRADSYNC_STALL_SHUTDOWN_SECONDS.
   Status RunCycle(const std::vector<TensorEntry*>& fresh, bool release, const std::string& why,
                   LockedCycle* out);
-  // Collective over the set's members, each at the same point: leaves the lock now, waiting for
-  // the others. Buckets already agreed come back in `out` to run first.
-  Status Unlock(const std::string& why, LockedCycle* out);
   // Whether the background thread should come back soon (an exchange in flight, or entries held).
   bool busy() const { return in_flight_ || held_ > 0; }
   // Every entry it holds, for a caller that fails them; the schedule is left unlocked.
@@ -104,7 +105,13 @@ class LockedSchedule {
   struct PlannedBucket {
     std::vector<ResponsePtr> responses;
     std::vector<TensorEntry*> slots;  // this rank's entry per response, null until it arrives
-    size_t filled = 0;
+    // Only in the step the lock began in: responses that step already ran negotiated. Their slots
+    // take the next step's entries, which wait for the bucket's next turn.
+    std::vector<char> done;
+    size_t done_count = 0;
+    size_t filled = 0;  // slots of this turn (not done) that hold an entry
+
+    bool full() const { return filled + done_count == responses.size(); }
   };
   struct Position {
     uint32_t bucket = 0;
@@ -120,10 +127,14 @@ class LockedSchedule {
   };
 
   void CloseStep();
+  // Moves the cursor to the next bucket with anything to run in this turn, ending the turns of
+  // buckets the lock's first step had run in full.
+  void AdvanceCursor();
+  // Ends the first step's exceptions for `bucket`: its slots all belong to this turn again.
+  static void EndFirstStep(PlannedBucket* bucket);
   void Place(TensorEntry* entry, double now);
-  // Exchanges and emits until nothing more can happen without waiting (or, with `block`, until
-  // the schedule is unlocked).
-  Status Advance(bool block, LockedCycle* out);
+  // Exchanges and emits until nothing more can happen without waiting.
+  Status Advance(LockedCycle* out);
   Status StartExchange(bool release, double now);
   // Handles a completed exchange: the bucket runs, or every rank leaves.
   void Finish(const std::vector<uint64_t>& words, LockedCycle* out);

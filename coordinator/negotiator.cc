@@ -69,7 +69,9 @@ Status Negotiator::RunCycle(const std::vector<TensorEntry*>& fresh, bool want_sh
   out->joined = joins_pending_ > 0;
   const bool has_uncached = RefreshCachedState(now, &invalid);
 
-  const bool lockable = want_lock && cached_count_ == 0 && pending_.empty() && invalid.empty();
+  // Cached entries are this rank's alone (no rank has been told of them), so a lock may take them
+  // over; entries of the full round may be in rank 0's table, so none may be pending.
+  const bool lockable = want_lock && pending_.empty() && invalid.empty();
   std::vector<uint64_t> words = BuildBitVector(want_shutdown, lockable, has_uncached, invalid, now);
   GRADSYNC_RETURN_IF_ERROR(channel_->AllreduceAnd(&words));
 
@@ -89,9 +91,7 @@ Status Negotiator::RunCycle(const std::vector<TensorEntry*>& fresh, bool want_sh
     out->full_round = true;
     GRADSYNC_RETURN_IF_ERROR(FullRound(now, out));
   }
-  // Every rank held nothing, so the round ran nothing: the same quiet point on every rank.
-  out->lock_agreed =
-      (flags & kFlagNoLock) == 0 && !out->shutdown && !out->full_round && out->responses.empty();
+  out->lock_agreed = (flags & kFlagNoLock) == 0 && !out->shutdown && !out->full_round;
   return Status::OK();
 }
 

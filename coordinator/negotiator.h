@@ -41,8 +41,10 @@ struct CycleOutcome {
   // This rank had joined by the time it negotiated: allreduces and barriers it never submitted may
   // be among the responses (with a null entry), and it takes part in them without data of its own.
   bool joined = false;
-  // Every rank asked to lock its schedule in this cycle's round and none holds anything
-  // (coordinator/locked_schedule.h): every rank locks after it, at the same point.
+  // Every rank asked to lock its schedule in this cycle's round and none holds anything for the
+  // full round (coordinator/locked_schedule.h). If the responses leave the schedule ready (none,
+  // or exactly a whole step), every rank locks after running them, at the same point, and hands
+  // the lock what it still holds (TakeAllPending: entries in the cache only).
   bool lock_agreed = false;
   // Diagnostics for tests and the timeline.
   int cache_hits = 0;
@@ -63,8 +65,8 @@ class Negotiator {
   // non-OK Status means this rank's control plane failed (an MPI error, or a response list that
   // does not parse): the caller fails what this negotiator holds (the entries already in *out, and
   // TakeAllPending) and does not run it again.
-  // `want_lock`: this rank's locked schedule is ready to lock; it counts only when this rank holds
-  // nothing after taking `fresh`.
+  // `want_lock`: this rank's locked schedule is ready to lock; it counts only when nothing this
+  // rank holds after taking `fresh` needs the full round.
   Status RunCycle(const std::vector<TensorEntry*>& fresh, bool want_shutdown, CycleOutcome* out,
                   bool want_lock = false);
   // The response the cache holds for `name`, the same on every rank; null if none.

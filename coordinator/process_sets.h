@@ -149,6 +149,8 @@ class ProcessSets {
   ProcessSetRuntime* Next(int32_t after);
   ProcessSetRuntime* Find(int32_t id);
   ProcessSetRuntime& global() { return *sets_.at(0); }
+  // Whether the global set is the only one this rank runs.
+  bool RunsOnlyGlobal() const { return sets_.size() == 1; }
   // Why an entry for set `id`, which this rank does not run, cannot run.
   Status Unavailable(int32_t id) const;
 

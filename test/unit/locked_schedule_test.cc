@@ -143,12 +143,7 @@ std::vector<RankResult> RunLocked(const LockedRun& run) {
           }
         }
         LockedCycle out;
-        const bool unlock = run.unlock_at && run.unlock_at(rank, cycle);
-        result.failure =
-            unlock ? schedule.Unlock("asked", &out) : schedule.RunCycle(fresh, false, "", &out);
-        if (unlock) {
-          for (TensorEntry* entry : fresh) out.returned.push_back(entry);  // not placed
-        }
+        result.failure = schedule.RunCycle(fresh, false, "", &out);
         if (!result.failure.ok()) return;
         for (const CycleOutcome& bucket : out.buckets) {
           std::vector<std::string> names;
@@ -198,10 +193,45 @@ TEST(LockedScheduleTest, ReadyAfterTheConfiguredIdenticalSteps) {
   EXPECT_FALSE(schedule.ready());
   schedule.Observe(step.Outcome());
   EXPECT_TRUE(schedule.ready());
-  // Halfway through the next step it is not: locking must start at a step's first bucket.
-  Observed half(Names(2));
-  schedule.Observe(half.Outcome());
-  EXPECT_FALSE(schedule.ready());
+}
+
+TEST(LockedScheduleTest, LockingMidStepRunsOnlyWhatTheStepHasLeft) {
+  InProcessLockHub hub(1);
+  LockedSchedule schedule(hub.Channel(0), FastSettings(2), 0);
+  Observed step(Names(8));
+  schedule.Observe(step.Outcome());
+  schedule.Observe(step.Outcome());
+  Observed half({"grad.0", "grad.1", "grad.4", "grad.5", "grad.6", "grad.7"});
+  schedule.Observe(half.Outcome());  // the third step has begun: bucket 1 is done already
+  ASSERT_TRUE(schedule.ready());
+  ASSERT_TRUE(schedule.Lock({256, 1 << 20}, step.Cache()).ok());
+  ASSERT_TRUE(schedule.locked());
+  // The next step's grad.4 may come before this step's grad.2 and grad.3: it waits for its turn.
+  auto early = EntryFor("grad.4");
+  auto g2 = EntryFor("grad.2");
+  auto g3 = EntryFor("grad.3");
+  LockedCycle out;
+  ASSERT_TRUE(schedule.RunCycle({early.get(), g2.get()}, false, "", &out).ok());
+  EXPECT_TRUE(out.buckets.empty());
+  ASSERT_TRUE(schedule.RunCycle({g3.get()}, false, "", &out).ok());
+  ASSERT_EQ(out.buckets.size(), 1u);
+  EXPECT_EQ(out.buckets[0].entries, (std::vector<TensorEntry*>{g2.get(), g3.get()}));
+  ASSERT_EQ(out.buckets[0].responses.size(), 2u);
+  EXPECT_EQ(out.buckets[0].responses[1]->name, "grad.3");
+  // The next step: bucket 0 whole, then bucket 1 with the early grad.4.
+  std::vector<std::unique_ptr<TensorEntry>> next;
+  std::vector<TensorEntry*> fresh;
+  for (const std::string& name : Names(8)) {
+    if (name == "grad.4") continue;
+    next.push_back(EntryFor(name));
+    fresh.push_back(next.back().get());
+  }
+  LockedCycle second;
+  ASSERT_TRUE(schedule.RunCycle(fresh, false, "", &second).ok());
+  ASSERT_EQ(second.buckets.size(), 2u);
+  EXPECT_EQ(second.buckets[0].entries.size(), 4u);
+  EXPECT_EQ(second.buckets[1].entries[0], early.get());
+  EXPECT_FALSE(second.unlocked);
 }
 
 TEST(LockedScheduleTest, AStepThatDiffersStartsTheCountAgain) {

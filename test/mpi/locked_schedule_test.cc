@@ -1,0 +1,256 @@
+// The locked schedule end to end: a training loop's steps lock after GRADSYNC_LOCK_AFTER_STEPS,
+// and every way a rank can deviate afterwards (a new name on every rank, another shape on one
+// rank, a tensor late on one rank, join, a process set added) leaves the lock on every rank with
+// every result right or failed with negotiation's error, never a hang. Rank 0's timeline shows the
+// LOCK and UNLOCK marks the checks count.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test/mpi/multi_rank_test.h"
+#include "test/trace_reader.h"
+
+namespace gradsync {
+namespace testing {
+namespace {
+
+// Four small tensors (fused) and one large enough to be reduced alone.
+const std::vector<int64_t> kSizes = {8, 33, 64, 1000, 70000};
+
+AllreduceOptions Named(const std::string& name, const ProcessSet& set = ProcessSet()) {
+  AllreduceOptions options;
+  options.name = name;
+  options.process_set = set;
+  return options;
+}
+
+class LockedScheduleTest : public MultiRankTest {
+ protected:
+  void SetUp() override {
+    MultiRankTest::SetUp();
+    trace_path_ = fs::temp_directory_path() /
+                  ("gradsync_locked_" + std::to_string(getpid()) + "_" +
+                   ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".json");
+    start_timeline(trace_path_.string());
+  }
+  void TearDown() override {
+    if (!trace_stopped_) stop_timeline();
+    if (rank_ == 0) fs::remove(trace_path_);
+    MultiRankTest::TearDown();
+  }
+
+  static bool LockingOn() {
+    const char* value = std::getenv("GRADSYNC_LOCKED_SCHEDULE");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }
+
+  std::string Name(size_t i) const { return "lock.g" + std::to_string(i); }
+
+  std::unique_ptr<HostTensor> Filled(int64_t n, int64_t offset, int rank) {
+    auto t = std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{n});
+    for (int64_t i = 0; i < n; ++i) t->Set(i, Value(ReduceOp::kSum, rank, i + offset));
+    return t;
+  }
+
+  // One training step: every tensor enqueued (before any is waited on), then all waited on and
+  // checked. `contributors` is how many ranks' values the sums hold (fewer once some joined).
+  void RunStep(int step, int contributors = 0) {
+    if (contributors == 0) contributors = size_;
+    std::vector<std::unique_ptr<HostTensor>> tensors;
+    std::vector<Handle> handles;
+    for (size_t t = 0; t < kSizes.size(); ++t) {
+      tensors.push_back(Filled(kSizes[t], step + static_cast<int64_t>(t), rank_));
+      handles.push_back(allreduce(tensors.back()->view(), Named(Name(t))));
+    }
+    for (size_t t = 0; t < kSizes.size(); ++t) {
+      ASSERT_TRUE(Succeeds(handles[t])) << "step " << step << " " << Name(t);
+      ExpectSums(*tensors[t], step + static_cast<int64_t>(t), contributors);
+    }
+  }
+
+  // Sums over the first `contributors` ranks of Value.
+  void ExpectSums(const HostTensor& tensor, int64_t offset, int contributors) {
+    for (int64_t i = 0; i < tensor.size(); ++i) {
+      double expected = 0;
+      for (int r = 0; r < contributors; ++r) expected += Value(ReduceOp::kSum, r, i + offset);
+      ASSERT_EQ(tensor.Get(i), expected) << "element " << i;
+    }
+  }
+
+  // Rank 0's marks whose name starts with `prefix`; stops the timeline first.
+  std::vector<std::string> Marks(const std::string& prefix) {
+    stop_timeline();
+    trace_stopped_ = true;
+    std::vector<std::string> marks;
+    if (rank_ != 0) return marks;
+    const Trace trace = LoadTrace(trace_path_);
+    for (const Json& e : trace.events) {
+      const std::string name = StringField(e, "name");
+      if (StringField(e, "ph") == "i" && name.rfind(prefix, 0) == 0) marks.push_back(name);
+    }
+    return marks;
+  }
+
+  size_t LockedWaits() {
+    if (rank_ != 0) return 0;
+    return LoadTrace(trace_path_).Count("B", "LOCKED_ALLREDUCE");
+  }
+
+  fs::path trace_path_;
+  bool trace_stopped_ = false;
+};
+
+TEST_F(LockedScheduleTest, ASteadyLoopLocksOnceAndStaysRight) {
+  for (int step = 0; step < 12; ++step) RunStep(step);
+  const std::vector<std::string> locks = Marks("LOCK set 0");
+  const std::vector<std::string> unlocks = Marks("UNLOCK");
+  if (rank_ != 0) return;
+  if (!LockingOn()) {
+    EXPECT_TRUE(locks.empty()) << "GRADSYNC_LOCKED_SCHEDULE=0 must keep negotiating";
+    EXPECT_EQ(LockedWaits(), 0u);
+    return;
+  }
+  ASSERT_EQ(locks.size(), 1u);
+  EXPECT_TRUE(unlocks.empty()) << unlocks.front();
+  // Locked by the ninth step at the latest: from then on every tensor waits for its bucket.
+  EXPECT_GE(LockedWaits(), 3 * kSizes.size());
+}
+
+TEST_F(LockedScheduleTest, ANewNameOnEveryRankUnlocksAndTheLoopLocksAgain) {
+  if (!LockingOn()) GTEST_SKIP() << "locking is off";
+  for (int step = 0; step < 6; ++step) RunStep(step);
+  // A metric reduced once, in the middle of a step.
+  auto metric = Filled(4, 100, rank_);
+  Handle m = allreduce(metric->view(), Named("lock.metric"));
+  ASSERT_TRUE(Succeeds(m));
+  ExpectSums(*metric, 100, size_);
+  for (int step = 6; step < 14; ++step) RunStep(step);
+  const std::vector<std::string> locks = Marks("LOCK set 0");
+  const std::vector<std::string> unlocks = Marks("UNLOCK set 0");
+  if (rank_ != 0) return;
+  EXPECT_EQ(locks.size(), 2u);
+  ASSERT_EQ(unlocks.size(), 1u);
+  EXPECT_NE(unlocks[0].find("'lock.metric'"), std::string::npos) << unlocks[0];
+}
+
+TEST_F(LockedScheduleTest, AnotherShapeOnOneRankFailsThatTensorOnEveryRank) {
+  if (!LockingOn() || size_ < 2) GTEST_SKIP() << "needs locking and two ranks";
+  for (int step = 0; step < 6; ++step) RunStep(step);
+  // The last rank passes lock.g2 with one element more; everything else is as planned.
+  std::vector<std::unique_ptr<HostTensor>> tensors;
+  std::vector<Handle> handles;
+  for (size_t t = 0; t < kSizes.size(); ++t) {
+    const int64_t n = kSizes[t] + (t == 2 && rank_ == size_ - 1 ? 1 : 0);
+    tensors.push_back(Filled(n, 6 + static_cast<int64_t>(t), rank_));
+    handles.push_back(allreduce(tensors.back()->view(), Named(Name(t))));
+  }
+  for (size_t t = 0; t < kSizes.size(); ++t) {
+    if (t == 2) {
+      EXPECT_TRUE(FailsWith(handles[t], StatusCode::kMismatch, "lock.g2"));
+    } else {
+      ASSERT_TRUE(Succeeds(handles[t]));
+      ExpectSums(*tensors[t], 6 + static_cast<int64_t>(t), size_);
+    }
+  }
+  for (int step = 7; step < 14; ++step) RunStep(step);
+  const std::vector<std::string> unlocks = Marks("UNLOCK set 0");
+  // Rank 0 records the lock left; the reason it gives is its own (another rank left).
+  if (rank_ == 0) {
+    EXPECT_FALSE(unlocks.empty());
+  }
+}
+
+TEST_F(LockedScheduleTest, ATensorLateOnOneRankUnlocksAfterTheWaitAndStaysRight) {
+  if (!LockingOn() || size_ < 2) GTEST_SKIP() << "needs locking and two ranks";
+  for (int step = 0; step < 6; ++step) RunStep(step);
+  // The last rank produces lock.g0 long after the rest (GRADSYNC_LOCK_WAIT_MS is 200 here).
+  std::vector<std::unique_ptr<HostTensor>> tensors(kSizes.size());
+  std::vector<Handle> handles(kSizes.size());
+  auto enqueue = [&](size_t t) {
+    tensors[t] = Filled(kSizes[t], 6 + static_cast<int64_t>(t), rank_);
+    handles[t] = allreduce(tensors[t]->view(), Named(Name(t)));
+  };
+  for (size_t t = 1; t < kSizes.size(); ++t) enqueue(t);
+  if (rank_ == size_ - 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  enqueue(0);
+  for (size_t t = 0; t < kSizes.size(); ++t) {
+    ASSERT_TRUE(Succeeds(handles[t]));
+    ExpectSums(*tensors[t], 6 + static_cast<int64_t>(t), size_);
+  }
+  for (int step = 7; step < 14; ++step) RunStep(step);
+  const std::vector<std::string> unlocks = Marks("UNLOCK set 0");
+  if (rank_ == 0) {
+    EXPECT_EQ(unlocks.size(), 1u);
+  }
+}
+
+TEST_F(LockedScheduleTest, JoinAfterLockingLeavesTheLockAndTheOthersGoOn) {
+  if (!LockingOn()) GTEST_SKIP() << "locking is off";
+  for (int step = 0; step < 6; ++step) RunStep(step);
+  // Rank 0 runs out of data first; the others do two more steps without it.
+  int last = -1;
+  if (rank_ == 0) {
+    last = join();
+  } else {
+    for (int step = 6; step < 8; ++step) {
+      std::vector<std::unique_ptr<HostTensor>> tensors;
+      std::vector<Handle> handles;
+      for (size_t t = 0; t < kSizes.size(); ++t) {
+        tensors.push_back(Filled(kSizes[t], step + static_cast<int64_t>(t), rank_));
+        handles.push_back(allreduce(tensors.back()->view(), Named(Name(t))));
+      }
+      for (size_t t = 0; t < kSizes.size(); ++t) {
+        ASSERT_TRUE(Succeeds(handles[t]));
+        // Rank 0 takes part with zeros.
+        for (int64_t i = 0; i < tensors[t]->size(); ++i) {
+          double expected = 0;
+          for (int r = 1; r < size_; ++r) {
+            expected += Value(ReduceOp::kSum, r, i + step + static_cast<int64_t>(t));
+          }
+          ASSERT_EQ(tensors[t]->Get(i), expected);
+        }
+      }
+    }
+    last = join();
+  }
+  EXPECT_GE(last, size_ == 1 ? 0 : 1) << "rank 0 joined first";
+  EXPECT_LT(last, size_);
+  for (int step = 8; step < 14; ++step) RunStep(step);  // and locks again
+}
+
+TEST_F(LockedScheduleTest, NoSetLocksWhileAProcessSetBesideTheGlobalOneExists) {
+  if (!LockingOn() || size_ < 3) GTEST_SKIP() << "needs locking and a set smaller than the world";
+  for (int step = 0; step < 6; ++step) RunStep(step);  // locked by now
+  // Adding a set is a collective the locked plan lacks: the global set leaves the lock.
+  ProcessSet pair = add_process_set({0, 1});
+  for (int step = 6; step < 14; ++step) {
+    RunStep(step);
+    if (pair.rank() < 0) continue;
+    auto t = Filled(kSizes[1], step, rank_);
+    Handle h = allreduce(t->view(), Named("pair.grad", pair));
+    ASSERT_TRUE(Succeeds(h));
+    ExpectSums(*t, step, 2);
+  }
+  remove_process_set(pair);
+  for (int step = 14; step < 22; ++step) RunStep(step);  // and locks again
+  const std::vector<std::string> locks = Marks("LOCK set");
+  const std::vector<std::string> unlocks = Marks("UNLOCK set");
+  if (rank_ == 0) {
+    ASSERT_EQ(locks.size(), 2u);
+    EXPECT_EQ(locks[0].rfind("LOCK set 0", 0), 0u) << locks[0];
+    EXPECT_EQ(locks[1].rfind("LOCK set 0", 0), 0u) << locks[1];
+    ASSERT_EQ(unlocks.size(), 1u);
+    EXPECT_NE(unlocks[0].find("add_process_set"), std::string::npos) << unlocks[0];
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsync
