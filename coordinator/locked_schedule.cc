@@ -56,7 +56,9 @@ LockSettings LockSettings::From(const Config& config) {
   LockSettings s;
   s.enabled = config.locked_schedule;
   s.after_steps = config.lock_after_steps;
-  s.wait_seconds = config.lock_wait_ms / 1e3;
+  // A stall must still be reported about when the stall settings say: the lock is left (and the
+  // stall inspector takes over) within two waits, so a short stall warning shortens the wait.
+  s.wait_seconds = std::min(config.lock_wait_ms / 1e3, config.stall_warning_seconds / 2);
   s.stall_warning_seconds = config.stall_warning_seconds;
   s.stall_shutdown_seconds = config.stall_shutdown_seconds;
   return s;
@@ -218,8 +220,8 @@ Status LockedSchedule::Advance(LockedCycle* out) {
                         Milliseconds(now - last_progress_) + " on this rank for " +
                         MissingNames(next);
       } else if (nudged_ > exchanges_) {
-        leave_reason_ = "another rank has waited " + Milliseconds(settings_.wait_seconds) +
-                        " for this rank to reach locked bucket " + std::to_string(cursor_);
+        leave_reason_ = "another rank has reached locked bucket " + std::to_string(cursor_) +
+                        " (to run it, or to leave the lock) and this rank has not";
       }
     }
     if (!leave_reason_.empty() || full) {
@@ -242,7 +244,10 @@ Status LockedSchedule::StartExchange(bool release, double now) {
   ++exchanges_;
   started_at_ = now;
   next_nudge_ = now + settings_.wait_seconds;
-  next_warning_ = now + settings_.stall_warning_seconds;
+  next_warning_ = now + std::max(settings_.stall_warning_seconds, 2 * settings_.wait_seconds);
+  // A release has nothing to wait for: ranks that hold nothing (and so start no exchange) learn
+  // of it at once instead of after a wait.
+  if (release) GRADSYNC_RETURN_IF_ERROR(channel_->Nudge(exchanges_));
   return Status::OK();
 }
 
@@ -345,14 +350,17 @@ Status LockedSchedule::WhileWaiting(double now) {
   const std::string what = "process set " + std::to_string(set_id_) + ": locked bucket " +
                            std::to_string(cursor_) + " has waited " + Milliseconds(waited) +
                            " for the other ranks to reach it";
-  if (settings_.stall_shutdown_seconds > 0 && waited >= settings_.stall_shutdown_seconds) {
+  // A live peer releases within two waits of the first nudge; one that has not by the stall
+  // shutdown time after those has a background thread that does not run.
+  if (settings_.stall_shutdown_seconds > 0 &&
+      waited >= settings_.stall_shutdown_seconds + 2 * settings_.wait_seconds) {
     return Status::Stalled(what +
                            " (GRADSYNC_STALL_SHUTDOWN_SECONDS); a rank's background "
                            "thread is not running");
   }
   if (now >= next_warning_) {
     Log().warn("{}", what);
-    next_warning_ = now + settings_.stall_warning_seconds;
+    next_warning_ = now + std::max(settings_.stall_warning_seconds, 2 * settings_.wait_seconds);
   }
   return Status::OK();
 }

@@ -346,7 +346,8 @@ TEST_P(LockedScheduleRanksTest, ANewNameOnOneRankUnlocksEveryRankAtTheSameBucket
           << results[r].reason;
       expected.push_back("metric");
     } else {
-      EXPECT_EQ(results[r].reason, "another rank left the lock");
+      // Told by the exchange, or earlier by the deviant's nudge.
+      EXPECT_EQ(results[r].reason.rfind("another rank", 0), 0u) << results[r].reason;
     }
     // Bucket 1's tensors arrive after the release on some ranks; those it holds go back.
     for (const std::string& name : results[r].returned) {
@@ -397,7 +398,10 @@ TEST_P(LockedScheduleRanksTest, AMissingTensorOnOneRankUnlocksAfterTheWait) {
   EXPECT_TRUE(results[0].ran.empty());
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(50));
   const RankResult& missing = results[1 % run.size];
-  EXPECT_NE(missing.reason.find("on this rank for 'grad.2'"), std::string::npos) << missing.reason;
+  // Its own wait names the tensor; the others' nudge after theirs may come first.
+  EXPECT_TRUE(missing.reason.find("on this rank for 'grad.2'") != std::string::npos ||
+              missing.reason.rfind("another rank has reached", 0) == 0)
+      << missing.reason;
   for (int r = 0; r < run.size; ++r) {
     EXPECT_TRUE(results[r].unlocked);
     EXPECT_EQ(results[r].returned.size(), r == 1 % run.size ? 7u : 8u);
@@ -417,7 +421,8 @@ TEST_P(LockedScheduleRanksTest, ARankThatNeverComesIsNudgedAndReleases) {
   const std::vector<RankResult> results = RunLocked(run);
   ExpectSameBucketsEverywhere(results);
   EXPECT_TRUE(results[0].ran.empty());
-  EXPECT_NE(results[run.size - 1].reason.find("another rank has waited"), std::string::npos)
+  EXPECT_NE(results[run.size - 1].reason.find("another rank has reached locked bucket"),
+            std::string::npos)
       << results[run.size - 1].reason;
   for (int r = 0; r + 1 < run.size; ++r) EXPECT_EQ(results[r].returned.size(), 8u);
   EXPECT_TRUE(results[run.size - 1].returned.empty());

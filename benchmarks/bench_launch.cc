@@ -1,0 +1,272 @@
+// What gradsync itself costs per operation and per bucket, with the locked schedule and with
+// negotiation, side by side in one run: the process alternates phases with
+// GRADSYNC_LOCKED_SCHEDULE=1 and =0 (init, measure, shutdown), over host tensors and over the
+// host device backend (host memory labelled cuda:0 that goes through the device plane and its
+// finalizer, as device tensors do on a GPU), beside raw MPI on the same bytes.
+//
+//   mpirun -np N gradsync_bench_launch [--phases P] [--iters N] [--tensors T]
+//                                      [--tensor-bytes B] [--bucket-bytes B]
+//
+// Rows, each a median over the timed steps of a phase (the slowest rank's, from a barrier):
+//   one op   one allreduce of 16 bytes, enqueued and waited on: what a caller that waits on each
+//            result pays. Raw: MPI_Allreduce of the 16 bytes.
+//   step     T tensors of B bytes enqueued in a burst and then waited on, fused into buckets of
+//            --bucket-bytes: "per bucket" is the step over its buckets. Raw: for each bucket,
+//            copy in, MPI_Allreduce, copy out.
+// Before each phase's timing, a warm-up with the timeline on tells whether the schedule locked.
+#include <mpi.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "gradsync/gradsync.h"
+#include "ops/device/device_plane.h"
+#include "ops/device/device_plane_factory.h"
+#include "ops/device/host_device_backend.h"
+
+namespace gradsync_bench {
+namespace {
+
+using gradsync::DataType;
+using gradsync::Handle;
+using gradsync::TensorView;
+
+struct Settings {
+  int phases = 4;  // alternating locked and negotiated
+  int iters = 200;
+  int64_t tensors = 64;
+  int64_t tensor_bytes = 1024;
+  int64_t bucket_bytes = 16384;
+};
+
+gradsync::Status HostBackedPlane(const gradsync::Config& config, MPI_Comm comm,
+                                 const gradsync::Device&,
+                                 std::unique_ptr<gradsync::DataPlane>* plane) {
+  std::unique_ptr<gradsync::HostDeviceBackend> backend;
+  GRADSYNC_RETURN_IF_ERROR(gradsync::HostDeviceBackend::Create(comm, &backend));
+  const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(config.nccl_timeout_seconds));
+  *plane = std::make_unique<gradsync::DevicePlane>(std::move(backend), comm, timeout);
+  return gradsync::Status::OK();
+}
+
+// A workload's tensors, named by `prefix`, on the host or labelled as a device's.
+class Workload {
+ public:
+  Workload(const std::string& prefix, int64_t tensors, int64_t floats, bool device, int rank)
+      : data_(tensors, std::vector<float>(floats)) {
+    for (int64_t t = 0; t < tensors; ++t) {
+      FillPattern(data_[t].data(), floats, t, rank);
+      TensorView view(data_[t].data(), DataType::kFloat32, {floats});
+      if (device) view.device = gradsync::Device::Cuda(0);
+      views_.push_back(view);
+      options_.emplace_back();
+      options_.back().name = prefix + "." + std::to_string(t);
+    }
+    handles_.resize(tensors);
+  }
+
+  void Step() {
+    for (size_t t = 0; t < views_.size(); ++t) {
+      handles_[t] = gradsync::allreduce(views_[t], options_[t]);
+    }
+    for (Handle& h : handles_) h.wait();
+  }
+
+ private:
+  std::vector<std::vector<float>> data_;
+  std::vector<TensorView> views_;
+  std::vector<gradsync::AllreduceOptions> options_;
+  std::vector<Handle> handles_;
+};
+
+// Copy in, one MPI_Allreduce and copy out per bucket: the raw strategy for small tensors.
+class RawBuckets {
+ public:
+  RawBuckets(int64_t tensors, int64_t floats, int64_t per_bucket, MPI_Comm comm)
+      : data_(tensors, std::vector<float>(floats, 1.0f)),
+        per_bucket_(per_bucket),
+        buffer_(per_bucket * floats),
+        comm_(comm) {}
+
+  void Step() {
+    const int64_t floats = static_cast<int64_t>(data_[0].size());
+    for (size_t first = 0; first < data_.size(); first += per_bucket_) {
+      const size_t last = std::min(data_.size(), first + per_bucket_);
+      for (size_t t = first; t < last; ++t) {
+        std::memcpy(buffer_.data() + (t - first) * floats, data_[t].data(), floats * 4);
+      }
+      AllreduceFloats(buffer_.data(), static_cast<int64_t>(last - first) * floats, comm_);
+      for (size_t t = first; t < last; ++t) {
+        std::memcpy(data_[t].data(), buffer_.data() + (t - first) * floats, floats * 4);
+      }
+    }
+  }
+
+ private:
+  std::vector<std::vector<float>> data_;
+  size_t per_bucket_;
+  std::vector<float> buffer_;
+  MPI_Comm comm_;
+};
+
+// How many times rank 0's timeline file says the global set locked and left its lock; whether
+// the last of those was a lock. Every rank gets rank 0's answer.
+std::string LockState(const std::string& path, int rank) {
+  int counts[3] = {0, 0, 0};  // locks, unlocks, last was a lock
+  if (rank == 0) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string s = text.str();
+    for (size_t at = s.find("LOCK set 0"); at != std::string::npos;
+         at = s.find("LOCK set 0", at + 1)) {
+      const bool unlock = at >= 2 && s.compare(at - 2, 2, "UN") == 0;
+      ++counts[unlock ? 1 : 0];
+      counts[2] = unlock ? 0 : 1;
+    }
+    std::remove(path.c_str());
+  }
+  MPI_Bcast(counts, 3, MPI_INT, 0, MPI_COMM_WORLD);
+  return std::string(counts[2] ? "locked" : "not locked") + " (" + std::to_string(counts[0]) +
+         " locks, " + std::to_string(counts[1]) + " unlocks)";
+}
+
+struct Row {
+  std::string name;
+  double raw = 0;
+  double gradsync = 0;
+  std::string state;
+};
+
+// Times `gradsync_step` against `raw_step`, after a warm-up with the timeline on.
+Row Measure(const std::string& name, const std::function<void()>& raw_step,
+            const std::function<void()>& gradsync_step, const Settings& settings, int rank) {
+  const std::string trace = (std::filesystem::temp_directory_path() /
+                             ("gradsync_bench_launch_" + std::to_string(getpid()) + ".json"))
+                                .string();
+  MPI_Comm raw_comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
+  gradsync::start_timeline(trace);
+  MeasureInterleaved({{"warm", gradsync_step}}, 12, 1, MPI_COMM_WORLD);
+  gradsync::stop_timeline();
+  Row row;
+  row.name = name;
+  row.state = LockState(trace, rank);
+  const std::vector<double> medians = MeasureInterleaved(
+      {{"raw", raw_step}, {"gradsync", gradsync_step}}, 3, settings.iters, MPI_COMM_WORLD);
+  row.raw = medians[0];
+  row.gradsync = medians[1];
+  MPI_Comm_free(&raw_comm);
+  return row;
+}
+
+std::vector<Row> RunPhase(bool locked, const Settings& settings, int rank) {
+  setenv("GRADSYNC_LOCKED_SCHEDULE", locked ? "1" : "0", 1);
+  gradsync::init(MPI_COMM_WORLD);
+  MPI_Comm raw_comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
+  const int64_t floats = settings.tensor_bytes / 4;
+  const int64_t per_bucket = std::max<int64_t>(1, settings.bucket_bytes / settings.tensor_bytes);
+  float tiny[4] = {1, 2, 3, 4};
+  auto raw_one = [&] { AllreduceFloats(tiny, 4, raw_comm); };
+  RawBuckets raw_buckets(settings.tensors, floats, per_bucket, raw_comm);
+  std::vector<Row> rows;
+  for (bool device : {false, true}) {
+    const std::string where = device ? "device(host backend)" : "host";
+    Workload one(std::string("one.") + (device ? "d" : "h"), 1, 4, device, rank);
+    rows.push_back(Measure(
+        "one op, " + where, raw_one, [&] { one.Step(); }, settings, rank));
+    Workload step(std::string("step.") + (device ? "d" : "h"), settings.tensors, floats, device,
+                  rank);
+    rows.push_back(Measure(
+        "step, " + where, [&] { raw_buckets.Step(); }, [&] { step.Step(); }, settings, rank));
+  }
+  MPI_Comm_free(&raw_comm);
+  gradsync::shutdown();
+  return rows;
+}
+
+int Run(int argc, char** argv) {
+  Flags flags(argc, argv, {"--phases", "--iters", "--tensors", "--tensor-bytes", "--bucket-bytes"});
+  Settings settings;
+  settings.phases = static_cast<int>(flags.GetInt("--phases", settings.phases, 2));
+  settings.iters = static_cast<int>(flags.GetInt("--iters", settings.iters, 1));
+  settings.tensors = flags.GetInt("--tensors", settings.tensors, 1);
+  settings.tensor_bytes = flags.GetInt("--tensor-bytes", settings.tensor_bytes, 4);
+  settings.bucket_bytes = flags.GetInt("--bucket-bytes", settings.bucket_bytes, 4);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  // Fixed settings, the same in every phase: buckets of --bucket-bytes, no calibration.
+  setenv("GRADSYNC_CALIBRATE", "0", 1);
+  setenv("GRADSYNC_FUSION_THRESHOLD", std::to_string(settings.bucket_bytes).c_str(), 1);
+  gradsync::SetDevicePlaneFactoryForTesting(&HostBackedPlane);
+  const int64_t buckets = (settings.tensors + settings.bucket_bytes / settings.tensor_bytes - 1) /
+                          std::max<int64_t>(1, settings.bucket_bytes / settings.tensor_bytes);
+  if (rank == 0) {
+    std::printf(
+        "# gradsync_bench_launch: %d ranks, %lld tensors of %lld B a step, buckets of "
+        "%lld B (%lld a step), %d timed steps a phase\n",
+        size, static_cast<long long>(settings.tensors),
+        static_cast<long long>(settings.tensor_bytes),
+        static_cast<long long>(settings.bucket_bytes), static_cast<long long>(buckets),
+        settings.iters);
+    std::printf("%-6s %-10s %-28s %10s %12s %9s %12s  %s\n", "phase", "schedule", "row", "raw_us",
+                "gradsync_us", "gs/raw", "per_bucket", "state");
+  }
+  std::vector<double> sums[2][4];  // [locked][row] gradsync times
+  for (int phase = 0; phase < settings.phases; ++phase) {
+    const bool locked = phase % 2 == 0;
+    const std::vector<Row> rows = RunPhase(locked, settings, rank);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      sums[locked][r].push_back(rows[r].gradsync / (rows[r].raw > 0 ? rows[r].raw : 1));
+      if (rank != 0) continue;
+      const bool is_step = rows[r].name.rfind("step", 0) == 0;
+      std::printf("%-6d %-10s %-28s %10.1f %12.1f %9.2f %12.1f  %s\n", phase,
+                  locked ? "locked" : "negotiated", rows[r].name.c_str(), rows[r].raw * 1e6,
+                  rows[r].gradsync * 1e6, rows[r].gradsync / rows[r].raw,
+                  rows[r].gradsync * 1e6 / (is_step ? buckets : 1), rows[r].state.c_str());
+    }
+  }
+  if (rank == 0) {
+    const char* names[4] = {"one op, host", "step, host", "one op, device(host backend)",
+                            "step, device(host backend)"};
+    std::printf("# median gs/raw over phases: row, locked, negotiated, locked/negotiated\n");
+    for (int r = 0; r < 4; ++r) {
+      const double l = Median(sums[1][r]);
+      const double n = Median(sums[0][r]);
+      std::printf("# %-28s %6.2f %6.2f %6.2f\n", names[r], l, n, l / n);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace gradsync_bench
+
+int main(int argc, char** argv) {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int status = 1;
+  try {
+    status = gradsync_bench::Run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gradsync_bench_launch: %s\n", e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return status;
+}
