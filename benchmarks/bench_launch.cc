@@ -5,7 +5,7 @@
 // finalizer, as device tensors do on a GPU), beside raw MPI on the same bytes.
 //
 //   mpirun -np N gradsync_bench_launch [--phases P] [--iters N] [--tensors T]
-//                                      [--tensor-bytes B] [--bucket-bytes B]
+//                                      [--tensor-bytes B] [--bucket-bytes B] [--gap-us G]
 //
 // Rows, each a median over the timed steps of a phase (the slowest rank's, from a barrier):
 //   one op   one allreduce of 16 bytes, enqueued and waited on: what a caller that waits on each
@@ -13,12 +13,16 @@
 //   step     T tensors of B bytes enqueued in a burst and then waited on, fused into buckets of
 //            --bucket-bytes: "per bucket" is the step over its buckets. Raw: for each bucket,
 //            copy in, MPI_Allreduce, copy out.
+//   backward the step's tensors one at a time, each after G us of busy work, as a backward pass
+//            hands them over. Raw: the same work, each bucket reduced as above once its last
+//            tensor is there, on the caller's thread.
 // Before each phase's timing, a warm-up with the timeline on tells whether the schedule locked.
 #include <mpi.h>
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -49,6 +53,7 @@ struct Settings {
   int64_t tensors = 64;
   int64_t tensor_bytes = 1024;
   int64_t bucket_bytes = 16384;
+  int64_t gap_us = 20;  // busy work before each tensor of the backward rows
 };
 
 gradsync::Status HostBackedPlane(const gradsync::Config& config, MPI_Comm comm,
@@ -60,6 +65,14 @@ gradsync::Status HostBackedPlane(const gradsync::Config& config, MPI_Comm comm,
       std::chrono::duration<double>(config.nccl_timeout_seconds));
   *plane = std::make_unique<gradsync::DevicePlane>(std::move(backend), comm, timeout);
   return gradsync::Status::OK();
+}
+
+// Busy work standing in for a layer's backward.
+void Compute(double us) {
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::nanoseconds(static_cast<int64_t>(us * 1e3));
+  while (std::chrono::steady_clock::now() < until) {
+  }
 }
 
 // A workload's tensors, named by `prefix`, on the host or labelled as a device's.
@@ -78,8 +91,11 @@ class Workload {
     handles_.resize(tensors);
   }
 
-  void Step() {
+  // Every tensor enqueued, each `gap_us` of busy work after the one before (a backward pass's
+  // layers), then all waited on.
+  void Step(double gap_us = 0) {
     for (size_t t = 0; t < views_.size(); ++t) {
+      if (gap_us > 0) Compute(gap_us);
       handles_[t] = gradsync::allreduce(views_[t], options_[t]);
     }
     for (Handle& h : handles_) h.wait();
@@ -101,11 +117,14 @@ class RawBuckets {
         buffer_(per_bucket * floats),
         comm_(comm) {}
 
-  void Step() {
+  // With `gap_us`, each tensor comes after that much busy work and a bucket is reduced as soon as
+  // its last tensor has come, on this thread.
+  void Step(double gap_us = 0) {
     const int64_t floats = static_cast<int64_t>(data_[0].size());
     for (size_t first = 0; first < data_.size(); first += per_bucket_) {
       const size_t last = std::min(data_.size(), first + per_bucket_);
       for (size_t t = first; t < last; ++t) {
+        if (gap_us > 0) Compute(gap_us);
         std::memcpy(buffer_.data() + (t - first) * floats, data_[t].data(), floats * 4);
       }
       AllreduceFloats(buffer_.data(), static_cast<int64_t>(last - first) * floats, comm_);
@@ -193,6 +212,12 @@ std::vector<Row> RunPhase(bool locked, const Settings& settings, int rank) {
                   rank);
     rows.push_back(Measure(
         "step, " + where, [&] { raw_buckets.Step(); }, [&] { step.Step(); }, settings, rank));
+    Workload backward(std::string("backward.") + (device ? "d" : "h"), settings.tensors, floats,
+                      device, rank);
+    const double gap = settings.gap_us;
+    rows.push_back(Measure(
+        "backward, " + where, [&] { raw_buckets.Step(gap); }, [&] { backward.Step(gap); }, settings,
+        rank));
   }
   MPI_Comm_free(&raw_comm);
   gradsync::shutdown();
@@ -200,13 +225,15 @@ std::vector<Row> RunPhase(bool locked, const Settings& settings, int rank) {
 }
 
 int Run(int argc, char** argv) {
-  Flags flags(argc, argv, {"--phases", "--iters", "--tensors", "--tensor-bytes", "--bucket-bytes"});
+  Flags flags(argc, argv,
+              {"--phases", "--iters", "--tensors", "--tensor-bytes", "--bucket-bytes", "--gap-us"});
   Settings settings;
   settings.phases = static_cast<int>(flags.GetInt("--phases", settings.phases, 2));
   settings.iters = static_cast<int>(flags.GetInt("--iters", settings.iters, 1));
   settings.tensors = flags.GetInt("--tensors", settings.tensors, 1);
   settings.tensor_bytes = flags.GetInt("--tensor-bytes", settings.tensor_bytes, 4);
   settings.bucket_bytes = flags.GetInt("--bucket-bytes", settings.bucket_bytes, 4);
+  settings.gap_us = flags.GetInt("--gap-us", settings.gap_us, 0);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -227,14 +254,19 @@ int Run(int argc, char** argv) {
     std::printf("%-6s %-10s %-28s %10s %12s %9s %12s  %s\n", "phase", "schedule", "row", "raw_us",
                 "gradsync_us", "gs/raw", "per_bucket", "state");
   }
-  std::vector<double> sums[2][4];  // [locked][row] gradsync times
+  std::vector<std::string> names;
+  std::vector<std::vector<double>> ratios[2];  // [locked][row]: gs/raw of each phase
   for (int phase = 0; phase < settings.phases; ++phase) {
     const bool locked = phase % 2 == 0;
     const std::vector<Row> rows = RunPhase(locked, settings, rank);
+    names.resize(rows.size());
+    ratios[0].resize(rows.size());
+    ratios[1].resize(rows.size());
     for (size_t r = 0; r < rows.size(); ++r) {
-      sums[locked][r].push_back(rows[r].gradsync / (rows[r].raw > 0 ? rows[r].raw : 1));
+      names[r] = rows[r].name;
+      ratios[locked][r].push_back(rows[r].gradsync / (rows[r].raw > 0 ? rows[r].raw : 1));
       if (rank != 0) continue;
-      const bool is_step = rows[r].name.rfind("step", 0) == 0;
+      const bool is_step = rows[r].name.rfind("one op", 0) != 0;
       std::printf("%-6d %-10s %-28s %10.1f %12.1f %9.2f %12.1f  %s\n", phase,
                   locked ? "locked" : "negotiated", rows[r].name.c_str(), rows[r].raw * 1e6,
                   rows[r].gradsync * 1e6, rows[r].gradsync / rows[r].raw,
@@ -242,13 +274,11 @@ int Run(int argc, char** argv) {
     }
   }
   if (rank == 0) {
-    const char* names[4] = {"one op, host", "step, host", "one op, device(host backend)",
-                            "step, device(host backend)"};
     std::printf("# median gs/raw over phases: row, locked, negotiated, locked/negotiated\n");
-    for (int r = 0; r < 4; ++r) {
-      const double l = Median(sums[1][r]);
-      const double n = Median(sums[0][r]);
-      std::printf("# %-28s %6.2f %6.2f %6.2f\n", names[r], l, n, l / n);
+    for (size_t r = 0; r < names.size(); ++r) {
+      const double l = Median(ratios[1][r]);
+      const double n = Median(ratios[0][r]);
+      std::printf("# %-32s %6.2f %6.2f %6.2f\n", names[r].c_str(), l, n, l / n);
     }
   }
   return 0;

@@ -19,6 +19,7 @@ namespace gradsync {
 namespace {
 
 constexpr std::chrono::nanoseconds kFirstBackoff = std::chrono::microseconds(20);
+constexpr std::chrono::nanoseconds kLongestLockPoll = std::chrono::microseconds(200);
 
 }  // namespace
 
@@ -90,6 +91,9 @@ std::chrono::nanoseconds BackgroundLoop::NextWait() const {
   // so a rank waiting on a stalled peer sleeps.
   if (unproductive_cycles_ == 0) return std::chrono::nanoseconds(0);
   const auto backoff = kFirstBackoff * (1 << std::min(unproductive_cycles_ - 1, 16));
+  // A locked bucket's exchange completes without waking anyone: test it as often as a
+  // negotiation round is tested.
+  if (lock_exchanging_) return std::min<std::chrono::nanoseconds>(backoff, kLongestLockPoll);
   return std::min<std::chrono::nanoseconds>(backoff, cycle_time);
 }
 
@@ -99,6 +103,7 @@ bool BackgroundLoop::RunOneCycle() {
   Distribute(TakeFreshEntries());
   lanes_.Watch();
   bool productive = false;
+  lock_exchanging_ = false;
   // By id, so that sets added or removed by the global set's responses are picked up (or skipped)
   // in this same cycle on every rank alike.
   for (ProcessSetRuntime* set = sets_.Next(-1); set != nullptr;) {
@@ -187,6 +192,7 @@ bool BackgroundLoop::RunLockedCycle(ProcessSetRuntime* set, bool* productive) {
     if (!executed.ok()) return FailSet(set, executed, EntriesOf(cycle.buckets, i));
   }
   if (cycle.unlocked) LeftLock(set, &cycle);
+  lock_exchanging_ |= set->lock().exchanging();
   return true;
 }
 

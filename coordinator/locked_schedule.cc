@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "runtime/logging.h"
@@ -14,9 +15,12 @@ namespace {
 
 // Word 0 of an exchange holds flags, stored inverted so that the AND across ranks yields their OR;
 // words 1 and 2 hold the bucket's fingerprint and its complement, so that the AND shows whether
-// every rank sent the same one.
+// every rank sent the same one; word 3 has bit i set when the i-th bucket from the cursor is full
+// here, so that the AND's low run of ones is the buckets every rank can run now.
 constexpr uint64_t kRelease = 1;
-constexpr size_t kExchangeWords = 3;
+constexpr size_t kExchangeWords = 4;
+// As MpiControlChannel polls a negotiation round before it sleeps.
+constexpr double kPollSeconds = 200e-6;
 
 double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -166,9 +170,6 @@ Status LockedSchedule::RunCycle(const std::vector<TensorEntry*>& fresh, bool rel
   const double now = clock_();
   for (TensorEntry* entry : fresh) Place(entry, now);
   if (release && leave_reason_.empty()) leave_reason_ = why;
-  uint64_t nudged = 0;
-  GRADSYNC_RETURN_IF_ERROR(channel_->TakeNudges(&nudged));
-  nudged_ = std::max(nudged_, nudged);
   return Advance(out);
 }
 
@@ -210,11 +211,21 @@ Status LockedSchedule::Advance(LockedCycle* out) {
         Finish(words_, out);
         continue;
       }
+      // Peers usually arrive within microseconds of each other: poll a while, leaving the core
+      // to others between polls, before handing the wait back to the loop's backoff.
+      if (now - started_at_ < kPollSeconds) {
+        std::this_thread::yield();
+        continue;
+      }
       return WhileWaiting(now);
     }
     const PlannedBucket& next = buckets_[cursor_];
     const bool full = next.full();
     if (leave_reason_.empty() && !full) {
+      // Only a rank that cannot start the next exchange needs to hear that others wait for it.
+      uint64_t nudged = 0;
+      GRADSYNC_RETURN_IF_ERROR(channel_->TakeNudges(&nudged));
+      nudged_ = std::max(nudged_, nudged);
       if (held_ > 0 && now - last_progress_ >= settings_.wait_seconds) {
         leave_reason_ = "locked bucket " + std::to_string(cursor_) + " has waited " +
                         Milliseconds(now - last_progress_) + " on this rank for " +
@@ -239,6 +250,7 @@ Status LockedSchedule::StartExchange(bool release, double now) {
   words_[0] = ~(release ? kRelease : uint64_t{0});
   words_[1] = fingerprint;
   words_[2] = ~fingerprint;
+  words_[3] = release ? 0 : FullBuckets();
   GRADSYNC_RETURN_IF_ERROR(channel_->StartAnd(words_));
   in_flight_ = true;
   ++exchanges_;
@@ -265,6 +277,22 @@ void LockedSchedule::Finish(const std::vector<uint64_t>& words, LockedCycle* out
     Leave(leave_reason_.empty() ? "another rank left the lock" : leave_reason_, out);
     return;
   }
+  // Every rank that did not release sent at least the cursor's bucket as full.
+  const int ready = __builtin_ctzll(~words[3] | (uint64_t{1} << 63));
+  for (int i = 0; i < std::max(ready, 1); ++i) EmitBucket(out);
+}
+
+uint64_t LockedSchedule::FullBuckets() const {
+  uint64_t mask = 1;  // the cursor's bucket: an exchange that does not release starts only then
+  for (size_t i = 1; i < 63 && cursor_ + i < buckets_.size(); ++i) {
+    const PlannedBucket& bucket = buckets_[cursor_ + i];
+    if (bucket.done_count != 0 || !bucket.full()) break;
+    mask |= uint64_t{1} << i;
+  }
+  return mask;
+}
+
+void LockedSchedule::EmitBucket(LockedCycle* out) {
   PlannedBucket& bucket = buckets_[cursor_];
   CycleOutcome run;
   if (bucket.done_count == 0) {

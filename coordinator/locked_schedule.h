@@ -92,8 +92,8 @@ class LockedSchedule {
   // plane, or a stall past GRADSYNC_STALL_SHUTDOWN_SECONDS.
   Status RunCycle(const std::vector<TensorEntry*>& fresh, bool release, const std::string& why,
                   LockedCycle* out);
-  // Whether the background thread should come back soon (an exchange in flight, or entries held).
-  bool busy() const { return in_flight_ || held_ > 0; }
+  // Whether an exchange is in flight: the background thread should test it again soon.
+  bool exchanging() const { return in_flight_; }
   // Every entry it holds, for a caller that fails them; the schedule is left unlocked.
   std::vector<TensorEntry*> TakeAllHeld();
 
@@ -136,8 +136,13 @@ class LockedSchedule {
   // Exchanges and emits until nothing more can happen without waiting.
   Status Advance(LockedCycle* out);
   Status StartExchange(bool release, double now);
-  // Handles a completed exchange: the bucket runs, or every rank leaves.
+  // Handles a completed exchange: the buckets every rank has full run, or every rank leaves.
   void Finish(const std::vector<uint64_t>& words, LockedCycle* out);
+  // Bit i: the i-th bucket from the cursor is full on this rank (up to the plan's end, and only
+  // past the cursor where the lock's first step ran nothing of the bucket).
+  uint64_t FullBuckets() const;
+  // Hands the cursor's bucket to `out` and moves the cursor on.
+  void EmitBucket(LockedCycle* out);
   void Leave(const std::string& why, LockedCycle* out);
   // Empties the slots and forgets the plan's progress; what was held, in the order Leave gives.
   std::vector<TensorEntry*> Clear();
