@@ -158,8 +158,10 @@ run() {
   # GPU through the MPI backend beside DDP on gloo.
   if [ ${#python_targets[@]} -gt 0 ] && python3 -c 'import torchvision, transformers' 2>/dev/null
   then
+    # Rounds of 10 steps: a mode's schedule locks after its third identical step
+    # (GRADSYNC_LOCK_AFTER_STEPS) and leaves the lock when the next mode's tensors come.
     local train=(python3 "$repo_root/benchmarks/python/training_step_benchmark.py"
-                 --json "$out/training.jsonl")
+                 --json "$out/training.jsonl" --rounds 2 --steps-per-round 10)
     rm -f "$out/training.jsonl"
     {
       local failed=0
@@ -167,6 +169,11 @@ run() {
         PYTHONPATH=$work/build/python timeout 300 mpirun -np 1 -x PYTHONPATH "${train[@]}" \
           --model "$model" || failed=1
       done
+      # The same without the locked schedule, gradsync's modes only: the lock's before and after.
+      echo "gpu-check: ResNet-50 at 1 rank with GRADSYNC_LOCKED_SCHEDULE=0"
+      PYTHONPATH=$work/build/python GRADSYNC_LOCKED_SCHEDULE=0 timeout 300 mpirun -np 1 \
+        -x PYTHONPATH -x GRADSYNC_LOCKED_SCHEDULE "${train[@]}" --model resnet50 \
+        --modes none,gs-opt,gs-ddp || failed=1
       PYTHONPATH=$work/build/python GRADSYNC_GPU_BACKEND=mpi timeout 300 mpirun -np 2 \
         --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND "${train[@]}" --model resnet50 \
         --batch 16 || failed=1
