@@ -1,5 +1,6 @@
-// Alltoall across ranks: explicit uneven splits for every dtype, even splits by default, empty
-// inputs, the received splits, and validation errors at enqueue.
+// Alltoall across ranks: explicit uneven splits for every dtype, equal splits by default (rows
+// that do not divide refused), empty inputs, the received splits, and validation errors at
+// enqueue.
 #include <memory>
 
 #include "ops/data_plane.h"
@@ -78,10 +79,21 @@ TEST_F(AlltoallTest, UnevenSplitsEveryDtype) {
   }
 }
 
-TEST_F(AlltoallTest, DefaultSplitsAreEven) {
-  // 10 rows: on 4 ranks each sends 3, 3, 2, 2.
-  auto splits_of = [this](int) { return EvenSplits(10, size_); };
+TEST_F(AlltoallTest, DefaultSplitsAreEqual) {
+  auto splits_of = [this](int) { return std::vector<int64_t>(size_, 3); };
   RunAndCheck(DataType::kFloat32, splits_of, false, "a2a.even");
+}
+
+TEST_F(AlltoallTest, WithoutSplitsRowsThatDoNotDivideAreRefused) {
+  if (size_ == 1) GTEST_SKIP() << "every count divides by one rank";
+  HostTensor in(DataType::kFloat32, {2 * size_ + 1, kWidth});
+  std::unique_ptr<HostTensor> out;
+  EXPECT_TRUE(ThrowsWith([&] { alltoall(in.view(), Into(&out), Named("a2a.uneven.default")); },
+                         StatusCode::kInvalidArgument, "divisible by the"));
+  // The name is free again, and the same rows go with splits.
+  AlltoallOptions options = Named("a2a.uneven.default");
+  options.splits = EvenSplits(2 * size_ + 1, size_);
+  ASSERT_TRUE(Succeeds(alltoall(in.view(), Into(&out), options)));
 }
 
 TEST_F(AlltoallTest, EmptyInputs) {

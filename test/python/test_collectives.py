@@ -190,6 +190,19 @@ def test_alltoall_even_and_explicit_splits(rank, size):
     assert torch.equal(output, torch.cat([torch.full((r + 1, 2), float(r)) for r in range(size)]))
 
 
+def test_alltoall_without_splits_needs_rows_that_divide(rank, size):
+    if size == 1:
+        pytest.skip("every count divides by one rank")
+    for call in (hvd.alltoall, hvd.alltoall_async):
+        with pytest.raises(ValueError, match="divisible by the %d ranks" % size):
+            call(torch.ones(size + 1), name="a2a.indivisible")
+    # With splits the same rows go: every rank sends rank 0 two rows and the others one.
+    output, received = hvd.alltoall(torch.ones(size + 1), splits=[2] + [1] * (size - 1),
+                                    name="a2a.indivisible")
+    assert received.tolist() == [2 if rank == 0 else 1] * size
+    assert output.shape == (sum(received.tolist()),)
+
+
 def test_alltoall_bad_splits_is_refused(size):
     with pytest.raises(ValueError):
         hvd.alltoall(torch.ones(3), splits=[5] * size, name="a2a.bad")

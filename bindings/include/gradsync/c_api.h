@@ -102,8 +102,9 @@ int gradsync_allgather_async(const char* name, const void* data, int dtype, cons
 /* Overwrites `data` on every rank with the root's (a rank within the process set). */
 int gradsync_broadcast_async(const char* name, void* data, int dtype, const int64_t* shape,
                              int ndim, int root, int process_set, gradsync_handle** handle);
-/* Sends splits[r] rows of the first dimension to rank r (splits NULL and nsplits 0: as evenly as
- * possible) and receives every rank's rows for this one. */
+/* Sends splits[r] rows of the first dimension to rank r (splits NULL and nsplits 0: the same
+ * number to every rank, refused unless the rows divide by the ranks) and receives every rank's
+ * rows for this one. */
 int gradsync_alltoall_async(const char* name, const void* data, int dtype, const int64_t* shape,
                             int ndim, const int64_t* splits, int nsplits, int process_set,
                             gradsync_handle** handle);

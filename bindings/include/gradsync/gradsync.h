@@ -251,8 +251,8 @@ Handle reducescatter(const TensorView& input, Allocator allocate,
 struct AlltoallOptions {
   std::string name;
   // Rows of the first dimension sent to each rank, in rank order: size() entries, non-negative,
-  // adding up to the first dimension. Empty: divided as evenly as possible, lower ranks taking the
-  // remainder.
+  // adding up to the first dimension. Empty: the same number of rows to every rank, refused unless
+  // the first dimension divides by the number of ranks (as Horovod does).
   std::vector<int64_t> splits;
   CompletionCallback on_complete;
   ProcessSet process_set;  // the global set by default

@@ -8,8 +8,17 @@ from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.wire import _args, _check, _name, _output_tensor, _ready_stream, _to_wire
 
 
-def _splits_list(splits):
+def _splits_list(splits, tensor=None, process_set=None):
+    """The splits as a list; without any, checks that the rows divide among the set's ranks."""
     if splits is None:
+        if tensor is not None:
+            rows = tensor.shape[0] if tensor.dim() > 0 else 0
+            ranks = process_set.size()
+            if rows % ranks != 0:
+                raise ValueError(
+                    "alltoall without splits needs a first dimension divisible by the %d ranks "
+                    "of its process set, not %d: pass splits to send uneven pieces"
+                    % (ranks, rows))
         return []
     if isinstance(splits, torch.Tensor):
         if splits.dtype not in (torch.int32, torch.int64):
@@ -25,8 +34,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     (``(output, received_splits)``) when ``splits`` were given.
     """
     _check(tensor)
+    split_list = _splits_list(splits, tensor, process_set)
     wire = _to_wire(tensor)
-    h = _core.alltoall(*_args(wire), _splits_list(splits), _name("alltoall", name),
+    h = _core.alltoall(*_args(wire), split_list, _name("alltoall", name),
                        _id_of(process_set), _ready_stream(wire))
 
     def finish():
@@ -60,10 +70,10 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
     Returns the received tensor, or ``(tensor, received_splits)`` when ``splits`` were given.
     """
-    split_list = _splits_list(splits)
+    split_list = _splits_list(splits, tensor, process_set)
     if not split_list:
-        rows = tensor.shape[0] if tensor.dim() > 0 else 0
+        # Passed on explicitly, so that the backward knows the rows each rank sent here.
         n = process_set.size()
-        split_list = [rows // n + (1 if r < rows % n else 0) for r in range(n)]
+        split_list = [(tensor.shape[0] if tensor.dim() > 0 else 0) // n] * n
     output, received = _Alltoall.apply(tensor, split_list, name, process_set)
     return output if splits is None else (output, received)
