@@ -204,6 +204,27 @@ def test_optimizer_batch_and_general_path_meet_under_one_name(rank, size):
         optimizer.step()
 
 
+def test_optimizer_exposes_parameter_names_as_horovod(rank, size):
+    model = make_model()
+    named = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters())
+    assert named._parameter_names == {p: n for n, p in model.named_parameters()}
+    unnamed = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    names = [unnamed._parameter_names[p] for p in model.parameters()]
+    assert len(set(names)) == len(names) == len(list(model.parameters()))
+
+
+def test_step_after_a_manual_synchronize_warns_as_horovod(rank, size):
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    model(torch.ones(2, 8, dtype=torch.float64)).sum().backward()
+    optimizer.synchronize()
+    with pytest.warns(UserWarning,
+                      match=r"optimizer\.step\(\) called without optimizer\.skip_synchronize\(\)"):
+        optimizer.step()
+
+
 def test_optimizer_refits_a_gradient_that_no_longer_fits_its_slot(rank, size):
     """A non-contiguous gradient on rank 0 only is reduced through its slot from a contiguous copy,
     and the result is copied back into it."""

@@ -65,6 +65,8 @@ class _DistributedOptimizer:
             self._names = {id(p): "param.%d.%d" % (gi, pi)
                            for gi, g in enumerate(self.param_groups)
                            for pi, p in enumerate(g["params"])}
+        # Horovod's attribute, which scripts read: each parameter's name.
+        self._parameter_names = {p: self._names[id(p)] for p in all_params}
         self._groups = self._group_of(groups, all_params)
 
         self.backward_passes_per_step = backward_passes_per_step
@@ -272,9 +274,11 @@ class _DistributedOptimizer:
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() called without a backward pass since "
-                              "optimizer.synchronize(); wrap step() in "
-                              "optimizer.skip_synchronize() after a manual synchronize()")
+                # Its start is Horovod's words, which scripts and tests look for.
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "after optimizer.synchronize(): the gradients are reduced a "
+                              "second time; call step() inside optimizer.skip_synchronize() "
+                              "when you synchronize yourself")
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)
