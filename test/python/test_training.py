@@ -204,6 +204,54 @@ def test_optimizer_batch_and_general_path_meet_under_one_name(rank, size):
         optimizer.step()
 
 
+class _PartlyTrained(torch.nn.Module):
+    """A layer in use, one never used, and a frozen one."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.used = torch.nn.Linear(4, 2)
+        self.unused = torch.nn.Linear(4, 2)
+        self.frozen = torch.nn.Linear(4, 2)
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x):
+        return self.used(x) + self.frozen(x)
+
+
+def _state_of(optimizer):
+    return {pid: {k: v.clone() if torch.is_tensor(v) else v for k, v in entries.items()}
+            for pid, entries in optimizer.state_dict()["state"].items()}
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+    lambda ps: torch.optim.Adam(ps, lr=0.1),
+    lambda ps: torch.optim.Adagrad(ps, lr=0.1)], ids=["sgd", "adam", "adagrad"])
+@pytest.mark.parametrize("stepped", ["all", "root", "others", "none"])
+def test_broadcast_optimizer_state_with_parameters_that_had_no_gradient(make, stepped, rank,
+                                                                        size):
+    """Ranks whose states differ in which parameters have any (some stepped, with a frozen and
+    an unused layer) all end with the root's, and can step on."""
+    model = _PartlyTrained()
+    optimizer = make(model.parameters())
+    model(torch.ones(3, 4) * (rank + 1)).sum().backward()
+    if stepped == "all" or (stepped == "root") == (rank == 0) and stepped != "none":
+        optimizer.step()
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    root = hvd.broadcast_object(_state_of(optimizer), root_rank=0, name="root.state")
+    mine = _state_of(optimizer)
+    assert mine.keys() == root.keys()
+    for pid, entries in root.items():
+        assert mine[pid].keys() == entries.keys()
+        for key, value in entries.items():
+            if torch.is_tensor(value):
+                assert torch.equal(mine[pid][key], value), (pid, key)
+            else:
+                assert mine[pid][key] == value, (pid, key)
+    optimizer.step()
+
+
 def test_optimizer_exposes_parameter_names_as_horovod(rank, size):
     model = make_model()
     named = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),

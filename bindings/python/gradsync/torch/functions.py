@@ -69,58 +69,74 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     return objects
 
 
-def _take_empty_step(optimizer):
-    """One step with zero gradients that moves no parameter: it only creates the state."""
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.requires_grad and p.grad is None:
-                p.grad = torch.zeros_like(p)
-    saved = [dict(g) for g in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        for key in ("lr", "weight_decay"):
-            if key in group:
-                group[key] = 0.0
-    # A DistributedOptimizer's step would synchronize, which only some ranks reach here.
-    step = getattr(optimizer, "_gradsync_local_step", optimizer.step)
-    step()
-    for group, old in zip(optimizer.param_groups, saved):
-        for key in ("lr", "weight_decay"):
-            if key in old:
-                group[key] = old[key]
+def _state_layout(state):
+    """What the root sends of an optimizer state: per parameter index, each entry as a tensor's
+    shape, dtype and device kind (its values go by broadcast) or as the value itself."""
+    layout = {}
+    for pid, entries in state.items():
+        layout[pid] = {
+            key: ("tensor", tuple(value.shape), value.dtype, value.device.type)
+            if torch.is_tensor(value) else ("value", value)
+            for key, value in entries.items()}
+    return layout
+
+
+def _parameters_by_index(optimizer, state_dict):
+    """state_dict's parameter indices -> the optimizer's parameters."""
+    found = {}
+    for saved, group in zip(state_dict["param_groups"], optimizer.param_groups):
+        for pid, p in zip(saved["params"], group["params"]):
+            found[pid] = p
+    return found
+
+
+def _receiving_state(layout, mine, parameters):
+    """A state shaped as the root's `layout`: this rank's tensors where they fit (received into
+    in place), new ones where they do not; entries the root lacks are dropped."""
+    state, tensors = {}, {}
+    for pid, entries in layout.items():
+        have = mine.get(pid, {})
+        received = {}
+        for key, kind in entries.items():
+            if kind[0] != "tensor":
+                received[key] = kind[1]
+                continue
+            _, shape, dtype, device_type = kind
+            tensor = have.get(key)
+            if not (torch.is_tensor(tensor) and tuple(tensor.shape) == shape
+                    and tensor.dtype == dtype):
+                param = parameters.get(pid)
+                device = param.device if param is not None and device_type != "cpu" \
+                    else torch.device("cpu")
+                tensor = torch.empty(shape, dtype=dtype, device=device)
+            received[key] = tensor
+            tensors["%s.%s" % (pid, key)] = tensor
+        state[pid] = received
+    return state, tensors
 
 
 def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
     """Overwrites the optimizer's state and hyperparameters with ``root_rank``'s.
 
-    Tensors of the state are broadcast in place; everything else (step counts, learning rates,
-    betas) travels as one pickled object. When no rank has state yet (before the first step),
-    only the hyperparameters are sent, so a fresh optimizer stays fresh: unlike Horovod, Adam's
-    step count is not advanced by a zero-gradient step. When some ranks have state and others do
-    not, those without take one zero-gradient step (learning rate and weight decay at zero) so
-    that every rank holds the same entries before the root's overwrite them.
+    The root's state is replicated as it is, whatever the others hold: its layout (which
+    parameters have state, under which keys, of which shapes) and its plain values (step counts,
+    learning rates, betas) travel as one pickled object, then its tensors are broadcast into
+    this rank's own where they fit, into new ones where they do not (a parameter that had no
+    gradient here, a frozen or unused layer, has no state here). Entries the root lacks are
+    dropped. When the root has no state yet (before the first step), only the hyperparameters
+    are sent, so a fresh optimizer stays fresh: unlike Horovod, Adam's step count is not
+    advanced by a zero-gradient step.
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    has_state = torch.tensor([1 if optimizer.state_dict()["state"] else 0], dtype=torch.int32)
-    anyone_has_state = mpi_ops.allreduce(has_state, op=mpi_ops.Max, name="optimizer_state.any",
-                                         process_set=process_set).item()
-    if anyone_has_state and not has_state.item():
-        _take_empty_step(optimizer)
-
     state_dict = optimizer.state_dict()
-    tensors, scalars = {}, {}
-    for pid, entries in state_dict["state"].items():
-        for key, value in entries.items():
-            if torch.is_tensor(value):
-                tensors["%s.%s" % (pid, key)] = value
-            else:
-                scalars[(pid, key)] = value
     groups = [{k: v for k, v in g.items() if k != "params"} for g in state_dict["param_groups"]]
-    scalars, groups = broadcast_object((scalars, groups), root_rank,
-                                       name="optimizer_state.scalars", process_set=process_set)
+    layout, groups = broadcast_object((_state_layout(state_dict["state"]), groups), root_rank,
+                                      name="optimizer_state.layout", process_set=process_set)
+    state, tensors = _receiving_state(layout, state_dict["state"],
+                                      _parameters_by_index(optimizer, state_dict))
     broadcast_parameters(tensors, root_rank, process_set=process_set)
-    for (pid, key), value in scalars.items():
-        state_dict["state"][pid][key] = value
+    state_dict["state"] = state
     for group, received in zip(state_dict["param_groups"], groups):
         group.update(received)
     optimizer.load_state_dict(state_dict)
