@@ -252,6 +252,31 @@ def test_broadcast_optimizer_state_with_parameters_that_had_no_gradient(make, st
     optimizer.step()
 
 
+def test_optimizer_of_a_process_set_steps_alone_outside_it(rank, size):
+    """Members average among themselves; a rank outside the set takes a local step."""
+    if size < 2:
+        pytest.skip("needs a set smaller than the world")
+    evens = hvd.add_process_set([r for r in range(size) if r % 2 == 0])
+    try:
+        model = torch.nn.Linear(2, 1, bias=False)
+        with torch.no_grad():
+            model.weight.fill_(1.0)
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                             named_parameters=model.named_parameters(),
+                                             process_set=evens)
+        # d(sum(w . x))/dw = x: each rank's gradient is (rank + 1) in both elements.
+        model(torch.full((1, 2), float(rank + 1))).sum().backward()
+        optimizer.step()
+        members = [r for r in range(size) if r % 2 == 0]
+        if rank in members:
+            grad = sum(r + 1 for r in members) / len(members)
+        else:
+            grad = rank + 1.0
+        assert torch.allclose(model.weight, torch.full((1, 2), 1.0 - grad))
+    finally:
+        hvd.remove_process_set(evens)
+
+
 def test_optimizer_exposes_parameter_names_as_horovod(rank, size):
     model = make_model()
     named = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),

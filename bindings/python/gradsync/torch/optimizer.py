@@ -80,6 +80,7 @@ class _DistributedOptimizer:
         self._by_id = {id(p): p for p in self._requires_update}
         self._reset_delays()
         # The batch is made at the first gradient, once init() and the process set surely exist.
+        self._is_member = None
         self._batch = None
         self._batch_consumer = None  # the one CUDA device of the batch's members, if one
         self._slots = None
@@ -189,8 +190,17 @@ class _DistributedOptimizer:
         return p.grad
 
     def _enqueue(self, p):
+        if not self._member():
+            return  # as Horovod: a rank outside the process set steps on its own gradients
         if not self._start_in_batch(p):
             self._enqueue_general(p)
+
+    def _member(self):
+        """Whether this rank is in the optimizer's process set (asked once: sets do not change
+        their members, and the set surely exists by the first gradient)."""
+        if self._is_member is None:
+            self._is_member = self._process_set.included()
+        return self._is_member
 
     def _enqueue_general(self, p):
         """Enqueues ``p`` outside the batch: with its group, or on its own."""
@@ -307,7 +317,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``op`` is Average or Sum (Adasum raises); ``gradient_predivide_factor`` splits the average
     into a division before and after the sum; ``num_groups`` or ``groups`` (lists of parameters)
     reduce parameters together as grouped allreduces; ``sparse_as_dense`` densifies sparse
-    gradients.
+    gradients; ``process_set`` reduces among its members only, and a rank outside it steps on
+    its own gradients.
     """
     if op == mpi_ops.Adasum:
         raise NotImplementedError("Adasum is not supported by gradsync: use op=Average or op=Sum")
