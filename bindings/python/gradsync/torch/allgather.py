@@ -3,10 +3,10 @@
 import torch
 
 from gradsync import _core
-from gradsync.torch.allreduce import allreduce
+from gradsync.torch.allreduce import grouped_allreduce
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
-from gradsync.torch.wire import (_DTYPES, Sum, _args, _check, _device, _name, _output_tensor,
+from gradsync.torch.wire import (_DTYPES, Average, _args, _check, _device, _name, _output_tensor,
                                  _ready_stream, _to_wire)
 
 
@@ -23,6 +23,18 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     return _allgather_async(tensor, name, process_set)
 
 
+def _own_rows(grads, rows, process_set):
+    """Horovod's gradient of an allgather, for each tensor of a group: every rank's output
+    gradient averaged over the set, then this rank's rows of it."""
+    averaged = grouped_allreduce([g.contiguous() for g in grads], op=Average,
+                                 process_set=process_set)
+    counts = grouped_allgather([torch.tensor([r], dtype=torch.int64) for r in rows],
+                               process_set=process_set)
+    me = process_set.rank()
+    return [grad.narrow(0, int(count[:me].sum()) if me > 0 else 0, r)
+            for grad, count, r in zip(averaged, counts, rows)]
+
+
 class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
@@ -32,19 +44,26 @@ class _Allgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        # Every rank's output feeds every rank's loss: sum the gradients, keep this rank's rows.
-        grad = allreduce(grad_output, op=Sum, process_set=ctx.process_set)
-        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64),
-                         process_set=ctx.process_set)
-        me = ctx.process_set.rank()
-        offset = int(rows[:me].sum()) if me > 0 else 0
-        return grad.narrow(0, offset, ctx.rows), None, None
+        return _own_rows([grad_output], [ctx.rows], ctx.process_set)[0], None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
-    """Returns every rank's ``tensor`` concatenated along the first dimension; differentiable."""
+    """Returns every rank's ``tensor`` concatenated along the first dimension; differentiable
+    (the gradient is Horovod's: the output's gradient averaged over the ranks, this rank's rows)."""
     result = _Allgather.apply(tensor, name, process_set)
     return result
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.rows = [t.shape[0] if t.dim() > 0 else 1 for t in tensors]
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None) + tuple(_own_rows(grads, ctx.rows, ctx.process_set))
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
@@ -65,4 +84,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    """allgather of each tensor, negotiated as one group; differentiable as allgather."""
+    if not tensors:
+        return []
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))

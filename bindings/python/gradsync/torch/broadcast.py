@@ -6,7 +6,7 @@ from gradsync import _core
 from gradsync.torch.allreduce import allreduce
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
-from gradsync.torch.wire import Sum, _args, _check, _consumer, _name, _ready_stream, _to_wire
+from gradsync.torch.wire import Average, _args, _check, _consumer, _name, _ready_stream, _to_wire
 
 
 def _broadcast_async(tensor, output, root_rank, name, process_set):
@@ -51,8 +51,8 @@ class _Broadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        # Only the root's input reached the outputs: it gets the sum of every rank's gradient.
-        grad = allreduce(grad_output, op=Sum, process_set=ctx.process_set)
+        # Horovod's definition: the root gets every rank's gradient averaged, the others zero.
+        grad = allreduce(grad_output, op=Average, process_set=ctx.process_set)
         if ctx.process_set.rank() != ctx.root_rank:
             grad = torch.zeros_like(grad)
         return grad, None, None, None

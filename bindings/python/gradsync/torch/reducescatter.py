@@ -3,11 +3,11 @@
 import torch
 
 from gradsync import _core
-from gradsync.torch.allgather import allgather
+from gradsync.torch.allgather import grouped_allgather
 from gradsync.torch.compression import Compression
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
-from gradsync.torch.wire import (_CORE_OPS, _DTYPES, Average, _check, _device, _op_of,
+from gradsync.torch.wire import (_CORE_OPS, _DTYPES, Average, Sum, _check, _device, _op_of,
                                  _output_tensor, _ready_stream, _to_wire, _wire_op)
 
 
@@ -38,6 +38,15 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     return _register(handles, keep, lambda: _output_tensor(handles[0], tensor.dtype))
 
 
+def _gathered_gradients(grads, ctx):
+    """Horovod's gradient of a reducescatter, for each tensor of a group: every rank's share of
+    the output gradient gathered back, times the scale factors, and times the set's size for a
+    sum."""
+    factor = ctx.scale * (ctx.process_set.size() if ctx.op == Sum else 1)
+    scaled = [g.contiguous() * factor if factor != 1 else g.contiguous() for g in grads]
+    return grouped_allgather(scaled, process_set=ctx.process_set)
+
+
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
@@ -49,11 +58,7 @@ class _Reducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        # Every rank's input reached every share: gather the shares' gradients back.
-        grad = allgather(grad_output.contiguous(), process_set=ctx.process_set) * ctx.scale
-        if ctx.op == Average:
-            grad = grad / ctx.process_set.size()
-        return grad, None, None, None, None, None
+        return _gathered_gradients([grad_output], ctx)[0], None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
@@ -75,11 +80,28 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                      lambda: [_output_tensor(h, t.dtype) for h, t in zip(handles, tensors)])
 
 
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.op = op
+        ctx.scale = prescale_factor * postscale_factor
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_reducescatter_async(
+            list(tensors), name, op, process_set, prescale_factor, postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, None, None, None) + tuple(_gathered_gradients(grads, ctx))
+
+
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
+    """reducescatter of each tensor, negotiated as one group; differentiable as reducescatter."""
     op = _op_of(op, None)
-    compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
-    reduced = synchronize(grouped_reducescatter_async(list(compressed), name, op, process_set,
-                                                      prescale_factor, postscale_factor))
+    if not tensors:
+        return []
+    compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
+    reduced = _GroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                          postscale_factor, *compressed)
     return [compression.decompress(t, c) for t, c in zip(reduced, ctxs)]
