@@ -2,6 +2,8 @@
 // the push of one entry or a group into the queue.
 #include "bindings/enqueue.h"
 
+#include <algorithm>
+
 #include <memory>
 #include <mutex>
 #include <string>
@@ -116,6 +118,32 @@ Status UseProcessSet(const Runtime& rt, const ProcessSet& set, TensorEntry* entr
   const Status status = Membership(rt, set, &set_rank, &size);
   if (set_size != nullptr) *set_size = size;
   return status;
+}
+
+Status RootInSet(const Runtime& rt, const ProcessSet& set, int root, int* set_root) {
+  const int world = rt.mpi->size();
+  if (root < 0 || root >= world) {
+    return Status::InvalidArgument("root rank " + std::to_string(root) + " is outside [0, " +
+                                   std::to_string(world) + ")");
+  }
+  if (set.id() == 0) {
+    *set_root = root;
+    return Status::OK();
+  }
+  ProcessSetInfo info;
+  if (!rt.registry.Find(set.id(), &info)) {
+    return Status::InvalidArgument("process set " + std::to_string(set.id()) + " does not exist");
+  }
+  const auto at = std::find(info.ranks.begin(), info.ranks.end(), root);
+  if (at == info.ranks.end()) {
+    std::string members;
+    for (int r : info.ranks) members += (members.empty() ? "" : ", ") + std::to_string(r);
+    return Status::InvalidArgument("root rank " + std::to_string(root) +
+                                   " is not a member of process set " + std::to_string(set.id()) +
+                                   " (ranks " + members + "; roots are global ranks)");
+  }
+  *set_root = static_cast<int>(at - info.ranks.begin());
+  return Status::OK();
 }
 
 std::vector<Handle> SubmitGroup(Runtime& rt, std::vector<std::unique_ptr<TensorEntry>> entries,

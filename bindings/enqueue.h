@@ -43,6 +43,11 @@ inline Status ValidateScale(double factor, const char* what) {
 Status UseProcessSet(const Runtime& rt, const ProcessSet& set, TensorEntry* entry,
                      int* set_size = nullptr);
 
+// A root given as a rank of the global set, as Horovod takes it also for a process set, as the
+// set's own rank of it (what the data plane uses); why not when it is out of range or not a
+// member of `set`.
+Status RootInSet(const Runtime& rt, const ProcessSet& set, int root, int* set_root);
+
 // Enqueues a group atomically: every member is accepted or the call throws and none is enqueued.
 // The group is known by its first member's name, which is unique while in flight.
 std::vector<Handle> SubmitGroup(Runtime& rt, std::vector<std::unique_ptr<TensorEntry>> entries,

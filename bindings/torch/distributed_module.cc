@@ -101,7 +101,9 @@ void broadcast_state(::torch::nn::Module& module, int root, const ProcessSet& pr
 
 DistributedModule::DistributedModule(::torch::nn::Module& module, Options options)
     : module_(module), options_(std::move(options)) {
-  broadcast_state(module_, 0, options_.process_set, options_.name);
+  // From the set's first member (a global rank: the global set's is 0).
+  broadcast_state(module_, options_.process_set.ranks().front(), options_.process_set,
+                  options_.name);
   for (const ::torch::Tensor& p : module_.parameters()) {
     if (p.requires_grad()) params_.push_back(p);
   }
@@ -208,7 +210,8 @@ void DistributedModule::synchronize() {
 }
 
 void DistributedModule::broadcast_buffers() {
-  BroadcastTensors(NamedState(module_, false), 0, options_.process_set, options_.name + ".buffers");
+  BroadcastTensors(NamedState(module_, false), options_.process_set.ranks().front(),
+                   options_.process_set, options_.name + ".buffers");
 }
 
 }  // namespace torch

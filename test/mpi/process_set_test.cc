@@ -116,14 +116,14 @@ TEST_F(ProcessSetTest, EveryCollectiveUsesRanksWithinTheSet) {
   gather.process_set = set;
   Handle hg = allgather(rows.view(), Into(&gathered), gather);
 
-  // Broadcast from set rank 0 (global rank 1).
+  // Broadcast from set rank 0, named by its global rank 1 as every root is (Horovod's way).
   HostTensor b(DataType::kFloat64, {2});
   b.Set(0, rank_ == 1 ? 42 : -1);
   b.Set(1, rank_ == 1 ? 43 : -1);
   BroadcastOptions bcast;
   bcast.name = "ps.bcast";
   bcast.process_set = set;
-  Handle hb = broadcast(b.view(), 0, bcast);
+  Handle hb = broadcast(b.view(), 1, bcast);
 
   // Reducescatter of n + 1 rows: set rank 0 takes two.
   HostTensor rs_in(DataType::kFloat32, {n + 1});
@@ -186,10 +186,13 @@ TEST_F(ProcessSetTest, EveryCollectiveUsesRanksWithinTheSet) {
     EXPECT_EQ(members[t]->Get(1), t * n);
   }
 
-  // Roots and splits are checked against the set's size, not the world's.
+  // A root must be a member (global rank 0 is not), and splits are checked against the set's
+  // size, not the world's.
   HostTensor t(DataType::kFloat32, {1});
-  EXPECT_TRUE(ThrowsWith([&] { broadcast(t.view(), n, bcast); }, StatusCode::kInvalidArgument,
-                         "ranks within the process set"));
+  EXPECT_TRUE(ThrowsWith([&] { broadcast(t.view(), 0, bcast); }, StatusCode::kInvalidArgument,
+                         "root rank 0 is not a member of process set"));
+  EXPECT_TRUE(ThrowsWith([&] { broadcast(t.view(), size_, bcast); }, StatusCode::kInvalidArgument,
+                         "is outside [0, " + std::to_string(size_)));
   a2a.splits = std::vector<int64_t>(size_, 0);
   EXPECT_TRUE(ThrowsWith([&] { alltoall(a_in.view(), Into(&a_out), a2a); },
                          StatusCode::kInvalidArgument,

@@ -71,7 +71,8 @@ def test_grouped_reducescatter_is_differentiable_as_reducescatter(rank, size):
 
 
 def test_gradients_in_a_process_set(rank, size):
-    """Averages are over the set's members only; the broadcast's root is the set's first."""
+    """Averages are over the set's members only; the broadcast's root is the set's first member,
+    named by its global rank."""
     if size < 2:
         pytest.skip("needs a set smaller than the world")
     members = [r for r in range(size) if r % 2 == 0]
@@ -88,7 +89,9 @@ def test_gradients_in_a_process_set(rank, size):
         (y * (rank + 1)).sum().backward()
         assert torch.equal(x.grad, torch.full((2, 1), _mean_weight(group)))
         z = torch.ones(3, requires_grad=True)
-        (hvd.broadcast(z, 0, name="grad.set.bc", process_set=mine) * (rank + 1)).sum().backward()
+        root = group[0]  # a global rank, as Horovod takes roots
+        (hvd.broadcast(z, root, name="grad.set.bc", process_set=mine) * (rank + 1)).sum() \
+            .backward()
         want = _mean_weight(group) if rank == group[0] else 0.0
         assert torch.equal(z.grad, torch.full((3,), want))
     finally:

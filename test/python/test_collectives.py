@@ -276,6 +276,42 @@ def test_process_sets(rank, size):
     assert hvd.global_process_set.size() == size
 
 
+def test_roots_in_a_process_set_are_global_ranks(rank, size):
+    """As in Horovod: broadcast, broadcast_, broadcast_object, broadcast_parameters and
+    broadcast_optimizer_state take the root's global rank, also with process_set=."""
+    if size < 2:
+        pytest.skip("needs a set smaller than the world")
+    odd = hvd.add_process_set([r for r in range(size) if r % 2 == 1])
+    try:
+        if not odd.included():
+            with pytest.raises(ValueError, match="not a member of process set"):
+                hvd.broadcast(torch.ones(1), 1, name="roots.outside", process_set=odd)
+            return
+        assert hvd.broadcast_object("from %d" % rank, root_rank=1, name="roots.obj",
+                                    process_set=odd) == "from 1"
+        t = torch.full((2,), float(rank))
+        assert torch.equal(hvd.broadcast(t, 1, name="roots.bc", process_set=odd),
+                           torch.ones(2))
+        hvd.broadcast_(t, 1, name="roots.bc_", process_set=odd)
+        assert torch.equal(t, torch.ones(2))
+        params = {"w": torch.full((3,), float(rank))}
+        hvd.broadcast_parameters(params, root_rank=1, process_set=odd)
+        assert torch.equal(params["w"], torch.ones(3))
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * (rank + 1), momentum=0.9)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=1, process_set=odd)
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.2)
+        if odd.size() > 1:
+            # A member that is not the set's first is a root as well as any.
+            last = max(r for r in range(size) if r % 2 == 1)
+            assert hvd.broadcast_object(rank, root_rank=last, name="roots.last",
+                                        process_set=odd) == last
+        with pytest.raises(ValueError, match="not a member of process set"):
+            hvd.broadcast(torch.ones(1), 0, name="roots.nonmember", process_set=odd)
+    finally:
+        hvd.remove_process_set(odd)
+
+
 def test_join_with_uneven_steps(rank, size):
     # Rank r runs r + 1 steps; the others' allreduces see zeros from ranks that have joined.
     for step in range(rank + 1):

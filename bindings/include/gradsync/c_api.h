@@ -99,7 +99,7 @@ int gradsync_allreduce_async(const char* name, void* data, int dtype, const int6
 /* Concatenates every rank's `data` along the first dimension (ranks may differ in it). */
 int gradsync_allgather_async(const char* name, const void* data, int dtype, const int64_t* shape,
                              int ndim, int process_set, gradsync_handle** handle);
-/* Overwrites `data` on every rank with the root's (a rank within the process set). */
+/* Overwrites `data` on every rank with the root's (a global rank, a member of the process set). */
 int gradsync_broadcast_async(const char* name, void* data, int dtype, const int64_t* shape,
                              int ndim, int root, int process_set, gradsync_handle** handle);
 /* Sends splits[r] rows of the first dimension to rank r (splits NULL and nsplits 0: the same

@@ -46,8 +46,8 @@ class Error : public std::runtime_error {
 // A process set: a subset of the ranks that runs collectives among itself, with its own
 // communicators, negotiation, response cache, stall inspector and fusion buffer, all served by the
 // one background thread. Inside a set, ranks are numbered 0..size()-1 in ascending global rank:
-// broadcast roots, alltoall splits and the order of allgather and reducescatter results use these
-// numbers. The global set (id 0, every rank) always exists and is what every collective uses by
+// alltoall splits and the order of allgather and reducescatter results use these numbers, while a
+// broadcast's root is a global rank (a member of the set), as in Horovod. The global set (id 0, every rank) always exists and is what every collective uses by
 // default. A ProcessSet is a small value naming a set by id; it stays valid to copy after the set
 // is removed, but collectives on it then fail.
 class ProcessSet {
@@ -225,7 +225,8 @@ struct BroadcastOptions {
   DeviceReadiness ready;   // device tensors: when the producer is done
 };
 
-// Overwrites `tensor` on every rank with the root's.
+// Overwrites `tensor` on every rank with the root's. `root` is a global rank, also in a process
+// set (where it must be a member).
 Handle broadcast(const TensorView& tensor, int root, const BroadcastOptions& options = {});
 
 struct ReducescatterOptions {

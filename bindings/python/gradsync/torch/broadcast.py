@@ -53,7 +53,7 @@ class _Broadcast(torch.autograd.Function):
     def backward(ctx, grad_output):
         # Horovod's definition: the root gets every rank's gradient averaged, the others zero.
         grad = allreduce(grad_output, op=Average, process_set=ctx.process_set)
-        if ctx.process_set.rank() != ctx.root_rank:
+        if _core.rank() != ctx.root_rank:  # roots are global ranks
             grad = torch.zeros_like(grad)
         return grad, None, None, None
 

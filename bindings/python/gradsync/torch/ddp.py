@@ -45,6 +45,12 @@ class _JoinState:
         self.terminated_early = False
 
 
+def _first_rank(process_set):
+    """The global rank of the set's first member, which plays DDP's rank 0 (roots of broadcasts
+    are global ranks)."""
+    return min(_core.process_set_ranks(process_set._require_id()))
+
+
 def _buckets_of(params, bucket_cap_bytes):
     """Parameters in reverse order of registration (backward's order, roughly), cut into buckets
     as PyTorch DDP first assigns them: a 1 MiB first bucket, then ``bucket_cap_bytes`` each."""
@@ -118,7 +124,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._join = None
         self._warned_unused = set()
 
-        broadcast_parameters(sorted(module.state_dict().items()), root_rank=0,
+        self._root = _first_rank(process_set)
+        broadcast_parameters(sorted(module.state_dict().items()), root_rank=self._root,
                              process_set=process_set)
         self._hook_handles = [register_grad_ready_hook(p, self._on_grad_ready)
                               for p in self._params]
@@ -156,7 +163,8 @@ class DistributedDataParallel(torch.nn.Module):
             for i, buffers in enumerate(self._buffer_groups()):
                 flat = (buffers[0].reshape(-1) if len(buffers) == 1 else
                         torch.cat([b.reshape(-1) for b in buffers]))
-                h = broadcast_async_(flat, 0, name="%s.buffers.%d" % (self._prefix, i),
+                h = broadcast_async_(flat, self._root,
+                                     name="%s.buffers.%d" % (self._prefix, i),
                                      process_set=self.process_set)
                 pending.append((h, flat, buffers))
             for h, flat, buffers in pending:

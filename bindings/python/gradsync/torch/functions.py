@@ -6,6 +6,7 @@ import pickle
 
 import torch
 
+from gradsync import _core
 from gradsync.torch import mpi_ops
 from gradsync.torch.process_sets import global_process_set
 
@@ -38,7 +39,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Returns ``root_rank``'s ``obj`` on every rank (pickled, so any picklable object)."""
     name = name or type(obj).__name__
-    if process_set.rank() == root_rank:
+    if _core.rank() == root_rank:  # a global rank, as Horovod takes every root
         payload = io.BytesIO()
         pickle.dump(obj, payload)
         data = torch.frombuffer(bytearray(payload.getvalue()), dtype=torch.uint8)

@@ -49,7 +49,8 @@ struct Options {
   std::string name = "module";
 };
 
-// Overwrites every parameter and buffer of `module` with the root's (a rank of `process_set`).
+// Overwrites every parameter and buffer of `module` with the root's (a global rank, a member of
+// `process_set`).
 void broadcast_state(::torch::nn::Module& module, int root = 0,
                      const ProcessSet& process_set = ProcessSet(),
                      const std::string& name = "module");
