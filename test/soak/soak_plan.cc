@@ -180,7 +180,8 @@ void Planner::Refresh(Rng* rng, const std::vector<int>& members, int64_t step, O
       t.rows.resize(static_cast<size_t>(n));
       for (int s = 0; s < n; ++s) {
         if (op->even_splits) {
-          t.splits[s] = EvenSplit(rng->Uniform(0, 2 * n + 1), n);
+          // Without splits the rows must divide among the members (as Horovod requires).
+          t.splits[s] = EvenSplit(n * rng->Uniform(0, 2), n);
         } else {
           t.splits[s].resize(static_cast<size_t>(n));
           for (int64_t& x : t.splits[s]) x = large ? rng->Uniform(0, 3000) : rng->Uniform(0, 3);

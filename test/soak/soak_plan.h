@@ -68,8 +68,8 @@ struct OpPlan {
   ReduceOp op = ReduceOp::kSum;
   double prescale = 1.0;
   double postscale = 1.0;
-  int root = 0;              // broadcast: a rank within the set
-  bool even_splits = false;  // alltoall: pass no splits
+  int root = 0;              // broadcast: a rank within the set (passed as its global rank)
+  bool even_splits = false;  // alltoall: pass no splits (rows a multiple of the set's size)
   // Empty names: gradsync generates them, matching them across ranks by their order, so these
   // run on the global set and every rank submits them after the named ones, in plan order.
   bool unnamed = false;

@@ -326,7 +326,8 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
       o.name = names[0];
       o.on_complete = callback;
       o.process_set = set;
-      live->handles = {broadcast(views[0], op.root, o)};
+      // The plan's root is a rank within the set; the call takes its global rank.
+      live->handles = {broadcast(views[0], set.ranks()[static_cast<size_t>(op.root)], o)};
       break;
     }
     case Kind::kReducescatter: {
