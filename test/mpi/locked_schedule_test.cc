@@ -137,7 +137,10 @@ TEST_F(LockedScheduleTest, ANewNameOnEveryRankUnlocksAndTheLoopLocksAgain) {
   if (rank_ != 0) return;
   EXPECT_EQ(locks.size(), 2u);
   ASSERT_EQ(unlocks.size(), 1u);
-  EXPECT_NE(unlocks[0].find("'lock.metric'"), std::string::npos) << unlocks[0];
+  // Rank 0's own reason, or that another rank (which saw the metric first) left or nudged it.
+  EXPECT_TRUE(unlocks[0].find("'lock.metric'") != std::string::npos ||
+              unlocks[0].find("another rank") != std::string::npos)
+      << unlocks[0];
 }
 
 TEST_F(LockedScheduleTest, AnotherShapeOnOneRankFailsThatTensorOnEveryRank) {
