@@ -277,6 +277,67 @@ def test_optimizer_of_a_process_set_steps_alone_outside_it(rank, size):
         hvd.remove_process_set(evens)
 
 
+def test_sparse_allreduce_async_gathers_every_ranks_entries(rank, size):
+    dense = torch.zeros(6, 2)
+    dense[rank % 6] = float(rank + 1)
+    dense[5] = 1.0
+    for op in (hvd.Sum, hvd.Average):
+        handle = hvd.sparse_allreduce_async(dense.to_sparse(), name="sparse.%s" % op, op=op)
+        result = hvd.synchronize(handle)
+        assert result.is_sparse and result.size() == dense.size()
+        want = torch.zeros(6, 2)
+        for r in range(size):
+            want[r % 6] += float(r + 1)
+        want[5] += size
+        if op == hvd.Average:
+            want /= size
+        assert torch.allclose(result.to_dense(), want)
+    # A rank with no entries at all takes part too.
+    empty = torch.zeros(3).to_sparse() if rank == 0 else torch.ones(3).to_sparse()
+    result = hvd.synchronize(hvd.sparse_allreduce_async(empty, name="sparse.empty", op=hvd.Sum))
+    assert torch.equal(result.to_dense(), torch.full((3,), float(size - 1)))
+
+
+class _SparseModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(11)
+        self.embedding = torch.nn.Embedding(20, 4, sparse=True)
+        self.head = torch.nn.Linear(4, 1)
+
+    def forward(self, ids):
+        return self.head(self.embedding(ids)).sum(dim=1)
+
+
+def test_sparse_embedding_trains_as_one_process_on_the_full_batch(rank, size):
+    """Sparse gradients reduced as they are (not densified): the replicas stay identical and
+    follow a single process that sees every rank's batch."""
+    model = _SparseModel()
+    reference = _SparseModel()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                         named_parameters=model.named_parameters())
+    single = torch.optim.SGD(reference.parameters(), lr=0.05)
+    for step in range(4):
+        batches = [torch.tensor([[(3 * r + step) % 20, (7 * r + 2 * step) % 20]])
+                   for r in range(size)]
+        targets = [torch.tensor([float(r - step)]) for r in range(size)]
+        optimizer.zero_grad()
+        loss = ((model(batches[rank]) - targets[rank]) ** 2).mean()
+        loss.backward()
+        assert model.embedding.weight.grad.is_sparse
+        optimizer.step()
+        # One process: the mean of the ranks' losses, whose gradient is the ranks' average.
+        single.zero_grad()
+        full = sum(((reference(b) - t) ** 2).mean() for b, t in zip(batches, targets)) / size
+        full.backward()
+        single.step()
+    for mine, want in zip(model.parameters(), reference.parameters()):
+        # The same sums in another order: equal to float32's rounding.
+        assert torch.allclose(mine.detach(), want.detach(), rtol=1e-5, atol=1e-6)
+    gathered = hvd.allgather(model.embedding.weight.detach().unsqueeze(0), name="sparse.replicas")
+    assert all(torch.equal(gathered[0], g) for g in gathered)
+
+
 def test_optimizer_exposes_parameter_names_as_horovod(rank, size):
     model = make_model()
     named = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),

@@ -24,7 +24,7 @@ from gradsync.torch.mpi_ops import (Adasum, Average, HorovodInternalError, Max, 
                                     grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
                                     grouped_allreduce_async_, grouped_reducescatter,
                                     grouped_reducescatter_async, join, poll, reducescatter,
-                                    reducescatter_async, synchronize)
+                                    reducescatter_async, sparse_allreduce_async, synchronize)
 from gradsync.torch.optimizer import DistributedOptimizer
 from gradsync.torch.process_sets import (ProcessSet, add_process_set, global_process_set,
                                          remove_process_set)

@@ -18,6 +18,7 @@ from gradsync.torch.handles import poll, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.reducescatter import (grouped_reducescatter, grouped_reducescatter_async,
                                           reducescatter, reducescatter_async)
+from gradsync.torch.sparse import sparse_allreduce_async
 from gradsync.torch.wire import Adasum, Average, Max, Min, Product, Sum
 
 __all__ = [
@@ -27,7 +28,7 @@ __all__ = [
     "broadcast_async_", "grouped_allgather", "grouped_allgather_async", "grouped_allreduce",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "grouped_reducescatter", "grouped_reducescatter_async", "join", "poll", "reducescatter",
-    "reducescatter_async", "synchronize",
+    "reducescatter_async", "sparse_allreduce_async", "synchronize",
 ]
 
 def join(device=-1):

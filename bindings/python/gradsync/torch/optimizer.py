@@ -10,6 +10,7 @@ from gradsync.torch import mpi_ops
 from gradsync.torch.compression import Compression
 from gradsync.torch.grad_hooks import register_grad_ready_hook
 from gradsync.torch.process_sets import _id_of, global_process_set
+from gradsync.torch.sparse import sparse_allreduce_async
 from gradsync.torch.wire import (_CORE_OPS, _DEVICE_CPU, _DEVICE_CUDA, _DTYPES, _name,
                                  _stream_of)
 
@@ -81,6 +82,8 @@ class _DistributedOptimizer:
         self._reset_delays()
         # The batch is made at the first gradient, once init() and the process set surely exist.
         self._is_member = None
+        self._sparse = set()  # ids of parameters whose gradients came sparse
+        self._remake_batch = False
         self._batch = None
         self._batch_consumer = None  # the one CUDA device of the batch's members, if one
         self._slots = None
@@ -110,8 +113,8 @@ class _DistributedOptimizer:
         # buckets then close as backward goes, and its last bucket, which wait() reduces on this
         # thread from the second step on, is the one backward fills last.
         members = [p for p in reversed(self._requires_update)
-                   if id(p) not in self._groups and p.dtype in _DTYPES
-                   and p.device.type in ("cpu", "cuda")]
+                   if id(p) not in self._groups and id(p) not in self._sparse
+                   and p.dtype in _DTYPES and p.device.type in ("cpu", "cuda")]
         if not members:
             return
         devices = [(_DEVICE_CPU, -1) if p.device.type == "cpu" else
@@ -140,6 +143,12 @@ class _DistributedOptimizer:
             return False
         index, dtype, is_cuda, device = slot
         grad = p.grad
+        if grad is not None and grad.is_sparse and not self._sparse_as_dense:
+            # Gathered, not reduced in the batch: the batch is made again without it after this
+            # step (its slot counts as zeros meanwhile).
+            self._sparse.add(id(p))
+            self._remake_batch = True
+            return False
         if grad is None or grad.is_sparse:
             grad = self._prepare_grad(p)
         if (grad.dtype is not dtype or grad.is_cuda is not is_cuda
@@ -184,9 +193,7 @@ class _DistributedOptimizer:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         if p.grad.is_sparse:
-            if not self._sparse_as_dense:
-                raise ValueError("sparse gradients are not supported: pass sparse_as_dense=True")
-            p.grad = p.grad.to_dense()
+            p.grad = p.grad.to_dense()  # sparse_as_dense, or a grouped parameter
         return p.grad
 
     def _enqueue(self, p):
@@ -212,6 +219,13 @@ class _DistributedOptimizer:
             waiting.discard(pid)
             if not waiting:
                 self._enqueue_group(gi)
+            return
+        if p.grad is not None and p.grad.is_sparse and not self._sparse_as_dense:
+            # As Horovod: every rank's indices and values gathered, no compression.
+            self._sparse.add(pid)
+            handle = sparse_allreduce_async(p.grad, name=self._names[pid], op=self._op,
+                                            process_set=self._process_set)
+            self._handles[pid] = (handle, ("sparse",))
             return
         grad = self._prepare_grad(p)
         compressed, ctx = self._compression.compress(grad)
@@ -256,7 +270,11 @@ class _DistributedOptimizer:
         for pid, (handle, ctx) in list(self._handles.items()):
             if handle is None:
                 continue
-            mpi_ops.synchronize(handle)
+            result = mpi_ops.synchronize(handle)
+            if ctx[0] == "sparse":
+                # Sparse gradients take no set_(): the same tensor, refilled.
+                self._by_id[pid].grad.zero_().add_(result)
+                continue
             if ctx[0] == "group":
                 _, members, ctxs, compressed = ctx
                 for p, c, t in zip(members, ctxs, compressed):
@@ -266,6 +284,12 @@ class _DistributedOptimizer:
         self._handles.clear()
         self._reset_delays()
         self._synchronized = True
+        if self._remake_batch:
+            # A member turned out to have sparse gradients; every rank saw it in this step.
+            self._remake_batch = False
+            self._batch = None
+            self._slots = None
+            self._batch_consumer = None
 
     def _write_back(self, p, reduced, ctx):
         result = self._compression.decompress(reduced, ctx)
@@ -317,7 +341,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``op`` is Average or Sum (Adasum raises); ``gradient_predivide_factor`` splits the average
     into a division before and after the sum; ``num_groups`` or ``groups`` (lists of parameters)
     reduce parameters together as grouped allreduces; ``sparse_as_dense`` densifies sparse
-    gradients; ``process_set`` reduces among its members only, and a rank outside it steps on
+    gradients (otherwise they are reduced by gathering every rank's entries, as Horovod's
+    ``sparse_allreduce_async``); ``process_set`` reduces among its members only, and a rank outside it steps on
     its own gradients.
     """
     if op == mpi_ops.Adasum:

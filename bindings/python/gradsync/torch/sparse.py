@@ -1,0 +1,50 @@
+"""sparse_allreduce_async: a sparse gradient reduced as Horovod reduces it, by gathering every
+rank's indices and values rather than densifying."""
+
+import torch
+
+from gradsync import _core
+from gradsync.torch.handles import _register
+from gradsync.torch.process_sets import _id_of, global_process_set
+from gradsync.torch.wire import (Average, Sum, _args, _check, _name, _output_tensor,
+                                 _ready_stream, _to_wire)
+
+
+def _gather(tensor, name, process_set):
+    _check(tensor)
+    wire = _to_wire(tensor)
+    return _core.allgather(*_args(wire), name, _id_of(process_set), _ready_stream(wire)), wire
+
+
+def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
+    """Starts reducing a sparse COO ``tensor`` over the set's ranks; returns a handle.
+
+    Every rank's indices and values are gathered (two allgathers), so ``synchronize`` returns a
+    sparse tensor of ``tensor``'s size holding every rank's entries, uncoalesced, with the values
+    divided by the set's size for ``op=Average``. As in Horovod, the ranks may hold different
+    numbers of entries; only Average and Sum are defined.
+    """
+    if not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async needs a sparse COO tensor")
+    if op not in (Average, Sum):
+        raise ValueError("sparse_allreduce_async supports op=Average and op=Sum")
+    # Entries are gathered along the first dimension: one row of indices per entry.
+    indices = tensor._indices().t().contiguous()
+    values = tensor._values().contiguous()
+    h_indices, wire_indices = _gather(indices, _name("sparse_allreduce", name and name + ".indices"),
+                                      process_set)
+    h_values, wire_values = _gather(values, _name("sparse_allreduce", name and name + ".values"),
+                                    process_set)
+    size = tensor.size()
+    sparse_dims = tensor.sparse_dim()
+
+    def finish():
+        gathered_indices = _output_tensor(h_indices, indices.dtype).reshape(-1, sparse_dims)
+        gathered_values = _output_tensor(h_values, values.dtype).reshape(
+            (-1,) + tuple(values.shape[1:]))
+        if op == Average:
+            gathered_values = gathered_values / process_set.size()
+        return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, size,
+                                       device=tensor.device)
+
+    return _register([h_indices, h_values], (tensor, wire_indices, wire_values), finish)
