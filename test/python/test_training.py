@@ -338,6 +338,17 @@ def test_sparse_embedding_trains_as_one_process_on_the_full_batch(rank, size):
     assert all(torch.equal(gathered[0], g) for g in gathered)
 
 
+def test_horovods_signatures(rank, size):
+    """Arguments scripts pass positionally or by Horovod's names."""
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hvd.broadcast_optimizer_state(optimizer, 0, model)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0, model=model)
+    t = torch.ones(2, 1).to_sparse()
+    assert hvd.synchronize(hvd.sparse_allreduce_async(t, "sig.sparse", hvd.Sum)).to_dense() \
+        .sum().item() == 2 * size
+
+
 def test_optimizer_exposes_parameter_names_as_horovod(rank, size):
     model = make_model()
     named = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),

@@ -116,7 +116,7 @@ def _receiving_state(layout, mine, parameters):
     return state, tensors
 
 
-def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
+def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=global_process_set):
     """Overwrites the optimizer's state and hyperparameters with ``root_rank``'s.
 
     The root's state is replicated as it is, whatever the others hold: its layout (which
@@ -126,8 +126,10 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     gradient here, a frozen or unused layer, has no state here). Entries the root lacks are
     dropped. When the root has no state yet (before the first step), only the hyperparameters
     are sent, so a fresh optimizer stays fresh: unlike Horovod, Adam's step count is not
-    advanced by a zero-gradient step.
+    advanced by a zero-gradient step. ``model`` is accepted for Horovod's signature: Horovod uses
+    it to find sparse parameters for that zero-gradient step, which is not taken here.
     """
+    del model
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()
