@@ -133,7 +133,7 @@ class BackgroundLoop {
   size_t stand_ins_used_ = 0;
   // Entries drained from the queue and not yet completed.
   std::atomic<size_t> held_{0};
-  int unproductive_cycles_ = 0;  // consecutive cycles that executed nothing
+  int unproductive_cycles_ = 0;   // consecutive cycles that executed nothing
   bool lock_exchanging_ = false;  // a locked set ended the cycle with an exchange in flight
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<uint64_t> cycles_run_{0};

@@ -47,9 +47,10 @@ class Error : public std::runtime_error {
 // communicators, negotiation, response cache, stall inspector and fusion buffer, all served by the
 // one background thread. Inside a set, ranks are numbered 0..size()-1 in ascending global rank:
 // alltoall splits and the order of allgather and reducescatter results use these numbers, while a
-// broadcast's root is a global rank (a member of the set), as in Horovod. The global set (id 0, every rank) always exists and is what every collective uses by
-// default. A ProcessSet is a small value naming a set by id; it stays valid to copy after the set
-// is removed, but collectives on it then fail.
+// broadcast's root is a global rank (a member of the set), as in Horovod. The global set (id 0,
+// every rank) always exists and is what every collective uses by default. A ProcessSet is a small
+// value naming a set by id; it stays valid to copy after the set is removed, but collectives on it
+// then fail.
 class ProcessSet {
  public:
   ProcessSet() = default;  // the global set
