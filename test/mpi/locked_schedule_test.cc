@@ -60,9 +60,9 @@ class LockedScheduleTest : public MultiRankTest {
   }
 
   // One training step: every tensor enqueued (before any is waited on), then all waited on and
-  // checked. `contributors` is how many ranks' values the sums hold (fewer once some joined).
-  void RunStep(int step, int contributors = 0) {
-    if (contributors == 0) contributors = size_;
+  // checked. The sums hold the values of ranks from `first_contributor` on (the ones before it
+  // have joined and add zeros).
+  void RunStep(int step, int first_contributor = 0) {
     std::vector<std::unique_ptr<HostTensor>> tensors;
     std::vector<Handle> handles;
     for (size_t t = 0; t < kSizes.size(); ++t) {
@@ -71,15 +71,15 @@ class LockedScheduleTest : public MultiRankTest {
     }
     for (size_t t = 0; t < kSizes.size(); ++t) {
       ASSERT_TRUE(Succeeds(handles[t])) << "step " << step << " " << Name(t);
-      ExpectSums(*tensors[t], step + static_cast<int64_t>(t), contributors);
+      ExpectSums(*tensors[t], step + static_cast<int64_t>(t), first_contributor, size_);
     }
   }
 
-  // Sums over the first `contributors` ranks of Value.
-  void ExpectSums(const HostTensor& tensor, int64_t offset, int contributors) {
+  // Sums of Value over ranks [first, end).
+  void ExpectSums(const HostTensor& tensor, int64_t offset, int first, int end) {
     for (int64_t i = 0; i < tensor.size(); ++i) {
       double expected = 0;
-      for (int r = 0; r < contributors; ++r) expected += Value(ReduceOp::kSum, r, i + offset);
+      for (int r = first; r < end; ++r) expected += Value(ReduceOp::kSum, r, i + offset);
       ASSERT_EQ(tensor.Get(i), expected) << "element " << i;
     }
   }
@@ -130,7 +130,7 @@ TEST_F(LockedScheduleTest, ANewNameOnEveryRankUnlocksAndTheLoopLocksAgain) {
   auto metric = Filled(4, 100, rank_);
   Handle m = allreduce(metric->view(), Named("lock.metric"));
   ASSERT_TRUE(Succeeds(m));
-  ExpectSums(*metric, 100, size_);
+  ExpectSums(*metric, 100, 0, size_);
   for (int step = 6; step < 14; ++step) RunStep(step);
   const std::vector<std::string> locks = Marks("LOCK set 0");
   const std::vector<std::string> unlocks = Marks("UNLOCK set 0");
@@ -159,7 +159,7 @@ TEST_F(LockedScheduleTest, AnotherShapeOnOneRankFailsThatTensorOnEveryRank) {
       EXPECT_TRUE(FailsWith(handles[t], StatusCode::kMismatch, "lock.g2"));
     } else {
       ASSERT_TRUE(Succeeds(handles[t]));
-      ExpectSums(*tensors[t], 6 + static_cast<int64_t>(t), size_);
+      ExpectSums(*tensors[t], 6 + static_cast<int64_t>(t), 0, size_);
     }
   }
   for (int step = 7; step < 14; ++step) RunStep(step);
@@ -185,7 +185,7 @@ TEST_F(LockedScheduleTest, ATensorLateOnOneRankUnlocksAfterTheWaitAndStaysRight)
   enqueue(0);
   for (size_t t = 0; t < kSizes.size(); ++t) {
     ASSERT_TRUE(Succeeds(handles[t]));
-    ExpectSums(*tensors[t], 6 + static_cast<int64_t>(t), size_);
+    ExpectSums(*tensors[t], 6 + static_cast<int64_t>(t), 0, size_);
   }
   for (int step = 7; step < 14; ++step) RunStep(step);
   const std::vector<std::string> unlocks = Marks("UNLOCK set 0");
@@ -202,25 +202,7 @@ TEST_F(LockedScheduleTest, JoinAfterLockingLeavesTheLockAndTheOthersGoOn) {
   if (rank_ == 0) {
     last = join();
   } else {
-    for (int step = 6; step < 8; ++step) {
-      std::vector<std::unique_ptr<HostTensor>> tensors;
-      std::vector<Handle> handles;
-      for (size_t t = 0; t < kSizes.size(); ++t) {
-        tensors.push_back(Filled(kSizes[t], step + static_cast<int64_t>(t), rank_));
-        handles.push_back(allreduce(tensors.back()->view(), Named(Name(t))));
-      }
-      for (size_t t = 0; t < kSizes.size(); ++t) {
-        ASSERT_TRUE(Succeeds(handles[t]));
-        // Rank 0 takes part with zeros.
-        for (int64_t i = 0; i < tensors[t]->size(); ++i) {
-          double expected = 0;
-          for (int r = 1; r < size_; ++r) {
-            expected += Value(ReduceOp::kSum, r, i + step + static_cast<int64_t>(t));
-          }
-          ASSERT_EQ(tensors[t]->Get(i), expected);
-        }
-      }
-    }
+    for (int step = 6; step < 8; ++step) RunStep(step, 1);  // rank 0 takes part with zeros
     last = join();
   }
   EXPECT_GE(last, size_ == 1 ? 0 : 1) << "rank 0 joined first";
@@ -239,7 +221,7 @@ TEST_F(LockedScheduleTest, NoSetLocksWhileAProcessSetBesideTheGlobalOneExists) {
     auto t = Filled(kSizes[1], step, rank_);
     Handle h = allreduce(t->view(), Named("pair.grad", pair));
     ASSERT_TRUE(Succeeds(h));
-    ExpectSums(*t, step, 2);
+    ExpectSums(*t, step, 0, 2);
   }
   remove_process_set(pair);
   for (int step = 14; step < 22; ++step) RunStep(step);  // and locks again
