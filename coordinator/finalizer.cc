@@ -106,12 +106,18 @@ size_t Finalizer::Sweep() {
   if (poll_errors) last_error_poll_ = now;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // A plane's buckets complete in launch order: its stream runs them in that order, but an
+    // earlier bucket's event may be seen unfinished just before a later one is seen finished.
+    std::vector<const DataPlane*> behind;
     for (auto it = buckets_.begin(); it != buckets_.end();) {
-      if (it->done->Query()) {
+      const bool earlier_pending =
+          std::find(behind.begin(), behind.end(), it->plane) != behind.end();
+      if (!earlier_pending && it->done->Query()) {
         finished.push_back(std::move(*it));
         it = buckets_.erase(it);
         continue;
       }
+      if (!earlier_pending) behind.push_back(it->plane);
       const bool aborting = std::any_of(aborts.begin(), aborts.end(), [&](const auto& abort) {
         return abort.first == it->plane;
       });
