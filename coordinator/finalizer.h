@@ -1,7 +1,8 @@
 // Finalizer: the thread that completes device operations. The background thread launches a bucket
 // on a device plane and hands the bucket's entries here with the plane's completion event; the
-// finalizer watches every such event and completes the bucket when its event does, so that the
-// background thread goes straight on to its next cycle instead of waiting for the device.
+// finalizer watches every such event and completes the bucket when its event does (a plane's
+// buckets in the order they were added), so that the background thread goes straight on to its
+// next cycle instead of waiting for the device.
 //
 // It is also where device work is kept from hanging: while a plane has work in flight the
 // finalizer polls the plane's asynchronous errors, and aborts the plane when one is reported or
