@@ -191,17 +191,15 @@ bool BackgroundLoop::RunLockedCycle(ProcessSetRuntime* set, bool* productive) {
     const Status executed = Execute(set, cycle.buckets[i]);
     if (!executed.ok()) return FailSet(set, executed, EntriesOf(cycle.buckets, i));
   }
-  if (cycle.unlocked) LeftLock(set, &cycle);
+  if (cycle.unlocked) {
+    // RunSetCycle negotiates what the lock held in this same cycle.
+    if (timeline_->active()) {
+      timeline_->Mark("UNLOCK set " + std::to_string(set->id()) + ": " + cycle.reason);
+    }
+    set->fresh() = std::move(cycle.returned);
+  }
   lock_exchanging_ |= set->lock().exchanging();
   return true;
-}
-
-void BackgroundLoop::LeftLock(ProcessSetRuntime* set, LockedCycle* cycle) {
-  if (timeline_->active()) {
-    timeline_->Mark("UNLOCK set " + std::to_string(set->id()) + ": " + cycle->reason);
-  }
-  std::vector<TensorEntry*>& fresh = set->fresh();
-  fresh.insert(fresh.begin(), cycle->returned.begin(), cycle->returned.end());
 }
 
 std::vector<TensorEntry*> BackgroundLoop::EntriesOf(const std::vector<CycleOutcome>& buckets,

@@ -74,7 +74,6 @@ class BackgroundLoop {
   // and gives the buckets every member has reached, which run here. If the set leaves the lock,
   // what it held goes back into its fresh entries.
   bool RunLockedCycle(ProcessSetRuntime* set, bool* productive);
-  void LeftLock(ProcessSetRuntime* set, LockedCycle* cycle);
   static std::vector<TensorEntry*> EntriesOf(const std::vector<CycleOutcome>& buckets, size_t from);
   // A set failed with `why`: the global set fails everything (returns false: the loop ends); any
   // other set is closed, failing `taken` with what it held (returns true).

@@ -154,7 +154,6 @@ Status LockedSchedule::Lock(const FusionSettings& fusion, const CachedResponse& 
   }
   GRADSYNC_RETURN_IF_ERROR(channel_->Open());
   locked_ = true;
-  ++times_locked_;
   cursor_ = buckets_.size() - 1;
   AdvanceCursor();
   held_ = 0;
@@ -338,11 +337,11 @@ void LockedSchedule::EndFirstStep(PlannedBucket* bucket) {
 void LockedSchedule::Leave(const std::string& why, LockedCycle* out) {
   out->unlocked = true;
   out->reason = why;
-  out->returned = Clear();
+  out->returned = TakeAllHeld();
   Log().info("process set {} left its locked schedule: {}", set_id_, why);
 }
 
-std::vector<TensorEntry*> LockedSchedule::Clear() {
+std::vector<TensorEntry*> LockedSchedule::TakeAllHeld() {
   std::vector<TensorEntry*> held;
   for (size_t i = 0; i < buckets_.size(); ++i) {
     PlannedBucket& bucket = buckets_[(cursor_ + i) % buckets_.size()];
@@ -366,8 +365,6 @@ std::vector<TensorEntry*> LockedSchedule::Clear() {
   current_.lockable = true;
   return held;
 }
-
-std::vector<TensorEntry*> LockedSchedule::TakeAllHeld() { return Clear(); }
 
 Status LockedSchedule::WhileWaiting(double now) {
   const double waited = now - started_at_;

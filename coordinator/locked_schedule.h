@@ -94,12 +94,12 @@ class LockedSchedule {
                   LockedCycle* out);
   // Whether an exchange is in flight: the background thread should test it again soon.
   bool exchanging() const { return in_flight_; }
-  // Every entry it holds, for a caller that fails them; the schedule is left unlocked.
+  // Every entry it holds (in plan order from the next bucket, then what did not fit the plan),
+  // for negotiation or a caller that fails them; the schedule is left unlocked.
   std::vector<TensorEntry*> TakeAllHeld();
 
   // Diagnostics.
   size_t planned_buckets() const { return buckets_.size(); }
-  uint64_t times_locked() const { return times_locked_; }
 
  private:
   struct PlannedBucket {
@@ -144,8 +144,6 @@ class LockedSchedule {
   // Hands the cursor's bucket to `out` and moves the cursor on.
   void EmitBucket(LockedCycle* out);
   void Leave(const std::string& why, LockedCycle* out);
-  // Empties the slots and forgets the plan's progress; what was held, in the order Leave gives.
-  std::vector<TensorEntry*> Clear();
   // While an exchange waits: nudges the others, warns, and past the shutdown time fails.
   Status WhileWaiting(double now);
   std::string MissingNames(const PlannedBucket& bucket) const;
@@ -162,7 +160,6 @@ class LockedSchedule {
 
   // Locked.
   bool locked_ = false;
-  uint64_t times_locked_ = 0;
   uint64_t plan_fingerprint_ = 0;
   std::vector<PlannedBucket> buckets_;
   NameTable<Position> positions_;

@@ -10,11 +10,17 @@ from gradsync.torch.wire import (_DTYPES, Average, _args, _check, _device, _name
                                  _ready_stream, _to_wire)
 
 
-def _allgather_async(tensor, name, process_set):
+def _start_allgather(tensor, wire_name, process_set):
+    """The runtime's allgather of ``tensor`` under ``wire_name`` ("" to generate one), and the
+    tensor it reads, to keep alive until the handle is synchronized."""
     _check(tensor)
     wire = _to_wire(tensor)
-    h = _core.allgather(*_args(wire), _name("allgather", name), _id_of(process_set),
-                        _ready_stream(wire))
+    h = _core.allgather(*_args(wire), wire_name, _id_of(process_set), _ready_stream(wire))
+    return h, wire
+
+
+def _allgather_async(tensor, name, process_set):
+    h, wire = _start_allgather(tensor, _name("allgather", name), process_set)
     return _register([h], (tensor, wire), lambda: _output_tensor(h, tensor.dtype))
 
 

@@ -3,17 +3,10 @@ rank's indices and values rather than densifying."""
 
 import torch
 
-from gradsync import _core
+from gradsync.torch.allgather import _start_allgather
 from gradsync.torch.handles import _register
-from gradsync.torch.process_sets import _id_of, global_process_set
-from gradsync.torch.wire import (Average, Sum, _args, _check, _name, _output_tensor,
-                                 _ready_stream, _to_wire)
-
-
-def _gather(tensor, name, process_set):
-    _check(tensor)
-    wire = _to_wire(tensor)
-    return _core.allgather(*_args(wire), name, _id_of(process_set), _ready_stream(wire)), wire
+from gradsync.torch.process_sets import global_process_set
+from gradsync.torch.wire import Average, Sum, _name, _output_tensor
 
 
 def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
@@ -31,10 +24,10 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_pro
     # Entries are gathered along the first dimension: one row of indices per entry.
     indices = tensor._indices().t().contiguous()
     values = tensor._values().contiguous()
-    h_indices, wire_indices = _gather(indices, _name("sparse_allreduce", name and name + ".indices"),
-                                      process_set)
-    h_values, wire_values = _gather(values, _name("sparse_allreduce", name and name + ".values"),
-                                    process_set)
+    h_indices, wire_indices = _start_allgather(
+        indices, _name("sparse_allreduce", name and name + ".indices"), process_set)
+    h_values, wire_values = _start_allgather(
+        values, _name("sparse_allreduce", name and name + ".values"), process_set)
     size = tensor.size()
     sparse_dims = tensor.sparse_dim()
 
