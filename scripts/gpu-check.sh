@@ -12,8 +12,10 @@
 #                                     Python package's CUDA tests (where python3 has torch, pybind11
 #                                     and pytest), the placement probe, the GPU benchmark and the
 #                                     training-step benchmark against PyTorch DDP (where python3
-#                                     has torchvision and transformers), and write nvidia-smi's
-#                                     report and every log to OUT (default: gpu-check-out)
+#                                     has torchvision and transformers), the libtorch example
+#                                     trainer on CUDA (built against python3's torch), a timeline
+#                                     of the DDP wrapper's steps, and write nvidia-smi's report and
+#                                     every log to OUT (default: gpu-check-out)
 # WORK (default: /tmp/gradsync-gpu-check) holds the unpacked dependencies and the build.
 # CUDA_ARCHS (default: native) is passed as CMAKE_CUDA_ARCHITECTURES.
 set -euo pipefail
@@ -116,6 +118,23 @@ run() {
     2>&1 | tee "$out/build.log"
   cmake --build "$work/build" -j "$(nproc)" --target gpu_tests gradsync_bench_gpu launch_probe \
     "${python_targets[@]}" 2>&1 | tee -a "$out/build.log" | tail -5
+  # The libtorch adapter on CUDA: a second build against the PyTorch wheel's libtorch, started now
+  # (it needs only CPUs, and the tests below barely use them) and run before the benchmarks.
+  local torch_prefix="" torch_build_pid=""
+  if torch_prefix=$(python3 -c 'import torch
+assert torch.cuda.is_available()
+print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
+    {
+      cmake -S "$repo_root" -B "$work/build-torch" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DGRADSYNC_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-native}" \
+        -DGRADSYNC_NCCL_LIBRARY="$nccl" -DMPI_HOME="$mpi_prefix" \
+        -DCMAKE_PREFIX_PATH="$torch_prefix;$work/root/usr;$work/root/usr/lib/x86_64-linux-gnu/cmake" \
+        -DGRADSYNC_BUILD_PYTHON=OFF -DGRADSYNC_BUILD_BENCHMARKS=OFF -DGRADSYNC_BUILD_EXAMPLES=ON &&
+        cmake --build "$work/build-torch" -j "$(($(nproc) / 2 + 1))" \
+          --target gradsync_libtorch_train
+    } >"$out/libtorch-build.log" 2>&1 &
+    torch_build_pid=$!
+  fi
   local status=0
   ctest --test-dir "$work/build" -L gpu --output-on-failure --timeout 300 2>&1 |
     tee "$out/gpu-tests.log" || status=$?
@@ -141,6 +160,28 @@ run() {
     GRADSYNC_LOG_LEVEL=info mpirun -np 2 --oversubscribe -x GRADSYNC_LOG_LEVEL \
       "$work/build/test/launch/launch_probe" || true
   } 2>&1 | tee "$out/placement.log"
+  # The libtorch example trainer on CUDA tensors, checked against one process on the whole batch:
+  # one rank through NCCL, two sharing the GPU through the MPI backend, and gradient accumulation.
+  if [ -n "$torch_build_pid" ]; then
+    local libtorch_train=$work/build-torch/examples/libtorch/gradsync_libtorch_train
+    {
+      local failed=0
+      if wait "$torch_build_pid" && [ -x "$libtorch_train" ]; then
+        timeout 120 mpirun -np 1 "$libtorch_train" --device cuda --check || failed=1
+        GRADSYNC_GPU_BACKEND=mpi timeout 120 mpirun -np 2 --oversubscribe -x GRADSYNC_GPU_BACKEND \
+          "$libtorch_train" --device cuda --check || failed=1
+        GRADSYNC_GPU_BACKEND=mpi timeout 120 mpirun -np 2 --oversubscribe -x GRADSYNC_GPU_BACKEND \
+          "$libtorch_train" --device cuda --check --accumulate 2 --bucket-bytes 4096 || failed=1
+      else
+        echo "gpu-check: the libtorch build failed (libtorch-build.log)"
+        failed=1
+      fi
+      [ "$failed" -eq 0 ]
+    } 2>&1 | tee "$out/libtorch.log" || status=1
+  else
+    echo "gpu-check: python3's torch has no CUDA: the libtorch adapter not run on CUDA" |
+      tee "$out/libtorch.log"
+  fi
   # The benchmarks: one rank through NCCL, then two sharing the GPU through the MPI backend, then
   # the overlap again with layers ten times the communication (a realistic share of a step).
   local bench=$work/build/benchmarks/gradsync_bench_gpu
@@ -177,6 +218,11 @@ run() {
       PYTHONPATH=$work/build/python GRADSYNC_GPU_BACKEND=mpi timeout 300 mpirun -np 2 \
         --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND "${train[@]}" --model resnet50 \
         --batch 16 || failed=1
+      # One timeline of the DDP wrapper's ResNet-50 steps: where a step's buckets go.
+      PYTHONPATH=$work/build/python GRADSYNC_TIMELINE=$out/timeline-resnet50-ddp.json \
+        timeout 120 mpirun -np 1 -x PYTHONPATH -x GRADSYNC_TIMELINE python3 \
+        "$repo_root/benchmarks/python/training_step_benchmark.py" --model resnet50 \
+        --modes gs-ddp --rounds 1 --steps-per-round 10 || failed=1
       [ "$failed" -eq 0 ]
     } 2>&1 | tee "$out/training.log" || status=1
   else

@@ -2,8 +2,9 @@
 // a small MLP to synthetic regression data; each rank trains on its shard of every global batch.
 //
 //   mpirun -np 4 gradsync_libtorch_train [--steps N] [--batch B] [--accumulate K]
-//          [--compression none|fp16|bf16] [--bucket-bytes N] [--check]
+//          [--compression none|fp16|bf16] [--bucket-bytes N] [--device cpu|cuda] [--check]
 //
+// --device cuda trains on each rank's GPU (the local rank's, as gradsync picks it).
 // --accumulate K splits each rank's shard into K micro-batches, the first K - 1 under no_sync().
 // --check also trains, on every rank, one process's copy of the model on the whole global batch,
 // and fails unless every replica ends identical and within the tolerance of that copy.
@@ -11,6 +12,7 @@
 #include <gradsync/torch.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +41,7 @@ struct Args {
   std::string compression = "none";
   int64_t bucket_bytes = int64_t{25} << 20;
   bool check = false;
+  bool cuda = false;
 };
 
 Args Parse(int argc, char** argv) {
@@ -65,7 +68,13 @@ Args Parse(int argc, char** argv) {
       args.compression = value;
     else if (flag == "--bucket-bytes")
       args.bucket_bytes = std::atoll(value);
-    else {
+    else if (flag == "--device") {
+      if (std::strcmp(value, "cpu") != 0 && std::strcmp(value, "cuda") != 0) {
+        std::fprintf(stderr, "--device: cpu or cuda\n");
+        std::exit(2);
+      }
+      args.cuda = std::strcmp(value, "cuda") == 0;
+    } else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       std::exit(2);
     }
@@ -99,8 +108,8 @@ bool ReplicasIdentical(Net& net) {
   bool same = true;
   int k = 0;
   for (const torch::Tensor& p : net.parameters()) {
-    torch::Tensor high = p.detach().clone();
-    torch::Tensor low = p.detach().clone();
+    torch::Tensor high = p.detach().to(torch::kCPU).clone();
+    torch::Tensor low = high.clone();
     gradsync::AllreduceOptions max_options;
     max_options.name = "check.max." + std::to_string(k);
     max_options.op = gradsync::ReduceOp::kMax;
@@ -132,12 +141,21 @@ int main(int argc, char** argv) {
     return 2;
   }
   // The same data on every rank; different initial weights, which rank 0's replace.
+  const torch::Device device =
+      args.cuda
+          ? torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(
+                                            gradsync::local_rank() %
+                                            std::max<int64_t>(1, torch::cuda::device_count())))
+          : torch::Device(torch::kCPU);
   torch::manual_seed(1234);
-  const torch::Tensor inputs = torch::randn({args.steps, args.batch, 16});
-  const torch::Tensor targets = torch::sin(inputs.matmul(torch::randn({16, 4}))) +
-                                0.01 * torch::randn({args.steps, args.batch, 4});
+  torch::Tensor inputs = torch::randn({args.steps, args.batch, 16});
+  torch::Tensor targets = torch::sin(inputs.matmul(torch::randn({16, 4}))) +
+                          0.01 * torch::randn({args.steps, args.batch, 4});
+  inputs = inputs.to(device);
+  targets = targets.to(device);
   torch::manual_seed(100 + rank);
   Net net;
+  net.to(device);
 
   gradsync::torch::Options options;  // gradsync
   options.compression = CompressionOf(args.compression);
@@ -145,6 +163,7 @@ int main(int argc, char** argv) {
   gradsync::torch::DistributedModule sync(net, options);  // gradsync
 
   Net reference;  // one process on the whole batch, from the same start
+  reference.to(device);
   {
     torch::NoGradGuard no_grad;
     auto from = net.parameters();
@@ -156,7 +175,9 @@ int main(int argc, char** argv) {
 
   const int shard = args.batch / size;
   const int micro = shard / args.accumulate;
-  double loss_value = 0;
+  // The loss is read once, after the last step: reading it every step would wait for the GPU
+  // and hide a reduction that did not wait for its gradient's kernel.
+  torch::Tensor last_loss;
   for (int step = 0; step < args.steps; ++step) {
     const torch::Tensor x = inputs[step].narrow(0, rank * shard, shard);
     const torch::Tensor y = targets[step].narrow(0, rank * shard, shard);
@@ -167,7 +188,7 @@ int main(int argc, char** argv) {
                                                    y.narrow(0, m * micro, micro)) /
                                    args.accumulate;
         loss.backward();
-        loss_value = loss.item<double>() * args.accumulate;
+        last_loss = loss.detach() * args.accumulate;
       };
       if (m + 1 < args.accumulate) {
         auto guard = sync.no_sync();
@@ -185,6 +206,7 @@ int main(int argc, char** argv) {
     }
   }
 
+  const double loss_value = last_loss.defined() ? last_loss.item<double>() : 0.0;
   int failed = 0;
   if (args.check) {
     const double difference = MaxDifference(net, reference);
@@ -193,11 +215,12 @@ int main(int argc, char** argv) {
     failed = difference > tolerance || !identical;
     if (rank == 0 || failed) {
       std::printf(
-          "libtorch_train: rank %d of %d, %d steps, batch %d, accumulate %d, compression "
-          "%s: loss %.5f, max |distributed - one process| = %.3g (tolerance %.0e), "
+          "libtorch_train: rank %d of %d on %s, %d steps, batch %d, accumulate %d, "
+          "compression %s: loss %.5f, max |distributed - one process| = %.3g (tolerance %.0e), "
           "replicas %s%s\n",
-          rank, size, args.steps, args.batch, args.accumulate, args.compression.c_str(), loss_value,
-          difference, tolerance, identical ? "identical" : "DIFFER", failed ? " -- FAILED" : "");
+          rank, size, args.cuda ? "cuda" : "cpu", args.steps, args.batch, args.accumulate,
+          args.compression.c_str(), loss_value, difference, tolerance,
+          identical ? "identical" : "DIFFER", failed ? " -- FAILED" : "");
     }
   } else if (rank == 0) {
     std::printf("libtorch_train: %d ranks, %d steps, final loss %.5f\n", size, args.steps,
