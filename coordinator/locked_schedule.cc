@@ -50,6 +50,13 @@ uint64_t ParameterHash(const Response& r) {
   return Mix(h, HashName(r.group));
 }
 
+// The collectives a plan may hold: those whose every rank's parameters a response states whole.
+// A broadcast belongs here because a training step has one (DDP's buffers, every forward); an
+// allgather's or alltoall's sizes can change on one rank alone, which only negotiation sees.
+bool Lockable(ResponseType type) {
+  return type == ResponseType::kAllreduce || type == ResponseType::kBroadcast;
+}
+
 std::string Milliseconds(double seconds) {
   return std::to_string(static_cast<int64_t>(seconds * 1e3 + 0.5)) + " ms";
 }
@@ -85,8 +92,7 @@ void LockedSchedule::Observe(const CycleOutcome& outcome) {
     current_.names[current_.count++] = r.name;  // assigning keeps the string's storage
     current_.name_hashes.insert(name_hash);
     current_.fingerprint += Mix(name_hash, ParameterHash(r));  // a sum: free of order
-    current_.lockable &=
-        r.type == ResponseType::kAllreduce && outcome.entries[i] != nullptr && !outcome.joined;
+    current_.lockable &= Lockable(r.type) && outcome.entries[i] != nullptr && !outcome.joined;
     if (current_.count == previous_.count && current_.fingerprint == previous_.fingerprint) {
       CloseStep();
     }
@@ -115,7 +121,7 @@ Status LockedSchedule::Lock(const FusionSettings& fusion, const CachedResponse& 
   for (size_t i = 0; i < previous_.count; ++i) {
     ResponsePtr response = cached(previous_.names[i]);
     // Caches are the same on every rank, so every rank gives up here alike.
-    if (response == nullptr || response->type != ResponseType::kAllreduce) {
+    if (response == nullptr || !Lockable(response->type)) {
       streak_ = 0;
       return Status::OK();
     }

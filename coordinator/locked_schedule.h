@@ -2,8 +2,8 @@
 //
 // While the set negotiates, Observe() watches the responses each cycle runs and cuts them into
 // steps: a step ends where a name comes back, or as soon as it holds exactly the names of the step
-// before. Once GRADSYNC_LOCK_AFTER_STEPS steps in a row held the same allreduces with the same
-// parameters, the schedule is ready. The negotiator then asks, in its next round, whether every
+// before. Once GRADSYNC_LOCK_AFTER_STEPS steps in a row held the same allreduces and broadcasts
+// with the same parameters, the schedule is ready. The negotiator then asks, in its next round, whether every
 // rank is ready and holds nothing that needs the full round; when all are, and the round's
 // responses leave the schedule ready (none, or exactly one whole step), every rank calls Lock()
 // after running them, and the last step, in the order it ran, fused as negotiation fuses,

@@ -23,20 +23,24 @@ namespace {
 
 constexpr int64_t kElements = 16;  // 64 bytes a tensor
 
+// Names starting with "bcast." stand for broadcasts from rank 0, the rest for allreduces.
+bool IsBroadcast(const std::string& name) { return name.rfind("bcast.", 0) == 0; }
+
 Response AllreduceResponse(const std::string& name, int64_t elements = kElements) {
   Response r;
-  r.type = ResponseType::kAllreduce;
+  r.type = IsBroadcast(name) ? ResponseType::kBroadcast : ResponseType::kAllreduce;
   r.name = name;
   r.shape = {elements};
   return r;
 }
 
 std::unique_ptr<TensorEntry> EntryFor(const std::string& name, int64_t elements = kElements,
-                                      OpType op = OpType::kAllreduce) {
+                                      OpType op = OpType::kAllreduce, int root = 0) {
   auto entry = std::make_unique<TensorEntry>();
   entry->name = name;
   entry->name_hash = HashName(name);
-  entry->op = op;
+  entry->op = IsBroadcast(name) && op == OpType::kAllreduce ? OpType::kBroadcast : op;
+  entry->root = root;
   entry->input = TensorView(nullptr, DataType::kFloat32, {elements}, Device());
   return entry;
 }
@@ -91,6 +95,7 @@ struct Submission {
   std::string name;
   int64_t elements = kElements;
   OpType op = OpType::kAllreduce;
+  int root = 0;
 };
 
 struct RankResult {
@@ -138,7 +143,7 @@ std::vector<RankResult> RunLocked(const LockedRun& run) {
         std::vector<TensorEntry*> fresh;
         if (run.submit) {
           for (const Submission& s : run.submit(rank, cycle, result.ran.size())) {
-            entries.push_back(EntryFor(s.name, s.elements, s.op));
+            entries.push_back(EntryFor(s.name, s.elements, s.op, s.root));
             fresh.push_back(entries.back().get());
           }
         }
@@ -256,17 +261,52 @@ TEST(LockedScheduleTest, StepsWithOtherCollectivesOrJoinedRanksNeverLock) {
   for (int i = 0; i < 4; ++i) schedule.Observe(joined);
   EXPECT_FALSE(schedule.ready());
 
-  auto broadcast = std::make_shared<Response>(AllreduceResponse("weights"));
-  broadcast->type = ResponseType::kBroadcast;
-  auto entry = EntryFor("weights");
+  // An allgather's sizes may change on one rank alone: a step with one never locks.
+  auto allgather = std::make_shared<Response>(AllreduceResponse("gathered"));
+  allgather->type = ResponseType::kAllgather;
+  auto entry = EntryFor("gathered", kElements, OpType::kAllgather);
   for (int i = 0; i < 4; ++i) {
     schedule.Observe(step.Outcome());
-    CycleOutcome with_broadcast;
-    with_broadcast.responses.push_back(broadcast.get());
-    with_broadcast.entries.push_back(entry.get());
-    schedule.Observe(with_broadcast);
+    CycleOutcome with_allgather;
+    with_allgather.responses.push_back(allgather.get());
+    with_allgather.entries.push_back(entry.get());
+    schedule.Observe(with_allgather);
   }
   EXPECT_FALSE(schedule.ready());
+}
+
+// A DDP wrapper's step: its buffers broadcast in forward, then its gradients reduced.
+TEST(LockedScheduleTest, StepsWithBroadcastsLockAndRunTheBroadcastInItsPlace) {
+  InProcessLockHub hub(1);
+  LockedSchedule schedule(hub.Channel(0), FastSettings(2), 0);
+  const std::vector<std::string> plan = {"bcast.buffers", "grad.0", "grad.1"};
+  Observed step(plan);
+  for (int i = 0; i < 3; ++i) schedule.Observe(step.Outcome());
+  ASSERT_TRUE(schedule.ready());
+  ASSERT_TRUE(schedule.Lock({}, step.Cache()).ok());
+  ASSERT_TRUE(schedule.locked());
+  std::vector<std::unique_ptr<TensorEntry>> entries;
+  std::vector<TensorEntry*> fresh;
+  for (const std::string& name : plan) {
+    entries.push_back(EntryFor(name));
+    fresh.push_back(entries.back().get());
+  }
+  std::vector<std::string> ran;
+  for (int cycle = 0; cycle < 100 && ran.size() < plan.size(); ++cycle) {
+    LockedCycle out;
+    ASSERT_TRUE(
+        schedule.RunCycle(cycle == 0 ? fresh : std::vector<TensorEntry*>(), false, "", &out).ok());
+    ASSERT_FALSE(out.unlocked) << out.reason;
+    for (const CycleOutcome& bucket : out.buckets) {
+      for (size_t i = 0; i < bucket.responses.size(); ++i) {
+        EXPECT_EQ(bucket.responses[i]->type, IsBroadcast(bucket.entries[i]->name)
+                                                 ? ResponseType::kBroadcast
+                                                 : ResponseType::kAllreduce);
+        ran.push_back(bucket.entries[i]->name);
+      }
+    }
+  }
+  EXPECT_EQ(ran, plan);
 }
 
 TEST(LockedScheduleTest, DisabledNeverLocks) {
@@ -377,6 +417,30 @@ TEST_P(LockedScheduleRanksTest, OtherParametersOnOneRankUnlockBeforeTheBucketRun
     EXPECT_TRUE(r.unlocked);
     EXPECT_EQ(r.returned.size(), 4u);  // every tensor of the bucket, the odd one included
   }
+}
+
+TEST_P(LockedScheduleRanksTest, ABroadcastFromAnotherRootOnOneRankUnlocksBeforeItRuns) {
+  LockedRun run;
+  run.size = GetParam();
+  run.plan = {"bcast.buffers", "grad.0", "grad.1", "grad.2", "grad.3"};
+  run.buckets_to_run = 100;
+  run.submit = [&](int rank, int cycle, size_t) {
+    std::vector<Submission> out;
+    if (cycle != 0) return out;
+    out = Step(run.plan);
+    if (rank == run.size - 1) out[0].root = 1;
+    return out;
+  };
+  const std::vector<RankResult> results = RunLocked(run);
+  ExpectSameBucketsEverywhere(results);
+  EXPECT_TRUE(results[0].ran.empty());  // the broadcast is the plan's first bucket
+  for (const RankResult& r : results) {
+    EXPECT_TRUE(r.unlocked);
+    EXPECT_EQ(r.returned.size(), run.plan.size());
+  }
+  EXPECT_NE(results[run.size - 1].reason.find("broadcast of 'bcast.buffers' with other parameters"),
+            std::string::npos)
+      << results[run.size - 1].reason;
 }
 
 TEST_P(LockedScheduleRanksTest, AMissingTensorOnOneRankUnlocksAfterTheWait) {
