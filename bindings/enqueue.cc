@@ -207,6 +207,7 @@ Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& val
   ThrowIfRefused(rt, entry.get(), validation);
   NameIfUnnamed(rt, entry.get());
   std::shared_ptr<OpState> state = entry->state;
+  state->on_device = entry->input.device.kind != DeviceKind::kCpu;
   const bool traced = rt.timeline.active();
   // Started before the push: once pushed, the background thread may end it at any moment.
   if (traced) rt.timeline.ActivityStart(entry->name, "QUEUE");

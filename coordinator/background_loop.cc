@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <chrono>
 #include <thread>
 
 #ifdef __linux__
@@ -98,7 +97,7 @@ std::chrono::nanoseconds BackgroundLoop::NextWait() const {
 }
 
 bool BackgroundLoop::RunOneCycle() {
-  queue_->WaitForWork(NextWait(), CycleTime());
+  queue_->WaitForWork(NextWait(), CycleTime(), PollWindow());
   const auto started = std::chrono::steady_clock::now();
   Distribute(TakeFreshEntries());
   lanes_.Watch();
@@ -344,8 +343,9 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
                                     set->last_allreduce_shared(), members_, outcome.joined);
     }
     if (launched != nullptr) {
+      device_launched_at_ = std::chrono::steady_clock::now();
       finalizer_.Add(plane, set->id(), members_, std::move(launched), std::move(phases),
-                     std::chrono::steady_clock::now());
+                     device_launched_at_);
     } else {
       Complete(members_, status);
     }

@@ -14,6 +14,7 @@
 // but for Complete, which the finalizer calls too.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -65,6 +66,15 @@ class BackgroundLoop {
   // GRADSYNC_CYCLE_TIME_MS, which also bounds how long a cycle waits for a burst of enqueues to
   // end.
   std::chrono::nanoseconds CycleTime() const;
+  // How much of the next wait for work to spend looking between yields before sleeping: the rest
+  // of a window after each device launch. A caller waiting on small device operations submits its
+  // next within microseconds of the last one's completion, and a sleeping thread takes tens of
+  // microseconds to wake.
+  std::chrono::nanoseconds PollWindow() const {
+    const auto left =
+        device_launched_at_ + std::chrono::microseconds(200) - std::chrono::steady_clock::now();
+    return std::max(std::chrono::nanoseconds(0), left);
+  }
   // One cycle over every process set; false once the loop must end.
   bool RunOneCycle();
   // One set's share of a cycle; false once the loop must end (only the global set ends it: a
@@ -134,6 +144,7 @@ class BackgroundLoop {
   std::atomic<size_t> held_{0};
   int unproductive_cycles_ = 0;   // consecutive cycles that executed nothing
   bool lock_exchanging_ = false;  // a locked set ended the cycle with an exchange in flight
+  std::chrono::steady_clock::time_point device_launched_at_;  // the last device bucket's launch
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<uint64_t> cycles_run_{0};
   std::atomic<bool> running_{false};

@@ -89,6 +89,9 @@ class Finalizer {
   std::deque<Bucket> buckets_;
   size_t completing_ = 0;  // taken out of buckets_ and being completed
   std::chrono::steady_clock::time_point last_error_poll_;  // the finalizer thread's
+  // When a bucket last arrived or completed: the finalizer polls without sleeping for a while
+  // after.
+  std::chrono::steady_clock::time_point active_at_;
   bool stopping_ = false;
   std::thread thread_;
 };

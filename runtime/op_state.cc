@@ -28,6 +28,22 @@ SleepingWaiters& Waiters() {
   return *waiters;
 }
 
+// A small device operation completes within tens of microseconds of its submission, and a thread
+// woken from a sleep takes about as long again to run: its waiter polls this long first. Host
+// operations do not: their waiter's core is what the background thread may need.
+constexpr std::chrono::microseconds kDevicePollWindow(100);
+
+// Whether `op` completed within the poll window (never when it is a host operation).
+bool PolledDone(const OpState& op, bool on_device, std::chrono::steady_clock::time_point limit) {
+  if (!on_device) return op.done();
+  const auto end = std::min(limit, std::chrono::steady_clock::now() + kDevicePollWindow);
+  while (!op.done()) {
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 }  // namespace
 
 void OpState::Renew(std::shared_ptr<OpState>* state, Callback callback) {
@@ -44,6 +60,7 @@ void OpState::Renew(std::shared_ptr<OpState>* state, Callback callback) {
   if (!op.status_.ok()) op.status_ = Status::OK();
   if (callback || op.callback_) op.callback_ = std::move(callback);
   if (op.launched_ != nullptr) std::atomic_store(&op.launched_, std::shared_ptr<StreamEvent>());
+  op.on_device = false;
   op.output_shape.clear();
   op.received_splits.clear();
   op.result = 0;
@@ -107,7 +124,7 @@ void OpState::AnnounceCompletions() {
 }
 
 const Status& OpState::Wait() {
-  if (!done()) {
+  if (!PolledDone(*this, on_device, std::chrono::steady_clock::time_point::max())) {
     SleepingWaiters& waiters = Waiters();
     std::unique_lock<std::mutex> lock(waiters.mu);
     waiters.sleeping.fetch_add(1, std::memory_order_seq_cst);
@@ -118,8 +135,8 @@ const Status& OpState::Wait() {
 }
 
 bool OpState::WaitFor(std::chrono::nanoseconds timeout, Status* status) {
-  if (!done()) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (!PolledDone(*this, on_device, deadline)) {
     SleepingWaiters& waiters = Waiters();
     std::unique_lock<std::mutex> lock(waiters.mu);
     waiters.sleeping.fetch_add(1, std::memory_order_seq_cst);

@@ -70,6 +70,9 @@ class OpState {
   std::shared_ptr<StreamEvent> launched_;
 
  public:
+  // Whether the operation's tensors are device memory, set by the submitting thread before the
+  // operation is queued: Wait and WaitFor then poll for a while before they sleep.
+  bool on_device = false;
   // Allgather, reducescatter, alltoall: the output shape, set by the background thread before
   // Record().
   std::vector<int64_t> output_shape;

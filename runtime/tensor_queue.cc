@@ -1,5 +1,6 @@
 #include "runtime/tensor_queue.h"
 
+#include <algorithm>
 #include <unordered_set>
 
 #include <optional>
@@ -115,9 +116,21 @@ Status TensorQueue::PushAll(std::vector<std::unique_ptr<TensorEntry>> entries) {
 }
 
 void TensorQueue::WaitForWork(std::chrono::nanoseconds max_wait,
-                              std::chrono::nanoseconds settle_for) {
+                              std::chrono::nanoseconds settle_for,
+                              std::chrono::nanoseconds poll_for) {
   std::unique_lock<std::mutex> lock(mu_);
   auto has_work = [this] { return !pending_.empty() || closed_flag_ || wake_requested_; };
+  if (!has_work() && poll_for.count() > 0) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto poll_end = start + std::min(poll_for, max_wait);
+    do {
+      lock.unlock();
+      std::this_thread::yield();
+      lock.lock();
+    } while (!has_work() && std::chrono::steady_clock::now() < poll_end);
+    max_wait -= std::min(max_wait, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::steady_clock::now() - start));
+  }
   if (!has_work()) {
     waiter_sleeping_ = true;
     cv_.wait_for(lock, max_wait, has_work);

@@ -45,10 +45,13 @@ class TensorQueue {
   Status PushAll(std::vector<std::unique_ptr<TensorEntry>> entries);
 
   // Returns once entries are waiting, the queue is closed, a wake-up was requested, or `max_wait`
-  // has passed. With entries waiting, it first lets a burst of pushes finish: it yields while the
-  // number waiting still grows from one look to the next, for at most `settle_for`.
+  // has passed. It looks between yields for the first `poll_for` of the wait (at most
+  // `max_wait`), and sleeps for the rest. With entries waiting, it first lets a burst of pushes
+  // finish: it yields while the number waiting still grows from one look to the next, for at most
+  // `settle_for`.
   void WaitForWork(std::chrono::nanoseconds max_wait,
-                   std::chrono::nanoseconds settle_for = std::chrono::nanoseconds(0));
+                   std::chrono::nanoseconds settle_for = std::chrono::nanoseconds(0),
+                   std::chrono::nanoseconds poll_for = std::chrono::nanoseconds(0));
   // Wakes a WaitForWork or PauseUntil early (used for shutdown requests).
   void Wake();
   // True when entries were pushed after the last Drain.

@@ -164,9 +164,11 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
   # one rank through NCCL, two sharing the GPU through the MPI backend, and gradient accumulation.
   if [ -n "$torch_build_pid" ]; then
     local libtorch_train=$work/build-torch/examples/libtorch/gradsync_libtorch_train
+    local torch_built=0
+    wait "$torch_build_pid" && [ -x "$libtorch_train" ] && torch_built=1
     {
       local failed=0
-      if wait "$torch_build_pid" && [ -x "$libtorch_train" ]; then
+      if [ "$torch_built" -eq 1 ]; then
         timeout 120 mpirun -np 1 "$libtorch_train" --device cuda --check || failed=1
         GRADSYNC_GPU_BACKEND=mpi timeout 120 mpirun -np 2 --oversubscribe -x GRADSYNC_GPU_BACKEND \
           "$libtorch_train" --device cuda --check || failed=1
@@ -193,6 +195,9 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
       --iters "${BENCH_ITERS:-20}" --max-bytes $((1 << 28)) || true
     "$bench" --data-dir "$data" --iters "${BENCH_ITERS:-20}" --max-bytes 4 --compute-scale 10 |
       grep -A2 '^# overlap' || true
+    # Where a small operation's time goes: the same at 1 rank up to 4 KiB, with a timeline.
+    GRADSYNC_TIMELINE=$out/timeline-bench.json "$bench" --data-dir "$data" \
+      --iters "${BENCH_ITERS:-20}" --max-bytes 4096 >/dev/null || true
   } 2>&1 | tee "$out/gpu-bench.log"
   # A real model's training step against PyTorch DDP (benchmarks/python/training_step_benchmark.py)
   # where python3 has torchvision and transformers: one rank through NCCL, then two sharing the

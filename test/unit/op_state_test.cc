@@ -43,6 +43,41 @@ TEST(OpStateTest, ASleepingWaiterWakesWithTheStatus) {
   EXPECT_EQ(seen.code(), StatusCode::kStalled);
 }
 
+// A device operation's waiter polls before it sleeps: completed while it polls or after it has
+// gone to sleep, it returns with the status either way, and WaitFor still keeps its timeout.
+TEST(OpStateTest, ADeviceOperationsWaiterPollsThenSleeps) {
+  for (const auto complete_after :
+       {std::chrono::microseconds(10), std::chrono::microseconds(20000)}) {
+    OpState state;
+    state.on_device = true;
+    Status seen;
+    std::thread waiter([&] { seen = state.Wait(); });
+    std::this_thread::sleep_for(complete_after);
+    Complete(&state, Status::Timeout("plane aborted"));
+    waiter.join();
+    EXPECT_EQ(seen.code(), StatusCode::kTimeout);
+  }
+  OpState pending;
+  pending.on_device = true;
+  Status status;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(pending.WaitFor(std::chrono::microseconds(30), &status));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(50));
+  EXPECT_FALSE(pending.WaitFor(milliseconds(5), &status));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(5));
+}
+
+TEST(OpStateTest, RenewForgetsThatTheOperationWasOnADevice) {
+  std::shared_ptr<OpState> state;
+  OpState::Renew(&state, nullptr);
+  state->on_device = true;
+  Complete(state.get(), Status::OK());
+  OpState* reused = state.get();
+  OpState::Renew(&state, nullptr);
+  ASSERT_EQ(state.get(), reused);
+  EXPECT_FALSE(state->on_device);
+}
+
 TEST(OpStateTest, TheCallbackReturnsBeforeTheOperationIsDone) {
   std::atomic<bool> done_inside{true};
   OpState* self = nullptr;

@@ -315,6 +315,29 @@ TEST(TensorQueueTest, WaitForWorkTimesOut) {
   EXPECT_LT(waited, kLongWait);
 }
 
+TEST(TensorQueueTest, APollingWaitSeesAPushAndEndsAtItsMaximum) {
+  TensorQueue queue;
+  auto start = steady_clock::now();
+  queue.WaitForWork(milliseconds(30), milliseconds(0), /*poll_for=*/kLongWait);
+  auto waited = steady_clock::now() - start;
+  EXPECT_GE(waited, milliseconds(30));
+  EXPECT_LT(waited, kLongWait);  // the poll is part of the wait, not added to it
+  // A push during the poll ends it; one after it wakes the sleep that follows.
+  for (const auto push_after : {milliseconds(1), milliseconds(40)}) {
+    std::thread pusher([&] {
+      std::this_thread::sleep_for(push_after);
+      ASSERT_TRUE(queue.Push(Entry("a")).ok());
+    });
+    start = steady_clock::now();
+    queue.WaitForWork(kLongWait, milliseconds(0), /*poll_for=*/milliseconds(20));
+    EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
+    pusher.join();
+    const std::vector<TensorEntry*> drained = queue.Drain();
+    EXPECT_EQ(drained.size(), 1u);
+    queue.Release(drained);
+  }
+}
+
 TEST(TensorQueueTest, WaitForWorkWakesOnPushFromAnotherThread) {
   TensorQueue queue;
   std::atomic<bool> returned{false};
