@@ -97,6 +97,7 @@ void Finalizer::Run() {
         pause = kFirstPause;
       } else if (std::chrono::steady_clock::now() - active_at_ < kSpinWindow) {
         spin = true;
+        pause = kFirstPause;  // the sleeps after the window start short
       } else {
         wake_.wait_for(lock, pause);
       }
@@ -107,7 +108,7 @@ void Finalizer::Run() {
       pause = kFirstPause;
       std::lock_guard<std::mutex> lock(mu_);
       active_at_ = std::chrono::steady_clock::now();
-    } else {
+    } else if (!spin) {
       pause = std::min(pause * 2, kLongestPause);
     }
   }

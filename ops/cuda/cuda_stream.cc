@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace gradsync {
 namespace {
@@ -38,7 +40,61 @@ void Fail(CudaStreamFailure* failure, const Status& status) {
   failure->status = status;
 }
 
+class EventPool {
+ public:
+  bool Take(int device, cudaEvent_t* event) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
+      if (it->first != device) continue;
+      *event = it->second;
+      free_.erase(std::next(it).base());
+      return true;
+    }
+    return false;
+  }
+  bool Give(int device, cudaEvent_t event) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.size() >= kKept) return false;
+    free_.emplace_back(device, event);
+    return true;
+  }
+
+ private:
+  static constexpr size_t kKept = 4096;  // a step's gradients, several times over
+  std::mutex mu_;
+  std::vector<std::pair<int, cudaEvent_t>> free_;
+};
+
+EventPool& Pool() {
+  static auto* pool = new EventPool;  // outlives every event
+  return *pool;
+}
+
+// A stream's completion event, back to the pool when its last holder lets go.
+class PooledEvent : public CudaEvent {
+ public:
+  PooledEvent(cudaEvent_t event, int device, std::shared_ptr<CudaStreamFailure> failure)
+      : CudaEvent(event, device, std::move(failure), /*owned=*/false) {}
+  ~PooledEvent() override { GivePooledEvent(device(), native()); }
+};
+
 }  // namespace
+
+Status TakePooledEvent(int device, void** event) {
+  cudaEvent_t taken = nullptr;
+  if (!Pool().Take(device, &taken)) {
+    const cudaError_t error = cudaEventCreateWithFlags(&taken, cudaEventDisableTiming);
+    if (error != cudaSuccess) return CudaFailure("cudaEventCreateWithFlags", device, error);
+  }
+  *event = taken;
+  return Status::OK();
+}
+
+void GivePooledEvent(int device, void* event) {
+  if (!Pool().Give(device, static_cast<cudaEvent_t>(event))) {
+    cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  }
+}
 
 CudaClockAnchor::~CudaClockAnchor() {
   if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
@@ -137,13 +193,22 @@ std::shared_ptr<StreamEvent> CudaStream::RecordEvent(
   Status failed = FailureOf(failure_.get());
   if (!failed.ok()) return std::make_shared<FailedEvent>(failed);
   cudaEvent_t event = nullptr;
-  cudaError_t error = cudaEventCreateWithFlags(&event, timed ? 0 : cudaEventDisableTiming);
-  if (error != cudaSuccess) {
-    return std::make_shared<FailedEvent>(CudaFailure("cudaEventCreateWithFlags", device_, error));
+  std::shared_ptr<CudaEvent> recorded;
+  if (timed) {
+    const cudaError_t error = cudaEventCreateWithFlags(&event, 0);
+    if (error != cudaSuccess) {
+      return std::make_shared<FailedEvent>(CudaFailure("cudaEventCreateWithFlags", device_, error));
+    }
+    recorded =
+        std::make_shared<CudaEvent>(event, device_, failure_, /*owned=*/true, std::move(anchor));
+  } else {
+    void* pooled = nullptr;
+    const Status taken = TakePooledEvent(device_, &pooled);
+    if (!taken.ok()) return std::make_shared<FailedEvent>(taken);
+    event = static_cast<cudaEvent_t>(pooled);
+    recorded = std::make_shared<PooledEvent>(event, device_, failure_);
   }
-  auto recorded =
-      std::make_shared<CudaEvent>(event, device_, failure_, /*owned=*/true, std::move(anchor));
-  error = cudaEventRecord(event, static_cast<cudaStream_t>(stream_));
+  const cudaError_t error = cudaEventRecord(event, static_cast<cudaStream_t>(stream_));
   if (error != cudaSuccess) {
     return std::make_shared<FailedEvent>(CudaFailure("cudaEventRecord", device_, error));
   }

@@ -13,47 +13,6 @@
 namespace gradsync {
 namespace {
 
-// Readiness events are made for every device tensor enqueued, from the backward hooks: they come
-// from a pool instead of cudaEventCreate and go back to it instead of cudaEventDestroy. An event
-// back in the pool may still be pending; recording it again is safe, as a stream that waits for
-// it captured its earlier record.
-class ReadinessEventPool {
- public:
-  Status Take(int device, cudaEvent_t* event) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (auto it = free_.begin(); it != free_.end(); ++it) {
-        if (it->first != device) continue;
-        *event = it->second;
-        free_.erase(it);
-        return Status::OK();
-      }
-    }
-    GRADSYNC_CUDA_CALL(cudaEventCreateWithFlags(event, cudaEventDisableTiming), device);
-    return Status::OK();
-  }
-  void Give(int device, cudaEvent_t event) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (free_.size() < kKept) {
-        free_.emplace_back(device, event);
-        return;
-      }
-    }
-    cudaEventDestroy(event);
-  }
-
- private:
-  static constexpr size_t kKept = 4096;  // a step's gradients, several times over
-  std::mutex mu_;
-  std::vector<std::pair<int, cudaEvent_t>> free_;
-};
-
-ReadinessEventPool& Pool() {
-  static ReadinessEventPool* pool = new ReadinessEventPool;  // outlives every event
-  return *pool;
-}
-
 // An event recorded on a producer's stream: its source and the order of its record among all such
 // events, so that a bucket waits only for the latest event of each producer stream.
 class ReadinessEvent : public CudaEvent {
@@ -62,7 +21,7 @@ class ReadinessEvent : public CudaEvent {
       : CudaEvent(event, device, std::make_shared<CudaStreamFailure>(), /*owned=*/false),
         stream_(stream),
         sequence_(sequence) {}
-  ~ReadinessEvent() override { Pool().Give(device(), static_cast<cudaEvent_t>(native())); }
+  ~ReadinessEvent() override { GivePooledEvent(device(), native()); }
   const void* source() const override { return stream_; }
   uint64_t sequence() const override { return sequence_; }
 
@@ -88,8 +47,9 @@ Status ImportReadiness(void* cuda_event, void* cuda_stream, int device,
     return Status::OK();
   }
   if (cuda_stream == nullptr) return Status::OK();
-  cudaEvent_t event = nullptr;
-  GRADSYNC_RETURN_IF_ERROR(Pool().Take(device, &event));
+  void* pooled = nullptr;
+  GRADSYNC_RETURN_IF_ERROR(TakePooledEvent(device, &pooled));
+  const auto event = static_cast<cudaEvent_t>(pooled);
   uint64_t sequence = 0;
   Status recorded;
   {
@@ -99,7 +59,7 @@ Status ImportReadiness(void* cuda_event, void* cuda_stream, int device,
                           "cudaEventRecord", device);
   }
   if (!recorded.ok()) {
-    Pool().Give(device, event);
+    GivePooledEvent(device, event);
     return recorded;
   }
   *ready = std::make_shared<ReadinessEvent>(event, device, cuda_stream, sequence);
