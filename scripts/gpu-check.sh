@@ -110,16 +110,8 @@ run() {
                  -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)")
     python_targets=(gradsync_python)
   fi
-  cmake -S "$repo_root" -B "$work/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DGRADSYNC_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-native}" \
-    -DGRADSYNC_NCCL_LIBRARY="$nccl" -DMPI_HOME="$mpi_prefix" \
-    -DCMAKE_PREFIX_PATH="$work/root/usr;$work/root/usr/lib/x86_64-linux-gnu/cmake" \
-    "${python_args[@]}" -DGRADSYNC_BUILD_BENCHMARKS=ON -DGRADSYNC_BUILD_EXAMPLES=OFF \
-    2>&1 | tee "$out/build.log"
-  cmake --build "$work/build" -j "$(nproc)" --target gpu_tests gradsync_bench_gpu launch_probe \
-    "${python_targets[@]}" 2>&1 | tee -a "$out/build.log" | tail -5
-  # The libtorch adapter on CUDA: a second build against the PyTorch wheel's libtorch, started now
-  # (it needs only CPUs, and the tests below barely use them) and run before the benchmarks.
+  # The libtorch adapter on CUDA: a second build against the PyTorch wheel's libtorch, beside the
+  # main build and the tests (which barely use the CPUs); it runs before the benchmarks.
   local torch_prefix="" torch_build_pid=""
   if torch_prefix=$(python3 -c 'import torch
 assert torch.cuda.is_available()
@@ -135,6 +127,14 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
     } >"$out/libtorch-build.log" 2>&1 &
     torch_build_pid=$!
   fi
+  cmake -S "$repo_root" -B "$work/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DGRADSYNC_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-native}" \
+    -DGRADSYNC_NCCL_LIBRARY="$nccl" -DMPI_HOME="$mpi_prefix" \
+    -DCMAKE_PREFIX_PATH="$work/root/usr;$work/root/usr/lib/x86_64-linux-gnu/cmake" \
+    "${python_args[@]}" -DGRADSYNC_BUILD_BENCHMARKS=ON -DGRADSYNC_BUILD_EXAMPLES=OFF \
+    2>&1 | tee "$out/build.log"
+  cmake --build "$work/build" -j "$(nproc)" --target gpu_tests gradsync_bench_gpu launch_probe \
+    "${python_targets[@]}" 2>&1 | tee -a "$out/build.log" | tail -5
   local status=0
   ctest --test-dir "$work/build" -L gpu --output-on-failure --timeout 300 2>&1 |
     tee "$out/gpu-tests.log" || status=$?
@@ -215,14 +215,14 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
         PYTHONPATH=$work/build/python timeout 300 mpirun -np 1 -x PYTHONPATH "${train[@]}" \
           --model "$model" || failed=1
       done
+      PYTHONPATH=$work/build/python GRADSYNC_GPU_BACKEND=mpi timeout 300 mpirun -np 2 \
+        --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND "${train[@]}" --model resnet50 \
+        --batch 16 || failed=1
       # The same without the locked schedule, gradsync's modes only: the lock's before and after.
       echo "gpu-check: ResNet-50 at 1 rank with GRADSYNC_LOCKED_SCHEDULE=0"
       PYTHONPATH=$work/build/python GRADSYNC_LOCKED_SCHEDULE=0 timeout 300 mpirun -np 1 \
         -x PYTHONPATH -x GRADSYNC_LOCKED_SCHEDULE "${train[@]}" --model resnet50 \
         --modes none,gs-opt,gs-ddp || failed=1
-      PYTHONPATH=$work/build/python GRADSYNC_GPU_BACKEND=mpi timeout 300 mpirun -np 2 \
-        --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND "${train[@]}" --model resnet50 \
-        --batch 16 || failed=1
       # One timeline of the DDP wrapper's ResNet-50 steps: where a step's buckets go.
       PYTHONPATH=$work/build/python GRADSYNC_TIMELINE=$out/timeline-resnet50-ddp.json \
         timeout 120 mpirun -np 1 -x PYTHONPATH -x GRADSYNC_TIMELINE python3 \
