@@ -25,7 +25,7 @@ int64_t ResponseBytes(const Response& response) {
 }
 
 std::vector<Bucket> PlanFusion(const std::vector<const Response*>& responses,
-                               const FusionSettings& settings) {
+                               const FusionSettings& settings, bool consecutive) {
   struct Open {
     size_t bucket;
     const Response* first;  // the bucket's first response, which the others must be fusible with
@@ -43,6 +43,7 @@ std::vector<Bucket> PlanFusion(const std::vector<const Response*>& responses,
                        bytes > settings.fusion_threshold_bytes;
     if (alone) {
       buckets.push_back({{i}});
+      if (consecutive) open.clear();
       continue;
     }
     const int64_t aligned = static_cast<int64_t>(AlignFusionOffset(static_cast<size_t>(bytes)));
@@ -56,7 +57,8 @@ std::vector<Bucket> PlanFusion(const std::vector<const Response*>& responses,
       continue;
     }
     buckets.push_back({{i}});
-    if (slot != nullptr) {
+    if (consecutive) open.clear();
+    if (slot != nullptr && !consecutive) {
       *slot = {buckets.size() - 1, &r, aligned};
     } else {
       open.push_back({buckets.size() - 1, &r, aligned});

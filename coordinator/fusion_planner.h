@@ -26,8 +26,14 @@ struct Bucket {
 // reduction of at least the in-place threshold, and every other collective, gets a bucket of its
 // own. Buckets are ordered by their first response, so work
 // starts in the order the responses were agreed. Error and shutdown responses are not planned.
+//
+// `consecutive` plans a locked step (coordinator/locked_schedule.h), whose buckets start in plan
+// order as each fills: a bucket then holds only responses that follow one another, and any response
+// that cannot join the open bucket closes it. Fused by class instead, a step's small tensors would
+// share one bucket from the first to the last, and every bucket after it would wait for the end of
+// the step.
 std::vector<Bucket> PlanFusion(const std::vector<const Response*>& responses,
-                               const FusionSettings& settings);
+                               const FusionSettings& settings, bool consecutive = false);
 
 // Bytes of one response's tensor (0 for types without data).
 int64_t ResponseBytes(const Response& response);

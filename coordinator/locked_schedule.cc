@@ -133,7 +133,7 @@ Status LockedSchedule::Lock(const FusionSettings& fusion, const CachedResponse& 
   buckets_.clear();
   positions_ = NameTable<Position>();
   plan_fingerprint_ = Mix(static_cast<uint64_t>(set_id_), order.size());
-  for (const Bucket& planned : PlanFusion(raw, fusion)) {
+  for (const Bucket& planned : PlanFusion(raw, fusion, /*consecutive=*/true)) {
     PlannedBucket bucket;
     for (size_t i : planned.responses) {
       const Response& r = *order[i];

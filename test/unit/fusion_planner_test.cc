@@ -14,10 +14,11 @@ Response Allreduce(const std::string& name, int64_t elements, DataType dtype = D
   return r;
 }
 
-std::vector<Bucket> Plan(const std::vector<Response>& responses, const FusionSettings& settings) {
+std::vector<Bucket> Plan(const std::vector<Response>& responses, const FusionSettings& settings,
+                         bool consecutive = false) {
   std::vector<const Response*> pointers;
   for (const Response& r : responses) pointers.push_back(&r);
-  return PlanFusion(pointers, settings);
+  return PlanFusion(pointers, settings, consecutive);
 }
 
 std::vector<std::vector<size_t>> Indices(const std::vector<Bucket>& buckets) {
@@ -50,6 +51,26 @@ TEST(FusionPlannerTest, LargeTensorsRunAloneInPlace) {
   std::vector<Response> rs = {Allreduce("small1", 10), Allreduce("big", 1024),
                               Allreduce("small2", 10)};
   EXPECT_EQ(Indices(Plan(rs, s)), (std::vector<std::vector<size_t>>{{0, 2}, {1}}));
+}
+
+// A locked step's plan: a bucket never reaches past a tensor that could not join it, so each
+// bucket fills in the order the step makes its tensors.
+TEST(FusionPlannerTest, ConsecutivePlansCloseABucketAtEachTensorThatCannotJoin) {
+  FusionSettings s{256, 4096};
+  std::vector<Response> rs = {Allreduce("small1", 10),
+                              Allreduce("small2", 10),
+                              Allreduce("big", 1024),
+                              Allreduce("small3", 10),
+                              Allreduce("half", 10, DataType::kFloat16),
+                              Allreduce("small4", 10),
+                              Allreduce("a", 25),
+                              Allreduce("b", 25),
+                              Allreduce("c", 25)};
+  EXPECT_EQ(Indices(Plan(rs, s, /*consecutive=*/true)),
+            (std::vector<std::vector<size_t>>{{0, 1}, {2}, {3}, {4}, {5, 6}, {7, 8}}));
+  // By class, the same responses share buckets across the others.
+  EXPECT_EQ(Indices(Plan(rs, s)),
+            (std::vector<std::vector<size_t>>{{0, 1, 3, 5}, {2}, {4}, {6, 7}, {8}}));
 }
 
 TEST(FusionPlannerTest, ZeroThresholdDisablesFusion) {

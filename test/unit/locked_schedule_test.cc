@@ -419,6 +419,22 @@ TEST_P(LockedScheduleRanksTest, OtherParametersOnOneRankUnlockBeforeTheBucketRun
   }
 }
 
+// A bucket holds only tensors that follow one another in the step, so the first runs before the
+// step's later tensors exist (fused by class, grad.0 would wait for grad.1, behind the broadcast).
+TEST_P(LockedScheduleRanksTest, ABucketRunsBeforeTheTensorsThatFollowItInTheStep) {
+  LockedRun run;
+  run.size = GetParam();
+  run.plan = {"grad.0", "bcast.x", "grad.1"};
+  run.buckets_to_run = 1;
+  run.submit = [&](int, int cycle, size_t) {
+    return cycle == 0 ? Step({"grad.0"}) : std::vector<Submission>();
+  };
+  const std::vector<RankResult> results = RunLocked(run);
+  ExpectSameBucketsEverywhere(results);
+  EXPECT_FALSE(results[0].unlocked) << results[0].reason;
+  EXPECT_EQ(results[0].ran, (std::vector<std::vector<std::string>>{{"grad.0"}}));
+}
+
 TEST_P(LockedScheduleRanksTest, ABroadcastFromAnotherRootOnOneRankUnlocksBeforeItRuns) {
   LockedRun run;
   run.size = GetParam();
