@@ -3,11 +3,11 @@
 // While the set negotiates, Observe() watches the responses each cycle runs and cuts them into
 // steps: a step ends where a name comes back, or as soon as it holds exactly the names of the step
 // before. Once GRADSYNC_LOCK_AFTER_STEPS steps in a row held the same allreduces and broadcasts
-// with the same parameters, the schedule is ready. The negotiator then asks, in its next round, whether every
-// rank is ready and holds nothing that needs the full round; when all are, and the round's
-// responses leave the schedule ready (none, or exactly one whole step), every rank calls Lock()
-// after running them, and the last step, in the order it ran, fused as negotiation fuses,
-// becomes the plan.
+// with the same parameters, the schedule is ready. The negotiator then asks, in its next round,
+// whether every rank is ready and holds nothing that needs the full round; when all are, and the
+// round's responses leave the schedule ready (none, or exactly one whole step), every rank calls
+// Lock() after running them, and the last step, in the order it ran, fused into runs of
+// consecutive tensors (PlanFusion's consecutive plan), becomes the plan.
 //
 // Locked, RunCycle() takes the set's fresh entries in place of the negotiator. Each goes to its
 // slot in the plan, checked against the plan's parameters. When the next bucket in plan order is
