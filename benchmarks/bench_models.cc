@@ -14,7 +14,13 @@
 //   flat        the flat MPI_Allreduce alone: meant as a lower bound, printed for reference
 //   gs-tensors  gradsync's per-tensor API: gradsync::allreduce() on each tensor in the same order,
 //               then every handle waited for; printed for reference, on request only
-// gradsync is judged against the best of per-tensor, flat+copy and bucketed.
+//   chunk-S     flat+copy with the flat buffer reduced as consecutive MPI_Allreduce calls on
+//               pieces of S bytes (1, 4, 16 and 64 MiB): over TCP a few large messages can beat
+//               one huge one
+//   pipe-S      pieces of S bytes (1, 4 and 16 MiB) in backward order, each copied in and started
+//               with MPI_Iallreduce while up to three before it are in flight, and copied out once
+//               done: copies and communication overlapped, as a hand-written pipeline does
+// gradsync is judged against the best of every raw strategy but flat, per set, in the same run.
 //
 //   mpirun -np 4 gradsync_bench_models [--data-dir DIR] [--iters N] [--warmup N]
 //                                       [--sets resnet50,bert_base,vgg16] [--strategies a,b]
@@ -25,6 +31,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -43,18 +51,33 @@ constexpr const char* kUsage =
     "  --data-dir    gradient-set folder (default: $GRADSYNC_DATA_DIR, else ../shared/data)\n"
     "  --sets        comma-separated file stems (default: resnet50,bert_base,vgg16)\n"
     "  --strategies  comma-separated subset of gradsync,per-tensor,flat+copy,bucketed,flat,\n"
-    "                gs-tensors\n"
+    "                gs-tensors,chunk-1M,chunk-4M,chunk-16M,chunk-64M,pipe-1M,pipe-4M,pipe-16M\n"
     "                (default: all but gs-tensors; columns of the others print as -)\n";
 constexpr const char* kDefaultSets = "resnet50,bert_base,vgg16";
-constexpr const char* kStrategyNames[] = {"gradsync", "per-tensor", "flat+copy",
-                                          "bucketed", "flat",       "gs-tensors"};
-constexpr int kStrategyCount = 6;
+// The columns follow this order; gradsync is first, and every strategy from per-tensor on but
+// flat and gs-tensors is a raw one that "best" considers.
+constexpr const char* kStrategyNames[] = {
+    "gradsync", "per-tensor", "flat+copy", "bucketed", "flat",    "gs-tensors", "chunk-1M",
+    "chunk-4M", "chunk-16M",  "chunk-64M", "pipe-1M",  "pipe-4M", "pipe-16M"};
+constexpr const char* kColumnNames[] = {"gradsync_ms", "pertens_ms",  "flatcpy_ms", "bucket_ms",
+                                        "flat_ms",     "gstens_ms",   "chunk1M_ms", "chunk4M_ms",
+                                        "chunk16M_ms", "chunk64M_ms", "pipe1M_ms",  "pipe4M_ms",
+                                        "pipe16M_ms"};
+constexpr int kStrategyCount = 13;
+constexpr int kFlat = 4;
+constexpr int kGsTensors = 5;
+constexpr int64_t kMiB = int64_t{1} << 20;
+// Piece sizes of the chunk-S and pipe-S strategies, by their order in kStrategyNames.
+constexpr int64_t kChunkBytes[] = {1 * kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB};
+constexpr int64_t kPipeBytes[] = {1 * kMiB, 4 * kMiB, 16 * kMiB};
+// Pieces a pipe-S strategy keeps in flight besides the one it just started.
+constexpr size_t kPipeDepth = 3;
 // PyTorch DistributedDataParallel's default bucket_cap_mb.
 constexpr int64_t kBucketBytes = int64_t{25} << 20;
 constexpr int kSyntheticTensors = 1000;
 constexpr int64_t kSyntheticElements = 256;
 
-// One gradient set's buffers and the five ways to reduce them. The timed steps run on zeros once
+// One gradient set's buffers and the ways to reduce them. The timed steps run on zeros once
 // the result has been verified: sums of zeros stay exact however often they repeat, and the
 // collectives cost the same whatever the values.
 class SetBench {
@@ -67,6 +90,10 @@ class SetBench {
   void FlatWithCopies();
   void Bucketed();
   void Flat();
+  void Chunked(int64_t piece_bytes);
+  void Pipelined(int64_t piece_bytes);
+  // Every strategy's step, by kStrategyNames' order.
+  std::vector<std::function<void()>> Steps();
 
   // Runs each strategy once on fresh patterns and checks every element on every rank.
   bool VerifyAll();
@@ -76,6 +103,8 @@ class SetBench {
   void FillTensors();
   // Copies tensors [first, last] into their places in flat_, reduces that span, copies back.
   void ReduceSpanWithCopies(size_t first, size_t last);
+  // Copies elements [begin, end) of flat_'s layout from the tensors into flat_ (`in`) or back.
+  void CopyFlatRange(int64_t begin, int64_t end, bool in);
   bool CheckTensors(const std::string& strategy) const;
   bool CheckFlat() const;
 
@@ -169,6 +198,67 @@ void SetBench::ReduceSpanWithCopies(size_t first, size_t last) {
 
 void SetBench::Flat() { AllreduceFloats(flat_.data(), static_cast<int64_t>(flat_.size()), comm_); }
 
+void SetBench::CopyFlatRange(int64_t begin, int64_t end, bool in) {
+  // The last tensor that starts before `end`, then back to the one holding `begin`.
+  size_t i = static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), end - 1) -
+                                 offsets_.begin());
+  while (i-- > 0) {
+    const int64_t first = std::max(begin, offsets_[i]);
+    const int64_t last = std::min(end, offsets_[i] + static_cast<int64_t>(tensors_[i].size()));
+    if (first < last) {
+      float* flat = flat_.data() + first;
+      float* tensor = tensors_[i].data() + (first - offsets_[i]);
+      const size_t bytes = static_cast<size_t>(last - first) * sizeof(float);
+      std::memcpy(in ? flat : tensor, in ? tensor : flat, bytes);
+    }
+    if (offsets_[i] <= begin) break;
+  }
+}
+
+void SetBench::Chunked(int64_t piece_bytes) {
+  const auto total = static_cast<int64_t>(flat_.size());
+  const int64_t piece = piece_bytes / static_cast<int64_t>(sizeof(float));
+  CopyFlatRange(0, total, /*in=*/true);
+  for (int64_t end = total; end > 0; end -= piece) {
+    const int64_t begin = std::max<int64_t>(0, end - piece);
+    AllreduceFloats(flat_.data() + begin, end - begin, comm_);
+  }
+  CopyFlatRange(0, total, /*in=*/false);
+}
+
+void SetBench::Pipelined(int64_t piece_bytes) {
+  struct InFlight {
+    int64_t begin, end;
+    MPI_Request request;
+  };
+  const int64_t piece = piece_bytes / static_cast<int64_t>(sizeof(float));
+  std::deque<InFlight> in_flight;
+  auto finish_oldest = [&] {
+    InFlight& oldest = in_flight.front();
+    MPI_Wait(&oldest.request, MPI_STATUS_IGNORE);
+    CopyFlatRange(oldest.begin, oldest.end, /*in=*/false);
+    in_flight.pop_front();
+  };
+  for (int64_t end = static_cast<int64_t>(flat_.size()); end > 0; end -= piece) {
+    const int64_t begin = std::max<int64_t>(0, end - piece);
+    CopyFlatRange(begin, end, /*in=*/true);
+    in_flight.push_back({begin, end, MPI_REQUEST_NULL});
+    MPI_Iallreduce(MPI_IN_PLACE, flat_.data() + begin, static_cast<int>(end - begin), MPI_FLOAT,
+                   MPI_SUM, comm_, &in_flight.back().request);
+    while (in_flight.size() > kPipeDepth) finish_oldest();
+  }
+  while (!in_flight.empty()) finish_oldest();
+}
+
+std::vector<std::function<void()>> SetBench::Steps() {
+  std::vector<std::function<void()>> steps = {
+      [this] { Gradsync(); }, [this] { PerTensor(); }, [this] { FlatWithCopies(); },
+      [this] { Bucketed(); }, [this] { Flat(); },      [this] { GradsyncTensors(); }};
+  for (int64_t bytes : kChunkBytes) steps.push_back([this, bytes] { Chunked(bytes); });
+  for (int64_t bytes : kPipeBytes) steps.push_back([this, bytes] { Pipelined(bytes); });
+  return steps;
+}
+
 void SetBench::FillTensors() {
   for (size_t i = 0; i < tensors_.size(); ++i) {
     FillPattern(tensors_[i].data(), static_cast<int64_t>(tensors_[i].size()), i, rank_);
@@ -198,21 +288,13 @@ bool SetBench::CheckFlat() const {
 
 bool SetBench::VerifyAll() {
   bool ok = true;
-  FillTensors();
-  Gradsync();
-  ok = CheckTensors("gradsync") && ok;
-  FillTensors();
-  GradsyncTensors();
-  ok = CheckTensors("gs-tensors") && ok;
-  FillTensors();
-  PerTensor();
-  ok = CheckTensors("per-tensor") && ok;
-  FillTensors();
-  FlatWithCopies();
-  ok = CheckTensors("flat+copy") && ok;
-  FillTensors();
-  Bucketed();
-  ok = CheckTensors("bucketed") && ok;
+  const std::vector<std::function<void()>> steps = Steps();
+  for (int k = 0; k < kStrategyCount; ++k) {
+    if (k == kFlat) continue;  // reduces flat_ alone: checked below
+    FillTensors();
+    steps[k]();
+    ok = CheckTensors(kStrategyNames[k]) && ok;
+  }
   FillPattern(flat_.data(), static_cast<int64_t>(flat_.size()), 0, rank_);
   Flat();
   ok = CheckFlat() && ok;
@@ -230,7 +312,8 @@ struct Config {
   int iters = 10;
   int warmup = 2;
   // gs-tensors only on request: its 1000 names beside the others' fill the response cache.
-  bool run[kStrategyCount] = {true, true, true, true, true, false};  // by kStrategyNames' order
+  bool run[kStrategyCount] = {true, true, true, true, true, false, true,
+                              true, true, true, true, true, true};  // by kStrategyNames' order
 };
 
 Config ParseConfig(int argc, char** argv) {
@@ -301,9 +384,9 @@ void PrintHeader(const Config& config, int size) {
       "# gradsync_bench_models: %d ranks, float32 SUM, median of %d iterations (+%d warmup) "
       "per strategy, interleaved; a step's time is the slowest rank's\n",
       size, config.iters, config.warmup);
-  std::printf("%-10s %7s %8s %11s %11s %11s %11s %11s %11s %8s %8s %8s\n", "set", "tensors", "MB",
-              "gradsync_ms", "pertens_ms", "flatcpy_ms", "bucket_ms", "flat_ms", "gstens_ms",
-              "gs/best", "pt/gs", "gs/flat");
+  std::printf("%-10s %7s %8s", "set", "tensors", "MB");
+  for (const char* column : kColumnNames) std::printf(" %11s", column);
+  std::printf(" %9s %8s %8s %8s\n", "best_raw", "gs/best", "pt/gs", "gs/flat");
 }
 
 // `t` holds seconds by kStrategyNames' order, NaN for a strategy that did not run; a column or
@@ -320,13 +403,21 @@ void PrintRow(const GradientSet& set, const std::vector<double>& t) {
   };
   auto ms = [&](double seconds) { return cell(seconds * 1e3, 11, 3); };
   auto ratio = [&](double r) { return cell(r, 8, 2); };
-  const double gs = t[0], pt = t[1], fc = t[2], bk = t[3], flat = t[4], gs_tensors = t[5];
-  // fmin skips NaN: the best raw strategy among those that ran.
-  const double best = std::fmin(pt, std::fmin(fc, bk));
-  std::printf("%-10s %7zu %8.1f %s %s %s %s %s %s %s %s %s\n", set.name.c_str(), set.tensors.size(),
-              Megabytes(set), ms(gs).c_str(), ms(pt).c_str(), ms(fc).c_str(), ms(bk).c_str(),
-              ms(flat).c_str(), ms(gs_tensors).c_str(), ratio(gs / best).c_str(),
-              ratio(pt / gs).c_str(), ratio(gs / flat).c_str());
+  const double gs = t[0], pt = t[1], flat = t[kFlat];
+  // The best raw strategy among those that ran (NaN for those that did not).
+  double best = std::nan("");
+  const char* best_name = "-";
+  for (int k = 1; k < kStrategyCount; ++k) {
+    if (k == kFlat || k == kGsTensors || std::isnan(t[k])) continue;
+    if (std::isnan(best) || t[k] < best) {
+      best = t[k];
+      best_name = kStrategyNames[k];
+    }
+  }
+  std::printf("%-10s %7zu %8.1f", set.name.c_str(), set.tensors.size(), Megabytes(set));
+  for (double seconds : t) std::printf(" %s", ms(seconds).c_str());
+  std::printf(" %9s %s %s %s\n", best_name, ratio(gs / best).c_str(), ratio(pt / gs).c_str(),
+              ratio(gs / flat).c_str());
   std::fflush(stdout);
 }
 
@@ -338,9 +429,7 @@ bool BenchSet(const GradientSet& set, const Config& config, MPI_Comm comm, int r
     return false;
   }
   bench.Zero();
-  const std::function<void()> steps[kStrategyCount] = {
-      [&] { bench.Gradsync(); }, [&] { bench.PerTensor(); }, [&] { bench.FlatWithCopies(); },
-      [&] { bench.Bucketed(); }, [&] { bench.Flat(); },      [&] { bench.GradsyncTensors(); }};
+  const std::vector<std::function<void()>> steps = bench.Steps();
   std::vector<Strategy> strategies;
   for (int k = 0; k < kStrategyCount; ++k) {
     if (config.run[k]) strategies.push_back({kStrategyNames[k], steps[k]});

@@ -32,14 +32,21 @@ DEFAULT_RESULTS = "scaling-results.json"
 DEFAULT_COMPUTE_MS = 100.0
 
 
+# gradsync_bench_models's chunked and pipelined raw strategies, by column.
+CHUNKED_COLUMNS = ("chunk1M_ms", "chunk4M_ms", "chunk16M_ms", "chunk64M_ms", "pipe1M_ms",
+                   "pipe4M_ms", "pipe16M_ms")
+
+
 def parse_bench_output(text):
     """Rows of gradsync_bench_models's table, read by its header's column names:
-    {set: {tensors, mb, sync_ms, per_tensor_ms, flat_copy_ms, bucketed_ms, flat_ms}}, with None
-    for a strategy that did not run ("-"). Several tables may follow one another: a set's later
+    {set: {tensors, mb, sync_ms, per_tensor_ms, flat_copy_ms, bucketed_ms, flat_ms, and the
+    chunked and pipelined strategies' chunk1M_ms ... pipe16M_ms}}, with None for a strategy that
+    did not run ("-"). Several tables may follow one another: a set's later
     row replaces the values it has (a rerun of some strategies with more iterations)."""
     keys = {"tensors": "tensors", "MB": "mb", "gradsync_ms": "sync_ms",
             "pertens_ms": "per_tensor_ms", "flatcpy_ms": "flat_copy_ms",
             "bucket_ms": "bucketed_ms", "flat_ms": "flat_ms"}
+    keys.update({name: name for name in CHUNKED_COLUMNS})
     rows, header = {}, None
     for line in text.splitlines():
         words = line.split()

@@ -16,10 +16,11 @@ mpirun -np 2 --oversubscribe --bind-to none "$python" "$here/../python/pytorch_s
   --framework gradsync --set 1000x1KB --warmup 1 --iters 2 | tee "$work/pytorch_1x2.jsonl"
 "$python" "$here/transport_table.py" "$work" --markdown "$work/table.md" --plot "$work/plot.png"
 cat "$work/table.md"
-# gradsync, per tensor, flat+copy, bucketed, gs/best and torch gs are numbers; Horovod did not run.
+# gradsync, per tensor, flat+copy, bucketed, the best chunked strategy (with its name), gs/best and
+# torch gs are numbers; Horovod did not run.
 # torch gs is a step's time less its compute's, which two loaded steps can leave below zero.
 number='[0-9]+\.[0-9]+'
-grep -Eq "^\| 1000x1KB \| 1 host x 2 \| $number \| $number \| $number \| $number \| (\*\*)?$number(\*\*)? \| -?$number \| — \| — \|$" "$work/table.md"
+grep -Eq "^\| 1000x1KB \| 1 host x 2 \| $number \| $number \| $number \| $number \| $number \((chunk|pipe)-[0-9]+M\) \| (\*\*)?$number(\*\*)? \| -?$number \| — \| — \|$" "$work/table.md"
 grep -q "^| resnet50 | 2 hosts x 2 | — |" "$work/table.md"
 [ "$(head -c 8 "$work/plot.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]
 echo "transport table: table and plot written"

@@ -8,7 +8,9 @@ OUT_DIR holds models_<layout>.txt (gradsync_bench_models's table) and pytorch_<l
 host). One row per set and layout:
 
   gradsync, per tensor, flat+copy, bucketed   gradsync_bench_models's medians, ms (one run)
-  gs/best     gradsync against the best of the three raw strategies; the goal is at most 1.1
+  chunked     the fastest of the chunked and pipelined raw strategies (chunk-S, pipe-S), ms, and
+              which one
+  gs/best     gradsync against the best of every raw strategy; the goal is at most 1.1
   torch gs, Horovod   synchronization time of one PyTorch step (step minus its compute), median
               over repetitions, ms
   hvd/gs      Horovod's against gradsync.torch's, each repetition's pair, median; the goal is at
@@ -24,7 +26,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "scaling"))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
-from scaling import parse_bench_output  # noqa: E402
+from scaling import CHUNKED_COLUMNS, parse_bench_output  # noqa: E402
 from summarize_pytorch_sync import load as load_pytorch_runs  # noqa: E402
 
 LAYOUTS = (("1x2", "1 host x 2"), ("1x4", "1 host x 4"), ("2x1", "2 hosts x 1"),
@@ -48,12 +50,18 @@ def read_layout(out_dir, layout):
 
 def cell_row(set_name, models, torch_runs):
     """Figures of one (set, layout): a dict with None for what did not run."""
-    row = dict.fromkeys(("gs", "pt", "fc", "bk", "best", "torch_gs", "hvd", "hvd_gs"))
+    row = dict.fromkeys(("gs", "pt", "fc", "bk", "chunked", "chunked_name", "best", "torch_gs",
+                         "hvd", "hvd_gs"))
     m = models.get(set_name)
     if m:
         row.update(gs=m["sync_ms"], pt=m["per_tensor_ms"], fc=m["flat_copy_ms"],
                    bk=m.get("bucketed_ms"))
-        raw = [v for v in (row["pt"], row["fc"], row["bk"]) if v]
+        # chunk4M_ms is the column of the strategy chunk-4M.
+        chunked = [(m[c], c[:-3].replace("chunk", "chunk-").replace("pipe", "pipe-"))
+                   for c in CHUNKED_COLUMNS if m.get(c)]
+        if chunked:
+            row["chunked"], row["chunked_name"] = min(chunked)
+        raw = [v for v in (row["pt"], row["fc"], row["bk"], row["chunked"]) if v]
         if raw and row["gs"]:
             row["best"] = row["gs"] / min(raw)
     by_fw = {}
@@ -80,13 +88,16 @@ def fmt(value, digits, bold_unless=None):
 
 
 def markdown(rows):
-    lines = ["| set | layout | gradsync | per tensor | flat+copy | bucketed | gs/best "
-             "| torch gs | Horovod | hvd/gs |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| set | layout | gradsync | per tensor | flat+copy | bucketed | chunked | gs/best "
+             "| torch gs | Horovod | hvd/gs |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (set_name, label), r in rows:
         ms = 3 if set_name == "1000x1KB" else 1
-        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        chunked = fmt(r["chunked"], ms)
+        if r["chunked_name"]:
+            chunked += " (%s)" % r["chunked_name"]
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             set_name, label, fmt(r["gs"], ms), fmt(r["pt"], ms), fmt(r["fc"], ms),
-            fmt(r["bk"], ms), fmt(r["best"], 2, lambda v: v <= BEST_GOAL),
+            fmt(r["bk"], ms), chunked, fmt(r["best"], 2, lambda v: v <= BEST_GOAL),
             fmt(r["torch_gs"], 1), fmt(r["hvd"], 1),
             fmt(r["hvd_gs"], 2, lambda v: v >= HOROVOD_GOAL)))
     return "\n".join(lines) + "\n"

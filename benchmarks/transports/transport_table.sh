@@ -63,7 +63,8 @@ for layout in 1x2 1x4 2x1 2x2; do
   # shellcheck disable=SC2086
   timeout --kill-after=30 600 mpirun -np "$np" --oversubscribe --bind-to none ${layout_args[$layout]} \
     "$build/benchmarks/gradsync_bench_models" --data-dir "$data" --sets "" \
-    --strategies gradsync,flat+copy,bucketed,flat --iters "$tiny_iters" | tee -a "$out/models_$layout.txt"
+    --strategies gradsync,flat+copy,bucketed,flat,chunk-1M,chunk-4M,chunk-16M,chunk-64M,pipe-1M,pipe-4M,pipe-16M \
+    --iters "$tiny_iters" | tee -a "$out/models_$layout.txt"
   cpu_pair
   echo "=== $layout: PyTorch step, $frameworks" >&2
   rm -f "$out/pytorch_$layout.jsonl"
