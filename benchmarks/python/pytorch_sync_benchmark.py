@@ -29,6 +29,12 @@ the gradients are synchronized, i.e. communication not hidden behind compute, pl
 framework's threads take from the compute by sharing its cores. Phase 2's baseline steps are
 reported beside it (busy_base_ms), to show how much of that is the framework's idle activity.
 
+With --mode tensor or grouped (gradsync and horovod only) there is no model and no compute: the
+set's tensors are synchronized alone, as a script written against Horovod's API does, each with
+allreduce_async_ in reverse registration order (backward's) and then every handle synchronized
+(tensor), or all as one grouped_allreduce_async_ (grouped), Average. The step is then the
+synchronization itself: step_ms and sync_ms are the same median, and no baseline runs.
+
 Output: one JSON line on stdout (rank 0); progress and notes on stderr. Every rank uses mpi4py for
 the barriers, the per-step maximum over ranks and DDP's rendezvous port, identically for every
 framework and always outside the timed region.
@@ -46,6 +52,7 @@ import sys
 import time
 
 FRAMEWORKS = ("gradsync", "horovod", "ddp", "gradsync-ddp")
+MODES = ("step", "tensor", "grouped")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,6 +233,27 @@ def framework_version(framework):
         return ""
 
 
+def setup_sync_only(hvd, torch, tensors, value, mode):
+    """The set's tensors, each filled with `value`, and a step that averages them in place
+    through Horovod's API: one allreduce_async_ each, or one grouped_allreduce_async_."""
+    hvd.init()
+    grads = [torch.full(shape, value, dtype=torch.float32) for _, shape in tensors]
+    names = [name for name, _ in tensors]
+    backward = list(range(len(grads)))[::-1]
+
+    def per_tensor():
+        handles = [hvd.allreduce_async_(grads[i], name=names[i], op=hvd.Average)
+                   for i in backward]
+        for h in handles:
+            hvd.synchronize(h)
+
+    def grouped():
+        hvd.synchronize(hvd.grouped_allreduce_async_([grads[i] for i in backward],
+                                                     name="grouped", op=hvd.Average))
+
+    return grads, per_tensor if mode == "tensor" else grouped
+
+
 def shutdown(framework, hvd):
     if framework == "ddp":
         import torch.distributed as dist
@@ -289,6 +317,11 @@ def summary_ms(seconds):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--framework", choices=FRAMEWORKS, required=True)
+    p.add_argument("--mode", choices=MODES, default="step",
+                   help="step: a training step with a model (default); tensor, grouped: the "
+                        "set's tensors synchronized alone through Horovod's API, one "
+                        "allreduce_async_ each or one grouped_allreduce_async_ (gradsync and "
+                        "horovod only)")
     p.add_argument("--set", default="resnet50",
                    help="gradient-set stem in --data-dir (resnet50, bert_base, vgg16) or a path "
                         "to a set file (default: resnet50)")
@@ -309,6 +342,8 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.iters < 1 or args.warmup < 1:
         p.error("--iters and --warmup must be at least 1 (the first warmup step checks results)")
+    if args.mode != "step" and args.framework not in ("gradsync", "horovod"):
+        p.error("--mode %s needs Horovod's API: --framework gradsync or horovod" % args.mode)
     return args
 
 
@@ -348,6 +383,10 @@ def main(argv):
     unit = 2.0 ** -10
     local_value = unit * (rank + 1)
     average_value = unit * (size + 1) / 2.0
+
+    if args.mode != "step":
+        return sync_only_main(args, comm, mod, torch, tensors, set_name, local_value,
+                              average_value, log)
 
     baseline = build_model(torch, tensors, local_value)
     baseline_step = make_step(baseline, torch.optim.SGD(baseline.parameters(), lr=args.lr))
@@ -408,12 +447,48 @@ def main(argv):
             "busy_base_ms": idle["median"], "busy_base_ms_p90": idle["p90"],
             "sync_ms": round(step["median"] - base["median"], 3),
             "sync_ms_p90": round(step["p90"] - base["median"], 3),
-            "tag": args.tag,
+            "tag": args.tag, "mode": "step",
         }
         log("step %.1f ms, baseline %.1f ms (%.1f ms beside the framework), sync %.1f ms "
             "(medians)" % (step["median"], base["median"], idle["median"], record["sync_ms"]))
     if record is not None:
         print(json.dumps(record), flush=True)
+    return 0
+
+
+def sync_only_main(args, comm, hvd, torch, tensors, set_name, local_value, average_value, log):
+    """--mode tensor or grouped: the synchronization alone, timed as the steps are."""
+    grads, step = setup_sync_only(hvd, torch, tensors, local_value, args.mode)
+    numel = sum(g.numel() for g in grads)
+    log("set %s: %d tensors, %.1f MB float32, %d ranks, %s synchronization only, %d warmup + %d "
+        "timed iterations" % (set_name, len(tensors), numel * 4 / 1e6, comm.Get_size(),
+                              args.mode, args.warmup, args.iters))
+
+    def check():
+        for (name, _), g in zip(tensors, grads):
+            if not bool(torch.all(g == average_value)):
+                raise RuntimeError("%s %s: %s is e.g. %r, expected %r" % (
+                    args.framework, args.mode, name, g.flatten()[0].item(), average_value))
+
+    times = run_steps(comm, {"sync": step}, args.warmup, args.iters, check)
+    shutdown(args.framework, hvd)
+    per_rank = comm.gather(times["sync"], root=0)
+    if comm.Get_rank() != 0:
+        return 0
+    slowest = [max(r[i] for r in per_rank) for i in range(len(per_rank[0]))]
+    sync = summary_ms(slowest)
+    record = {
+        "benchmark": "pytorch_sync", "framework": args.framework,
+        "framework_version": framework_version(args.framework), "torch": torch.__version__,
+        "set": set_name, "tensors": len(tensors), "mb": round(numel * 4 / 1e6, 1),
+        "ranks": comm.Get_size(), "threads": args.threads, "warmup": args.warmup,
+        "iters": args.iters, "step_ms": sync["median"], "step_ms_p90": sync["p90"],
+        "base_ms": 0.0, "base_ms_p90": 0.0, "busy_base_ms": 0.0, "busy_base_ms_p90": 0.0,
+        "sync_ms": sync["median"], "sync_ms_p90": sync["p90"], "tag": args.tag,
+        "mode": args.mode,
+    }
+    log("%s synchronization %.1f ms (median)" % (args.mode, sync["median"]))
+    print(json.dumps(record), flush=True)
     return 0
 
 

@@ -20,6 +20,8 @@
 #                        import are skipped with a note
 #   --sets LIST          comma list of set stems or set files (resnet50,bert_base)
 #   --ranks LIST         comma list of rank counts (2,4)
+#   --modes LIST         comma list of the benchmark's modes (step; tensor and grouped time the
+#                        synchronization alone through Horovod's API, for gradsync and horovod)
 #   --reps N             repetitions (3)
 #   --iters N            timed iterations per run, passed to the benchmark (20)
 #   --warmup N           untimed iterations per run, passed to the benchmark (3)
@@ -46,6 +48,7 @@ data_dir=${GRADSYNC_DATA_DIR:-../shared/data}
 frameworks=gradsync,horovod,ddp,gradsync-ddp
 sets=resnet50,bert_base
 ranks=2,4
+modes=step
 reps=3
 iters=20
 warmup=3
@@ -63,6 +66,7 @@ while [[ $# -gt 0 ]]; do
     --frameworks) frameworks=$2; shift 2 ;;
     --sets) sets=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
+    --modes) modes=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
@@ -79,6 +83,7 @@ bench=$here/pytorch_sync_benchmark.py
 IFS=, read -r -a want <<<"$frameworks"
 IFS=, read -r -a set_list <<<"$sets"
 IFS=, read -r -a rank_list <<<"$ranks"
+IFS=, read -r -a mode_list <<<"$modes"
 read -r -a extra <<<"$mpirun_args"
 
 cpu_pair() {
@@ -99,8 +104,8 @@ for fw in "${want[@]}"; do
 done
 [[ ${#fws[@]} -gt 0 ]] || { echo "no framework available" >&2; exit 1; }
 
-echo "frameworks: ${fws[*]}; sets: ${set_list[*]}; ranks: ${rank_list[*]}; $reps repetitions of" \
-     "$warmup+$iters steps; results: $out" >&2
+echo "frameworks: ${fws[*]}; sets: ${set_list[*]}; ranks: ${rank_list[*]}; modes:" \
+     "${mode_list[*]}; $reps repetitions of $warmup+$iters steps; results: $out" >&2
 failures=0
 start=$SECONDS
 for ((rep = 1; rep <= reps; rep++)); do
@@ -109,20 +114,24 @@ for ((rep = 1; rep <= reps; rep++)); do
   order=("${fws[@]:shift_by}" "${fws[@]:0:shift_by}")
   for set_name in "${set_list[@]}"; do
     for np in "${rank_list[@]}"; do
-      for fw in "${order[@]}"; do
-        echo "--- rep $rep: $fw, $set_name, $np ranks ($((SECONDS - start)) s so far)" >&2
-        cpu_pair
-        # The JSON line goes to the results file; a failed or timed-out run is reported and
-        # the sweep goes on (its group then has fewer runs in the table).
-        if ! timeout --kill-after=30 "$timeout_s" \
-            mpirun -np "$np" --oversubscribe --bind-to none "${extra[@]}" \
-            "$(python_for "$fw")" "$bench" --framework "$fw" --set "$set_name" \
-            --data-dir "$data_dir" --iters "$iters" --warmup "$warmup" --tag "rep$rep" \
-            | tee -a "$out"; then
-          echo "FAILED (exit ${PIPESTATUS[0]}): $fw, $set_name, $np ranks, rep $rep" >&2
-          failures=$((failures + 1))
-        fi
-        cpu_pair
+      for mode in "${mode_list[@]}"; do
+        for fw in "${order[@]}"; do
+          # The synchronization-only modes use Horovod's API, which DDP does not have.
+          if [[ $mode != step && $fw != gradsync && $fw != horovod ]]; then continue; fi
+          echo "--- rep $rep: $fw, $set_name, $np ranks, $mode ($((SECONDS - start)) s so far)" >&2
+          cpu_pair
+          # The JSON line goes to the results file; a failed or timed-out run is reported and
+          # the sweep goes on (its group then has fewer runs in the table).
+          if ! timeout --kill-after=30 "$timeout_s" \
+              mpirun -np "$np" --oversubscribe --bind-to none "${extra[@]}" \
+              "$(python_for "$fw")" "$bench" --framework "$fw" --set "$set_name" \
+              --data-dir "$data_dir" --iters "$iters" --warmup "$warmup" --tag "rep$rep" \
+              --mode "$mode" | tee -a "$out"; then
+            echo "FAILED (exit ${PIPESTATUS[0]}): $fw, $set_name, $np ranks, $mode, rep $rep" >&2
+            failures=$((failures + 1))
+          fi
+          cpu_pair
+        done
       done
     done
   done

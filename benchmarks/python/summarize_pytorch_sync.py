@@ -8,6 +8,8 @@ driver's repetitions) of each run's median. Ratios compare frameworks side by si
 repetition's ratio is taken between runs of the same repetition (the same `tag`, minutes apart at
 most), and the table gives the median over repetitions with the lowest and highest in brackets.
 Lines that are not the benchmark's JSON are skipped, so a raw log can be passed as it is.
+Synchronization-only runs (--mode tensor or grouped) are grouped apart, their set named with the
+mode.
 """
 
 import json
@@ -54,6 +56,12 @@ def ratio_cell(values, goal=None):
     return text
 
 
+def set_label(record):
+    """The set, with the mode of a synchronization-only run: such runs are grouped apart."""
+    mode = record.get("mode", "step")
+    return record["set"] if mode == "step" else "%s (%s)" % (record["set"], mode)
+
+
 def main(paths):
     records = load(paths)
     if not records:
@@ -61,9 +69,9 @@ def main(paths):
         return 1
     groups = {}
     for r in records:
-        groups.setdefault((r["set"], r["ranks"]), {}).setdefault(r["framework"], []).append(r)
+        groups.setdefault((set_label(r), r["ranks"]), {}).setdefault(r["framework"], []).append(r)
     # Sets in the order they first ran (the driver's --sets order), ranks ascending.
-    set_order = list(dict.fromkeys(r["set"] for r in records))
+    set_order = list(dict.fromkeys(set_label(r) for r in records))
     keys = sorted(groups, key=lambda k: (set_order.index(k[0]), k[1]))
     first = records[0]
     print("Medians over each group's runs of the per-run medians (%d timed steps per run, "

@@ -14,6 +14,9 @@ mpirun -np 2 --oversubscribe --bind-to none "$bench" --data-dir "$data" --sets "
   --strategies gradsync,bucketed --iters 2 --warmup 1 | tee -a "$work/models_1x2.txt"
 mpirun -np 2 --oversubscribe --bind-to none "$python" "$here/../python/pytorch_sync_benchmark.py" \
   --framework gradsync --set 1000x1KB --warmup 1 --iters 2 | tee "$work/pytorch_1x2.jsonl"
+mpirun -np 2 --oversubscribe --bind-to none "$python" "$here/../python/pytorch_sync_benchmark.py" \
+  --framework gradsync --set 1000x1KB --mode grouped --warmup 1 --iters 2 |
+  tee -a "$work/pytorch_1x2.jsonl"
 "$python" "$here/transport_table.py" "$work" --markdown "$work/table.md" --plot "$work/plot.png"
 cat "$work/table.md"
 # gradsync, per tensor, flat+copy, bucketed, the best chunked strategy (with its name), gs/best and
@@ -22,5 +25,8 @@ cat "$work/table.md"
 number='[0-9]+\.[0-9]+'
 grep -Eq "^\| 1000x1KB \| 1 host x 2 \| $number \| $number \| $number \| $number \| $number \((chunk|pipe)-[0-9]+M\) \| (\*\*)?$number(\*\*)? \| -?$number \| — \| — \|$" "$work/table.md"
 grep -q "^| resnet50 | 2 hosts x 2 | — |" "$work/table.md"
+# The synchronization-only table has the grouped run (and no per-tensor one: it did not run).
+grep -Eq "^\| 1000x1KB \| 1 host x 2 \| grouped \| $number \| — \| — \|$" "$work/table.md"
+if grep -q "^| 1000x1KB | 1 host x 2 | per tensor |" "$work/table.md"; then exit 1; fi
 [ "$(head -c 8 "$work/plot.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]
 echo "transport table: table and plot written"

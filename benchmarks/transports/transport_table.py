@@ -16,6 +16,10 @@ host). One row per set and layout:
   hvd/gs      Horovod's against gradsync.torch's, each repetition's pair, median; the goal is at
               least 1.5
 A ratio outside its goal is in bold. The plot shows gs/best and hvd/gs per cell against the goals.
+
+A second table follows where pytorch_<layout>.jsonl holds synchronization-only runs
+(pytorch_sync_benchmark.py --mode tensor or grouped): per set, layout and mode, gradsync.torch's
+and Horovod's synchronization time and hvd/gs, whose goal there is at least 1.1.
 """
 
 import argparse
@@ -34,6 +38,10 @@ LAYOUTS = (("1x2", "1 host x 2"), ("1x4", "1 host x 4"), ("2x1", "2 hosts x 1"),
 SETS = ("resnet50", "bert_base", "1000x1KB")
 BEST_GOAL = 1.1
 HOROVOD_GOAL = 1.5
+# pytorch_sync_benchmark.py's synchronization-only modes, and Horovod's time over gradsync's that
+# they are held to.
+SYNC_MODES = {"tensor": "per tensor", "grouped": "grouped"}
+SYNC_ONLY_GOAL = 1.1
 
 
 def read_layout(out_dir, layout):
@@ -64,20 +72,41 @@ def cell_row(set_name, models, torch_runs):
         raw = [v for v in (row["pt"], row["fc"], row["bk"], row["chunked"]) if v]
         if raw and row["gs"]:
             row["best"] = row["gs"] / min(raw)
+    row["torch_gs"], row["hvd"], row["hvd_gs"] = torch_figures(torch_runs, set_name, "step")
+    return row
+
+
+def torch_figures(torch_runs, set_name, mode):
+    """gradsync.torch's and Horovod's sync time (medians over repetitions, ms) and Horovod's
+    over gradsync's (median of each repetition's pair), for one set and benchmark mode; None for
+    what did not run."""
     by_fw = {}
     for r in torch_runs:
-        if r["set"] == set_name:
+        if r["set"] == set_name and r.get("mode", "step") == mode:
             by_fw.setdefault(r["framework"], []).append(r)
+    ours = theirs = ratio = None
     if by_fw.get("gradsync"):
-        row["torch_gs"] = statistics.median(r["sync_ms"] for r in by_fw["gradsync"])
+        ours = statistics.median(r["sync_ms"] for r in by_fw["gradsync"])
     if by_fw.get("horovod"):
-        row["hvd"] = statistics.median(r["sync_ms"] for r in by_fw["horovod"])
-        ours = {r.get("tag", ""): r["sync_ms"] for r in by_fw.get("gradsync", [])}
-        pairs = [r["sync_ms"] / ours[r.get("tag", "")] for r in by_fw["horovod"]
-                 if ours.get(r.get("tag", ""), 0) > 0]
+        theirs = statistics.median(r["sync_ms"] for r in by_fw["horovod"])
+        by_tag = {r.get("tag", ""): r["sync_ms"] for r in by_fw.get("gradsync", [])}
+        pairs = [r["sync_ms"] / by_tag[r.get("tag", "")] for r in by_fw["horovod"]
+                 if by_tag.get(r.get("tag", ""), 0) > 0]
         if pairs:
-            row["hvd_gs"] = statistics.median(pairs)
-    return row
+            ratio = statistics.median(pairs)
+    return ours, theirs, ratio
+
+
+def sync_only_markdown(cells):
+    """The synchronization-only table: ((set, layout label, mode), (gs, hvd, hvd/gs)) per row."""
+    lines = ["| set | layout | mode | gradsync.torch | Horovod | hvd/gs |",
+             "|---|---|---|---|---|---|"]
+    for (set_name, label, mode), (ours, theirs, ratio) in cells:
+        ms = 3 if set_name == "1000x1KB" else 1
+        lines.append("| %s | %s | %s | %s | %s | %s |" % (
+            set_name, label, SYNC_MODES[mode], fmt(ours, ms), fmt(theirs, ms),
+            fmt(ratio, 2, lambda v: v >= SYNC_ONLY_GOAL)))
+    return "\n".join(lines) + "\n"
 
 
 def fmt(value, digits, bold_unless=None):
@@ -144,6 +173,16 @@ def main(argv):
             rows.append(((set_name, label), cell_row(set_name, models, torch_runs)))
     rows.sort(key=lambda item: SETS.index(item[0][0]))
     table = markdown(rows)
+    sync_cells = []
+    for set_name in SETS:
+        for layout, label in LAYOUTS:
+            torch_runs = read_layout(args.out_dir, layout)[1]
+            for mode in SYNC_MODES:
+                figures = torch_figures(torch_runs, set_name, mode)
+                if any(v is not None for v in figures):
+                    sync_cells.append(((set_name, label, mode), figures))
+    if sync_cells:
+        table += "\n" + sync_only_markdown(sync_cells)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The transport table of docs/benchmarks.md in one sitting: gradsync_bench_models (gradsync beside
 # raw per-tensor, flat+copy, bucketed and flat MPI, interleaved in one run) and the PyTorch step
-# benchmark (gradsync.torch against Horovod, the same script) at 1 host x 2 and x 4 ranks and at
+# benchmark (gradsync.torch against Horovod, the same script: a training step, and the
+# synchronization alone per tensor and grouped) at 1 host x 2 and x 4 ranks and at
 # 2 hosts x 1 and x 2 ranks, the hosts being network namespaces joined by a bridge
 # (test/multihost/namespace_hosts.sh; root needed, Open MPI over TCP between them). Then the
 # markdown table and the plot (transport_table.py).
@@ -71,6 +72,7 @@ for layout in 1x2 1x4 2x1 2x2; do
   "$repo/benchmarks/python/run_pytorch_sync_benchmark.sh" --python "$python" \
     --horovod-python "${HOROVOD_PYTHON:-$python}" --build-dir "$build" --data-dir "$data" \
     --frameworks "$frameworks" --sets "$sets,1000x1KB" --ranks "$np" --reps "$reps" \
+    --modes step,tensor,grouped \
     --iters "$iters" --mpirun-args "${layout_args[$layout]}" --out "$out/pytorch_$layout.jsonl" \
     >/dev/null || echo "some PyTorch runs failed at $layout" >&2
 done
