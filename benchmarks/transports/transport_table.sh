@@ -12,12 +12,14 @@
 # ITERS (default 10): timed steps per strategy and per PyTorch run. REPS (default 2): repetitions
 # of the PyTorch runs, frameworks in rotating order. The 1000 x 1 KB set, whose step takes a
 # millisecond where the models' take hundreds, is run again with TINY_ITERS (default 200) steps
-# of every strategy but per-tensor (seconds a step across hosts); its row then takes those. HOROVOD_PYTHON names an interpreter with
-# horovod.torch (../shared/ANCHORS.md says how to build one); without it only gradsync runs on the
-# PyTorch side. PYTHON (default /usr/bin/python3, Debian's, which has torch) runs gradsync.torch.
-# DATA_DIR (default $GRADSYNC_DATA_DIR, else ../shared/data) holds the gradient sets.
-# GRADSYNC_LOG_LEVEL (default info) goes to every rank, so that each run's calibrated policy
-# (rank 0's "allreduce costs" line) is on stderr beside its results.
+# of every strategy but per-tensor (seconds a step across hosts); its row then takes those.
+# HOROVOD_PYTHON names an interpreter with horovod.torch (../shared/ANCHORS.md says how to build
+# one); without it only gradsync runs on the PyTorch side. PYTHON (default /usr/bin/python3,
+# Debian's, which has torch) runs gradsync.torch. DATA_DIR (default $GRADSYNC_DATA_DIR, else
+# ../shared/data) holds the gradient sets. LAYOUTS (default "1x2 1x4 2x1 2x2") picks the layouts
+# to run; the table shows the others as not run. GRADSYNC_LOG_LEVEL (default info) goes to every
+# rank, so that each run's calibrated policy (rank 0's "allreduce costs" line) is on stderr beside
+# its results.
 set -euo pipefail
 build=$(cd "$1" && pwd) out=$(mkdir -p "$2" && cd "$2" && pwd)
 iters=${3:-10} reps=${4:-2} tiny_iters=${TINY_ITERS:-200}
@@ -53,7 +55,7 @@ cpu_pair() {
   fi
 }
 
-for layout in 1x2 1x4 2x1 2x2; do
+for layout in ${LAYOUTS:-1x2 1x4 2x1 2x2}; do
   np=${layout_np[$layout]}
   echo "=== $layout: gradsync_bench_models" >&2
   cpu_pair
