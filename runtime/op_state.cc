@@ -135,7 +135,10 @@ const Status& OpState::Wait() {
 }
 
 bool OpState::WaitFor(std::chrono::nanoseconds timeout, Status* status) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto now = std::chrono::steady_clock::now();
+  const auto deadline = timeout >= std::chrono::steady_clock::time_point::max() - now
+                            ? std::chrono::steady_clock::time_point::max()
+                            : now + timeout;
   if (!PolledDone(*this, on_device, deadline)) {
     SleepingWaiters& waiters = Waiters();
     std::unique_lock<std::mutex> lock(waiters.mu);

@@ -65,6 +65,13 @@ TEST(OpStateTest, ADeviceOperationsWaiterPollsThenSleeps) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(50));
   EXPECT_FALSE(pending.WaitFor(milliseconds(5), &status));
   EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(5));
+  // The longest timeout there is: a wait that ends only with the operation.
+  std::thread completer([&] {
+    std::this_thread::sleep_for(milliseconds(10));
+    Complete(&pending, Status::OK());
+  });
+  EXPECT_TRUE(pending.WaitFor(std::chrono::nanoseconds::max(), &status));
+  completer.join();
 }
 
 TEST(OpStateTest, RenewForgetsThatTheOperationWasOnADevice) {
