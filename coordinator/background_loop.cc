@@ -77,11 +77,6 @@ void BackgroundLoop::WaitForFreshCycle() {
   }
 }
 
-std::chrono::nanoseconds BackgroundLoop::CycleTime() const {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
-}
-
 std::chrono::nanoseconds BackgroundLoop::NextWait() const {
   const auto cycle_time = CycleTime();
   if (held_ == 0) return cycle_time;  // idle: a push wakes us early
@@ -97,7 +92,9 @@ std::chrono::nanoseconds BackgroundLoop::NextWait() const {
 }
 
 bool BackgroundLoop::RunOneCycle() {
-  queue_->WaitForWork(NextWait(), CycleTime(), PollWindow());
+  // Locked, a burst is not waited out: the bucket it fills starts at once.
+  queue_->WaitForWork(NextWait(), wake_after_ > 0 ? std::chrono::nanoseconds(0) : CycleTime(),
+                      PollWindow());
   const auto started = std::chrono::steady_clock::now();
   Distribute(TakeFreshEntries());
   lanes_.Watch();
@@ -116,8 +113,11 @@ bool BackgroundLoop::RunOneCycle() {
   // that what arrives meanwhile shares one negotiation instead of each paying a wake-up and a
   // control round. A caller that waits on each result pushes nothing during the cycle and keeps
   // the quick start.
-  // A locked set has no negotiation to share: its buckets start as soon as they fill.
-  if (queue_->HasPending() && !AnyLocked()) queue_->PauseUntil(started + CycleTime());
+  // A locked set has no negotiation to share: its buckets start as soon as they fill, and its
+  // thread is woken by the push that can fill the next one.
+  wake_after_ = LockedWakeAfter();
+  queue_->SetWakeAfter(wake_after_);
+  if (queue_->HasPending() && wake_after_ == 0) queue_->PauseUntil(started + CycleTime());
   return true;
 }
 
@@ -220,11 +220,11 @@ bool BackgroundLoop::FailSet(ProcessSetRuntime* set, const Status& why,
   return true;
 }
 
-bool BackgroundLoop::AnyLocked() {
+size_t BackgroundLoop::LockedWakeAfter() {
   for (ProcessSetRuntime* set = sets_.Next(-1); set != nullptr; set = sets_.Next(set->id())) {
-    if (set->lock().locked()) return true;
+    if (set->lock().locked()) return std::max<size_t>(set->lock().MissingForNextBucket(), 1);
   }
-  return false;
+  return 0;
 }
 
 std::vector<TensorEntry*> BackgroundLoop::TakeFreshEntries() {

@@ -65,7 +65,10 @@ class BackgroundLoop {
   std::chrono::nanoseconds NextWait() const;
   // GRADSYNC_CYCLE_TIME_MS, which also bounds how long a cycle waits for a burst of enqueues to
   // end.
-  std::chrono::nanoseconds CycleTime() const;
+  std::chrono::nanoseconds CycleTime() const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
+  }
   // How much of the next wait for work to spend looking between yields before sleeping: the rest
   // of a window after each device launch. A caller waiting on small device operations submits its
   // next within microseconds of the last one's completion, and a sleeping thread takes tens of
@@ -88,7 +91,9 @@ class BackgroundLoop {
   // A set failed with `why`: the global set fails everything (returns false: the loop ends); any
   // other set is closed, failing `taken` with what it held (returns true).
   bool FailSet(ProcessSetRuntime* set, const Status& why, const std::vector<TensorEntry*>& taken);
-  bool AnyLocked();
+  // 0 while no set is locked; else the entries the locked set's next bucket still needs, at least 1
+  // (only one set locks at a time).
+  size_t LockedWakeAfter();
   // Drains the queue; the entries are held until completed.
   std::vector<TensorEntry*> TakeFreshEntries();
   // Hands each entry to its set's next cycle, failing those whose set this rank does not run.
@@ -144,6 +149,7 @@ class BackgroundLoop {
   std::atomic<size_t> held_{0};
   int unproductive_cycles_ = 0;   // consecutive cycles that executed nothing
   bool lock_exchanging_ = false;  // a locked set ended the cycle with an exchange in flight
+  size_t wake_after_ = 0;         // LockedWakeAfter() at the end of the last cycle
   std::chrono::steady_clock::time_point device_launched_at_;  // the last device bucket's launch
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<uint64_t> cycles_run_{0};

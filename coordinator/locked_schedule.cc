@@ -170,6 +170,12 @@ Status LockedSchedule::Lock(const FusionSettings& fusion, const CachedResponse& 
   return Status::OK();
 }
 
+size_t LockedSchedule::MissingForNextBucket() const {
+  if (!locked_ || in_flight_ || !leave_reason_.empty()) return 0;
+  const PlannedBucket& next = buckets_[cursor_];
+  return next.responses.size() - next.filled - next.done_count;
+}
+
 Status LockedSchedule::RunCycle(const std::vector<TensorEntry*>& fresh, bool release,
                                 const std::string& why, LockedCycle* out) {
   const double now = clock_();

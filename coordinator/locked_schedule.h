@@ -94,6 +94,9 @@ class LockedSchedule {
                   LockedCycle* out);
   // Whether an exchange is in flight: the background thread should test it again soon.
   bool exchanging() const { return in_flight_; }
+  // Locked: how many more of this rank's tensors the next bucket needs before it can start (0
+  // while its exchange is in flight or a release is pending).
+  size_t MissingForNextBucket() const;
   // Every entry it holds (in plan order from the next bucket, then what did not fit the plan),
   // for negotiation or a caller that fails them; the schedule is left unlocked.
   std::vector<TensorEntry*> TakeAllHeld();

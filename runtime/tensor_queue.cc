@@ -71,7 +71,7 @@ Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry) {
     }
     raw->in_flight = true;
     pending_.push_back(raw);
-    notify = std::exchange(waiter_sleeping_, false);
+    notify = pending_.size() >= wake_after_ && std::exchange(waiter_sleeping_, false);
     RefillSpareLocked();
   }
   if (notify) cv_.notify_one();
@@ -109,7 +109,8 @@ Status TensorQueue::PushAll(std::vector<std::unique_ptr<TensorEntry>> entries) {
       raw->in_flight = true;
       pending_.push_back(raw);
     }
-    notify = !entries.empty() && std::exchange(waiter_sleeping_, false);
+    notify = !entries.empty() && pending_.size() >= wake_after_ &&
+             std::exchange(waiter_sleeping_, false);
   }
   if (notify) cv_.notify_one();
   return Status::OK();
@@ -157,6 +158,11 @@ void TensorQueue::SettleLocked(std::unique_lock<std::mutex>* lock,
     if (pending_.size() == seen || std::chrono::steady_clock::now() >= deadline) return;
     seen = pending_.size();
   }
+}
+
+void TensorQueue::SetWakeAfter(size_t entries) {
+  std::lock_guard<std::mutex> lock(mu_);
+  wake_after_ = std::max<size_t>(entries, 1);
 }
 
 // The request is remembered when nobody sleeps, so the next WaitForWork returns at once.

@@ -52,6 +52,11 @@ class TensorQueue {
   void WaitForWork(std::chrono::nanoseconds max_wait,
                    std::chrono::nanoseconds settle_for = std::chrono::nanoseconds(0),
                    std::chrono::nanoseconds poll_for = std::chrono::nanoseconds(0));
+  // A waiter asleep in WaitForWork is woken by pushes only once at least `entries` wait (at least
+  // 1): a locked schedule needs its thread only when a bucket can be full, and a wake-up per
+  // tensor costs the pushing thread a system call and both threads a core. The wait's own time
+  // limit and Wake are unaffected.
+  void SetWakeAfter(size_t entries);
   // Wakes a WaitForWork or PauseUntil early (used for shutdown requests).
   void Wake();
   // True when entries were pushed after the last Drain.
@@ -104,6 +109,7 @@ class TensorQueue {
   bool closed_flag_ = false;
   bool wake_requested_ = false;
   bool waiter_sleeping_ = false;
+  size_t wake_after_ = 1;
   bool pausing_ = false;      // a PauseUntil is waiting
   bool pause_ended_ = false;  // by EndPause, until a PauseUntil consumes it
 };

@@ -309,6 +309,31 @@ TEST(LockedScheduleTest, StepsWithBroadcastsLockAndRunTheBroadcastInItsPlace) {
   EXPECT_EQ(ran, plan);
 }
 
+// The background thread sleeps until the queue holds what the next bucket still needs.
+TEST(LockedScheduleTest, CountsWhatTheNextBucketStillNeeds) {
+  InProcessLockHub hub(1);
+  LockedSchedule schedule(hub.Channel(0), FastSettings(2), 0);
+  Observed step(Names(8));
+  EXPECT_EQ(schedule.MissingForNextBucket(), 0u);  // not locked
+  for (int i = 0; i < 3; ++i) schedule.Observe(step.Outcome());
+  ASSERT_TRUE(schedule.Lock({256, 1 << 20}, step.Cache()).ok());  // four tensors a bucket
+  ASSERT_TRUE(schedule.locked());
+  EXPECT_EQ(schedule.MissingForNextBucket(), 4u);
+  std::vector<std::unique_ptr<TensorEntry>> entries;
+  std::vector<TensorEntry*> fresh;
+  for (const char* name : {"grad.0", "grad.1", "grad.2", "grad.5"}) {
+    entries.push_back(EntryFor(name));
+    fresh.push_back(entries.back().get());
+  }
+  LockedCycle out;
+  ASSERT_TRUE(schedule.RunCycle(fresh, false, "", &out).ok());
+  EXPECT_TRUE(out.buckets.empty());
+  EXPECT_EQ(schedule.MissingForNextBucket(), 1u);  // grad.5 is the second bucket's
+  entries.push_back(EntryFor("unplanned"));
+  ASSERT_TRUE(schedule.RunCycle({entries.back().get()}, false, "", &out).ok());
+  EXPECT_EQ(schedule.MissingForNextBucket(), 0u);  // leaving: nothing to wait for
+}
+
 TEST(LockedScheduleTest, DisabledNeverLocks) {
   InProcessLockHub hub(1);
   LockSettings settings = FastSettings(1);

@@ -338,6 +338,35 @@ TEST(TensorQueueTest, APollingWaitSeesAPushAndEndsAtItsMaximum) {
   }
 }
 
+TEST(TensorQueueTest, ASleepingWaiterWakesOnlyOnceEnoughEntriesWait) {
+  TensorQueue queue;
+  queue.SetWakeAfter(2);
+  std::atomic<bool> returned{false};
+  std::thread waiter([&] {
+    queue.WaitForWork(kLongWait);
+    returned = true;
+  });
+  std::this_thread::sleep_for(milliseconds(50));  // usually lets the waiter fall asleep first
+  auto start = steady_clock::now();
+  ASSERT_TRUE(queue.Push(Entry("a")).ok());
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_FALSE(returned.load()) << "woken by the first push";
+  ASSERT_TRUE(queue.Push(Entry("b")).ok());
+  waiter.join();
+  EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
+  std::vector<TensorEntry*> drained = queue.Drain();
+  EXPECT_EQ(drained.size(), 2u);
+  // Back to 1: every push wakes a sleeping waiter again; and 0 means 1.
+  queue.Release(drained);
+  queue.SetWakeAfter(0);
+  std::thread again([&] { queue.WaitForWork(kLongWait); });
+  std::this_thread::sleep_for(milliseconds(50));
+  start = steady_clock::now();
+  ASSERT_TRUE(queue.Push(Entry("c")).ok());
+  again.join();
+  EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
+}
+
 TEST(TensorQueueTest, WaitForWorkWakesOnPushFromAnotherThread) {
   TensorQueue queue;
   std::atomic<bool> returned{false};

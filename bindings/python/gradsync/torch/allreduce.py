@@ -6,12 +6,26 @@ from gradsync import _core
 from gradsync.torch.compression import Compression
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
-from gradsync.torch.wire import (_CORE_OPS, _DTYPES, Max, Min, Product, _args, _check, _consumer,
-                                 _device, _name, _op_of, _ready_stream, _to_wire, _wire_op)
+from gradsync.torch.wire import (_CORE_OPS, _DEVICE_CPU, _DEVICE_CUDA, _DTYPES, Max, Min, Product,
+                                 _args, _check, _consumer, _device, _name, _op_of, _ready_stream,
+                                 _stream_of, _to_wire, _wire_op)
 
 
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
     _check(tensor)
+    code = _DTYPES.get(tensor.dtype)
+    if code is not None and tensor.is_contiguous():
+        # The common case, kept short (a step enqueues every gradient): a tensor the runtime
+        # carries as it is goes straight to its output.
+        if tensor.is_cuda:
+            device = tensor.device
+            kind, index, ready, consumer = _DEVICE_CUDA, device.index or 0, _stream_of(device), device
+        else:
+            kind, index, ready, consumer = _DEVICE_CPU, -1, 0, None
+        h = _core.allreduce(tensor.data_ptr(), output.data_ptr(), code, tensor.shape, kind, index,
+                            _name("allreduce", name), _CORE_OPS[op], prescale_factor,
+                            postscale_factor, _id_of(process_set), ready)
+        return _register([h], (tensor, output), lambda: output, consumer)
     op = _wire_op(tensor.dtype, op)
     wire = _to_wire(tensor)
     # A tensor the runtime carries as it is goes straight to its output; a converted copy is
