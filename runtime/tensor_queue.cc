@@ -8,7 +8,13 @@
 #include <utility>
 
 namespace gradsync {
+
 namespace {
+
+// What a locked plan never holds (joins, process-set changes, barriers, gathers): pushing one
+// wakes the waiter whatever SetWakeAfter says, so that a lock it ends is left at once and this
+// rank names it as the reason.
+bool WakesAlways(OpType op) { return op != OpType::kAllreduce && op != OpType::kBroadcast; }
 
 Status DuplicateName(const std::string& name) {
   return Status::InvalidArgument("tensor name '" + name +
@@ -71,7 +77,8 @@ Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry) {
     }
     raw->in_flight = true;
     pending_.push_back(raw);
-    notify = pending_.size() >= wake_after_ && std::exchange(waiter_sleeping_, false);
+    notify = (pending_.size() >= wake_after_ || WakesAlways(raw->op)) &&
+             std::exchange(waiter_sleeping_, false);
     RefillSpareLocked();
   }
   if (notify) cv_.notify_one();
@@ -109,8 +116,11 @@ Status TensorQueue::PushAll(std::vector<std::unique_ptr<TensorEntry>> entries) {
       raw->in_flight = true;
       pending_.push_back(raw);
     }
-    notify = !entries.empty() && pending_.size() >= wake_after_ &&
-             std::exchange(waiter_sleeping_, false);
+    const bool wakes =
+        pending_.size() >= wake_after_ ||
+        std::any_of(pending_.end() - static_cast<std::ptrdiff_t>(entries.size()), pending_.end(),
+                    [](const TensorEntry* e) { return WakesAlways(e->op); });
+    notify = !entries.empty() && wakes && std::exchange(waiter_sleeping_, false);
   }
   if (notify) cv_.notify_one();
   return Status::OK();

@@ -53,9 +53,10 @@ class TensorQueue {
                    std::chrono::nanoseconds settle_for = std::chrono::nanoseconds(0),
                    std::chrono::nanoseconds poll_for = std::chrono::nanoseconds(0));
   // A waiter asleep in WaitForWork is woken by pushes only once at least `entries` wait (at least
-  // 1): a locked schedule needs its thread only when a bucket can be full, and a wake-up per
-  // tensor costs the pushing thread a system call and both threads a core. The wait's own time
-  // limit and Wake are unaffected.
+  // 1), or by a push of anything but an allreduce or broadcast: a locked schedule needs its thread
+  // only when a bucket can be full or the lock must be left, and a wake-up per tensor costs the
+  // pushing thread a system call and both threads a core. The wait's own time limit and Wake are
+  // unaffected.
   void SetWakeAfter(size_t entries);
   // Wakes a WaitForWork or PauseUntil early (used for shutdown requests).
   void Wake();

@@ -232,7 +232,11 @@ TEST_F(LockedScheduleTest, NoSetLocksWhileAProcessSetBesideTheGlobalOneExists) {
     EXPECT_EQ(locks[0].rfind("LOCK set 0", 0), 0u) << locks[0];
     EXPECT_EQ(locks[1].rfind("LOCK set 0", 0), 0u) << locks[1];
     ASSERT_EQ(unlocks.size(), 1u);
-    EXPECT_NE(unlocks[0].find("add_process_set"), std::string::npos) << unlocks[0];
+    // The reason as rank 0 saw it: its own add_process_set, or, when another rank's release
+    // reached it first, that rank's.
+    const bool own = unlocks[0].find("add_process_set") != std::string::npos;
+    const bool other = unlocks[0].find("another rank") != std::string::npos;
+    EXPECT_TRUE(own || other) << unlocks[0];
   }
 }
 

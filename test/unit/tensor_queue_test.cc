@@ -367,6 +367,20 @@ TEST(TensorQueueTest, ASleepingWaiterWakesOnlyOnceEnoughEntriesWait) {
   EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
 }
 
+// A join (or any collective a locked plan cannot hold) wakes the waiter at once.
+TEST(TensorQueueTest, AJoinWakesTheWaiterWhateverTheThreshold) {
+  TensorQueue queue;
+  queue.SetWakeAfter(100);
+  std::thread waiter([&] { queue.WaitForWork(kLongWait); });
+  std::this_thread::sleep_for(milliseconds(50));
+  auto start = steady_clock::now();
+  auto join = Entry("join");
+  join->op = OpType::kJoin;
+  ASSERT_TRUE(queue.Push(std::move(join)).ok());
+  waiter.join();
+  EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
+}
+
 TEST(TensorQueueTest, WaitForWorkWakesOnPushFromAnotherThread) {
   TensorQueue queue;
   std::atomic<bool> returned{false};
