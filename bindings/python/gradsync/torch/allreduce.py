@@ -104,11 +104,13 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
         return _register([], (), lambda: [])
     for t in tensors:
         _check(t)
-    if len({_device(t) for t in tensors}) > 1:
+    # Devices compare as torch.device values: one set of them per group, not a lookup each.
+    if len({t.device for t in tensors}) > 1:
         raise ValueError("a group's tensors must all be on one device")
     wires = [_to_wire(t) for t in tensors]
     op = _wire_op(tensors[0].dtype, op)
-    if any(_wire_op(t.dtype, op) != op for t in tensors):
+    dtypes = {t.dtype for t in tensors}
+    if any(_wire_op(dtype, op) != op for dtype in dtypes):
         raise ValueError("a group's op must be defined for every tensor of the group")
     # Each group member is reduced in place: the tensor itself, its output holding a copy of it,
     # or its converted copy, which is copied out at the end.
@@ -125,7 +127,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     kind, index = _device(targets[0])
     handles = _core.grouped_allreduce([t.data_ptr() for t in targets],
                                       [_DTYPES[t.dtype] for t in targets],
-                                      [list(t.shape) for t in targets], kind, index, names,
+                                      [t.shape for t in targets], kind, index, names,
                                       _CORE_OPS[op], prescale_factor, postscale_factor,
                                       _id_of(process_set), _ready_stream(targets[0]))
 
