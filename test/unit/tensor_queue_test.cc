@@ -338,15 +338,22 @@ TEST(TensorQueueTest, APollingWaitSeesAPushAndEndsAtItsMaximum) {
   }
 }
 
+// A thread in WaitForWork(kLongWait), given time to fall asleep there; sets *returned, if given,
+// once the wait returns.
+std::thread SleepingWaiter(TensorQueue* queue, std::atomic<bool>* returned = nullptr) {
+  std::thread waiter([queue, returned] {
+    queue->WaitForWork(kLongWait);
+    if (returned != nullptr) *returned = true;
+  });
+  std::this_thread::sleep_for(milliseconds(50));  // usually lets the waiter fall asleep first
+  return waiter;
+}
+
 TEST(TensorQueueTest, ASleepingWaiterWakesOnlyOnceEnoughEntriesWait) {
   TensorQueue queue;
   queue.SetWakeAfter(2);
   std::atomic<bool> returned{false};
-  std::thread waiter([&] {
-    queue.WaitForWork(kLongWait);
-    returned = true;
-  });
-  std::this_thread::sleep_for(milliseconds(50));  // usually lets the waiter fall asleep first
+  std::thread waiter = SleepingWaiter(&queue, &returned);
   auto start = steady_clock::now();
   ASSERT_TRUE(queue.Push(Entry("a")).ok());
   std::this_thread::sleep_for(milliseconds(50));
@@ -359,8 +366,7 @@ TEST(TensorQueueTest, ASleepingWaiterWakesOnlyOnceEnoughEntriesWait) {
   // Back to 1: every push wakes a sleeping waiter again; and 0 means 1.
   queue.Release(drained);
   queue.SetWakeAfter(0);
-  std::thread again([&] { queue.WaitForWork(kLongWait); });
-  std::this_thread::sleep_for(milliseconds(50));
+  std::thread again = SleepingWaiter(&queue);
   start = steady_clock::now();
   ASSERT_TRUE(queue.Push(Entry("c")).ok());
   again.join();
@@ -371,8 +377,7 @@ TEST(TensorQueueTest, ASleepingWaiterWakesOnlyOnceEnoughEntriesWait) {
 TEST(TensorQueueTest, AJoinWakesTheWaiterWhateverTheThreshold) {
   TensorQueue queue;
   queue.SetWakeAfter(100);
-  std::thread waiter([&] { queue.WaitForWork(kLongWait); });
-  std::this_thread::sleep_for(milliseconds(50));
+  std::thread waiter = SleepingWaiter(&queue);
   auto start = steady_clock::now();
   auto join = Entry("join");
   join->op = OpType::kJoin;
@@ -384,11 +389,7 @@ TEST(TensorQueueTest, AJoinWakesTheWaiterWhateverTheThreshold) {
 TEST(TensorQueueTest, WaitForWorkWakesOnPushFromAnotherThread) {
   TensorQueue queue;
   std::atomic<bool> returned{false};
-  std::thread waiter([&] {
-    queue.WaitForWork(kLongWait);
-    returned = true;
-  });
-  std::this_thread::sleep_for(milliseconds(50));  // usually lets the waiter fall asleep first
+  std::thread waiter = SleepingWaiter(&queue, &returned);
   auto start = steady_clock::now();
   ASSERT_TRUE(queue.Push(Entry("a")).ok());
   waiter.join();
