@@ -24,7 +24,7 @@ using namespace pybind11::literals;
 
 namespace gradsync {
 namespace python {
-namespace {
+namespace {}  // namespace
 
 // Memory for a collective's output, filled on the background thread, then exposed to Python: host
 // memory through the buffer protocol (torch.frombuffer), device memory through
@@ -76,11 +76,7 @@ class OutputBuffer {
   std::vector<int64_t> shape_;
 };
 
-// A pending operation and, for collectives that allocate their result, its output buffer.
-struct PyHandle {
-  Handle handle;
-  std::shared_ptr<OutputBuffer> output;
-};
+namespace {
 
 // The output buffer of a collective whose input is on (device_kind, device_index).
 std::shared_ptr<OutputBuffer> OutputFor(int device_kind, int device_index) {
@@ -287,37 +283,42 @@ void BindHandle(py::module_& m) {
 }
 
 void BindCollectives(py::module_& m) {
+  // allreduce and grouped_allreduce return gradsync.torch's integer handles (handle_table.cc):
+  // every gradient of a step goes through them, and one call each way is what they cost.
   m.def("allreduce",
         [](uintptr_t in, uintptr_t out, int dtype, std::vector<int64_t> shape, int device_kind,
            int device_index, std::string name, int op, double prescale, double postscale,
-           int process_set, uintptr_t ready_stream) {
-          return Enqueue([&] {
+           int process_set, uintptr_t ready_stream, py::object keep, py::object result,
+           py::object finish, py::object consumer) {
+          Handle h = Enqueue([&] {
             AllreduceOptions o;
             o.name = std::move(name);
             SetReduction(&o, op, prescale, postscale, process_set);
             o.ready = ReadyOn(ready_stream);
             const TensorView input = View(in, dtype, shape, device_kind, device_index);
             const TensorView output = View(out, dtype, std::move(shape), device_kind, device_index);
-            return PyHandle{allreduce(input, output, o), nullptr};
+            return allreduce(input, output, o);
           });
+          return RegisterCall({std::move(h)}, std::move(keep), std::move(result), std::move(finish),
+                              std::move(consumer));
         });
-  m.def("grouped_allreduce", [](std::vector<uintptr_t> data, std::vector<int> dtypes,
-                                std::vector<std::vector<int64_t>> shapes, int device_kind,
-                                int device_index, std::vector<std::string> names, int op,
-                                double prescale, double postscale, int process_set,
-                                uintptr_t ready_stream) {
-    return Enqueue([&] {
-      GroupedAllreduceOptions o;
-      o.names = std::move(names);
-      SetReduction(&o, op, prescale, postscale, process_set);
-      o.ready = ReadyOn(ready_stream);
-      std::vector<PyHandle> out;
-      for (Handle& h :
-           grouped_allreduce(Views(data, dtypes, std::move(shapes), device_kind, device_index), o))
-        out.push_back(PyHandle{h, nullptr});
-      return out;
-    });
-  });
+  m.def("grouped_allreduce",
+        [](std::vector<uintptr_t> data, std::vector<int> dtypes,
+           std::vector<std::vector<int64_t>> shapes, int device_kind, int device_index,
+           std::vector<std::string> names, int op, double prescale, double postscale,
+           int process_set, uintptr_t ready_stream, py::object keep, py::object result,
+           py::object finish, py::object consumer) {
+          std::vector<Handle> handles = Enqueue([&] {
+            GroupedAllreduceOptions o;
+            o.names = std::move(names);
+            SetReduction(&o, op, prescale, postscale, process_set);
+            o.ready = ReadyOn(ready_stream);
+            return grouped_allreduce(
+                Views(data, dtypes, std::move(shapes), device_kind, device_index), o);
+          });
+          return RegisterCall(std::move(handles), std::move(keep), std::move(result),
+                              std::move(finish), std::move(consumer));
+        });
   m.def("allgather",
         [](uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind, int device_index,
            std::string name, int process_set, uintptr_t ready_stream) {
@@ -421,4 +422,5 @@ PYBIND11_MODULE(_core, m) {
   BindHandle(m);
   BindCollectives(m);
   BindAllreduceBatch(m);
+  BindHandleTable(m);
 }

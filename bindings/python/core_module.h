@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace py = pybind11;
@@ -46,6 +47,24 @@ std::vector<TensorView> Views(const std::vector<uintptr_t>& data, const std::vec
                               int device_index);
 // Throws Error (InvalidArgument) when no set has `id`.
 ProcessSet SetById(int id);
+
+// Memory for a collective's output whose size only negotiation tells (core_module.cc).
+class OutputBuffer;
+
+// _core.Handle: a pending operation and, for collectives that allocate their result, its output
+// buffer.
+struct PyHandle {
+  Handle handle;
+  std::shared_ptr<OutputBuffer> output;
+};
+
+// A new integer handle for gradsync.torch (handle_table.cc): synchronize_handle() waits for
+// `handles` (on the host, or ordering the current stream of the CUDA device `consumer`), then
+// returns `finish()`, or `result` when `finish` is None. `keep` stays alive until then.
+py::int_ RegisterCall(std::vector<Handle> handles, py::object keep, py::object result,
+                      py::object finish, py::object consumer);
+// register_handle, synchronize_handle, poll_handle, forget_handles, pending_handles.
+void BindHandleTable(py::module_& m);
 
 // gradsync._core.AllreduceBatch (allreduce_batch.cc).
 void BindAllreduceBatch(py::module_& m);

@@ -91,6 +91,38 @@ def test_poll_becomes_true_and_handles_are_single_use(size):
         hvd.synchronize(handle)
 
 
+def test_handles_keep_their_tensors_until_synchronized(size):
+    import gc
+    import weakref
+    from gradsync import _core
+    before = _core.pending_handles()
+    tensor = torch.ones(1000)
+    alive = weakref.ref(tensor)
+    handle = hvd.allreduce_async_(tensor, op=hvd.Sum, name="keep.alive")
+    grouped = hvd.grouped_allreduce_async_([torch.ones(4), torch.ones(2, dtype=torch.int16)],
+                                           op=hvd.Sum, name="keep.alive.group")
+    del tensor
+    gc.collect()
+    assert alive() is not None, "the handle must hold the tensor its operation writes"
+    assert _core.pending_handles() == before + 2
+    result = hvd.synchronize(handle)
+    assert result is alive() and torch.equal(result, torch.full((1000,), float(size)))
+    del result
+    gc.collect()
+    assert alive() is None, "a synchronized handle must let its tensor go"
+    # An int16 member travels as an int32 copy and comes back through the handle's finish.
+    floats, shorts = hvd.synchronize(grouped)
+    assert torch.equal(floats, torch.full((4,), float(size)))
+    assert shorts.dtype == torch.int16 and torch.equal(shorts, torch.full((2,), size,
+                                                                          dtype=torch.int16))
+    assert _core.pending_handles() == before
+    for unknown in (handle, -1, 2**70, "7", None):
+        with pytest.raises(ValueError, match="unknown handle"):
+            hvd.synchronize(unknown)
+        with pytest.raises(ValueError, match="unknown handle"):
+            hvd.poll(unknown)
+
+
 def test_non_contiguous_input_out_of_place(size):
     base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     view = base.t()

@@ -1,13 +1,15 @@
 """allreduce and grouped allreduce: sync, async, in place, differentiable."""
 
+import functools
+
 import torch
 
 from gradsync import _core
 from gradsync.torch.compression import Compression
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
-from gradsync.torch.wire import (_CORE_OPS, _DEVICE_CPU, _DEVICE_CUDA, _DTYPES, Max, Min, Product,
-                                 _args, _check, _consumer, _device, _name, _op_of, _ready_stream,
+from gradsync.torch.wire import (_CORE_OPS, _DEVICE_CPU, _DEVICE_CUDA, _DTYPES, Average, Max, Min,
+                                 Product, _args, _check, _consumer, _device, _name, _op_of, _ready_stream,
                                  _stream_of, _to_wire, _wire_op)
 
 
@@ -16,31 +18,31 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     code = _DTYPES.get(tensor.dtype)
     if code is not None and tensor.is_contiguous():
         # The common case, kept short (a step enqueues every gradient): a tensor the runtime
-        # carries as it is goes straight to its output.
+        # carries as it is goes straight to its output, and the handle returns the output.
         if tensor.is_cuda:
             device = tensor.device
             kind, index, ready, consumer = _DEVICE_CUDA, device.index or 0, _stream_of(device), device
         else:
             kind, index, ready, consumer = _DEVICE_CPU, -1, 0, None
-        h = _core.allreduce(tensor.data_ptr(), output.data_ptr(), code, tensor.shape, kind, index,
-                            _name("allreduce", name), _CORE_OPS[op], prescale_factor,
-                            postscale_factor, _id_of(process_set), ready)
-        return _register([h], (tensor, output), lambda: output, consumer)
+        return _core.allreduce(tensor.data_ptr(), output.data_ptr(), code, tensor.shape, kind, index,
+                               _name("allreduce", name), _CORE_OPS[op], prescale_factor,
+                               postscale_factor, _id_of(process_set), ready, tensor, output, None,
+                               consumer)
     op = _wire_op(tensor.dtype, op)
     wire = _to_wire(tensor)
     # A tensor the runtime carries as it is goes straight to its output; a converted copy is
     # reduced in place and copied out at the end.
     source, target = (tensor, output) if wire is tensor else (wire, wire)
-    h = _core.allreduce(source.data_ptr(), target.data_ptr(), *_args(source)[1:],
-                        _name("allreduce", name), _CORE_OPS[op], prescale_factor,
-                        postscale_factor, _id_of(process_set), _ready_stream(source))
 
     def finish():
         if target is not output:
             output.copy_(target)
         return output
 
-    return _register([h], (tensor, output, wire), finish, _consumer(source))
+    return _core.allreduce(source.data_ptr(), target.data_ptr(), *_args(source)[1:],
+                           _name("allreduce", name), _CORE_OPS[op], prescale_factor,
+                           postscale_factor, _id_of(process_set), _ready_stream(source),
+                           (tensor, output, wire), None, finish, _consumer(source))
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -52,9 +54,27 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                             process_set)
 
 
+# Horovod's op (None: the default, Average) -> the runtime's, for allreduce_async_'s short path.
+_SHORT_PATH_OPS = {None: _CORE_OPS[Average], **_CORE_OPS}
+
+
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """Starts reducing ``tensor`` over the ranks in place; returns a handle."""
+    # The short path: what a script enqueueing every gradient of a step passes (a dense,
+    # contiguous host tensor of a carried dtype, on the global set). Everything else, and every
+    # error, takes the general path below.
+    core_op = _SHORT_PATH_OPS.get(op) if average is None else None
+    if (core_op is not None and process_set is global_process_set
+            and isinstance(tensor, torch.Tensor) and not tensor.is_cuda
+            and not tensor.is_sparse and tensor.is_contiguous()):
+        code = _DTYPES.get(tensor.dtype)
+        if code is not None:
+            data = tensor.data_ptr()
+            return _core.allreduce(data, data, code, tensor.shape, _DEVICE_CPU, -1,
+                                   "" if name is None else "allreduce.%s" % (name,), core_op,
+                                   prescale_factor, postscale_factor, 0, 0, tensor, tensor, None,
+                                   None)
     op = _op_of(op, average)
     if not tensor.is_contiguous():
         raise ValueError("Tensor is required to be contiguous.")
@@ -122,14 +142,10 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
             if o is not t:
                 o.copy_(t)
             targets.append(o)
-    names = [] if name is None else ["grouped_allreduce.%s.%d" % (name, i)
-                                     for i in range(len(tensors))]
+    names = [] if name is None else _grouped_names(name, len(tensors))
     kind, index = _device(targets[0])
-    handles = _core.grouped_allreduce([t.data_ptr() for t in targets],
-                                      [_DTYPES[t.dtype] for t in targets],
-                                      [t.shape for t in targets], kind, index, names,
-                                      _CORE_OPS[op], prescale_factor, postscale_factor,
-                                      _id_of(process_set), _ready_stream(targets[0]))
+    # In place, with no converted copy: the handle returns the tensors as they are.
+    copies = any(target is not o for o, target in zip(outputs, targets))
 
     def finish():
         for o, target in zip(outputs, targets):
@@ -137,7 +153,20 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
                 o.copy_(target)
         return list(outputs)
 
-    return _register(handles, (tensors, outputs, wires, targets), finish, _consumer(targets[0]))
+    return _core.grouped_allreduce([t.data_ptr() for t in targets],
+                                   [_DTYPES[t.dtype] for t in targets],
+                                   [t.shape for t in targets], kind, index, names,
+                                   _CORE_OPS[op], prescale_factor, postscale_factor,
+                                   _id_of(process_set), _ready_stream(targets[0]),
+                                   (tensors, outputs, wires, targets),
+                                   None if copies else list(outputs), finish if copies else None,
+                                   _consumer(targets[0]))
+
+
+@functools.lru_cache(maxsize=64)
+def _grouped_names(name, count):
+    """The runtime's names for the members of group ``name``: the same every step, so made once."""
+    return ["grouped_allreduce.%s.%d" % (name, i) for i in range(count)]
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,

@@ -1,0 +1,142 @@
+// gradsync._core's table of Horovod's integer handles: what gradsync.torch's asynchronous
+// collectives return and poll() and synchronize() take. Each entry holds the runtime's handles of
+// one call, the Python objects its operation reads or writes (kept alive until it is
+// synchronized) and what synchronize() returns: a result object, or what a finish callable makes.
+//
+// The table lives here rather than in Python so that a step's thousand allreduce_async_ and
+// synchronize calls cost one call into the module each: the Python-side bookkeeping (an object
+// per handle, a closure, a dict) had cost more than the runtime's own enqueue.
+//
+// Threads: every member is called with the GIL held, which guards the table. synchronize() takes
+// its entry out before it releases the GIL to block, so no other thread sees it half-waited.
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core_module.h"
+
+namespace gradsync {
+namespace python {
+namespace {
+
+struct PendingCall {
+  std::vector<Handle> handles;
+  py::object keep;      // what the operation reads or writes
+  py::object result;    // returned by synchronize() when there is no finish
+  py::object finish;    // None, or a callable whose return value synchronize() returns
+  py::object consumer;  // None (wait on the host), or the CUDA device whose stream consumes it
+};
+
+class HandleTable {
+ public:
+  int64_t Add(PendingCall call) {
+    const int64_t id = next_id_++;
+    calls_.emplace(id, std::move(call));
+    return id;
+  }
+  // Throws ValueError for a handle that is not pending.
+  PendingCall Take(const py::handle& handle) {
+    auto it = calls_.find(IdOf(handle));
+    PendingCall call = std::move(it->second);
+    calls_.erase(it);
+    return call;
+  }
+  const PendingCall& Find(const py::handle& handle) const {
+    return calls_.find(IdOf(handle))->second;
+  }
+  void Clear() { calls_.clear(); }
+  size_t size() const { return calls_.size(); }
+
+ private:
+  int64_t IdOf(const py::handle& handle) const {
+    if (PyLong_Check(handle.ptr())) {
+      int overflow = 0;
+      const long long id = PyLong_AsLongLongAndOverflow(handle.ptr(), &overflow);
+      if (overflow == 0 && calls_.count(id) != 0) return id;
+    }
+    const std::string shown = py::repr(handle);
+    throw py::value_error("unknown handle " + shown + " (already synchronized?)");
+  }
+
+  std::unordered_map<int64_t, PendingCall> calls_;
+  int64_t next_id_ = 1;
+};
+
+// Never destroyed: the objects it may still hold at exit must not be released after the
+// interpreter has gone.
+HandleTable& Table() {
+  static auto* table = new HandleTable;
+  return *table;
+}
+
+bool AllDone(const std::vector<Handle>& handles) {
+  for (const Handle& h : handles)
+    if (!h.poll()) return false;
+  return true;
+}
+
+void WaitOnHost(const std::vector<Handle>& handles) {
+  try {
+    if (AllDone(handles)) {
+      for (const Handle& h : handles) h.wait();  // returns at once, or throws the failure
+      return;
+    }
+    py::gil_scoped_release release;
+    for (const Handle& h : handles) h.wait();
+  } catch (const Error& e) {
+    RaiseWaitError(e);
+  }
+}
+
+void OrderStream(const std::vector<Handle>& handles, uintptr_t stream) {
+  try {
+    py::gil_scoped_release release;
+    for (const Handle& h : handles) h.synchronize_stream(reinterpret_cast<void*>(stream));
+  } catch (const Error& e) {
+    RaiseWaitError(e);
+  }
+}
+
+}  // namespace
+
+py::int_ RegisterCall(std::vector<Handle> handles, py::object keep, py::object result,
+                      py::object finish, py::object consumer) {
+  return py::int_(Table().Add(PendingCall{std::move(handles), std::move(keep), std::move(result),
+                                          std::move(finish), std::move(consumer)}));
+}
+
+void BindHandleTable(py::module_& m) {
+  m.def(
+      "register_handle",
+      [](const std::vector<PyHandle>& handles, py::object keep, py::object finish,
+         py::object consumer) {
+        std::vector<Handle> runtime;
+        runtime.reserve(handles.size());
+        for (const PyHandle& h : handles) runtime.push_back(h.handle);
+        return RegisterCall(std::move(runtime), std::move(keep), py::none(), std::move(finish),
+                            std::move(consumer));
+      },
+      py::arg("handles"), py::arg("keep"), py::arg("finish"), py::arg("consumer") = py::none());
+  // `stream_of(consumer)` gives the cudaStream_t current on a consumer device, as an integer:
+  // looked up at synchronize time, where the caller's current stream is the one to order.
+  m.def("synchronize_handle", [](const py::handle& handle, const py::object& stream_of) {
+    PendingCall call = Table().Take(handle);
+    if (call.consumer.is_none()) {
+      WaitOnHost(call.handles);
+    } else {
+      OrderStream(call.handles, stream_of(call.consumer).cast<uintptr_t>());
+    }
+    return call.finish.is_none() ? call.result : call.finish();
+  });
+  m.def("poll_handle",
+        [](const py::handle& handle) { return AllDone(Table().Find(handle).handles); });
+  m.def("forget_handles", [] { Table().Clear(); });
+  m.def("pending_handles", [] { return Table().size(); });
+}
+
+}  // namespace python
+}  // namespace gradsync
