@@ -67,14 +67,20 @@ struct AllreduceBatch::Impl {
     TensorView view;           // data set at start()
     AllreduceOptions options;  // named; alone-reduced slots only
     size_t bytes = 0;
-    int bucket = -1;    // -1: reduced alone
     size_t offset = 0;  // bytes into its bucket
-    size_t piece = 0;   // its index in the bucket's pieces
+    Handle handle;      // reduced alone, while in flight
+  };
+  // What start() and a step's end read and write for each slot, kept apart from the Slot (a few
+  // hundred bytes with its name and shape), so that a step of a thousand small tensors walks
+  // 12 bytes a tensor.
+  struct SlotState {
+    int32_t bucket = -1;  // -1: reduced alone
+    uint32_t piece = 0;   // its index in the bucket's pieces
     bool started = false;
-    Handle handle;  // reduced alone, while in flight
   };
 
   std::vector<Slot> slots;
+  std::vector<SlotState> states;  // one per slot
   std::vector<Bucket> buckets;
   std::vector<size_t> started;  // slot indices since the last wait, in start order
   // Device reductions a synchronize_stream() ordered on a stream rather than waited for; the next
@@ -137,9 +143,9 @@ void AllreduceBatch::Impl::Layout(const AllreduceOptions& reduction) {
         buckets.emplace_back();
       }
       Bucket& bucket = buckets[static_cast<size_t>(current.bucket)];
-      slot.bucket = current.bucket;
+      states[i].bucket = current.bucket;
+      states[i].piece = static_cast<uint32_t>(bucket.members.size());
       slot.offset = bucket.bytes;
-      slot.piece = bucket.members.size();
       bucket.bytes += slot.bytes;
       bucket.members.push_back(i);
       bucket.pieces.push_back({nullptr, slot.view.num_elements()});
@@ -253,6 +259,8 @@ void AllreduceBatch::Impl::Finish(std::optional<Error>* first_failure, bool orde
     bucket.started = 0;
   }
   for (size_t i : started) {
+    states[i].started = false;
+    if (states[i].bucket >= 0) continue;
     Slot& slot = slots[i];
     if (slot.handle.valid()) {
       try {
@@ -267,7 +275,6 @@ void AllreduceBatch::Impl::Finish(std::optional<Error>* first_failure, bool orde
       }
       slot.handle = Handle();
     }
-    slot.started = false;
   }
   started.clear();
 }
@@ -319,6 +326,7 @@ AllreduceBatch::AllreduceBatch(const std::vector<TensorView>& tensors,
   reduction.process_set = options.process_set;
   std::unordered_set<std::string> seen;
   impl_->slots.resize(tensors.size());
+  impl_->states.resize(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     Impl::Slot& slot = impl_->slots[i];
     slot.view = tensors[i];
@@ -389,12 +397,13 @@ void AllreduceBatch::Impl::Start(size_t index, void* data, const DeviceReadiness
     Throw(Invalid("no tensor " + std::to_string(index) + " in a batch of " +
                   std::to_string(slots.size())));
   }
-  Impl::Slot& slot = slots[index];
-  if (slot.started)
-    Throw(Invalid("tensor '" + slot.options.name + "' started twice before wait()"));
+  Impl::SlotState& state = states[index];
+  if (state.started)
+    Throw(Invalid("tensor '" + slots[index].options.name + "' started twice before wait()"));
   if (started.empty()) RegisterLane(ActiveRuntime("AllreduceBatch::start"));
-  slot.view.data = data;
-  if (slot.bucket < 0) {
+  if (state.bucket < 0) {
+    Impl::Slot& slot = slots[index];
+    slot.view.data = data;
     if (ready == nullptr) {
       slot.handle = allreduce(slot.view, slot.options);
     } else {
@@ -407,13 +416,13 @@ void AllreduceBatch::Impl::Start(size_t index, void* data, const DeviceReadiness
       slot.options.ready = *ready;
       slot.handle = allreduce(slot.view, slot.options);
     }
-    slot.started = true;
+    state.started = true;
     started.push_back(index);
     return;
   }
-  Impl::Bucket& bucket = buckets[static_cast<size_t>(slot.bucket)];
-  bucket.pieces[slot.piece].data = data;
-  slot.started = true;
+  Impl::Bucket& bucket = buckets[static_cast<size_t>(state.bucket)];
+  bucket.pieces[state.piece].data = data;
+  state.started = true;
   started.push_back(index);
   // A bucket on its lane waits for wait(), which reduces it on this thread.
   if (++bucket.started == bucket.members.size() && !OnLane(bucket)) Enqueue(&bucket);
@@ -441,13 +450,15 @@ void AllreduceBatch::Impl::FinishStep(bool order_device_slots, void* order_on) {
     if (bucket.enqueued) continue;
     // Each unstarted member gets its own zeros: a reduction may write one member's result while
     // still reading a later member's input.
-    if (bucket.unstarted.size() < bucket.bytes) bucket.unstarted.resize(bucket.bytes);
-    for (size_t i : bucket.members) {
-      const Impl::Slot& slot = slots[i];
-      if (slot.started) continue;
-      unsigned char* zeros = bucket.unstarted.data() + slot.offset;
-      if (slot.bytes > 0) std::memset(zeros, 0, slot.bytes);
-      bucket.pieces[slot.piece].data = zeros;
+    if (bucket.started < bucket.members.size()) {
+      if (bucket.unstarted.size() < bucket.bytes) bucket.unstarted.resize(bucket.bytes);
+      for (size_t i : bucket.members) {
+        if (states[i].started) continue;
+        const Impl::Slot& slot = slots[i];
+        unsigned char* zeros = bucket.unstarted.data() + slot.offset;
+        if (slot.bytes > 0) std::memset(zeros, 0, slot.bytes);
+        bucket.pieces[states[i].piece].data = zeros;
+      }
     }
     if (OnLane(bucket)) {
       on_lane = &bucket;
