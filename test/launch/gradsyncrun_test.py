@@ -1,10 +1,12 @@
 """gradsyncrun's argument handling, host lists and the commands it builds (no job is started)."""
 import importlib.machinery
+import io
 import importlib.util
 import os
 import sys
 import tempfile
 import unittest
+from contextlib import redirect_stderr, redirect_stdout
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "..", "launch", "gradsyncrun")
@@ -122,6 +124,30 @@ class CommandTest(unittest.TestCase):
         with contextlib.redirect_stdout(out):
             self.assertEqual(run.main(["-np", "2", "--dry-run", "./t", "a b", "c'd"], {}), 0)
         self.assertIn("./t 'a b' 'c'\"'\"'d'", out.getvalue())
+
+
+class ElasticFlagsTest(unittest.TestCase):
+    def test_elastic_flags_are_read(self):
+        opts = run.parse(["--min-np", "2", "--max-np", "4", "--host-discovery-script", "d.sh",
+                          "--reset-limit", "3", "--cooldown", "5", "--elastic-timeout", "30",
+                          "--checkpoint-dir", "c", "./t"], {})
+        self.assertEqual(opts["elastic"], {
+            "min_np": 2, "max_np": 4, "script": "d.sh", "reset_limit": 3, "cooldown": 5.0,
+            "elastic_timeout": 30.0, "checkpoint_dir": os.path.abspath("c")})
+
+    def test_impossible_elastic_requests_are_refused(self):
+        for argv, why in ((["--min-np", "3", "--max-np", "2", "-H", "a:4", "./t"], "more than"),
+                          (["--min-np", "2", "./t"], "needs --host-discovery-script"),
+                          (["--min-np", "0", "-H", "a", "./t"], "positive whole number")):
+            with redirect_stderr(io.StringIO()) as err:
+                self.assertEqual(run.main(argv, {}), 2)
+            self.assertIn(why, err.getvalue())
+
+    def test_each_world_is_an_mpirun_on_its_hosts(self):
+        with redirect_stdout(io.StringIO()) as out:
+            self.assertEqual(run.main(["--min-np", "2", "-H", "a:2,b:2", "--max-np", "3",
+                                       "--dry-run", "./t"], {}), 0)
+        self.assertIn("mpirun -np 3 --bind-to none -H a:2,b:1", out.getvalue())
 
 
 if __name__ == "__main__":

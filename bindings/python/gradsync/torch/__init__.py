@@ -1,6 +1,6 @@
 """``horovod.torch``'s API over gradsync: ``import gradsync.torch as hvd`` runs Horovod scripts.
 
-What gradsync has no counterpart for (Adasum, elastic training) raises an error that says so. CUDA
+What gradsync has no counterpart for (Adasum) raises an error that says so. CUDA
 tensors go through the device data plane (NCCL, or MPI staged through host memory) in a build with
 CUDA, and their outputs stay on their device.
 """
@@ -29,14 +29,4 @@ from gradsync.torch.optimizer import DistributedOptimizer
 from gradsync.torch.process_sets import (ProcessSet, add_process_set, global_process_set,
                                          remove_process_set)
 from gradsync.torch.sync_batch_norm import SyncBatchNorm
-
-
-class _Elastic:
-    """Horovod's elastic training has no counterpart in gradsync."""
-
-    def __getattr__(self, name):
-        raise NotImplementedError("horovod.torch.elastic (%s) is not supported by gradsync: "
-                                  "restart the job with mpirun instead" % name)
-
-
-elastic = _Elastic()
+from gradsync.torch import elastic  # noqa: E402  (it uses the modules above)

@@ -1,0 +1,144 @@
+"""Durable commits: each commit is one file in the job's checkpoint directory, which the launcher
+gives the workers (gradsyncrun --checkpoint-dir; node-local or shared).
+
+A commit is written whole or not at all: serialized into a temporary file beside its final name,
+flushed to disk, then renamed over it, and the directory entry is flushed too. A process killed
+mid-commit leaves a temporary file, never a partial commit, and the previous commit stays
+loadable. Commits are numbered; a writer keeps the newest two and removes older ones.
+
+On a shared directory several hosts may write the same commit; each writes its own temporary file
+and the renames replace one whole file with another, so readers see one of them, all equal.
+
+Writing runs on a thread of its own, so a commit costs the training loop only the copy of its
+state in memory: while one commit is written, a newer one waits, and one newer still replaces it
+(only the newest matters after a failure). ``flush()`` waits for the writes to end.
+"""
+
+import os
+import re
+import socket
+import threading
+
+import torch
+
+_NAME = re.compile(r"commit-(\d{10})\.pt\Z")
+_KEEP = 2
+
+
+def _path(directory, number):
+    return os.path.join(directory, "commit-%010d.pt" % number)
+
+
+def _fsync_directory(directory):
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # some filesystems cannot open a directory: the rename is then as durable as it gets
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def commits(directory):
+    """The numbers of the whole commits in ``directory``, ascending."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for m in map(_NAME.match, names) if m)
+
+
+def latest(directory):
+    """The newest commit's number, or -1 when there is none."""
+    found = commits(directory)
+    return found[-1] if found else -1
+
+
+def write(directory, number, payload):
+    """Writes commit ``number`` (any object torch.save takes) whole, then prunes old commits."""
+    os.makedirs(directory, exist_ok=True)
+    final = _path(directory, number)
+    temporary = "%s.%s.%d.tmp" % (final, socket.gethostname(), os.getpid())
+    try:
+        with open(temporary, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, final)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+    _fsync_directory(directory)
+    for old in commits(directory)[:-_KEEP]:
+        try:
+            os.unlink(_path(directory, old))
+        except OSError:
+            pass  # another host pruned it first
+
+
+def read(directory, number):
+    """Commit ``number``'s payload, as ``write`` was given it (tensors on the host)."""
+    with open(_path(directory, number), "rb") as f:
+        return torch.load(f, map_location="cpu")
+
+
+class Writer:
+    """Writes commits on a thread of its own, newest first: see the module's docstring.
+
+    Threads: ``submit`` and ``flush`` from the training thread.
+    """
+
+    def __init__(self, directory):
+        self.directory = directory
+        self._cv = threading.Condition()
+        self._next = None     # (number, payload) waiting to be written
+        self._busy = False    # a write is under way
+        self._error = None    # the first write that failed, raised by the next call
+        self.written = -1     # the newest commit this writer completed
+        self._thread = threading.Thread(target=self._run, name="gradsync-commit", daemon=True)
+        self._thread.start()
+
+    def submit(self, number, payload):
+        with self._cv:
+            self._raise_error()
+            self._next = (number, payload)
+            self._cv.notify_all()
+
+    def flush(self):
+        """Waits until every submitted commit is written (or replaced by a newer one)."""
+        with self._cv:
+            while self._next is not None or self._busy:
+                self._cv.wait()
+            self._raise_error()
+
+    def _raise_error(self):
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError("writing a commit to %s failed: %s" % (self.directory, error))
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while self._next is None:
+                    self._cv.wait()
+                number, payload = self._next
+                self._next = None
+                self._busy = True
+            try:
+                write(self.directory, number, payload)
+                failure = None
+            except Exception as e:  # reported to the training thread, which can act on it
+                failure = e
+            with self._cv:
+                self._busy = False
+                if failure is None:
+                    self.written = max(self.written, number)
+                elif self._error is None:
+                    self._error = failure
+                self._cv.notify_all()

@@ -1,0 +1,287 @@
+"""gradsyncrun's elastic mode (--min-np/--max-np): runs a job as a sequence of worlds.
+
+Open MPI 4.1 cannot shrink or grow a running world, so the driver ends a world whose hosts
+changed and starts the next on the hosts there are. The workers' side (gradsync.torch.elastic)
+resumes each world from the newest durable commit. A world ends:
+
+  - with status 0 on every rank: training returned, the job is done;
+  - with EXIT_RESTART (75): the driver announced other hosts, every rank committed and left;
+  - any other way: a rank or a host failed. The host of the rank that failed (as mpirun reports
+    it) is left out for --cooldown seconds, and the next world starts from the last commit.
+
+Every world but the first counts towards --reset-limit. Fewer than --min-np slots for longer
+than --elastic-timeout ends the job. Each world and why it started is logged on stderr, with a
+prefix of "gradsyncrun:".
+
+Hosts come from --host-discovery-script (Horovod's format: one "host:slots" a line, read every
+--discovery-interval seconds), a fixed host list, or the Slurm allocation. The workers poll the
+driver's HTTP endpoint (GET /hosts -> {"version": N}); N grows when the usable hosts change.
+
+The driver keeps to one job launch at a time and to mpirun's own failure handling, so that an MPI
+with fault tolerance (ULFM) could later keep the survivors instead of restarting them: only
+the decision "restart the world" would become "shrink the communicator".
+"""
+
+import http.server
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+EXIT_RESTART = 75
+
+
+class ElasticError(Exception):
+    """Ends the job with a message that says why."""
+
+
+def log(message):
+    print("gradsyncrun: %s" % message, file=sys.stderr, flush=True)
+
+
+def parse_discovery_output(text, where):
+    """Horovod's discovery format: 'host:slots' or 'host' (1 slot) a line; '#' comments."""
+    hosts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, _, slots = line.partition(":")
+        if slots and not re.fullmatch(r"[1-9][0-9]*", slots):
+            raise ElasticError("%s, line %d: slots must be a positive whole number, got %r"
+                               % (where, number, line))
+        hosts.append((name, int(slots or "1")))
+    return hosts
+
+
+class Discovery:
+    """The hosts that may run ranks now: from a script, or a fixed list."""
+
+    def __init__(self, script=None, fixed=None):
+        self.script = script
+        self.fixed = fixed
+
+    def hosts(self):
+        if self.script is None:
+            return list(self.fixed)
+        try:
+            done = subprocess.run([self.script], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as e:
+            log("host discovery script %s failed: %s" % (self.script, e))
+            return None
+        if done.returncode != 0:
+            log("host discovery script %s exited with %d: %s"
+                % (self.script, done.returncode, done.stderr.strip()))
+            return None
+        return parse_discovery_output(done.stdout, self.script)
+
+
+class HostsEndpoint:
+    """GET /hosts -> {"version": N}: what the workers' rank 0 polls."""
+
+    def __init__(self, bind_address):
+        endpoint = self
+        self.version = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path != "/hosts":
+                    self.send_error(404)
+                    return
+                body = json.dumps({"version": endpoint.version}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer((bind_address, 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def address_towards(host):
+    """This machine's address on the route to ``host`` (what its ranks can reach us at)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))  # no packet is sent: connect() on UDP only picks the route
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+# mpirun's reports of the rank that failed: a signal, or an exit status.
+_SIGNALED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+_EXITED = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]")
+_EXIT_CODE = re.compile(r"Exit code:\s+(\d+)")
+_LOST_DAEMON = re.compile(r"[Rr]emote daemon.* on node (\S+)")
+
+
+def failed_host(lines, layout):
+    """The host of the rank mpirun reports as failed, and a description, from its output; the
+    layout is the world's [(host, slots)], ranks placed by slot in order (mpirun's default)."""
+    def host_of(rank):
+        for host, slots in layout:
+            if rank < slots:
+                return host
+            rank -= slots
+        return None
+
+    text = "\n".join(lines)
+    match = _SIGNALED.search(text)
+    if match:
+        rank = int(match.group(1))
+        return host_of(rank), "rank %d on %s was killed by signal %s" % (
+            rank, host_of(rank), match.group(3))
+    match = _LOST_DAEMON.search(text)
+    if match:
+        node = match.group(1).rstrip(".;,")
+        return node, "lost the launch daemon on %s" % node
+    match = _EXITED.search(text)
+    if match:
+        rank = int(match.group(1))
+        code = _EXIT_CODE.search(text, match.end())
+        return host_of(rank), "rank %d on %s exited with status %s" % (
+            rank, host_of(rank), code.group(1) if code else "?")
+    return None, "the world ended without saying which rank failed"
+
+
+class Driver:
+    def __init__(self, discovery, min_np, max_np, make_command, environ, checkpoint_dir,
+                 reset_limit=None, cooldown=60.0, elastic_timeout=600.0,
+                 discovery_interval=1.0):
+        self.discovery = discovery
+        self.min_np = min_np
+        self.max_np = max_np
+        self.make_command = make_command  # [(host, slots)] -> (argv, env) for mpirun
+        self.environ = environ
+        self.checkpoint_dir = checkpoint_dir
+        self.reset_limit = reset_limit
+        self.cooldown = cooldown
+        self.elastic_timeout = elastic_timeout
+        self.interval = discovery_interval
+        self.left_out = {}  # host -> time until which it is left out
+        self.last_seen = None
+
+    def usable(self):
+        """Discovered hosts minus those cooling down, or None when discovery failed."""
+        hosts = self.discovery.hosts()
+        if hosts is None:
+            return None
+        now = time.monotonic()
+        return [(h, s) for h, s in hosts if self.left_out.get(h, 0) <= now]
+
+    def layout(self, hosts):
+        """At most --max-np slots of ``hosts``, in their order."""
+        chosen, total = [], 0
+        for host, slots in hosts:
+            take = min(slots, self.max_np - total)
+            if take <= 0:
+                break
+            chosen.append((host, take))
+            total += take
+        return chosen
+
+    def wait_for_hosts(self):
+        deadline = time.monotonic() + self.elastic_timeout
+        while True:
+            hosts = self.usable()
+            if hosts is not None and sum(s for _, s in hosts) >= self.min_np:
+                return hosts
+            if time.monotonic() >= deadline:
+                have = 0 if hosts is None else sum(s for _, s in hosts)
+                raise ElasticError(
+                    "only %d slots for longer than --elastic-timeout (%g s); --min-np is %d"
+                    % (have, self.elastic_timeout, self.min_np))
+            time.sleep(self.interval)
+
+    def run(self):
+        first_host = None
+        endpoint = None
+        world, resets = 0, 0
+        reason = "the job starts"
+        try:
+            while True:
+                hosts = self.wait_for_hosts()
+                layout = self.layout(hosts)
+                np = sum(s for _, s in layout)
+                if endpoint is None:
+                    first_host = layout[0][0]
+                    endpoint = HostsEndpoint("0.0.0.0")
+                log("world %d: %d ranks on %s (%s)" % (
+                    world, np, ",".join("%s:%d" % h for h in layout), reason))
+                env = dict(self.environ)
+                env.update({
+                    "GRADSYNC_ELASTIC_DRIVER": "%s:%d" % (address_towards(first_host),
+                                                          endpoint.port),
+                    "GRADSYNC_ELASTIC_HOSTS_VERSION": str(endpoint.version),
+                    "GRADSYNC_ELASTIC_WORLD": str(world),
+                    "GRADSYNC_ELASTIC_CHECKPOINT_DIR": self.checkpoint_dir,
+                })
+                status, lines = self.run_world(layout, env, endpoint)
+                if status == 0:
+                    log("world %d: training finished" % world)
+                    return 0
+                if status == EXIT_RESTART:
+                    reason = "the hosts changed"
+                else:
+                    host, what = failed_host(lines, layout)
+                    reason = "world %d failed: %s" % (world, what)
+                    if host is not None:
+                        self.left_out[host] = time.monotonic() + self.cooldown
+                        reason += "; %s left out for %g s" % (host, self.cooldown)
+                log("world %d ended (status %d): %s" % (world, status, reason))
+                resets += 1
+                if self.reset_limit is not None and resets > self.reset_limit:
+                    raise ElasticError("reset limit %d reached: %s" % (self.reset_limit, reason))
+                world += 1
+        finally:
+            if endpoint is not None:
+                endpoint.close()
+
+    def run_world(self, layout, env, endpoint):
+        """Runs one world to its end, announcing host changes; its status and mpirun's output."""
+        argv, env = self.make_command(layout, env)
+        process = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True,
+                                   errors="replace", start_new_session=True)
+        lines = []
+
+        def relay():
+            for line in process.stderr:
+                sys.stderr.write(line)
+                lines.append(line.rstrip("\n"))
+                del lines[:-200]
+
+        reader = threading.Thread(target=relay, daemon=True)
+        reader.start()
+        announced = False
+        try:
+            while process.poll() is None:
+                time.sleep(self.interval)
+                if announced or process.poll() is not None:
+                    continue
+                hosts = self.usable()
+                if hosts is not None and self.layout(hosts) != layout and \
+                        sum(s for _, s in hosts) >= self.min_np:
+                    endpoint.version += 1
+                    announced = True
+                    log("hosts changed to %s: asking world's ranks to commit and restart"
+                        % ",".join("%s:%d" % h for h in self.layout(hosts)))
+        except KeyboardInterrupt:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait()
+            raise
+        reader.join(timeout=5)
+        return process.returncode, lines

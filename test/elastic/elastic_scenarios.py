@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""The elastic launcher's scenarios on namespace hosts (test/multihost/namespace_hosts.sh): a job
+that loses a host mid-epoch, goes on with fewer, and grows again; the reset limit; too few slots
+for too long. Needs root (namespaces); exits 77 where namespaces cannot be made.
+
+  elastic_scenarios.py --python PY --build BUILD --work DIR [scenario ...]
+
+Scenarios: fail-and-grow, reset-limit, min-np-timeout (default: all).
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+HOSTS_SCRIPT = os.path.join(REPO, "test", "multihost", "namespace_hosts.sh")
+GRADSYNCRUN = os.path.join(REPO, "launch", "gradsyncrun")
+TRAINER = os.path.join(HERE, "elastic_train.py")
+HOSTS = ["10.77.0.%d" % i for i in (1, 2, 3)]
+
+
+class Failure(Exception):
+    pass
+
+
+def wait_for(what, predicate, timeout, job=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if job is not None and job.poll() is not None:
+            raise Failure("the job ended (status %d) while waiting for %s" % (job.returncode, what))
+        time.sleep(0.2)
+    raise Failure("timed out after %g s waiting for %s" % (timeout, what))
+
+
+def events(path):
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def commits_at(path, size):
+    """Commits logged by the newest world so far, if it has `size` ranks."""
+    log = events(path)
+    starts = [i for i, e in enumerate(log) if e["event"] == "start"]
+    if not starts or log[starts[-1]]["size"] != size:
+        return 0
+    return sum(1 for e in log[starts[-1]:] if e["event"] == "commit")
+
+
+def kill_ranks_on(host_index):
+    """SIGKILLs the trainer's processes in namespace host `host_index` (0-based)."""
+    listed = subprocess.run(["ip", "netns", "pids", "gs-h%d" % host_index], capture_output=True,
+                            text=True, check=True).stdout.split()
+    killed = []
+    for pid in listed:
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                if b"elastic_train.py" not in f.read():
+                    continue
+            os.kill(int(pid), signal.SIGKILL)
+            killed.append(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    if not killed:
+        raise Failure("no trainer process found on host %d" % host_index)
+
+
+class Job:
+    def __init__(self, args, mca, name, hosts, launcher_flags, step_seconds):
+        self.dir = os.path.join(args.work, name)
+        os.makedirs(self.dir, exist_ok=True)
+        for stale in ("progress.jsonl", "final.pt"):
+            try:
+                os.unlink(os.path.join(self.dir, stale))
+            except FileNotFoundError:
+                pass
+        self.progress = os.path.join(self.dir, "progress.jsonl")
+        self.out = os.path.join(self.dir, "final.pt")
+        self.hosts_file = os.path.join(self.dir, "hosts.txt")
+        self.set_hosts(hosts)
+        discovery = os.path.join(self.dir, "discover.sh")
+        with open(discovery, "w") as f:
+            f.write("#!/bin/sh\ncat %s\n" % self.hosts_file)
+        os.chmod(discovery, 0o755)
+        env = dict(os.environ, PYTHONPATH=os.path.join(args.build, "python"),
+                   GRADSYNC_STALL_WARNING_SECONDS="10", GRADSYNC_STALL_SHUTDOWN_SECONDS="30")
+        command = [args.python, GRADSYNCRUN, "--host-discovery-script", discovery,
+                   "--checkpoint-dir", os.path.join(self.dir, "commits"),
+                   "--mpi-args", mca + " -x PYTHONPATH -x OMPI_ALLOW_RUN_AS_ROOT "
+                   "-x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] + launcher_flags + \
+                  [args.python, TRAINER, "--progress", self.progress, "--out", self.out,
+                   "--step-seconds", str(step_seconds)]
+        self.log_path = os.path.join(self.dir, "launcher.log")
+        self.log = open(self.log_path, "w")
+        print("== %s: %s" % (name, " ".join(command)), flush=True)
+        self.process = subprocess.Popen(command, env=env, stdout=self.log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+
+    def set_hosts(self, hosts):
+        with open(self.hosts_file + ".new", "w") as f:
+            f.write("".join("%s:1\n" % h for h in hosts))
+        os.replace(self.hosts_file + ".new", self.hosts_file)
+
+    def finish(self, timeout):
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            raise Failure("the job did not end within %g s" % timeout)
+        finally:
+            self.log.close()
+        with open(self.log_path) as f:
+            return self.process.returncode, f.read()
+
+    def kill(self):
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def launcher_lines(text):
+    return [line for line in text.splitlines() if line.startswith("gradsyncrun:")]
+
+
+def expect(condition, message, text=None):
+    if not condition:
+        if text is not None:
+            print(text[-6000:], file=sys.stderr)
+        raise Failure(message)
+
+
+def fail_and_grow(args, mca):
+    job = Job(args, mca, "fail-and-grow", HOSTS,
+              ["--min-np", "2", "--max-np", "3", "--cooldown", "2", "--reset-limit", "4",
+               "--elastic-timeout", "60"], step_seconds=0.15)
+    try:
+        wait_for("8 commits at 3 ranks", lambda: commits_at(job.progress, 3) >= 8, 120, job.process)
+        job.set_hosts(HOSTS[:2])  # the host leaves the discovery's list as its ranks die
+        kill_ranks_on(2)
+        wait_for("6 commits at 2 ranks", lambda: commits_at(job.progress, 2) >= 6, 120, job.process)
+        job.set_hosts(HOSTS)  # and comes back
+        status, text = job.finish(300)
+    finally:
+        job.kill()
+    lines = "\n".join(launcher_lines(text))
+    print(lines)
+    expect(status == 0, "the job ended with status %d" % status, text)
+    sizes = [e["size"] for e in events(job.progress) if e["event"] == "start"]
+    expect(sizes == [3, 2, 3], "worlds of %r ranks, expected [3, 2, 3]" % sizes, text)
+    expect("world 0 failed: rank 2 on 10.77.0.3 was killed by signal 9" in lines,
+           "the launcher did not name the failed rank and host", text)
+    expect("10.77.0.3 left out for 2 s" in lines, "the failed host was not left out", text)
+    expect("world 1 ended (status 75): the hosts changed" in lines,
+           "the second world did not end for the hosts' change", text)
+    expect("world 2: 3 ranks on" in lines and "world 2: training finished" in lines,
+           "the job did not grow back to 3 ranks and finish", text)
+    replayed = os.path.join(job.dir, "replayed.pt")
+    subprocess.run([args.python, TRAINER, "--replay", job.progress, "--out", replayed],
+                   check=True, env=dict(os.environ, PYTHONPATH=os.path.join(args.build, "python")))
+    import torch
+    got, want = torch.load(job.out), torch.load(replayed)
+    for name in want:
+        difference = (got[name] - want[name]).abs().max().item()
+        expect(difference < 1e-9, "parameter %s differs from the replay by %g" % (name, difference))
+    print("fail-and-grow: worlds of 3, 2 and 3 ranks; parameters equal the replay's")
+
+
+def reset_limit(args, mca):
+    job = Job(args, mca, "reset-limit", HOSTS[:2],
+              ["--min-np", "2", "--max-np", "2", "--cooldown", "0", "--reset-limit", "0"],
+              step_seconds=0.15)
+    try:
+        wait_for("3 commits at 2 ranks", lambda: commits_at(job.progress, 2) >= 3, 120, job.process)
+        kill_ranks_on(1)
+        status, text = job.finish(120)
+    finally:
+        job.kill()
+    expect(status != 0, "the job ended with status 0 after the reset limit", text)
+    expect("job ended: reset limit 0 reached: world 0 failed: rank 1 on 10.77.0.2" in text,
+           "the launcher did not say the reset limit ended the job", text)
+    print("reset-limit: the job ended, saying why")
+
+
+def min_np_timeout(args, mca):
+    job = Job(args, mca, "min-np-timeout", HOSTS[:1],
+              ["--min-np", "2", "--elastic-timeout", "2", "--discovery-interval", "0.5"],
+              step_seconds=0)
+    try:
+        status, text = job.finish(60)
+    finally:
+        job.kill()
+    expect(status != 0, "the job did not fail with too few slots", text)
+    expect("only 1 slots for longer than --elastic-timeout (2 s); --min-np is 2" in text,
+           "the launcher did not say why it ended", text)
+    print("min-np-timeout: the job ended, saying why")
+
+
+SCENARIOS = {"fail-and-grow": fail_and_grow, "reset-limit": reset_limit,
+             "min-np-timeout": min_np_timeout}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--python", default=sys.executable)
+    p.add_argument("--build", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("scenarios", nargs="*", default=list(SCENARIOS))
+    args = p.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    subprocess.run([HOSTS_SCRIPT, "down", "3"], check=False)
+    made = subprocess.run([HOSTS_SCRIPT, "up", "3", os.path.join(args.work, "hosts")],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        print(made.stderr, file=sys.stderr)
+        return made.returncode
+    mca = made.stdout.strip().split(" --hosts ")[0]
+    try:
+        for name in args.scenarios:
+            SCENARIOS[name](args, mca)
+    except Failure as e:
+        print("FAIL: %s" % e, file=sys.stderr)
+        return 1
+    finally:
+        subprocess.run([HOSTS_SCRIPT, "down", "3"], check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

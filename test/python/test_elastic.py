@@ -1,0 +1,130 @@
+"""gradsync.torch.elastic's pieces on one machine: durable commits, the sampler's division of an
+epoch across restarts with other numbers of ranks, and the state's commit, restore and resume.
+The launcher's scenarios (hosts failing and coming back) are in test/elastic/."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import gradsync.torch as hvd
+from gradsync.torch.elastic import _resume, store
+from gradsync.torch.elastic.sampler import ElasticSampler
+
+
+def test_commits_are_numbered_pruned_and_read_back(tmp_path):
+    directory = str(tmp_path / "commits")
+    assert store.latest(directory) == -1
+    for number in (1, 2, 3):
+        store.write(directory, number, {"step": number, "w": torch.full((3,), float(number))})
+    assert store.commits(directory) == [2, 3]  # the newest two are kept
+    assert store.latest(directory) == 3
+    assert store.read(directory, 3)["step"] == 3
+
+
+# Run in a process of its own (not forked from this one, which MPI has started): it begins commit
+# 2, and is killed in the middle of writing its bytes, as a host going down would be.
+_KILLED_MID_COMMIT = """
+import os, signal, sys, torch
+from gradsync.torch.elastic import store
+def half_then_die(payload, f):
+    f.write(b"\\x80" * 4096)
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+torch.save = half_then_die
+store.write(sys.argv[1], 2, {"w": torch.zeros(1 << 20)})
+"""
+
+
+def test_a_commit_killed_halfway_leaves_the_previous_one_whole(tmp_path):
+    directory = str(tmp_path / "commits")
+    store.write(directory, 1, {"w": torch.arange(4.0)})
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
+    killed = subprocess.run([sys.executable, "-c", _KILLED_MID_COMMIT, directory], env=env)
+    assert killed.returncode == -signal.SIGKILL
+    leftovers = os.listdir(directory)
+    assert any(name.endswith(".tmp") for name in leftovers), leftovers
+    assert store.latest(directory) == 1
+    assert torch.equal(store.read(directory, 1)["w"], torch.arange(4.0))
+
+
+def test_the_writer_keeps_the_newest_and_reports_failures(tmp_path):
+    writer = store.Writer(str(tmp_path / "commits"))
+    for number in range(1, 6):
+        writer.submit(number, {"n": number})
+    writer.flush()
+    assert writer.written == 5 and store.latest(str(tmp_path / "commits")) == 5
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    failing = store.Writer(str(blocked))
+    failing.submit(1, {"n": 1})
+    with pytest.raises(RuntimeError, match="writing a commit"):
+        failing.flush()
+
+
+def _replica(dataset, epoch, processed_num):
+    sampler = ElasticSampler.__new__(ElasticSampler)
+    sampler.dataset, sampler.shuffle, sampler.seed = dataset, True, 9
+    sampler.epoch, sampler.processed_num, sampler.processed_indices = epoch, processed_num, set()
+    sampler._local_only, sampler._base = False, 0
+    return sampler
+
+
+@pytest.mark.parametrize("sizes", [(3, 2, 3), (4, 1), (1, 4, 2), (2,)])
+def test_each_sample_of_an_epoch_is_processed_once_across_resizes(sizes):
+    # An epoch of 101 samples in batches of 2, the job restarting with sizes[k] ranks after
+    # 3 steps of each world but the last: every sample is processed, and only the last batch's
+    # padding repeats any (fewer than one per rank).
+    dataset = list(range(101))
+    seen = []
+    processed = 0
+    for k, size in enumerate(sizes):
+        shares = []
+        for r in range(size):
+            replica = _replica(dataset, 0, processed)
+            replica.partition(size, r)
+            shares.append(replica.indices)
+        steps = 3 if k + 1 < len(sizes) else -(-len(shares[0]) // 2)
+        for step in range(steps):
+            for share in shares:
+                seen += share[step * 2:step * 2 + 2]
+            replica.record_batch(step, 2)
+        processed = replica.processed_num
+    assert sorted(set(seen)) == dataset
+    assert len(seen) - len(dataset) < sizes[-1]
+
+
+def test_state_commits_restores_and_resumes_from_disk(tmp_path, monkeypatch, rank, size):
+    directory = hvd.broadcast_object(str(tmp_path / "commits"), root_rank=0,
+                                     name="test.elastic.dir")
+    monkeypatch.setenv("GRADSYNC_ELASTIC_CHECKPOINT_DIR", directory)
+    model = torch.nn.Linear(3, 1).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)
+    _resume(state)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    state.epoch, state.batch = 2, 7
+    state.commit()
+    with torch.no_grad():
+        model.weight.fill_(5.0)
+    state.batch = 9
+    state.restore()
+    assert state.batch == 7 and torch.equal(model.weight, torch.ones(1, 3, dtype=torch.float64))
+    state.flush()
+    hvd.barrier()
+
+    # A new world: different values everywhere, rank 0's commit on disk.
+    fresh_model = torch.nn.Linear(3, 1).double()
+    with torch.no_grad():
+        fresh_model.weight.fill_(float(rank + 10))
+    fresh = hvd.elastic.TorchState(fresh_model, torch.optim.SGD(fresh_model.parameters(), lr=0.5),
+                                   epoch=0, batch=0)
+    _resume(fresh)
+    assert (fresh.epoch, fresh.batch) == (2, 7)
+    assert torch.equal(fresh_model.weight, torch.ones(1, 3, dtype=torch.float64))
+    assert fresh.optimizer.param_groups[0]["lr"] == 0.1
+    hvd.barrier()
