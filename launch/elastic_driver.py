@@ -10,8 +10,8 @@ resumes each world from the newest durable commit. A world ends:
     it) is left out for --cooldown seconds, and the next world starts from the last commit.
 
 Every world but the first counts towards --reset-limit. Fewer than --min-np slots for longer
-than --elastic-timeout ends the job. Each world and why it started is logged on stderr, with a
-prefix of "gradsyncrun:".
+than --elastic-timeout ends the job. Each world and why it started is logged on stderr, each line
+starting "gradsyncrun: HH:MM:SS.mmm".
 
 Hosts come from --host-discovery-script (Horovod's format: one "host:slots" a line, read every
 --discovery-interval seconds), a fixed host list, or the Slurm allocation. The workers poll the
@@ -41,7 +41,9 @@ class ElasticError(Exception):
 
 
 def log(message):
-    print("gradsyncrun: %s" % message, file=sys.stderr, flush=True)
+    now = time.time()
+    stamp = time.strftime("%H:%M:%S", time.localtime(now)) + ".%03d" % (now % 1 * 1000)
+    print("gradsyncrun: %s %s" % (stamp, message), file=sys.stderr, flush=True)
 
 
 def parse_discovery_output(text, where):

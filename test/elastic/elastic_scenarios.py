@@ -5,12 +5,14 @@ for too long. Needs root (namespaces); exits 77 where namespaces cannot be made.
 
   elastic_scenarios.py --python PY --build BUILD --work DIR [scenario ...]
 
-Scenarios: fail-and-grow, reset-limit, min-np-timeout (default: all).
+Scenarios: fail-and-grow, reset-limit, min-np-timeout (the tests, run by default), and
+restart-cost (a measurement: a host's failure to the new world's first step, broken down).
 """
 
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,9 +77,11 @@ def kill_ranks_on(host_index):
 
 
 class Job:
-    def __init__(self, args, mca, name, hosts, launcher_flags, step_seconds):
+    def __init__(self, args, mca, name, hosts, launcher_flags, step_seconds, extra=()):
         self.dir = os.path.join(args.work, name)
         os.makedirs(self.dir, exist_ok=True)
+        # A rerun starts afresh: an earlier run's commits would let the job resume at its end.
+        shutil.rmtree(os.path.join(self.dir, "commits"), ignore_errors=True)
         for stale in ("progress.jsonl", "final.pt"):
             try:
                 os.unlink(os.path.join(self.dir, stale))
@@ -98,7 +102,7 @@ class Job:
                    "--mpi-args", mca + " -x PYTHONPATH -x OMPI_ALLOW_RUN_AS_ROOT "
                    "-x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] + launcher_flags + \
                   [args.python, TRAINER, "--progress", self.progress, "--out", self.out,
-                   "--step-seconds", str(step_seconds)]
+                   "--step-seconds", str(step_seconds)] + list(extra)
         self.log_path = os.path.join(self.dir, "launcher.log")
         self.log = open(self.log_path, "w")
         print("== %s: %s" % (name, " ".join(command)), flush=True)
@@ -118,7 +122,8 @@ class Job:
             self.process.wait()
             raise Failure("the job did not end within %g s" % timeout)
         finally:
-            self.log.close()
+            if not self.log.closed:
+                self.log.close()
         with open(self.log_path) as f:
             return self.process.returncode, f.read()
 
@@ -205,8 +210,57 @@ def min_np_timeout(args, mca):
     print("min-np-timeout: the job ended, saying why")
 
 
+def launcher_time(text, what):
+    """The wall-clock time (seconds since the epoch, today) of the launcher's first line holding
+    `what`."""
+    for line in launcher_lines(text):
+        if what in line:
+            clock = line.split()[1]
+            day = time.strftime("%Y-%m-%d ")
+            whole, _, millis = clock.partition(".")
+            return time.mktime(time.strptime(day + whole, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1e3
+    raise Failure("the launcher never logged %r" % what)
+
+
+def restart_cost(args, mca):
+    """Not a test: the time from a host's failure to the new world's first step, broken down,
+    with ResNet-50's parameters as state (benchmarks: docs/benchmarks.md)."""
+    ballast = os.path.join(args.data_dir, "resnet50.txt")
+    job = Job(args, mca, "restart-cost", HOSTS, ["--min-np", "2", "--max-np", "3",
+                                                 "--cooldown", "600", "--elastic-timeout", "60"],
+              step_seconds=0.05, extra=["--ballast", ballast])
+    try:
+        wait_for("4 commits at 3 ranks", lambda: commits_at(job.progress, 3) >= 4, 300, job.process)
+        killed_at = time.time()
+        kill_ranks_on(2)
+        wait_for("a commit at 2 ranks", lambda: commits_at(job.progress, 2) >= 1, 300, job.process)
+    finally:
+        job.kill()
+        status, text = job.finish(30)
+    log = events(job.progress)
+    start = [e for e in log if e["event"] == "start"][-1]
+    first = [e for e in log if e["event"] == "commit" and e["time"] > start["time"]][0]
+    ended = launcher_time(text, "world 0 ended")
+    launched = launcher_time(text, "world 1: ")
+    resume = start["resume"]
+    breakdown = {
+        "detect_s": ended - killed_at,  # the kill until mpirun has ended the world
+        "relaunch_s": launched - ended,
+        "start_s": start["process_start"] - launched,  # mpirun until the rank's process runs
+        "import_init_s": start["initialized"] - start["process_start"],
+        "find_s": resume["find_seconds"], "load_s": resume["load_seconds"],
+        "broadcast_s": resume["broadcast_seconds"],
+        "first_step_s": first["time"] - start["time"],
+        "total_s": first["time"] - killed_at,
+    }
+    print(json.dumps({"benchmark": "elastic_restart", "state": "resnet50 parameters",
+                      "from_ranks": 3, "to_ranks": 2,
+                      **{k: round(v, 3) for k, v in breakdown.items()}}))
+
+
 SCENARIOS = {"fail-and-grow": fail_and_grow, "reset-limit": reset_limit,
-             "min-np-timeout": min_np_timeout}
+             "min-np-timeout": min_np_timeout, "restart-cost": restart_cost}
+TESTS = ["fail-and-grow", "reset-limit", "min-np-timeout"]
 
 
 def main():
@@ -214,7 +268,10 @@ def main():
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--build", required=True)
     p.add_argument("--work", required=True)
-    p.add_argument("scenarios", nargs="*", default=list(SCENARIOS))
+    p.add_argument("--data-dir", default=os.path.join(REPO, "..", "shared", "data"),
+                   help="gradient sets, for restart-cost")
+    p.add_argument("scenarios", nargs="*", default=TESTS,
+                   help="%s (default: all but restart-cost)" % ", ".join(SCENARIOS))
     args = p.parse_args()
     os.makedirs(args.work, exist_ok=True)
     subprocess.run([HOSTS_SCRIPT, "down", "3"], check=False)

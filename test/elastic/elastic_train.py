@@ -12,12 +12,15 @@ differs), and its replay in one process.
       parameters to R: the job must end with the same ones.
 """
 
-import argparse
-import json
-import os
 import time
 
-import torch
+_STARTED = time.time()  # before torch's import, which a new world's ranks pay too
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+
+import torch  # noqa: E402
 
 EPOCHS = 3
 SAMPLES = 96
@@ -43,10 +46,24 @@ def loss_of(model, x, y, indices):
     return ((model(x[idx]).squeeze(1) - y[idx]) ** 2).mean()
 
 
+def ballast(path):
+    """A module with a gradient set's shapes (test/../benchmarks: the set's format), never trained:
+    state of a real model's size for a commit to write, load and broadcast."""
+    module = torch.nn.Module()
+    with open(path) as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) == 4 and not line.startswith("#"):
+                shape = tuple(int(d) for d in fields[3].split("x"))
+                module.register_buffer("t%s" % fields[0], torch.zeros(shape))
+    return module
+
+
 def train(args):
     import gradsync.torch as hvd
 
     hvd.init()
+    initialized = time.time()
     x, y = dataset()
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR * hvd.size(), momentum=0.9)
@@ -65,7 +82,8 @@ def train(args):
     @hvd.elastic.run
     def run(state):
         progress(event="start", world=int(os.environ.get("GRADSYNC_ELASTIC_WORLD", "0")),
-                 size=hvd.size(), epoch=state.epoch, batch=state.batch)
+                 size=hvd.size(), epoch=state.epoch, batch=state.batch, time=time.time(),
+                 process_start=_STARTED, initialized=initialized, resume=state.last_resume)
         while state.epoch < EPOCHS:
             for batch_idx in range(len(sampler) // BATCH + (len(sampler) % BATCH > 0)):
                 optimizer.zero_grad()
@@ -74,14 +92,16 @@ def train(args):
                 sampler.record_batch(batch_idx, BATCH)
                 state.batch += 1
                 time.sleep(args.step_seconds)
-                progress(event="commit", size=hvd.size(), epoch=state.epoch, batch=state.batch)
+                progress(event="commit", size=hvd.size(), epoch=state.epoch, batch=state.batch,
+                         time=time.time())
                 state.commit()
             state.epoch += 1
             state.batch = 0
             sampler.set_epoch(state.epoch)
             state.commit()
 
-    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
+    extra = {"ballast": ballast(args.ballast)} if args.ballast else {}
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, **extra)
     state.register_reset_callbacks([on_reset])
     run(state)
     if hvd.rank() == 0:
@@ -148,6 +168,8 @@ def main():
     p.add_argument("--out", required=True, help="where the final parameters go")
     p.add_argument("--step-seconds", type=float, default=0.1,
                    help="a pause in every step, so that a test can act mid-epoch")
+    p.add_argument("--ballast", help="a gradient-set file: a module of its shapes joins the state "
+                                     "(the restart benchmark's real-sized state)")
     args = p.parse_args()
     replay(args) if args.replay else train(args)
 

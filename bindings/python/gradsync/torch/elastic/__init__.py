@@ -19,6 +19,7 @@ state) starts afresh. docs/elastic.md has the whole design.
 
 import functools
 import sys
+import time
 
 from gradsync.torch import functions
 from gradsync.torch.basics import is_initialized, rank, shutdown
@@ -33,19 +34,26 @@ __all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "T
 
 def _resume(state):
     """Makes every rank's state the newest durable commit any rank can read (loaded by the lowest
-    such rank and broadcast from it), or rank 0's state when there is none."""
+    such rank and broadcast from it), or rank 0's state when there is none. Records what it did in
+    ``state.last_resume``: the commit (-1 for none), the rank it came from, and the seconds spent
+    finding, loading and broadcasting it."""
+    started = time.perf_counter()
     directory = notices.checkpoint_dir()
     newest = store.latest(directory) if directory else -1
     found = functions.allgather_object(newest, name="elastic.newest_commit")
     best = max(found)
-    if best < 0:
-        state.sync(root_rank=0)
-        return
-    source = found.index(best)
-    if rank() == source:
+    source = found.index(best) if best >= 0 else 0
+    found_at = time.perf_counter()
+    if best >= 0 and rank() == source:
         state._load_payload(store.read(directory, best))
+    loaded_at = time.perf_counter()
     state.sync(root_rank=source)
-    state._commits = best
+    if best >= 0:
+        state._commits = best
+    state.last_resume = {"commit": best, "source": source,
+                         "find_seconds": found_at - started,
+                         "load_seconds": loaded_at - found_at,
+                         "broadcast_seconds": time.perf_counter() - loaded_at}
 
 
 def run(func):
