@@ -11,8 +11,9 @@
 #
 # ITERS (default 10): timed steps per strategy and per PyTorch run. REPS (default 2): repetitions
 # of the PyTorch runs, frameworks in rotating order. The 1000 x 1 KB set, whose step takes a
-# millisecond where the models' take hundreds, is run again with TINY_ITERS (default 200) steps
-# of every strategy but per-tensor (seconds a step across hosts); its row then takes those.
+# millisecond where the models' take hundreds, is run again with TINY_ITERS (default 1000) steps
+# of every strategy but per-tensor (seconds a step across hosts); its row then takes those. Its
+# PyTorch runs take TINY_PY_ITERS (default 100) steps.
 # HOROVOD_PYTHON names an interpreter with horovod.torch (../shared/ANCHORS.md says how to build
 # one); without it only gradsync runs on the PyTorch side. PYTHON (default /usr/bin/python3,
 # Debian's, which has torch) runs gradsync.torch. DATA_DIR (default $GRADSYNC_DATA_DIR, else
@@ -22,7 +23,7 @@
 # its results.
 set -euo pipefail
 build=$(cd "$1" && pwd) out=$(mkdir -p "$2" && cd "$2" && pwd)
-iters=${3:-10} reps=${4:-2} tiny_iters=${TINY_ITERS:-200}
+iters=${3:-10} reps=${4:-2} tiny_iters=${TINY_ITERS:-1000} tiny_py_iters=${TINY_PY_ITERS:-100}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 python=${PYTHON:-/usr/bin/python3}
 data=${DATA_DIR:-${GRADSYNC_DATA_DIR:-$repo/../shared/data}}
@@ -71,12 +72,16 @@ for layout in ${LAYOUTS:-1x2 1x4 2x1 2x2}; do
   cpu_pair
   echo "=== $layout: PyTorch step, $frameworks" >&2
   rm -f "$out/pytorch_$layout.jsonl"
-  "$repo/benchmarks/python/run_pytorch_sync_benchmark.sh" --python "$python" \
-    --horovod-python "${HOROVOD_PYTHON:-$python}" --build-dir "$build" --data-dir "$data" \
-    --frameworks "$frameworks" --sets "$sets,1000x1KB" --ranks "$np" --reps "$reps" \
-    --modes step,tensor,grouped \
-    --iters "$iters" --mpirun-args "${layout_args[$layout]}" --out "$out/pytorch_$layout.jsonl" \
-    >/dev/null || echo "some PyTorch runs failed at $layout" >&2
+  # The models at ITERS steps a run; 1000 x 1 KB, whose steps take milliseconds and swing with
+  # the machine, at TINY_PY_ITERS.
+  for group in "$sets $iters" "1000x1KB $tiny_py_iters"; do
+    read -r group_sets group_iters <<<"$group"
+    "$repo/benchmarks/python/run_pytorch_sync_benchmark.sh" --python "$python" \
+      --horovod-python "${HOROVOD_PYTHON:-$python}" --build-dir "$build" --data-dir "$data" \
+      --frameworks "$frameworks" --sets "$group_sets" --ranks "$np" --reps "$reps" \
+      --modes step,tensor,grouped --iters "$group_iters" --mpirun-args "${layout_args[$layout]}" \
+      --out "$out/pytorch_$layout.jsonl" >/dev/null || echo "some PyTorch runs failed at $layout" >&2
+  done
 done
 "$python" "$repo/benchmarks/transports/transport_table.py" "$out" --markdown "$out/table.md" \
   --plot "$out/transports.png"
