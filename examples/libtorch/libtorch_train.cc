@@ -3,21 +3,30 @@
 //
 //   mpirun -np 4 gradsync_libtorch_train [--steps N] [--batch B] [--accumulate K]
 //          [--compression none|fp16|bf16] [--bucket-bytes N] [--device cpu|cuda] [--check]
+//          [--elastic] [--step-ms MS]
 //
 // --device cuda trains on each rank's GPU (the local rank's, as gradsync picks it).
 // --accumulate K splits each rank's shard into K micro-batches, the first K - 1 under no_sync().
 // --check also trains, on every rank, one process's copy of the model on the whole global batch,
 // and fails unless every replica ends identical and within the tolerance of that copy.
+// --elastic makes it an elastic trainer (under gradsyncrun --min-np/--max-np, docs/elastic.md): it
+// resumes from the job's newest commit and commits its state after every step, leaving for a
+// restart when the launcher announces other hosts; --step-ms pauses each step, for the tests.
+// --batch must then divide by every number of ranks the job may run with.
+#include <gradsync/elastic.h>
 #include <gradsync/gradsync.h>
 #include <gradsync/torch.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -42,6 +51,8 @@ struct Args {
   int64_t bucket_bytes = int64_t{25} << 20;
   bool check = false;
   bool cuda = false;
+  bool elastic = false;
+  int step_ms = 0;
 };
 
 Args Parse(int argc, char** argv) {
@@ -49,8 +60,8 @@ Args Parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (flag == "--check") {
-      args.check = true;
+    if (flag == "--check" || flag == "--elastic") {
+      (flag == "--check" ? args.check : args.elastic) = true;
       continue;
     }
     if (value == nullptr) {
@@ -68,6 +79,8 @@ Args Parse(int argc, char** argv) {
       args.compression = value;
     else if (flag == "--bucket-bytes")
       args.bucket_bytes = std::atoll(value);
+    else if (flag == "--step-ms")
+      args.step_ms = std::atoi(value);
     else if (flag == "--device") {
       if (std::strcmp(value, "cpu") != 0 && std::strcmp(value, "cuda") != 0) {
         std::fprintf(stderr, "--device: cpu or cuda\n");
@@ -101,6 +114,45 @@ double MaxDifference(Net& a, Net& b) {
     worst = std::max(worst, (pa[i] - pb[i]).abs().max().item<double>());
   }
   return worst;
+}
+
+// The trainer's state, as gradsync::elastic::commit takes it: the next step, and both models with
+// their optimizers (the reference's too, so that --check holds across restarts).
+std::string SaveState(int64_t next_step, Net& net, torch::optim::SGD& optimizer, Net& reference,
+                      torch::optim::SGD& reference_optimizer) {
+  torch::serialize::OutputArchive archive, parts[4];
+  net.save(parts[0]);
+  optimizer.save(parts[1]);
+  reference.save(parts[2]);
+  reference_optimizer.save(parts[3]);
+  archive.write("next_step", torch::tensor(next_step));
+  archive.write("net", parts[0]);
+  archive.write("optimizer", parts[1]);
+  archive.write("reference", parts[2]);
+  archive.write("reference_optimizer", parts[3]);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+// Loads what SaveState made; returns its next step.
+int64_t LoadState(const std::string& bytes, const torch::Device& device, Net& net,
+                  torch::optim::SGD& optimizer, Net& reference,
+                  torch::optim::SGD& reference_optimizer) {
+  std::istringstream in(bytes);
+  torch::serialize::InputArchive archive, parts[4];
+  archive.load_from(in, device);
+  torch::Tensor next_step;
+  archive.read("next_step", next_step);
+  archive.read("net", parts[0]);
+  archive.read("optimizer", parts[1]);
+  archive.read("reference", parts[2]);
+  archive.read("reference_optimizer", parts[3]);
+  net.load(parts[0]);
+  optimizer.load(parts[1]);
+  reference.load(parts[2]);
+  reference_optimizer.load(parts[3]);
+  return next_step.item<int64_t>();
 }
 
 // Whether every rank holds the same parameters: their element-wise max and min agree.
@@ -178,7 +230,20 @@ int main(int argc, char** argv) {
   // The loss is read once, after the last step: reading it every step would wait for the GPU
   // and hide a reduction that did not wait for its gradient's kernel.
   torch::Tensor last_loss;
-  for (int step = 0; step < args.steps; ++step) {
+  int first_step = 0;
+  if (args.elastic) {
+    const gradsync::elastic::Resumed resumed = gradsync::elastic::resume();
+    if (resumed.commit >= 0) {
+      first_step = static_cast<int>(
+          LoadState(resumed.state, device, net, optimizer, reference, reference_optimizer));
+    }
+    if (rank == 0) {
+      std::printf("libtorch_train: %d ranks, from step %d (commit %lld)\n", size, first_step,
+                  static_cast<long long>(resumed.commit));
+      std::fflush(stdout);
+    }
+  }
+  for (int step = first_step; step < args.steps; ++step) {
     const torch::Tensor x = inputs[step].narrow(0, rank * shard, shard);
     const torch::Tensor y = targets[step].narrow(0, rank * shard, shard);
     optimizer.zero_grad();
@@ -203,6 +268,13 @@ int main(int argc, char** argv) {
       reference_optimizer.zero_grad();
       torch::mse_loss(reference.forward(inputs[step]), targets[step]).backward();
       reference_optimizer.step();
+    }
+    if (args.elastic) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(args.step_ms));
+      if (gradsync::elastic::commit(
+              SaveState(step + 1, net, optimizer, reference, reference_optimizer))) {
+        gradsync::elastic::leave_for_restart();
+      }
     }
   }
 

@@ -5,7 +5,8 @@ for too long. Needs root (namespaces); exits 77 where namespaces cannot be made.
 
   elastic_scenarios.py --python PY --build BUILD --work DIR [scenario ...]
 
-Scenarios: fail-and-grow, reset-limit, min-np-timeout (the tests, run by default), and
+Scenarios: fail-and-grow, reset-limit, min-np-timeout, libtorch-fail (the tests, run by default;
+the last needs --libtorch-train), and
 restart-cost (a measurement: a host's failure to the new world's first step, broken down).
 """
 
@@ -58,15 +59,15 @@ def commits_at(path, size):
     return sum(1 for e in log[starts[-1]:] if e["event"] == "commit")
 
 
-def kill_ranks_on(host_index):
-    """SIGKILLs the trainer's processes in namespace host `host_index` (0-based)."""
+def kill_ranks_on(host_index, program="elastic_train.py"):
+    """SIGKILLs the processes running `program` in namespace host `host_index` (0-based)."""
     listed = subprocess.run(["ip", "netns", "pids", "gs-h%d" % host_index], capture_output=True,
                             text=True, check=True).stdout.split()
     killed = []
     for pid in listed:
         try:
             with open("/proc/%s/cmdline" % pid, "rb") as f:
-                if b"elastic_train.py" not in f.read():
+                if program.encode() not in f.read():
                     continue
             os.kill(int(pid), signal.SIGKILL)
             killed.append(pid)
@@ -77,7 +78,8 @@ def kill_ranks_on(host_index):
 
 
 class Job:
-    def __init__(self, args, mca, name, hosts, launcher_flags, step_seconds, extra=()):
+    def __init__(self, args, mca, name, hosts, launcher_flags, step_seconds, extra=(),
+                 command=None):
         self.dir = os.path.join(args.work, name)
         os.makedirs(self.dir, exist_ok=True)
         # A rerun starts afresh: an earlier run's commits would let the job resume at its end.
@@ -101,8 +103,8 @@ class Job:
                    "--checkpoint-dir", os.path.join(self.dir, "commits"),
                    "--mpi-args", mca + " -x PYTHONPATH -x OMPI_ALLOW_RUN_AS_ROOT "
                    "-x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] + launcher_flags + \
-                  [args.python, TRAINER, "--progress", self.progress, "--out", self.out,
-                   "--step-seconds", str(step_seconds)] + list(extra)
+                  (command or [args.python, TRAINER, "--progress", self.progress, "--out",
+                               self.out, "--step-seconds", str(step_seconds)] + list(extra))
         self.log_path = os.path.join(self.dir, "launcher.log")
         self.log = open(self.log_path, "w")
         print("== %s: %s" % (name, " ".join(command)), flush=True)
@@ -210,6 +212,42 @@ def min_np_timeout(args, mca):
     print("min-np-timeout: the job ended, saying why")
 
 
+def libtorch_fail(args, mca):
+    """The libtorch example as an elastic C++ trainer (gradsync/elastic.h): three hosts, the third's
+    rank killed; it goes on at 2 ranks from its last commit and must end as one process trained on
+    every global batch would (its --check), with identical replicas."""
+    if not args.libtorch_train:
+        print("libtorch-fail: skipped (no --libtorch-train)")
+        return
+    job = Job(args, mca, "libtorch-fail", HOSTS,
+              ["--min-np", "2", "--max-np", "3", "--cooldown", "600", "--elastic-timeout", "60"],
+              step_seconds=0, command=[args.libtorch_train, "--elastic", "--check", "--steps",
+                                       "120", "--batch", "48", "--step-ms", "40"])
+    commits = os.path.join(job.dir, "commits")
+
+    def newest():
+        names = [n for n in (os.listdir(commits) if os.path.isdir(commits) else [])
+                 if n.startswith("commit-") and n.endswith(".bin")]
+        return max((int(n[7:17]) for n in names), default=-1)
+
+    try:
+        wait_for("20 commits", lambda: newest() >= 20, 120, job.process)
+        kill_ranks_on(2, "gradsync_libtorch_train")
+        status, text = job.finish(300)
+    finally:
+        job.kill()
+    lines = "\n".join(launcher_lines(text))
+    print(lines)
+    expect(status == 0, "the job ended with status %d" % status, text)
+    expect("world 0 failed: rank 2 on 10.77.0.3 was killed by signal 9" in lines and
+           "world 1: 2 ranks on" in lines and "world 1: training finished" in lines,
+           "the job did not go on at 2 ranks after the failure", text)
+    expect("libtorch_train: 2 ranks, from step " in text, "the second world did not resume", text)
+    expect("replicas identical" in text and "FAILED" not in text,
+           "the trainer's check failed after the restart", text)
+    print("libtorch-fail: the C++ trainer went on at 2 ranks and passed its check")
+
+
 def launcher_time(text, what):
     """The wall-clock time (seconds since the epoch, today) of the launcher's first line holding
     `what`."""
@@ -259,8 +297,9 @@ def restart_cost(args, mca):
 
 
 SCENARIOS = {"fail-and-grow": fail_and_grow, "reset-limit": reset_limit,
-             "min-np-timeout": min_np_timeout, "restart-cost": restart_cost}
-TESTS = ["fail-and-grow", "reset-limit", "min-np-timeout"]
+             "min-np-timeout": min_np_timeout, "libtorch-fail": libtorch_fail,
+             "restart-cost": restart_cost}
+TESTS = ["fail-and-grow", "reset-limit", "min-np-timeout", "libtorch-fail"]
 
 
 def main():
@@ -268,6 +307,7 @@ def main():
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--build", required=True)
     p.add_argument("--work", required=True)
+    p.add_argument("--libtorch-train", help="examples/libtorch's trainer, for libtorch-fail")
     p.add_argument("--data-dir", default=os.path.join(REPO, "..", "shared", "data"),
                    help="gradient sets, for restart-cost")
     p.add_argument("scenarios", nargs="*", default=TESTS,
