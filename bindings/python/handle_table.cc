@@ -40,23 +40,22 @@ class HandleTable {
   }
   // Throws ValueError for a handle that is not pending.
   PendingCall Take(const py::handle& handle) {
-    auto it = calls_.find(IdOf(handle));
+    auto it = Lookup(handle);
     PendingCall call = std::move(it->second);
     calls_.erase(it);
     return call;
   }
-  const PendingCall& Find(const py::handle& handle) const {
-    return calls_.find(IdOf(handle))->second;
-  }
+  const PendingCall& Find(const py::handle& handle) { return Lookup(handle)->second; }
   void Clear() { calls_.clear(); }
   size_t size() const { return calls_.size(); }
 
  private:
-  int64_t IdOf(const py::handle& handle) const {
+  std::unordered_map<int64_t, PendingCall>::iterator Lookup(const py::handle& handle) {
     if (PyLong_Check(handle.ptr())) {
       int overflow = 0;
       const long long id = PyLong_AsLongLongAndOverflow(handle.ptr(), &overflow);
-      if (overflow == 0 && calls_.count(id) != 0) return id;
+      auto it = overflow == 0 ? calls_.find(id) : calls_.end();
+      if (it != calls_.end()) return it;
     }
     const std::string shown = py::repr(handle);
     throw py::value_error("unknown handle " + shown + " (already synchronized?)");

@@ -119,12 +119,8 @@ def replay(args):
     x, y = dataset()
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-    # Built without __init__, which divides the samples among gradsync's ranks: here every
-    # world's division is made by hand, for each of its ranks.
-    sampler = ElasticSampler.__new__(ElasticSampler)
-    sampler.dataset, sampler.shuffle, sampler.seed = list(range(SAMPLES)), True, 3
-    sampler.epoch, sampler.processed_num, sampler.processed_indices = 0, 0, set()
-    sampler._local_only, sampler._base = False, 0
+    # Every world's division is made by hand below, for each of its ranks.
+    sampler = ElasticSampler.undivided(list(range(SAMPLES)), shuffle=True, seed=3)
     epoch, batch = 0, 0
     for k, start in enumerate(starts):
         assert (start["epoch"], start["batch"]) <= (epoch, batch), \

@@ -66,10 +66,8 @@ def test_the_writer_keeps_the_newest_and_reports_failures(tmp_path):
 
 
 def _replica(dataset, epoch, processed_num):
-    sampler = ElasticSampler.__new__(ElasticSampler)
-    sampler.dataset, sampler.shuffle, sampler.seed = dataset, True, 9
-    sampler.epoch, sampler.processed_num, sampler.processed_indices = epoch, processed_num, set()
-    sampler._local_only, sampler._base = False, 0
+    sampler = ElasticSampler.undivided(dataset, shuffle=True, seed=9)
+    sampler.epoch, sampler.processed_num = epoch, processed_num
     return sampler
 
 

@@ -27,6 +27,18 @@ class ElasticSampler(torch.utils.data.Sampler):
     """
 
     def __init__(self, dataset, shuffle=True, seed=0):
+        self._set_up(dataset, shuffle, seed)
+        self.reset()
+
+    @classmethod
+    def undivided(cls, dataset, shuffle=True, seed=0):
+        """A sampler whose samples are not divided among gradsync's ranks yet: for ``partition``
+        by hand, as a replay of a job's sampling in one process does (gradsync not started)."""
+        sampler = cls.__new__(cls)
+        sampler._set_up(dataset, shuffle, seed)
+        return sampler
+
+    def _set_up(self, dataset, shuffle, seed):
         self.dataset = dataset
         self.shuffle = shuffle
         self.seed = seed
@@ -41,7 +53,6 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.num_samples = 0
         self.total_size = 0
         self.indices = []
-        self.reset()
 
     def set_epoch(self, epoch):
         """Starts ``epoch``: nothing processed yet, in the order this epoch's seed gives."""
