@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <random>
 #include <stdexcept>
 
 namespace gradsync_bench {
@@ -106,9 +107,14 @@ std::vector<double> MeasureInterleaved(const std::vector<Strategy>& strategies, 
                                        int iters, MPI_Comm comm) {
   const size_t n = strategies.size();
   std::vector<std::vector<double>> times(n);
+  std::vector<size_t> order(n);
+  for (size_t k = 0; k < n; ++k) order[k] = k;
+  // std::shuffle's result is implementation-defined but the same for the same generator state, and
+  // every rank runs this same binary.
+  std::mt19937 generator(20261127);
   for (int round = 0; round < warmup + iters; ++round) {
-    for (size_t k = 0; k < n; ++k) {
-      size_t s = (round + k) % n;
+    std::shuffle(order.begin(), order.end(), generator);
+    for (size_t s : order) {
       double t = TimeOneStep(strategies[s].step, comm);
       if (round >= warmup) times[s].push_back(t);
     }

@@ -55,10 +55,12 @@ struct Strategy {
   std::function<void()> step;
 };
 
-// Runs `warmup` + `iters` rounds; each round times every strategy once, starting one strategy
-// further along each round so none always runs right after the same other one. A step's time is
-// the slowest rank's, measured from a barrier. Returns each strategy's median over the timed
-// rounds, in seconds.
+// Runs `warmup` + `iters` rounds; each round times every strategy once, in an order shuffled anew
+// each round (the same on every rank: a fixed seed), so every strategy follows every other equally
+// often. A step can leave work behind that slows the next one (a nonblocking collective's
+// progress, a background thread finishing up); with a fixed cyclic order one strategy would pay
+// for the same neighbour every round. A step's time is the slowest rank's, measured from a
+// barrier. Returns each strategy's median over the timed rounds, in seconds.
 std::vector<double> MeasureInterleaved(const std::vector<Strategy>& strategies, int warmup,
                                        int iters, MPI_Comm comm);
 

@@ -64,8 +64,13 @@ constexpr const char* kColumnNames[] = {"gradsync_ms", "pertens_ms",  "flatcpy_m
                                         "chunk16M_ms", "chunk64M_ms", "pipe1M_ms",  "pipe4M_ms",
                                         "pipe16M_ms"};
 constexpr int kStrategyCount = 13;
+constexpr int kGradsync = 0;
+constexpr int kPerTensor = 1;
+constexpr int kFlatCopy = 2;
+constexpr int kBucketed = 3;
 constexpr int kFlat = 4;
 constexpr int kGsTensors = 5;
+constexpr int kFirstChunk = 6;  // the chunk-S strategies, then the pipe-S ones
 constexpr int64_t kMiB = int64_t{1} << 20;
 // Piece sizes of the chunk-S and pipe-S strategies, by their order in kStrategyNames.
 constexpr int64_t kChunkBytes[] = {1 * kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB};
@@ -76,6 +81,12 @@ constexpr size_t kPipeDepth = 3;
 constexpr int64_t kBucketBytes = int64_t{25} << 20;
 constexpr int kSyntheticTensors = 1000;
 constexpr int64_t kSyntheticElements = 256;
+// A raw strategy gets a flat buffer of its own for a set of at most this size, and shares one
+// with the others above it. Shared, a small set's buffer stays warm from one strategy's step to
+// the next, which neither gradsync's staging buffer nor a trainer's own fusion buffer (used once
+// between backward passes) enjoys; docs/benchmarks.md measures what that was worth. A set larger
+// than any cache gains nothing from sharing, and eleven copies of it would not fit the memory.
+constexpr int64_t kOwnFlatMaxBytes = 64 * kMiB;
 
 // One gradient set's buffers and the ways to reduce them. The timed steps run on zeros once
 // the result has been verified: sums of zeros stay exact however often they repeat, and the
@@ -87,11 +98,12 @@ class SetBench {
   void Gradsync();
   void GradsyncTensors();
   void PerTensor();
-  void FlatWithCopies();
-  void Bucketed();
-  void Flat();
-  void Chunked(int64_t piece_bytes);
-  void Pipelined(int64_t piece_bytes);
+  // The raw strategies reduce through `flat`, a buffer of the set's size.
+  void FlatWithCopies(float* flat);
+  void Bucketed(float* flat);
+  void Flat(float* flat);
+  void Chunked(int64_t piece_bytes, float* flat);
+  void Pipelined(int64_t piece_bytes, float* flat);
   // Every strategy's step, by kStrategyNames' order.
   std::vector<std::function<void()>> Steps();
 
@@ -101,12 +113,14 @@ class SetBench {
 
  private:
   void FillTensors();
-  // Copies tensors [first, last] into their places in flat_, reduces that span, copies back.
-  void ReduceSpanWithCopies(size_t first, size_t last);
-  // Copies elements [begin, end) of flat_'s layout from the tensors into flat_ (`in`) or back.
-  void CopyFlatRange(int64_t begin, int64_t end, bool in);
+  // Copies tensors [first, last] into their places in `flat`, reduces that span, copies back.
+  void ReduceSpanWithCopies(size_t first, size_t last, float* flat);
+  // Copies elements [begin, end) of the flat layout from the tensors into `flat` (`in`) or back.
+  void CopyFlatRange(int64_t begin, int64_t end, bool in, float* flat);
+  // Strategy `k`'s flat buffer: its own while the set is small enough for a cache to matter.
+  float* FlatOf(int k);
   bool CheckTensors(const std::string& strategy) const;
-  bool CheckFlat() const;
+  bool CheckFlat(const float* flat) const;
 
   std::vector<std::string> names_;
   std::vector<std::vector<float>> tensors_;
@@ -114,8 +128,10 @@ class SetBench {
   std::vector<gradsync::AllreduceOptions> options_;
   std::vector<gradsync::Handle> handles_;
   std::unique_ptr<gradsync::AllreduceBatch> batch_;  // lists the tensors in backward order
+  // By kStrategyNames' order; empty for gradsync's, per-tensor's and those that share flat_.
+  std::vector<std::vector<float>> own_flats_;
   std::vector<float> flat_;
-  std::vector<int64_t> offsets_;  // of each tensor in flat_
+  std::vector<int64_t> offsets_;  // of each tensor in the flat layout
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
@@ -145,6 +161,17 @@ SetBench::SetBench(const GradientSet& set, MPI_Comm comm) : comm_(comm) {
   for (size_t i = names_.size(); i-- > 0;) batch_options.names.push_back("batch/" + names_[i]);
   batch_ = std::make_unique<gradsync::AllreduceBatch>(backward_order, batch_options);
   flat_.assign(total, 0.0f);
+  own_flats_.resize(kStrategyCount);
+  if (total * static_cast<int64_t>(sizeof(float)) <= kOwnFlatMaxBytes) {
+    for (int k = 0; k < kStrategyCount; ++k) {
+      if (k != kGradsync && k != kPerTensor && k != kGsTensors) own_flats_[k].assign(total, 0.0f);
+    }
+  }
+}
+
+float* SetBench::FlatOf(int k) {
+  std::vector<float>& own = own_flats_[static_cast<size_t>(k)];
+  return own.empty() ? flat_.data() : own.data();
 }
 
 // As a trainer's hooks do: each tensor started as backward produces it, the step's all waited for.
@@ -168,37 +195,39 @@ void SetBench::PerTensor() {
   }
 }
 
-void SetBench::FlatWithCopies() { ReduceSpanWithCopies(0, tensors_.size() - 1); }
+void SetBench::FlatWithCopies(float* flat) { ReduceSpanWithCopies(0, tensors_.size() - 1, flat); }
 
-void SetBench::Bucketed() {
+void SetBench::Bucketed(float* flat) {
   // Backward order: a bucket is a run of indices ending where the previous one began, so its
-  // tensors sit side by side in flat_.
+  // tensors sit side by side in the flat layout.
   size_t last = tensors_.size() - 1;
   int64_t bytes = 0;
   for (size_t i = tensors_.size(); i-- > 0;) {
     bytes += static_cast<int64_t>(tensors_[i].size() * sizeof(float));
     if (bytes >= kBucketBytes || i == 0) {
-      ReduceSpanWithCopies(i, last);
+      ReduceSpanWithCopies(i, last, flat);
       last = i - 1;
       bytes = 0;
     }
   }
 }
 
-void SetBench::ReduceSpanWithCopies(size_t first, size_t last) {
+void SetBench::ReduceSpanWithCopies(size_t first, size_t last, float* flat) {
   for (size_t i = last + 1; i-- > first;) {
-    std::memcpy(flat_.data() + offsets_[i], tensors_[i].data(), tensors_[i].size() * sizeof(float));
+    std::memcpy(flat + offsets_[i], tensors_[i].data(), tensors_[i].size() * sizeof(float));
   }
   const int64_t end = offsets_[last] + static_cast<int64_t>(tensors_[last].size());
-  AllreduceFloats(flat_.data() + offsets_[first], end - offsets_[first], comm_);
+  AllreduceFloats(flat + offsets_[first], end - offsets_[first], comm_);
   for (size_t i = last + 1; i-- > first;) {
-    std::memcpy(tensors_[i].data(), flat_.data() + offsets_[i], tensors_[i].size() * sizeof(float));
+    std::memcpy(tensors_[i].data(), flat + offsets_[i], tensors_[i].size() * sizeof(float));
   }
 }
 
-void SetBench::Flat() { AllreduceFloats(flat_.data(), static_cast<int64_t>(flat_.size()), comm_); }
+void SetBench::Flat(float* flat) {
+  AllreduceFloats(flat, static_cast<int64_t>(flat_.size()), comm_);
+}
 
-void SetBench::CopyFlatRange(int64_t begin, int64_t end, bool in) {
+void SetBench::CopyFlatRange(int64_t begin, int64_t end, bool in, float* flat) {
   // The last tensor that starts before `end`, then back to the one holding `begin`.
   size_t i = static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), end - 1) -
                                  offsets_.begin());
@@ -206,27 +235,27 @@ void SetBench::CopyFlatRange(int64_t begin, int64_t end, bool in) {
     const int64_t first = std::max(begin, offsets_[i]);
     const int64_t last = std::min(end, offsets_[i] + static_cast<int64_t>(tensors_[i].size()));
     if (first < last) {
-      float* flat = flat_.data() + first;
+      float* piece = flat + first;
       float* tensor = tensors_[i].data() + (first - offsets_[i]);
       const size_t bytes = static_cast<size_t>(last - first) * sizeof(float);
-      std::memcpy(in ? flat : tensor, in ? tensor : flat, bytes);
+      std::memcpy(in ? piece : tensor, in ? tensor : piece, bytes);
     }
     if (offsets_[i] <= begin) break;
   }
 }
 
-void SetBench::Chunked(int64_t piece_bytes) {
+void SetBench::Chunked(int64_t piece_bytes, float* flat) {
   const auto total = static_cast<int64_t>(flat_.size());
   const int64_t piece = piece_bytes / static_cast<int64_t>(sizeof(float));
-  CopyFlatRange(0, total, /*in=*/true);
+  CopyFlatRange(0, total, /*in=*/true, flat);
   for (int64_t end = total; end > 0; end -= piece) {
     const int64_t begin = std::max<int64_t>(0, end - piece);
-    AllreduceFloats(flat_.data() + begin, end - begin, comm_);
+    AllreduceFloats(flat + begin, end - begin, comm_);
   }
-  CopyFlatRange(0, total, /*in=*/false);
+  CopyFlatRange(0, total, /*in=*/false, flat);
 }
 
-void SetBench::Pipelined(int64_t piece_bytes) {
+void SetBench::Pipelined(int64_t piece_bytes, float* flat) {
   struct InFlight {
     int64_t begin, end;
     MPI_Request request;
@@ -236,26 +265,34 @@ void SetBench::Pipelined(int64_t piece_bytes) {
   auto finish_oldest = [&] {
     InFlight& oldest = in_flight.front();
     MPI_Wait(&oldest.request, MPI_STATUS_IGNORE);
-    CopyFlatRange(oldest.begin, oldest.end, /*in=*/false);
+    CopyFlatRange(oldest.begin, oldest.end, /*in=*/false, flat);
     in_flight.pop_front();
   };
   for (int64_t end = static_cast<int64_t>(flat_.size()); end > 0; end -= piece) {
     const int64_t begin = std::max<int64_t>(0, end - piece);
-    CopyFlatRange(begin, end, /*in=*/true);
+    CopyFlatRange(begin, end, /*in=*/true, flat);
     in_flight.push_back({begin, end, MPI_REQUEST_NULL});
-    MPI_Iallreduce(MPI_IN_PLACE, flat_.data() + begin, static_cast<int>(end - begin), MPI_FLOAT,
-                   MPI_SUM, comm_, &in_flight.back().request);
+    MPI_Iallreduce(MPI_IN_PLACE, flat + begin, static_cast<int>(end - begin), MPI_FLOAT, MPI_SUM,
+                   comm_, &in_flight.back().request);
     while (in_flight.size() > kPipeDepth) finish_oldest();
   }
   while (!in_flight.empty()) finish_oldest();
 }
 
 std::vector<std::function<void()>> SetBench::Steps() {
-  std::vector<std::function<void()>> steps = {
-      [this] { Gradsync(); }, [this] { PerTensor(); }, [this] { FlatWithCopies(); },
-      [this] { Bucketed(); }, [this] { Flat(); },      [this] { GradsyncTensors(); }};
-  for (int64_t bytes : kChunkBytes) steps.push_back([this, bytes] { Chunked(bytes); });
-  for (int64_t bytes : kPipeBytes) steps.push_back([this, bytes] { Pipelined(bytes); });
+  std::vector<std::function<void()>> steps = {[this] { Gradsync(); },
+                                              [this] { PerTensor(); },
+                                              [this, f = FlatOf(kFlatCopy)] { FlatWithCopies(f); },
+                                              [this, f = FlatOf(kBucketed)] { Bucketed(f); },
+                                              [this, f = FlatOf(kFlat)] { Flat(f); },
+                                              [this] { GradsyncTensors(); }};
+  int k = kFirstChunk;
+  for (int64_t bytes : kChunkBytes) {
+    steps.push_back([this, bytes, f = FlatOf(k++)] { Chunked(bytes, f); });
+  }
+  for (int64_t bytes : kPipeBytes) {
+    steps.push_back([this, bytes, f = FlatOf(k++)] { Pipelined(bytes, f); });
+  }
   return steps;
 }
 
@@ -277,11 +314,11 @@ bool SetBench::CheckTensors(const std::string& strategy) const {
   return true;
 }
 
-bool SetBench::CheckFlat() const {
-  int64_t bad = FirstMismatch(flat_.data(), flat_.size(), 0, size_);
+bool SetBench::CheckFlat(const float* flat) const {
+  int64_t bad = FirstMismatch(flat, flat_.size(), 0, size_);
   if (bad >= 0) {
     std::fprintf(stderr, "rank %d: flat result WRONG at element %lld: got %g, expected %g\n", rank_,
-                 static_cast<long long>(bad), flat_[bad], ExpectedSum(bad, 0, size_));
+                 static_cast<long long>(bad), flat[bad], ExpectedSum(bad, 0, size_));
   }
   return bad < 0;
 }
@@ -290,20 +327,22 @@ bool SetBench::VerifyAll() {
   bool ok = true;
   const std::vector<std::function<void()>> steps = Steps();
   for (int k = 0; k < kStrategyCount; ++k) {
-    if (k == kFlat) continue;  // reduces flat_ alone: checked below
+    if (k == kFlat) continue;  // reduces its flat buffer alone: checked below
     FillTensors();
     steps[k]();
     ok = CheckTensors(kStrategyNames[k]) && ok;
   }
-  FillPattern(flat_.data(), static_cast<int64_t>(flat_.size()), 0, rank_);
-  Flat();
-  ok = CheckFlat() && ok;
+  float* flat = FlatOf(kFlat);
+  FillPattern(flat, static_cast<int64_t>(flat_.size()), 0, rank_);
+  Flat(flat);
+  ok = CheckFlat(flat) && ok;
   return AllRanksOk(ok, comm_);
 }
 
 void SetBench::Zero() {
   for (auto& t : tensors_) std::fill(t.begin(), t.end(), 0.0f);
   std::fill(flat_.begin(), flat_.end(), 0.0f);
+  for (auto& own : own_flats_) std::fill(own.begin(), own.end(), 0.0f);
 }
 
 struct Config {
