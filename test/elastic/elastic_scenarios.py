@@ -6,8 +6,9 @@ for too long. Needs root (namespaces); exits 77 where namespaces cannot be made.
   elastic_scenarios.py --python PY --build BUILD --work DIR [scenario ...]
 
 Scenarios: fail-and-grow, reset-limit, min-np-timeout, libtorch-fail (the tests, run by default;
-the last needs --libtorch-train), and
-restart-cost (a measurement: a host's failure to the new world's first step, broken down).
+the last needs --libtorch-train), horovod-examples (Horovod's own elastic PyTorch examples, from
+--horovod-examples, which this repository does not hold) and restart-cost (a measurement: a host's
+failure to the new world's first step, broken down).
 """
 
 import argparse
@@ -171,15 +172,21 @@ def fail_and_grow(args, mca):
            "the second world did not end for the hosts' change", text)
     expect("world 2: 3 ranks on" in lines and "world 2: training finished" in lines,
            "the job did not grow back to 3 ranks and finish", text)
-    replayed = os.path.join(job.dir, "replayed.pt")
-    subprocess.run([args.python, TRAINER, "--replay", job.progress, "--out", replayed],
+    expect_replayed(args, job.progress, job.out)
+    print("fail-and-grow: worlds of 3, 2 and 3 ranks; parameters equal the replay's")
+
+
+def expect_replayed(args, progress, out):
+    """The trainer's final parameters in `out` must equal those of its one-process replay of the
+    steps each world committed (`progress`), to 1e-9."""
+    replayed = os.path.splitext(out)[0] + "-replayed.pt"
+    subprocess.run([args.python, TRAINER, "--replay", progress, "--out", replayed],
                    check=True, env=dict(os.environ, PYTHONPATH=os.path.join(args.build, "python")))
     import torch
-    got, want = torch.load(job.out), torch.load(replayed)
+    got, want = torch.load(out), torch.load(replayed)
     for name in want:
         difference = (got[name] - want[name]).abs().max().item()
         expect(difference < 1e-9, "parameter %s differs from the replay by %g" % (name, difference))
-    print("fail-and-grow: worlds of 3, 2 and 3 ranks; parameters equal the replay's")
 
 
 def reset_limit(args, mca):
@@ -296,9 +303,87 @@ def restart_cost(args, mca):
                       **{k: round(v, 3) for k, v in breakdown.items()}}))
 
 
+def fake_mnist(root, train, test, seed=7):
+    """MNIST's four idx files under root/MNIST/raw, as torchvision's datasets.MNIST reads them
+    without downloading: random digits whose label sets a bright row, so that a model learns."""
+    import numpy as np
+    raw = os.path.join(root, "MNIST", "raw")
+    os.makedirs(raw, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for prefix, count in (("train", train), ("t10k", test)):
+        labels = rng.integers(0, 10, count).astype(np.uint8)
+        images = rng.integers(0, 64, (count, 28, 28)).astype(np.uint8)
+        images[np.arange(count), 4 + 2 * labels, :] = 255
+        with open(os.path.join(raw, prefix + "-images-idx3-ubyte"), "wb") as f:
+            f.write(np.array([2051, count, 28, 28], dtype=">i4").tobytes() + images.tobytes())
+        with open(os.path.join(raw, prefix + "-labels-idx1-ubyte"), "wb") as f:
+            f.write(np.array([2049, count], dtype=">i4").tobytes() + labels.tobytes())
+
+
+# Horovod's elastic PyTorch examples (its examples/elastic/pytorch): the script, its arguments
+# here (CPU, small enough for two cores), what its output shows once the job is well under way,
+# and what only its last world prints after training.
+HOROVOD_EXAMPLES = [
+    ("pytorch_synthetic_benchmark_elastic.py",
+     ["--no-cuda", "--model", "resnet18", "--batch-size", "4", "--num-warmup-batches", "2",
+      "--num-batches-per-iter", "2", "--num-iters", "8"], "Iter #2:", "Total img/sec on 2 CPU(s)"),
+    ("pytorch_mnist_elastic.py",
+     ["--no-cuda", "--epochs", "2", "--batch-size", "32", "--log-interval", "4"],
+     "Train Epoch: 1 [256/", "Test set: Average loss"),
+]
+
+
+def horovod_examples(args, mca):
+    """Horovod's own elastic examples, unchanged but for `import gradsync.torch as hvd`, under
+    gradsyncrun in place of horovodrun (--horovod-examples: the folder holding them; they need
+    torchvision). Each runs on three hosts, loses the third's rank once under way, and must finish
+    on the other two from its last commit."""
+    if not args.horovod_examples:
+        print("horovod-examples: skipped (no --horovod-examples)")
+        return
+    for script, flags, under_way, finished in HOROVOD_EXAMPLES:
+        name = os.path.splitext(script)[0]
+        with open(os.path.join(args.horovod_examples, script)) as f:
+            source = f.read()
+        expect(source.count("import horovod.torch as hvd") == 1,
+               "%s does not import horovod.torch as hvd once" % script)
+        work = os.path.join(args.work, name)
+        os.makedirs(work, exist_ok=True)
+        ported = os.path.join(work, script)
+        with open(ported, "w") as f:
+            f.write(source.replace("import horovod.torch as hvd", "import gradsync.torch as hvd"))
+        if "mnist" in script:
+            fake_mnist(os.path.join(work, "data"), train=3000, test=500)
+            flags = flags + ["--data-dir", os.path.join(work, "data")]
+        job = Job(args, mca, name, HOSTS, ["--min-np", "2", "--max-np", "3", "--cooldown", "600",
+                                           "--elastic-timeout", "60"],
+                  step_seconds=0, command=[args.python, ported] + flags)
+
+        def output():
+            job.log.flush()
+            with open(job.log_path) as f:
+                return f.read()
+
+        try:
+            wait_for("%r in its output" % under_way, lambda: under_way in output(), 300,
+                     job.process)
+            kill_ranks_on(2, script)
+            status, text = job.finish(600)
+        finally:
+            job.kill()
+        lines = "\n".join(launcher_lines(text))
+        print(lines)
+        expect(status == 0, "%s ended with status %d" % (script, status), text)
+        expect("world 0 failed: rank 2 on 10.77.0.3 was killed by signal 9" in lines and
+               "world 1: 2 ranks on" in lines and "world 1: training finished" in lines,
+               "%s did not go on at 2 ranks after the failure" % script, text)
+        expect(finished in text, "%s never printed %r" % (script, finished), text)
+        print("horovod-examples: %s went on at 2 ranks and finished" % script)
+
+
 SCENARIOS = {"fail-and-grow": fail_and_grow, "reset-limit": reset_limit,
              "min-np-timeout": min_np_timeout, "libtorch-fail": libtorch_fail,
-             "restart-cost": restart_cost}
+             "horovod-examples": horovod_examples, "restart-cost": restart_cost}
 TESTS = ["fail-and-grow", "reset-limit", "min-np-timeout", "libtorch-fail"]
 
 
@@ -308,10 +393,12 @@ def main():
     p.add_argument("--build", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--libtorch-train", help="examples/libtorch's trainer, for libtorch-fail")
+    p.add_argument("--horovod-examples",
+                   help="Horovod's examples/elastic/pytorch folder, for horovod-examples")
     p.add_argument("--data-dir", default=os.path.join(REPO, "..", "shared", "data"),
                    help="gradient sets, for restart-cost")
     p.add_argument("scenarios", nargs="*", default=TESTS,
-                   help="%s (default: all but restart-cost)" % ", ".join(SCENARIOS))
+                   help="%s (default: the first four)" % ", ".join(SCENARIOS))
     args = p.parse_args()
     os.makedirs(args.work, exist_ok=True)
     subprocess.run([HOSTS_SCRIPT, "down", "3"], check=False)
