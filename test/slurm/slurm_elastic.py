@@ -9,6 +9,7 @@ the cool-down), finish, say so in its log, and end with the parameters of its on
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +24,8 @@ from elastic_scenarios import (TRAINER, Failure, commits_at, expect, expect_repl
 
 
 def trainer_pids(progress):
-    """This job's trainer processes: those whose command line names its progress log."""
+    """This job's trainer processes: an interpreter running the trainer with this job's progress
+    log (the launcher's and mpirun's command lines name both too)."""
     pids = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -33,7 +35,7 @@ def trainer_pids(progress):
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if TRAINER.encode() in argv and progress.encode() in argv:
+        if argv[1:2] == [TRAINER.encode()] and progress.encode() in argv:
             pids.append(int(pid))
     return pids
 
@@ -48,6 +50,9 @@ def run(args):
     os.makedirs(work, exist_ok=True)
     progress, out = os.path.join(work, "progress.jsonl"), os.path.join(work, "final.pt")
     log = os.path.join(work, "elastic.out")
+    commits = os.path.join(work, "commits")
+    # A rerun starts afresh: an earlier run's commits would let the job resume at its end.
+    shutil.rmtree(commits, ignore_errors=True)
     for stale in (progress, out, log):
         if os.path.exists(stale):
             os.unlink(stale)
@@ -57,7 +62,7 @@ def run(args):
         ["sbatch", "--parsable", "--ntasks", "2", "--output", log,
          os.path.join(REPO, "launch", "slurm", "cpu.sbatch"),
          "--min-np", "2", "--max-np", "2", "--cooldown", "1", "--reset-limit", "3",
-         "--elastic-timeout", "60", "--checkpoint-dir", os.path.join(work, "commits"),
+         "--elastic-timeout", "60", "--checkpoint-dir", commits,
          "--mpi-args", "-x PYTHONPATH",
          args.python, TRAINER, "--progress", progress, "--out", out, "--step-seconds", "0.1"],
         env=env, capture_output=True, text=True)
