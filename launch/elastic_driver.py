@@ -225,6 +225,11 @@ class Driver:
                 log("world %d: %d ranks on %s (%s)" % (
                     world, np, ",".join("%s:%d" % h for h in layout), reason))
                 env = dict(self.environ)
+                # A failed world's survivors are killed, not asked to finish: what they would
+                # save is in their last commit, which a kill cannot tear (docs/elastic.md,
+                # "Durability"). Open MPI otherwise waits a second after its SIGTERM, on every
+                # host, before it kills.
+                env.setdefault("OMPI_MCA_odls_base_sigkill_timeout", "0")
                 env.update({
                     "GRADSYNC_ELASTIC_DRIVER": "%s:%d" % (address_towards(first_host),
                                                           endpoint.port),
@@ -271,8 +276,12 @@ class Driver:
         announced = False
         try:
             while process.poll() is None:
-                time.sleep(self.interval)
-                if announced or process.poll() is not None:
+                try:
+                    process.wait(timeout=self.interval)  # returns the moment mpirun ends
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if announced:
                     continue
                 hosts = self.usable()
                 if hosts is not None and self.layout(hosts) != layout and \

@@ -4,6 +4,7 @@ import io
 import os
 import sys
 import tempfile
+import time
 import unittest
 from contextlib import redirect_stderr
 
@@ -123,6 +124,23 @@ class DriverTest(unittest.TestCase):
         self.assertEqual(self.layouts, [[("h1", 1), ("h2", 1)],
                                         [("h1", 1), ("h2", 1), ("h3", 1)]])
         self.assertIn("world 0 ended (status 75): the hosts changed", log)
+
+    def test_a_world_that_ends_is_seen_at_once_not_after_the_interval(self):
+        driver = self.driver([("h1", 2)], "sys.exit(0)", discovery_interval=60.0)
+        started = time.monotonic()
+        status, log = self.run_driver(driver)
+        self.assertEqual(status, 0, log)
+        self.assertLess(time.monotonic() - started, 30.0)
+
+    def test_a_failed_world_is_killed_without_a_grace_period_unless_the_user_set_one(self):
+        body = "print(os.environ.get('OMPI_MCA_odls_base_sigkill_timeout'), file=sys.stderr)"
+        status, log = self.run_driver(self.driver([("h1", 2)], body))
+        self.assertEqual(status, 0, log)
+        self.assertIn("\n0\n", "\n" + log)
+        driver = self.driver([("h1", 2)], body)
+        driver.environ["OMPI_MCA_odls_base_sigkill_timeout"] = "5"
+        status, log = self.run_driver(driver)
+        self.assertIn("\n5\n", "\n" + log)
 
     def test_reset_limit(self):
         driver = self.driver([("h1", 2)], "sys.exit(1)", reset_limit=1, cooldown=0.0)
