@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -126,3 +127,85 @@ def test_state_commits_restores_and_resumes_from_disk(tmp_path, monkeypatch, ran
     assert torch.equal(fresh_model.weight, torch.ones(1, 3, dtype=torch.float64))
     assert fresh.optimizer.param_groups[0]["lr"] == 0.1
     hvd.barrier()
+
+
+def test_the_writer_releases_what_it_wrote_or_dropped(tmp_path, monkeypatch):
+    started, go = threading.Event(), threading.Event()
+
+    def slow_write(directory, number, payload):
+        started.set()
+        go.wait(30)
+
+    monkeypatch.setattr(store, "write", slow_write)
+    released = []
+    writer = store.Writer(str(tmp_path))
+    writer.submit(1, {}, lambda _: released.append(1))
+    assert started.wait(30)
+    writer.submit(2, {}, lambda _: released.append(2))
+    writer.submit(3, {}, lambda _: released.append(3))  # replaces 2, never written
+    assert released == [2]
+    go.set()
+    writer.flush()
+    assert released == [2, 1, 3]
+
+
+def _momentum_model():
+    model = torch.nn.Linear(64, 8).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(2, 64, dtype=torch.float64)).sum().backward()
+    optimizer.step()  # momentum buffers exist
+    return model, optimizer
+
+
+def test_commits_reuse_snapshots_nothing_reads_and_restore_the_last(monkeypatch):
+    monkeypatch.delenv("GRADSYNC_ELASTIC_CHECKPOINT_DIR", raising=False)
+    model, optimizer = _momentum_model()
+    state = hvd.elastic.TorchState(model, optimizer, step=0)
+    copies = []
+    for step in range(1, 5):
+        with torch.no_grad():
+            model.weight.fill_(float(step))
+        state.step = step
+        state.commit()
+        copies.append(state._saved["model"]["weight"])
+    # The state holds one snapshot; the one before it is free again for the next commit.
+    assert copies[2] is copies[0] and copies[3] is copies[1] and copies[1] is not copies[0]
+    with torch.no_grad():
+        model.weight.fill_(-1.0)
+    momentum = optimizer.state[model.weight]["momentum_buffer"]
+    momentum.add_(100.0)
+    state.restore()
+    assert torch.equal(model.weight, torch.full((8, 64), 4.0, dtype=torch.float64))
+    assert state.step == 4
+    restored = optimizer.state[model.weight]["momentum_buffer"]
+    assert restored.max().item() < 100.0
+    assert restored.data_ptr() != state._saved["optimizer"]["state"][0]["momentum_buffer"].data_ptr()
+
+
+def test_a_snapshot_the_writer_still_reads_is_never_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADSYNC_ELASTIC_CHECKPOINT_DIR", str(tmp_path / "commits"))
+    started, go = threading.Event(), threading.Event()
+    seen = []
+
+    def slow_write(directory, number, payload):
+        weight = payload["state_dicts"]["model"]["weight"]
+        before = weight.clone()
+        started.set()
+        go.wait(30)
+        seen.append((number, torch.equal(weight, before), before[0, 0].item()))
+
+    monkeypatch.setattr(store, "write", slow_write)
+    model, optimizer = _momentum_model()
+    state = hvd.elastic.TorchState(model, optimizer)
+    writes = hvd.local_rank() == 0  # one rank a host writes
+    for step in range(1, 6):
+        with torch.no_grad():
+            model.weight.fill_(float(step))
+        state.commit()
+        if step == 1 and writes:
+            assert started.wait(30)  # commit 1 is being written while 2 to 5 are made
+    go.set()
+    state.flush()
+    if writes:
+        # Commit 1 was read unchanged throughout; 2 to 4 were replaced unwritten; 5 was written.
+        assert seen == [(1, True, 1.0), (5, True, 5.0)]

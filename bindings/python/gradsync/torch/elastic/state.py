@@ -11,6 +11,7 @@ Every rank must commit at the same points of the program, as it must reduce the 
 """
 
 import copy
+import threading
 
 import torch
 
@@ -56,7 +57,7 @@ class State:
         if directory is not None and local_rank() == 0:
             if self._writer is None:
                 self._writer = store.Writer(directory)
-            self._writer.submit(self._commits, self._payload())
+            self._writer.submit(self._commits, *self._payload_for_writer())
         self.check_host_updates()
 
     def check_host_updates(self):
@@ -88,6 +89,10 @@ class State:
     def _payload(self):
         """The saved state, as a durable commit holds it."""
         raise NotImplementedError
+
+    def _payload_for_writer(self):
+        """The payload, and what the writer calls once it no longer reads it (or None)."""
+        return self._payload(), None
 
     def _load_payload(self, payload):
         """Makes ``payload`` (a durable commit) the saved state, and restores it."""
@@ -153,6 +158,7 @@ class TorchState(ObjectState):
         if optimizer is None:
             self.optimizer = None
         self._saved = {}
+        self._snapshots = _SnapshotPool()
         super().__init__(**{k: v for k, v in kwargs.items() if k not in self._stateful})
         self._save_torch()
 
@@ -184,14 +190,29 @@ class TorchState(ObjectState):
                 value.reset()
 
     def _save_torch(self):
+        previous, snapshot = self._saved, self._snapshots.take()
         for name, value in self._stateful.items():
             _gather_local_indices(name, value)
-            self._saved[name] = copy.deepcopy(value.state_dict())
+            state = value.state_dict()
+            # A module's and an optimizer's load_state_dict copy what they are given, so live
+            # state never shares a tensor with a snapshot, which may then be reused.
+            if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):
+                snapshot[name] = _copy_into(snapshot.get(name), state)
+            else:
+                snapshot[name] = copy.deepcopy(state)
+        self._snapshots.hold(snapshot)
+        self._saved = snapshot
+        self._snapshots.release(previous)
 
     def _payload(self):
         payload = super()._payload()
-        payload["state_dicts"] = self._saved
+        payload["state_dicts"] = dict(self._saved)
         return payload
+
+    def _payload_for_writer(self):
+        snapshot = self._saved
+        self._snapshots.hold(snapshot)
+        return self._payload(), lambda _: self._snapshots.release(snapshot)
 
     def _load_payload(self, payload):
         self._saved = dict(payload["state_dicts"])
@@ -199,6 +220,65 @@ class TorchState(ObjectState):
             if name in self._saved:
                 value.load_state_dict(self._saved[name])
         super()._load_payload(payload)
+
+
+class _Snapshot(dict):
+    """A commit's copies of state dicts, by name, and how many read them."""
+
+    def __init__(self):
+        super().__init__()
+        self.readers = 0
+
+
+class _SnapshotPool:
+    """Snapshots for reuse. A commit copies the model and optimizer into the tensors of a snapshot
+    nothing reads any more (neither the state's last commit nor the writer's) instead of new ones:
+    allocating a fresh copy (its pages faulted in and zeroed) costs several times the copy itself.
+    The state holds one snapshot and the writer at most two (one written, one waiting), so at most
+    three exist. Threads: ``release`` also from the writer's."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._free = []
+
+    def take(self):
+        with self._lock:
+            return self._free.pop() if self._free else _Snapshot()
+
+    def hold(self, snapshot):
+        if isinstance(snapshot, _Snapshot):
+            with self._lock:
+                snapshot.readers += 1
+
+    def release(self, snapshot):
+        if isinstance(snapshot, _Snapshot):  # not what a resume loaded
+            with self._lock:
+                snapshot.readers -= 1
+                if snapshot.readers == 0 and len(self._free) < 2:
+                    self._free.append(snapshot)
+
+
+def _copy_into(reused, state):
+    """A copy of ``state`` (dicts and lists of tensors and plain values), made in ``reused``'s
+    tensors where ``reused`` is an earlier copy of the same structure, shapes and dtypes."""
+    if torch.is_tensor(state):
+        if torch.is_tensor(reused) and reused.shape == state.shape and \
+                reused.dtype == state.dtype and reused.device == state.device and \
+                reused.layout == state.layout == torch.strided and not state.requires_grad:
+            return reused.copy_(state)
+        return copy.deepcopy(state)
+    if isinstance(state, dict):
+        if type(reused) is not type(state) or list(reused) != list(state):
+            return copy.deepcopy(state)
+        for key, value in state.items():
+            reused[key] = _copy_into(reused[key], value)
+        if hasattr(state, "_metadata"):  # a module's state dict: its layers' versions
+            reused._metadata = copy.deepcopy(state._metadata)
+        return reused
+    if isinstance(state, list) and isinstance(reused, list) and len(reused) == len(state):
+        reused[:] = [_copy_into(r, v) for r, v in zip(reused, state)]
+        return reused
+    return copy.deepcopy(state)
 
 
 def _gather_local_indices(name, value):

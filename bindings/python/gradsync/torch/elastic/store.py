@@ -88,6 +88,11 @@ def read(directory, number):
         return torch.load(f, map_location="cpu")
 
 
+def _release(submitted):
+    if submitted is not None and submitted[2] is not None:
+        submitted[2](submitted[1])
+
+
 class Writer:
     """Writes commits on a thread of its own, newest first: see the module's docstring.
 
@@ -97,18 +102,21 @@ class Writer:
     def __init__(self, directory):
         self.directory = directory
         self._cv = threading.Condition()
-        self._next = None     # (number, payload) waiting to be written
+        self._next = None     # (number, payload, release) waiting to be written
         self._busy = False    # a write is under way
         self._error = None    # the first write that failed, raised by the next call
         self.written = -1     # the newest commit this writer completed
         self._thread = threading.Thread(target=self._run, name="gradsync-commit", daemon=True)
         self._thread.start()
 
-    def submit(self, number, payload):
+    def submit(self, number, payload, release=None):
+        """Queues commit ``number``. ``release(payload)``, when given, is called (on either
+        thread) once the writer no longer reads ``payload``: written, or replaced unwritten."""
         with self._cv:
             self._raise_error()
-            self._next = (number, payload)
+            replaced, self._next = self._next, (number, payload, release)
             self._cv.notify_all()
+        _release(replaced)
 
     def flush(self):
         """Waits until every submitted commit is written (or replaced by a newer one)."""
@@ -127,14 +135,15 @@ class Writer:
             with self._cv:
                 while self._next is None:
                     self._cv.wait()
-                number, payload = self._next
-                self._next = None
+                taken, self._next = self._next, None
+                number, payload, _ = taken
                 self._busy = True
             try:
                 write(self.directory, number, payload)
                 failure = None
             except Exception as e:  # reported to the training thread, which can act on it
                 failure = e
+            _release(taken)
             with self._cv:
                 self._busy = False
                 if failure is None:
