@@ -147,6 +147,21 @@ def expect(condition, message, text=None):
         raise Failure(message)
 
 
+def finished_lines(status, text, what="the job"):
+    """The launcher's lines, printed, of a job that must have ended with status 0."""
+    lines = "\n".join(launcher_lines(text))
+    print(lines)
+    expect(status == 0, "%s ended with status %d" % (what, status), text)
+    return lines
+
+
+def went_on_without_the_third_host(lines):
+    """Whether the launcher's lines show world 0 losing the third host's rank and world 1
+    finishing on the other two."""
+    return ("world 0 failed: rank 2 on 10.77.0.3 was killed by signal 9" in lines and
+            "world 1: 2 ranks on" in lines and "world 1: training finished" in lines)
+
+
 def fail_and_grow(args, mca):
     job = Job(args, mca, "fail-and-grow", HOSTS,
               ["--min-np", "2", "--max-np", "3", "--cooldown", "2", "--reset-limit", "4",
@@ -160,9 +175,7 @@ def fail_and_grow(args, mca):
         status, text = job.finish(300)
     finally:
         job.kill()
-    lines = "\n".join(launcher_lines(text))
-    print(lines)
-    expect(status == 0, "the job ended with status %d" % status, text)
+    lines = finished_lines(status, text)
     sizes = [e["size"] for e in events(job.progress) if e["event"] == "start"]
     expect(sizes == [3, 2, 3], "worlds of %r ranks, expected [3, 2, 3]" % sizes, text)
     expect("world 0 failed: rank 2 on 10.77.0.3 was killed by signal 9" in lines,
@@ -243,11 +256,8 @@ def libtorch_fail(args, mca):
         status, text = job.finish(300)
     finally:
         job.kill()
-    lines = "\n".join(launcher_lines(text))
-    print(lines)
-    expect(status == 0, "the job ended with status %d" % status, text)
-    expect("world 0 failed: rank 2 on 10.77.0.3 was killed by signal 9" in lines and
-           "world 1: 2 ranks on" in lines and "world 1: training finished" in lines,
+    lines = finished_lines(status, text)
+    expect(went_on_without_the_third_host(lines),
            "the job did not go on at 2 ranks after the failure", text)
     expect("libtorch_train: 2 ranks, from step " in text, "the second world did not resume", text)
     expect("replicas identical" in text and "FAILED" not in text,
@@ -360,7 +370,6 @@ def horovod_examples(args, mca):
                   step_seconds=0, command=[args.python, ported] + flags)
 
         def output():
-            job.log.flush()
             with open(job.log_path) as f:
                 return f.read()
 
@@ -371,11 +380,8 @@ def horovod_examples(args, mca):
             status, text = job.finish(600)
         finally:
             job.kill()
-        lines = "\n".join(launcher_lines(text))
-        print(lines)
-        expect(status == 0, "%s ended with status %d" % (script, status), text)
-        expect("world 0 failed: rank 2 on 10.77.0.3 was killed by signal 9" in lines and
-               "world 1: 2 ranks on" in lines and "world 1: training finished" in lines,
+        lines = finished_lines(status, text, script)
+        expect(went_on_without_the_third_host(lines),
                "%s did not go on at 2 ranks after the failure" % script, text)
         expect(finished in text, "%s never printed %r" % (script, finished), text)
         print("horovod-examples: %s went on at 2 ranks and finished" % script)
