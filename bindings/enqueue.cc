@@ -213,11 +213,17 @@ Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& val
   if (traced) rt.timeline.ActivityStart(entry->name, "QUEUE");
   std::string refused_name;
   if (traced) refused_name = entry->name;
-  const Status pushed = rt.queue.Push(std::move(entry));
+  // A device tensor that completes a locked bucket is launched on this thread (the launch is
+  // asynchronous); a host tensor's bucket runs on the background thread, which does not block
+  // the caller for the reduction.
+  bool due = false;
+  const bool may_launch = state->on_device && rt.loop->RunsCallerCycles();
+  const Status pushed = rt.queue.Push(std::move(entry), may_launch ? &due : nullptr);
   if (!pushed.ok()) {
     if (traced) rt.timeline.ActivityEnd(refused_name);
     Throw(pushed);
   }
+  if (due) rt.loop->RunCycleForCaller();
   return MakeHandle(std::move(state));
 }
 

@@ -8,7 +8,7 @@
 #include <pthread.h>
 #endif
 
-#include "ops/scale.h"
+#include "ops/device/device_events.h"
 #include "runtime/logging.h"
 #include "runtime/thread_role.h"
 #include "runtime/timeline_activity.h"
@@ -65,6 +65,8 @@ void BackgroundLoop::Run() {
   while (RunOneCycle()) {
     cycles_run_.fetch_add(1, std::memory_order_release);
   }
+  std::lock_guard<std::mutex> lock(cycle_mu_);
+  caller_cycles_ = false;
   running_ = false;
 }
 
@@ -92,19 +94,74 @@ std::chrono::nanoseconds BackgroundLoop::NextWait() const {
 }
 
 bool BackgroundLoop::RunOneCycle() {
-  // Locked, a burst is not waited out: the bucket it fills starts at once.
-  queue_->WaitForWork(NextWait(), wake_after_ > 0 ? std::chrono::nanoseconds(0) : CycleTime(),
-                      PollWindow());
+  std::chrono::nanoseconds wait, settle, poll;
+  {
+    std::lock_guard<std::mutex> lock(cycle_mu_);
+    wait = NextWait();
+    // Locked, a burst is not waited out: the bucket it fills starts at once.
+    settle = wake_after_ > 0 ? std::chrono::nanoseconds(0) : CycleTime();
+    // Callers launch locked buckets themselves: this thread has nothing to look out for.
+    poll = caller_cycles_ ? std::chrono::nanoseconds(0) : PollWindow();
+  }
+  queue_->WaitForWork(wait, settle, poll);
+  std::chrono::steady_clock::time_point pause_until;
+  {
+    std::unique_lock<std::mutex> lock = LockCycle();
+    if (stop_) return false;
+    if (!RunCycle(/*on_caller=*/false, &pause_until)) return false;
+  }
+  if (pause_until != std::chrono::steady_clock::time_point()) queue_->PauseUntil(pause_until);
+  return true;
+}
+
+std::unique_lock<std::mutex> BackgroundLoop::LockCycle() {
+  std::unique_lock<std::mutex> lock(cycle_mu_, std::try_to_lock);
+  for (int looks = 0; !lock.owns_lock() && looks < 1000; ++looks) {
+    std::this_thread::yield();
+    lock.try_lock();
+  }
+  if (!lock.owns_lock()) lock.lock();
+  return lock;
+}
+
+void BackgroundLoop::RunCycleForCaller() {
+  bool wake = true;
+  {
+    std::unique_lock<std::mutex> lock(cycle_mu_, std::try_to_lock);
+    if (lock.owns_lock() && caller_cycles_ && !stop_) {
+      CallerDeviceScope keep_callers_device;
+      std::chrono::steady_clock::time_point unused;
+      stop_ = !RunCycle(/*on_caller=*/true, &unused);
+      cycles_run_.fetch_add(1, std::memory_order_release);
+      wake = stop_ || !caller_cycles_ || lock_exchanging_;
+    }
+  }
+  // The loop's thread is in a cycle (it drains this push next), or it has work now.
+  if (wake) queue_->Wake();
+}
+
+bool BackgroundLoop::AllSetsLocked() {
+  ProcessSetRuntime* set = sets_.Next(-1);
+  for (; set != nullptr; set = sets_.Next(set->id())) {
+    if (!set->lock().locked()) return false;
+  }
+  return true;
+}
+
+bool BackgroundLoop::RunCycle(bool on_caller, std::chrono::steady_clock::time_point* pause_until) {
   const auto started = std::chrono::steady_clock::now();
   Distribute(TakeFreshEntries());
-  lanes_.Watch();
+  if (!on_caller) lanes_.Watch();
   bool productive = false;
   lock_exchanging_ = false;
   // By id, so that sets added or removed by the global set's responses are picked up (or skipped)
   // in this same cycle on every rank alike.
   for (ProcessSetRuntime* set = sets_.Next(-1); set != nullptr;) {
     const int32_t id = set->id();
-    if (!RunSetCycle(set, &productive)) return false;
+    if (!RunSetCycle(set, on_caller, &productive)) {
+      caller_cycles_ = false;
+      return false;
+    }
     set = sets_.Next(id);
   }
   unproductive_cycles_ = productive ? 0 : std::min(unproductive_cycles_ + 1, 64);
@@ -117,17 +174,22 @@ bool BackgroundLoop::RunOneCycle() {
   // thread is woken by the push that can fill the next one.
   wake_after_ = LockedWakeAfter();
   queue_->SetWakeAfter(wake_after_);
-  if (queue_->HasPending() && wake_after_ == 0) queue_->PauseUntil(started + CycleTime());
+  caller_cycles_ = config_.caller_launch && wake_after_ > 0 && AllSetsLocked();
+  if (!on_caller && queue_->HasPending() && wake_after_ == 0) {
+    *pause_until = started + CycleTime();
+  }
   return true;
 }
 
-bool BackgroundLoop::RunSetCycle(ProcessSetRuntime* set, bool* productive) {
+bool BackgroundLoop::RunSetCycle(ProcessSetRuntime* set, bool on_caller, bool* productive) {
   const int32_t id = set->id();
   if (set->lock().locked()) {
-    if (!RunLockedCycle(set, productive)) return false;
+    if (!RunLockedCycle(set, on_caller, productive)) return false;
     if (sets_.Find(id) == nullptr || set->lock().locked()) return true;  // closed, or still locked
-    // It left the lock in this cycle: what it held is in fresh(), negotiated now.
+    // It left the lock in this cycle: what it held is in fresh(), negotiated now (by the loop's
+    // own thread: a negotiation round is no work for a caller's).
   }
+  if (on_caller) return true;
   const bool global = id == 0;
   CycleOutcome outcome;
   // Only a rank that runs no other set may lock: a locked set's buckets start once the exchange
@@ -174,11 +236,12 @@ bool BackgroundLoop::RunSetCycle(ProcessSetRuntime* set, bool* productive) {
   return true;
 }
 
-bool BackgroundLoop::RunLockedCycle(ProcessSetRuntime* set, bool* productive) {
+bool BackgroundLoop::RunLockedCycle(ProcessSetRuntime* set, bool on_caller, bool* productive) {
   const bool global = set->id() == 0;
   LockedCycle cycle;
   const Status ran = set->lock().RunCycle(set->fresh(), global && shutdown_requested_.load(),
-                                          "shutdown() was called on this rank", &cycle);
+                                          "shutdown() was called on this rank", &cycle,
+                                          /*poll_peers=*/!on_caller);
   set->fresh().clear();
   if (!ran.ok()) {
     Log().error("locked schedule of process set {} failed: {}", set->id(), ran.ToString());
@@ -268,191 +331,6 @@ void BackgroundLoop::MarkNegotiated(const CycleOutcome& outcome) {
   }
 }
 
-Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outcome) {
-  const std::vector<const Response*>& responses = outcome.responses;
-  const std::vector<TensorEntry*>& entries = outcome.entries;
-  // A fatal response comes last: what was agreed before it still runs (the planner skips the fatal
-  // one), then everything fails.
-  Status fatal;
-  if (!responses.empty() && responses.back()->type == ResponseType::kStallShutdown) {
-    fatal = Status::Stalled(responses.back()->error);
-  }
-  // Checked before anything completes, so that on failure every entry of the outcome is still
-  // the caller's to fail.
-  bool has_errors = false;
-  for (size_t i = 0; i < responses.size(); ++i) {
-    const ResponseType type = responses[i]->type;
-    has_errors |= type == ResponseType::kError;
-    if (entries[i] == nullptr && type != ResponseType::kStallShutdown) {
-      // A joined rank takes part in allreduces and barriers it never submitted and ignores the
-      // errors of collectives it never submitted.
-      const bool joinable = type == ResponseType::kAllreduce || type == ResponseType::kBarrier ||
-                            type == ResponseType::kError;
-      if (outcome.joined && joinable) continue;
-      return Status::Internal("rank " + std::to_string(mpi_.rank()) + " was told to run tensor '" +
-                              responses[i]->name + "' that it never submitted");
-    }
-  }
-  for (size_t i = 0; has_errors && i < responses.size(); ++i) {
-    if (responses[i]->type == ResponseType::kError && entries[i] != nullptr) {
-      Complete({entries[i]}, Status::Mismatch(responses[i]->error));
-    }
-  }
-  stand_ins_used_ = 0;
-  // The first host allreduce of a set is a point every member reaches with the same responses.
-  if (!set->calibrated()) {
-    for (const Response* r : responses) {
-      if (r->type == ResponseType::kAllreduce && r->device.kind == DeviceKind::kCpu) {
-        set->Calibrate();
-        break;
-      }
-    }
-  }
-  for (const Bucket& bucket : PlanFusion(responses, set->fusion())) {
-    members_.clear();
-    for (size_t i : bucket.responses) {
-      if (entries[i] != nullptr) {
-        members_.push_back(entries[i]);
-      } else if (responses[i]->type == ResponseType::kAllreduce) {
-        TensorEntry* stand_in = nullptr;
-        GRADSYNC_RETURN_IF_ERROR(StandIn(set, *responses[i], &stand_in));
-        members_.push_back(stand_in);
-      }
-    }
-    if (members_.empty()) continue;  // a joined rank's barrier: nothing to do
-    local_failures_.clear();
-    DataPlane* plane = nullptr;
-    const Response& first = *responses[bucket.responses.front()];
-    const bool traced_device = first.device.kind != DeviceKind::kCpu && timeline_->active();
-    Status executed;
-    {
-      // A device bucket's launch: the host's part, before its phases on the stream.
-      TimelineActivity launch(traced_device ? timeline_ : nullptr, members_, "DEVICE_LAUNCH");
-      executed = ExecuteBucket(set, first, members_, traced_device, &plane);
-    }
-    if (!local_failures_.empty()) CompleteLocalFailures();
-    std::shared_ptr<StreamEvent> launched;
-    std::vector<DataPlane::TimedPhase> phases;
-    if (executed.ok() && plane != nullptr) launched = plane->TakeCompletion();
-    if (traced_device && launched != nullptr) phases = plane->TakePhases();
-    Status status = executed;
-    if (executed.ok() && launched == nullptr &&
-        responses[bucket.responses.front()]->type == ResponseType::kAllreduce) {
-      // Before the handles complete, so that a caller finds its lane granted once it waited.
-      status = lanes_.GrantAfterRun(set->id(), set->data_comm(), set->allreduce_piece_bytes(),
-                                    set->last_allreduce_shared(), members_, outcome.joined);
-    }
-    if (launched != nullptr) {
-      device_launched_at_ = std::chrono::steady_clock::now();
-      finalizer_.Add(plane, set->id(), members_, std::move(launched), std::move(phases),
-                     device_launched_at_);
-    } else {
-      Complete(members_, status);
-    }
-  }
-  if (config_.autotune) {
-    set->ObserveForAutotune(responses);
-    if (set->id() == 0) config_.cycle_time_ms = set->cycle_time_ms();
-  }
-  return fatal;
-}
-
-Status BackgroundLoop::ExecuteBucket(ProcessSetRuntime* set, const Response& first,
-                                     const std::vector<TensorEntry*>& members, bool record_phases,
-                                     DataPlane** plane_used) {
-  TensorEntry* first_entry = members.front();
-  DataPlane* plane = nullptr;
-  GRADSYNC_RETURN_IF_ERROR(set->PlaneFor(first.device, &plane));
-  *plane_used = plane;  // PlaneFor gives a plane whenever it returns OK
-  if (first.device.kind != DeviceKind::kCpu) plane->RecordPhases(record_phases);
-  switch (first.type) {
-    case ResponseType::kAllreduce:
-      return plane->Allreduce(members,
-                              {first.dtype, first.reduce_op, first.prescale, first.postscale});
-    case ResponseType::kAllgather:
-      return plane->Allgather(first_entry, first.first_dims);
-    case ResponseType::kBroadcast:
-      return plane->Broadcast(first_entry, first.root);
-    case ResponseType::kReducescatter:
-      return plane->Reducescatter(members,
-                                  {first.dtype, first.reduce_op, first.prescale, first.postscale},
-                                  &local_failures_);
-    case ResponseType::kAlltoall:
-      return plane->Alltoall(first_entry);
-    case ResponseType::kBarrier:
-      // Negotiation already proved every rank reached the barrier.
-      return Status::OK();
-    case ResponseType::kJoin:
-      first_entry->state->result = first.root;
-      // Every rank is back: the stand-ins (as large as the gradients) are not needed any more.
-      // The join runs alone, after every bucket that used them has completed (device buckets
-      // once the finalizer has them done).
-      finalizer_.Drain();
-      set->ReleaseStandIns();
-      stand_ins_.clear();
-      stand_ins_used_ = 0;
-      return Status::OK();
-    case ResponseType::kAddProcessSet:
-      return ExecuteAddProcessSet(first_entry);
-    case ResponseType::kRemoveProcessSet:
-      return ExecuteRemoveProcessSet(first_entry);
-    default:
-      return Status::Internal("unplannable response type for '" + first.name + "'");
-  }
-}
-
-Status BackgroundLoop::ExecuteAddProcessSet(TensorEntry* entry) {
-  GRADSYNC_RETURN_IF_ERROR(
-      CheckSameOnEveryRank(mpi_.data_comm(), entry->splits, "add_process_set"));
-  std::vector<int> ranks(entry->splits.begin(), entry->splits.end());  // ints at the call
-  const Status valid = NormalizeProcessSetRanks(ranks, mpi_.size(), &ranks);
-  if (!valid.ok()) return Status(valid.code(), "add_process_set: " + valid.message());
-  int32_t id = 0;
-  GRADSYNC_RETURN_IF_ERROR(sets_.Add(ranks, &id));
-  entry->state->result = id;
-  return Status::OK();
-}
-
-Status BackgroundLoop::ExecuteRemoveProcessSet(TensorEntry* entry) {
-  GRADSYNC_RETURN_IF_ERROR(
-      CheckSameOnEveryRank(mpi_.data_comm(), entry->splits, "remove_process_set"));
-  const auto id = static_cast<int32_t>(entry->splits.at(0));
-  finalizer_.Drain();  // the set's device work, before its plane goes
-  std::vector<TensorEntry*> orphaned;
-  GRADSYNC_RETURN_IF_ERROR(sets_.Remove(id, &orphaned));
-  if (!orphaned.empty()) {
-    Complete(orphaned, Status::Shutdown("process set " + std::to_string(id) +
-                                        " was removed while this operation was pending"));
-  }
-  return Status::OK();
-}
-
-Status BackgroundLoop::StandIn(ProcessSetRuntime* set, const Response& response,
-                               TensorEntry** stand_in_entry) {
-  if (stand_ins_used_ == stand_ins_.size()) stand_ins_.push_back(std::make_unique<StandInEntry>());
-  StandInEntry& stand_in = *stand_ins_[stand_ins_used_++];
-  TensorEntry& entry = stand_in.entry;
-  entry.Clear();
-  entry.name = response.name;
-  entry.op = OpType::kAllreduce;
-  entry.input.dtype = response.dtype;
-  entry.input.shape = response.shape;
-  entry.input.device = response.device;
-  const int64_t count = entry.input.num_elements();
-  stand_in.buffer.resize(static_cast<size_t>(entry.input.num_bytes()));
-  FillReductionIdentity(stand_in.buffer.data(), count, response.dtype, response.reduce_op);
-  entry.input.data = stand_in.buffer.data();
-  entry.output = entry.input;
-  entry.reduce_op = response.reduce_op;
-  entry.prescale = response.prescale;
-  entry.postscale = response.postscale;
-  *stand_in_entry = &entry;
-  if (response.device.kind == DeviceKind::kCpu) return Status::OK();
-  DataPlane* plane = nullptr;
-  GRADSYNC_RETURN_IF_ERROR(set->PlaneFor(response.device, &plane));
-  return plane->AdoptStandIn(&entry);
-}
-
 void BackgroundLoop::Complete(const std::vector<TensorEntry*>& members, const Status& status) {
   // Names are released first so a caller woken by its handle may reuse the name at once; the
   // entries (and their states) go back to the pool only once completed.
@@ -468,14 +346,6 @@ void BackgroundLoop::Complete(const std::vector<TensorEntry*>& members, const St
   for (TensorEntry* entry : releasing_) entry->state->Record(status);
   OpState::AnnounceCompletions();
   queue_->Recycle();
-}
-
-void BackgroundLoop::CompleteLocalFailures() {
-  for (const LocalFailure& failure : local_failures_) {
-    members_.erase(std::find(members_.begin(), members_.end(), failure.entry));
-    Complete({failure.entry}, failure.status);
-  }
-  local_failures_.clear();
 }
 
 void BackgroundLoop::CloseSet(int32_t id, const Status& reason,

@@ -10,8 +10,10 @@
 //
 // Owns the process sets (their negotiators and data planes); uses the entries it drains until it
 // releases them to the queue, which owns them. The constructor, AddProcessSet, Start and Shutdown
-// are called by init()/shutdown() on one caller thread; everything else runs on the loop's thread,
-// but for Complete, which the finalizer calls too.
+// are called by init()/shutdown() on one caller thread; a cycle runs on the loop's thread, or,
+// while the schedule is locked, on a caller's thread in RunCycleForCaller, one cycle at a time
+// under cycle_mu_, which guards the sets, their planes and the cycle's own state; Complete is
+// called by the finalizer too.
 #pragma once
 
 #include <algorithm>
@@ -59,6 +61,16 @@ class BackgroundLoop {
   // reached the coordinator. Used to keep join()'s order of arrival with caller lanes.
   void WaitForFreshCycle();
 
+  // Whether a caller that pushes a device tensor should ask for RunCycleForCaller (cheap, any
+  // thread): the loop's sets are all locked and GRADSYNC_CALLER_LAUNCH is on.
+  bool RunsCallerCycles() const { return caller_cycles_.load(std::memory_order_relaxed); }
+  // Called by a caller whose push the queue reported due (TensorQueue::Push): runs the loop's
+  // cycle on the calling thread, so that a locked bucket the push filled is launched at once
+  // instead of after a hand-off to the background thread. Wakes the background thread instead
+  // when it is in a cycle of its own, and after the cycle when it has work left (an exchange in
+  // flight, a set that left the lock).
+  void RunCycleForCaller();
+
  private:
   void Run();
   // How long to wait for new work before the next cycle.
@@ -78,15 +90,25 @@ class BackgroundLoop {
         device_launched_at_ + std::chrono::microseconds(200) - std::chrono::steady_clock::now();
     return std::max(std::chrono::nanoseconds(0), left);
   }
-  // One cycle over every process set; false once the loop must end.
+  // Waits for work, then runs a cycle; false once the loop must end.
   bool RunOneCycle();
+  // One cycle over every process set, under cycle_mu_; false once the loop must end. On a
+  // caller's thread (`on_caller`) only locked sets run, and a set that leaves the lock leaves what
+  // it held for the loop's thread to negotiate. Sets *pause_until when the loop's thread should
+  // let a streaming caller's burst gather before its next cycle.
+  bool RunCycle(bool on_caller, std::chrono::steady_clock::time_point* pause_until);
+  // Takes cycle_mu_ for the loop's thread. A caller's cycle holds it for microseconds: the loop's
+  // thread looks between yields first, so that the caller's unlock need not wake it.
+  std::unique_lock<std::mutex> LockCycle();
+  // Whether every set this rank runs is locked (the caller may run cycles).
+  bool AllSetsLocked();
   // One set's share of a cycle; false once the loop must end (only the global set ends it: a
   // failing process set is closed and the rest go on). Sets *productive if anything ran.
-  bool RunSetCycle(ProcessSetRuntime* set, bool* productive);
+  bool RunSetCycle(ProcessSetRuntime* set, bool on_caller, bool* productive);
   // RunSetCycle for a set whose schedule is locked: its locked schedule takes the fresh entries
   // and gives the buckets every member has reached, which run here. If the set leaves the lock,
   // what it held goes back into its fresh entries.
-  bool RunLockedCycle(ProcessSetRuntime* set, bool* productive);
+  bool RunLockedCycle(ProcessSetRuntime* set, bool on_caller, bool* productive);
   static std::vector<TensorEntry*> EntriesOf(const std::vector<CycleOutcome>& buckets, size_t from);
   // A set failed with `why`: the global set fails everything (returns false: the loop ends); any
   // other set is closed, failing `taken` with what it held (returns true).
@@ -154,6 +176,9 @@ class BackgroundLoop {
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<uint64_t> cycles_run_{0};
   std::atomic<bool> running_{false};
+  std::mutex cycle_mu_;                     // one cycle at a time, on whichever thread
+  std::atomic<bool> caller_cycles_{false};  // RunsCallerCycles()
+  bool stop_ = false;                       // a caller's cycle ended the loop; under cycle_mu_
   std::thread thread_;
   // Last: destroyed first, completing what it still holds while the rest is intact.
   Finalizer finalizer_;

@@ -177,11 +177,11 @@ size_t LockedSchedule::MissingForNextBucket() const {
 }
 
 Status LockedSchedule::RunCycle(const std::vector<TensorEntry*>& fresh, bool release,
-                                const std::string& why, LockedCycle* out) {
+                                const std::string& why, LockedCycle* out, bool poll_peers) {
   const double now = clock_();
   for (TensorEntry* entry : fresh) Place(entry, now);
   if (release && leave_reason_.empty()) leave_reason_ = why;
-  return Advance(out);
+  return Advance(out, poll_peers);
 }
 
 void LockedSchedule::Place(TensorEntry* entry, double now) {
@@ -210,7 +210,7 @@ void LockedSchedule::Place(TensorEntry* entry, double now) {
   }
 }
 
-Status LockedSchedule::Advance(LockedCycle* out) {
+Status LockedSchedule::Advance(LockedCycle* out, bool poll_peers) {
   while (locked_) {
     const double now = clock_();
     if (in_flight_) {
@@ -224,7 +224,7 @@ Status LockedSchedule::Advance(LockedCycle* out) {
       }
       // Peers usually arrive within microseconds of each other: poll a while, leaving the core
       // to others between polls, before handing the wait back to the loop's backoff.
-      if (now - started_at_ < kPollSeconds) {
+      if (poll_peers && now - started_at_ < kPollSeconds) {
         std::this_thread::yield();
         continue;
       }

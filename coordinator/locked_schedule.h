@@ -89,9 +89,11 @@ class LockedSchedule {
 
   // Locked: places `fresh`, then exchanges and returns the buckets every rank has reached.
   // `release` (with `why`) leaves the lock at the next exchange. A failure is this rank's control
-  // plane, or a stall past GRADSYNC_STALL_SHUTDOWN_SECONDS.
+  // plane, or a stall past GRADSYNC_STALL_SHUTDOWN_SECONDS. With `poll_peers`, an exchange the
+  // others have not joined yet is looked at between yields for a while before it returns; a
+  // caller's thread, which has its own work to do, passes false and looks once.
   Status RunCycle(const std::vector<TensorEntry*>& fresh, bool release, const std::string& why,
-                  LockedCycle* out);
+                  LockedCycle* out, bool poll_peers = true);
   // Whether an exchange is in flight: the background thread should test it again soon.
   bool exchanging() const { return in_flight_; }
   // Locked: how many more of this rank's tensors the next bucket needs before it can start (0
@@ -137,7 +139,7 @@ class LockedSchedule {
   static void EndFirstStep(PlannedBucket* bucket);
   void Place(TensorEntry* entry, double now);
   // Exchanges and emits until nothing more can happen without waiting.
-  Status Advance(LockedCycle* out);
+  Status Advance(LockedCycle* out, bool poll_peers);
   Status StartExchange(bool release, double now);
   // Handles a completed exchange: the buckets every rank has full run, or every rank leaves.
   void Finish(const std::vector<uint64_t>& words, LockedCycle* out);

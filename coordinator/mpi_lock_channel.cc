@@ -41,14 +41,27 @@ Status MpiLockChannel::Open() {
 }
 
 Status MpiLockChannel::StartAnd(const std::vector<uint64_t>& words) {
-  if (exchange_ != MPI_REQUEST_NULL) return Status::Internal("locked schedule: two exchanges");
+  if (exchange_ != MPI_REQUEST_NULL || alone_in_flight_) {
+    return Status::Internal("locked schedule: two exchanges");
+  }
   words_ = words;
+  // Alone, the AND is the words themselves: no library call on a locked bucket's path.
+  if (size_ == 1) {
+    alone_in_flight_ = true;
+    return Status::OK();
+  }
   GRADSYNC_MPI_CALL(MPI_Iallreduce(MPI_IN_PLACE, words_.data(), static_cast<int>(words_.size()),
                                    MPI_UINT64_T, MPI_BAND, comm_, &exchange_));
   return Status::OK();
 }
 
 Status MpiLockChannel::TestAnd(bool* done, std::vector<uint64_t>* words) {
+  if (alone_in_flight_) {
+    alone_in_flight_ = false;
+    *done = true;
+    *words = words_;
+    return Status::OK();
+  }
   int complete = 0;
   GRADSYNC_RETURN_IF_ERROR(MpiResult(MPI_Test(&exchange_, &complete, MPI_STATUS_IGNORE),
                                      "MPI_Test(locked bucket exchange)"));

@@ -39,6 +39,7 @@ class MpiLockChannel : public LockChannel {
   int size_ = 1;
   std::vector<uint64_t> words_;
   MPI_Request exchange_ = MPI_REQUEST_NULL;
+  bool alone_in_flight_ = false;  // a set of one rank: its exchange is its own words
   struct Send {
     std::unique_ptr<uint64_t> sequence;  // the buffer, fixed until the send completes
     MPI_Request request = MPI_REQUEST_NULL;

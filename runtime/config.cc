@@ -227,6 +227,9 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
   if (std::string_view text = Lookup(getenv, "GRADSYNC_LOCKED_SCHEDULE"); !text.empty()) {
     GRADSYNC_RETURN_IF_ERROR(ParseSwitch("GRADSYNC_LOCKED_SCHEDULE", text, &c.locked_schedule));
   }
+  if (std::string_view text = Lookup(getenv, "GRADSYNC_CALLER_LAUNCH"); !text.empty()) {
+    GRADSYNC_RETURN_IF_ERROR(ParseSwitch("GRADSYNC_CALLER_LAUNCH", text, &c.caller_launch));
+  }
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kLockAfterSteps, &c.lock_after_steps));
   if (c.lock_after_steps < 1) {
     return BadValue(kLockAfterSteps.name, Lookup(getenv, kLockAfterSteps.name),
@@ -282,6 +285,7 @@ std::string Config::ToString() const {
                                                       : "(calibrated)") +
          " GRADSYNC_LOCKED_SCHEDULE=" + (locked_schedule ? "1" : "0") +
          " GRADSYNC_LOCK_AFTER_STEPS=" + std::to_string(lock_after_steps) +
+         " GRADSYNC_CALLER_LAUNCH=" + (caller_launch ? "1" : "0") +
          " GRADSYNC_LOCK_WAIT_MS=" + FormatDouble(lock_wait_ms) +
          " GRADSYNC_CYCLE_TIME_MS=" + FormatDouble(cycle_time_ms) +
          " GRADSYNC_CACHE_CAPACITY=" + std::to_string(cache_capacity) +

@@ -65,6 +65,10 @@ struct Config {
   // no negotiation (coordinator/locked_schedule.h). Off on any rank, no set locks.
   bool locked_schedule = true;
   int64_t lock_after_steps = 3;
+  // GRADSYNC_CALLER_LAUNCH: while the schedule is locked, the thread that enqueues a device
+  // tensor completing a bucket runs the loop's cycle itself, launching the bucket without handing
+  // it to the background thread (docs/architecture.md, "Launching from the caller's thread").
+  bool caller_launch = true;
   // GRADSYNC_LOCK_WAIT_MS: how long a locked rank waits for a bucket that does not fill, or for
   // the others to reach one, before it asks every rank to leave the lock.
   double lock_wait_ms = 1000.0;

@@ -60,7 +60,7 @@ void TensorQueue::WaitOutLaunchedLocked(std::unique_lock<std::mutex>* lock,
 // or about to drain anyway, and a futex wake per tensor would be wasted. Clearing the flag keeps
 // a burst of pushes to one wake-up; that is safe because only the waiter drains, so once this
 // push is pending its wait predicate stays true until it runs.
-Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry) {
+Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry, bool* due) {
   if (!entry) return Status::InvalidArgument("TensorQueue::Push: null entry");
   entry->name_hash = HashName(entry->name);  // outside the lock
   bool notify = false;
@@ -77,8 +77,12 @@ Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry) {
     }
     raw->in_flight = true;
     pending_.push_back(raw);
-    notify = (pending_.size() >= wake_after_ || WakesAlways(raw->op)) &&
-             std::exchange(waiter_sleeping_, false);
+    const bool wakes = pending_.size() >= wake_after_ || WakesAlways(raw->op);
+    if (due != nullptr) {
+      *due = wakes;
+    } else {
+      notify = wakes && std::exchange(waiter_sleeping_, false);
+    }
     RefillSpareLocked();
   }
   if (notify) cv_.notify_one();

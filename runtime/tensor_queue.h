@@ -39,8 +39,10 @@ class TensorQueue {
   std::unique_ptr<TensorEntry> NewEntry();
   // Fails with InvalidArgument if the name is in flight and not yet launched, or with the Close()
   // status once closed; waits if the operation in flight under the name has been launched on a
-  // device, until it completes. Sets the entry's name_hash.
-  Status Push(std::unique_ptr<TensorEntry> entry);
+  // device, until it completes. Sets the entry's name_hash. With `due`, a push that would wake the
+  // waiter (see SetWakeAfter) leaves that to its caller and says so in *due: the caller then does
+  // the waiter's work itself or calls Wake().
+  Status Push(std::unique_ptr<TensorEntry> entry, bool* due = nullptr);
   // Pushes several entries atomically: all are accepted or none is.
   Status PushAll(std::vector<std::unique_ptr<TensorEntry>> entries);
 

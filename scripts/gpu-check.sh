@@ -191,6 +191,11 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
   [ -d "$data" ] || data=$deps/data
   {
     "$bench" --data-dir "$data" --iters "${BENCH_ITERS:-20}" || true
+    # The one-operation table again with every locked bucket launched by the background thread:
+    # the caller's launch, before and after.
+    echo "gpu-check: one allreduce with GRADSYNC_CALLER_LAUNCH=0"
+    GRADSYNC_CALLER_LAUNCH=0 "$bench" --data-dir "$data" --iters "${BENCH_ITERS:-20}" \
+      --max-bytes 4096 | grep -A8 '^# allreduce of one' || true
     GRADSYNC_GPU_BACKEND=mpi mpirun -np 2 --oversubscribe "$bench" --data-dir "$data" \
       --iters "${BENCH_ITERS:-20}" --max-bytes $((1 << 28)) || true
     "$bench" --data-dir "$data" --iters "${BENCH_ITERS:-20}" --max-bytes 4 --compute-scale 10 |

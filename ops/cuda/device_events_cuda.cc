@@ -81,4 +81,15 @@ Status OrderStreamAfter(const std::shared_ptr<StreamEvent>& done, void* cuda_str
                     "cudaStreamWaitEvent", cuda_event->device());
 }
 
+// A thread with no CUDA context yet reports device 0 without error: restoring it is harmless.
+CallerDeviceScope::CallerDeviceScope() {
+  int device = -1;
+  if (cudaGetDevice(&device) == cudaSuccess) device_ = device;
+}
+
+CallerDeviceScope::~CallerDeviceScope() {
+  int now = -1;
+  if (device_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != device_) cudaSetDevice(device_);
+}
+
 }  // namespace gradsync

@@ -23,4 +23,18 @@ Status ImportReadiness(void* cuda_event, void* cuda_stream, int device,
 // on the host until it completes. Returns the failure of an operation that failed.
 Status OrderStreamAfter(const std::shared_ptr<StreamEvent>& done, void* cuda_stream);
 
+// Keeps the calling thread's current CUDA device across a scope in which gradsync's device
+// backends select their own: a caller's thread that launches a bucket (the background loop's
+// cycle run on it) is left on the device it had. Does nothing in a build without CUDA.
+class CallerDeviceScope {
+ public:
+  CallerDeviceScope();
+  ~CallerDeviceScope();
+  CallerDeviceScope(const CallerDeviceScope&) = delete;
+  CallerDeviceScope& operator=(const CallerDeviceScope&) = delete;
+
+ private:
+  int device_ = -1;  // -1: none to restore
+};
+
 }  // namespace gradsync

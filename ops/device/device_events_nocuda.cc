@@ -18,4 +18,7 @@ Status OrderStreamAfter(const std::shared_ptr<StreamEvent>& done, void*) {
   return done == nullptr ? Status::OK() : done->Wait(kWaitForever);
 }
 
+CallerDeviceScope::CallerDeviceScope() = default;
+CallerDeviceScope::~CallerDeviceScope() = default;
+
 }  // namespace gradsync

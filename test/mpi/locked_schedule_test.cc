@@ -3,6 +3,10 @@
 // rank, a tensor late on one rank, join, a process set added) leaves the lock on every rank with
 // every result right or failed with negotiation's error, never a hang. Rank 0's timeline shows the
 // LOCK and UNLOCK marks the checks count.
+//
+// With GRADSYNC_TEST_DEVICE_TENSORS=1 the tensors are device tensors over the host device backend
+// (host memory labelled cuda:0), so that locked buckets are launched from the caller's thread
+// (GRADSYNC_CALLER_LAUNCH); the backend notes which thread launched each allreduce.
 #include <unistd.h>
 
 #include <chrono>
@@ -10,10 +14,14 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "ops/device/device_plane.h"
+#include "ops/device/device_plane_factory.h"
+#include "ops/device/host_device_backend.h"
 #include "test/mpi/multi_rank_test.h"
 #include "test/trace_reader.h"
 
@@ -31,9 +39,81 @@ AllreduceOptions Named(const std::string& name, const ProcessSet& set = ProcessS
   return options;
 }
 
+bool DeviceTensors() {
+  const char* value = std::getenv("GRADSYNC_TEST_DEVICE_TENSORS");
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
+// Threads that launched device allreduces, in launch order.
+std::mutex launches_mu;
+std::vector<std::thread::id> launch_threads;
+
+// The host backend, noting the thread of each allreduce launch.
+class LaunchNotingBackend : public DeviceBackend {
+ public:
+  explicit LaunchNotingBackend(std::unique_ptr<HostDeviceBackend> inner)
+      : inner_(std::move(inner)) {}
+  const char* name() const override { return inner_->name(); }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  Stream* stream() override { return inner_->stream(); }
+  Status Allocate(size_t bytes, void** ptr) override { return inner_->Allocate(bytes, ptr); }
+  void FreeAfterWork(void* ptr) override { inner_->FreeAfterWork(ptr); }
+  Status Upload(const void* host, void* dst, size_t bytes) override {
+    return inner_->Upload(host, dst, bytes);
+  }
+  Status BatchedCopy(const std::vector<CopySegment>& segments, DataType dtype) override {
+    return inner_->BatchedCopy(segments, dtype);
+  }
+  Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                   ReduceOp op) override {
+    {
+      std::lock_guard<std::mutex> lock(launches_mu);
+      launch_threads.push_back(std::this_thread::get_id());
+    }
+    return inner_->Allreduce(send, recv, count, dtype, op);
+  }
+  Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                    DataType dtype) override {
+    return inner_->Allgatherv(send, recv, counts, dtype);
+  }
+  Status Broadcast(void* buffer, int64_t count, DataType dtype, int root) override {
+    return inner_->Broadcast(buffer, count, dtype, root);
+  }
+  Status Alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                   const std::vector<int64_t>& recv_counts, DataType dtype) override {
+    return inner_->Alltoallv(send, send_counts, recv, recv_counts, dtype);
+  }
+  Status ReduceScatterv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                        DataType dtype, ReduceOp op) override {
+    return inner_->ReduceScatterv(send, recv, counts, dtype, op);
+  }
+  Status CheckAsyncError() override { return inner_->CheckAsyncError(); }
+  void Abort(const Status& status) override { inner_->Abort(status); }
+
+ private:
+  std::unique_ptr<HostDeviceBackend> inner_;
+};
+
+Status LaunchNotingPlane(const Config& config, MPI_Comm comm, const Device&,
+                         std::unique_ptr<DataPlane>* plane) {
+  std::unique_ptr<HostDeviceBackend> backend;
+  GRADSYNC_RETURN_IF_ERROR(HostDeviceBackend::Create(comm, &backend));
+  const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(config.nccl_timeout_seconds));
+  *plane = std::make_unique<DevicePlane>(std::make_unique<LaunchNotingBackend>(std::move(backend)),
+                                         comm, timeout);
+  return Status::OK();
+}
+
 class LockedScheduleTest : public MultiRankTest {
  protected:
   void SetUp() override {
+    if (DeviceTensors()) SetDevicePlaneFactoryForTesting(&LaunchNotingPlane);
+    {
+      std::lock_guard<std::mutex> lock(launches_mu);
+      launch_threads.clear();
+    }
     MultiRankTest::SetUp();
     trace_path_ = fs::temp_directory_path() /
                   ("gradsync_locked_" + std::to_string(getpid()) + "_" +
@@ -44,6 +124,14 @@ class LockedScheduleTest : public MultiRankTest {
     if (!trace_stopped_) stop_timeline();
     if (rank_ == 0) fs::remove(trace_path_);
     MultiRankTest::TearDown();
+    SetDevicePlaneFactoryForTesting(nullptr);
+  }
+
+  // What the operations are given: the tensor, labelled cuda:0 in the device variant.
+  static TensorView View(HostTensor& tensor) {
+    TensorView view = tensor.view();
+    if (DeviceTensors()) view.device = Device::Cuda(0);
+    return view;
   }
 
   static bool LockingOn() {
@@ -67,7 +155,7 @@ class LockedScheduleTest : public MultiRankTest {
     std::vector<Handle> handles;
     for (size_t t = 0; t < kSizes.size(); ++t) {
       tensors.push_back(Filled(kSizes[t], step + static_cast<int64_t>(t), rank_));
-      handles.push_back(allreduce(tensors.back()->view(), Named(Name(t))));
+      handles.push_back(allreduce(View(*tensors.back()), Named(Name(t))));
     }
     for (size_t t = 0; t < kSizes.size(); ++t) {
       ASSERT_TRUE(Succeeds(handles[t])) << "step " << step << " " << Name(t);
@@ -123,12 +211,39 @@ TEST_F(LockedScheduleTest, ASteadyLoopLocksOnceAndStaysRight) {
   EXPECT_GE(LockedWaits(), 3 * kSizes.size());
 }
 
+// Alone, a locked bucket needs nobody else: the push that fills it launches it on the caller's
+// thread (unless the background thread is in a cycle just then), and GRADSYNC_CALLER_LAUNCH=0
+// leaves every launch to the background thread.
+TEST_F(LockedScheduleTest, LockedDeviceBucketsLaunchOnTheCallersThread) {
+  if (!DeviceTensors()) GTEST_SKIP() << "host tensors: buckets run on the background thread";
+  for (int step = 0; step < 6; ++step) RunStep(step);  // locked by now
+  size_t before = 0;
+  {
+    std::lock_guard<std::mutex> lock(launches_mu);
+    before = launch_threads.size();
+  }
+  for (int step = 6; step < 14; ++step) RunStep(step);
+  std::lock_guard<std::mutex> lock(launches_mu);
+  size_t on_caller = 0;
+  for (size_t i = before; i < launch_threads.size(); ++i) {
+    on_caller += launch_threads[i] == std::this_thread::get_id() ? 1 : 0;
+  }
+  const size_t launched = launch_threads.size() - before;
+  ASSERT_GT(launched, 0u);
+  const char* caller_launch = std::getenv("GRADSYNC_CALLER_LAUNCH");
+  if (caller_launch != nullptr && std::strcmp(caller_launch, "0") == 0) {
+    EXPECT_EQ(on_caller, 0u);
+  } else if (LockingOn() && size_ == 1) {
+    EXPECT_GE(2 * on_caller, launched) << on_caller << " of " << launched << " on the caller";
+  }
+}
+
 TEST_F(LockedScheduleTest, ANewNameOnEveryRankUnlocksAndTheLoopLocksAgain) {
   if (!LockingOn()) GTEST_SKIP() << "locking is off";
   for (int step = 0; step < 6; ++step) RunStep(step);
   // A metric reduced once, in the middle of a step.
   auto metric = Filled(4, 100, rank_);
-  Handle m = allreduce(metric->view(), Named("lock.metric"));
+  Handle m = allreduce(View(*metric), Named("lock.metric"));
   ASSERT_TRUE(Succeeds(m));
   ExpectSums(*metric, 100, 0, size_);
   for (int step = 6; step < 14; ++step) RunStep(step);
@@ -152,7 +267,7 @@ TEST_F(LockedScheduleTest, AnotherShapeOnOneRankFailsThatTensorOnEveryRank) {
   for (size_t t = 0; t < kSizes.size(); ++t) {
     const int64_t n = kSizes[t] + (t == 2 && rank_ == size_ - 1 ? 1 : 0);
     tensors.push_back(Filled(n, 6 + static_cast<int64_t>(t), rank_));
-    handles.push_back(allreduce(tensors.back()->view(), Named(Name(t))));
+    handles.push_back(allreduce(View(*tensors.back()), Named(Name(t))));
   }
   for (size_t t = 0; t < kSizes.size(); ++t) {
     if (t == 2) {
@@ -178,7 +293,7 @@ TEST_F(LockedScheduleTest, ATensorLateOnOneRankUnlocksAfterTheWaitAndStaysRight)
   std::vector<Handle> handles(kSizes.size());
   auto enqueue = [&](size_t t) {
     tensors[t] = Filled(kSizes[t], 6 + static_cast<int64_t>(t), rank_);
-    handles[t] = allreduce(tensors[t]->view(), Named(Name(t)));
+    handles[t] = allreduce(View(*tensors[t]), Named(Name(t)));
   };
   for (size_t t = 1; t < kSizes.size(); ++t) enqueue(t);
   if (rank_ == size_ - 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
@@ -219,7 +334,7 @@ TEST_F(LockedScheduleTest, NoSetLocksWhileAProcessSetBesideTheGlobalOneExists) {
     RunStep(step);
     if (pair.rank() < 0) continue;
     auto t = Filled(kSizes[1], step, rank_);
-    Handle h = allreduce(t->view(), Named("pair.grad", pair));
+    Handle h = allreduce(View(*t), Named("pair.grad", pair));
     ASSERT_TRUE(Succeeds(h));
     ExpectSums(*t, step, 0, 2);
   }
@@ -231,7 +346,9 @@ TEST_F(LockedScheduleTest, NoSetLocksWhileAProcessSetBesideTheGlobalOneExists) {
     ASSERT_EQ(locks.size(), 2u);
     EXPECT_EQ(locks[0].rfind("LOCK set 0", 0), 0u) << locks[0];
     EXPECT_EQ(locks[1].rfind("LOCK set 0", 0), 0u) << locks[1];
-    ASSERT_EQ(unlocks.size(), 1u);
+    std::string all;
+    for (const std::string& u : unlocks) all += u + "; ";
+    ASSERT_EQ(unlocks.size(), 1u) << all;
     // The reason as rank 0 saw it: its own add_process_set, or, when another rank's release
     // reached it first, that rank's.
     const bool own = unlocks[0].find("add_process_set") != std::string::npos;

@@ -147,6 +147,9 @@ TEST(ConfigTest, LockedScheduleKnobs) {
   EXPECT_EQ(defaults.lock_after_steps, 3);
   EXPECT_DOUBLE_EQ(defaults.lock_wait_ms, 1000.0);
   EXPECT_FALSE(ParseOk({{"GRADSYNC_LOCKED_SCHEDULE", "off"}}).locked_schedule);
+  EXPECT_TRUE(defaults.caller_launch);
+  EXPECT_FALSE(ParseOk({{"GRADSYNC_CALLER_LAUNCH", "0"}}).caller_launch);
+  ExpectRejected("GRADSYNC_CALLER_LAUNCH", "sometimes");
   EXPECT_EQ(ParseOk({{"GRADSYNC_LOCK_AFTER_STEPS", "1"}}).lock_after_steps, 1);
   EXPECT_DOUBLE_EQ(ParseOk({{"GRADSYNC_LOCK_WAIT_MS", "0.5"}}).lock_wait_ms, 0.5);
   for (const char* bad : {"maybe", "2"}) ExpectRejected("GRADSYNC_LOCKED_SCHEDULE", bad);
@@ -345,6 +348,7 @@ TEST(ConfigTest, ToStringListsEveryKnob) {
                            {"GRADSYNC_CYCLE_TIME_MS", "0.05"},
                            {"GRADSYNC_LOCKED_SCHEDULE", "no"},
                            {"GRADSYNC_LOCK_AFTER_STEPS", "7"},
+                           {"GRADSYNC_CALLER_LAUNCH", "off"},
                            {"GRADSYNC_LOCK_WAIT_MS", "250"},
                            {"GRADSYNC_CACHE_CAPACITY", "0"},
                            {"GRADSYNC_STALL_WARNING_SECONDS", "1.5"},
@@ -362,7 +366,8 @@ TEST(ConfigTest, ToStringListsEveryKnob) {
       "GRADSYNC_CALLER_REDUCE=0 GRADSYNC_PIPELINE_CHUNK_BYTES=0 "
       "GRADSYNC_ALLREDUCE_PIECE_BYTES=4096 GRADSYNC_AUTOTUNE=0 GRADSYNC_SHM_THRESHOLD=0 "
       "GRADSYNC_HIERARCHICAL_ALLREDUCE=1 GRADSYNC_LOCKED_SCHEDULE=0 GRADSYNC_LOCK_AFTER_STEPS=7 "
-      "GRADSYNC_LOCK_WAIT_MS=250 GRADSYNC_CYCLE_TIME_MS=0.05 GRADSYNC_CACHE_CAPACITY=0 "
+      "GRADSYNC_CALLER_LAUNCH=0 GRADSYNC_LOCK_WAIT_MS=250 GRADSYNC_CYCLE_TIME_MS=0.05 "
+      "GRADSYNC_CACHE_CAPACITY=0 "
       "GRADSYNC_STALL_WARNING_SECONDS=1.5 GRADSYNC_STALL_SHUTDOWN_SECONDS=1000000 "
       "GRADSYNC_LOG_LEVEL=debug GRADSYNC_GPU_BACKEND=mpi GRADSYNC_NCCL_TIMEOUT_SECONDS=2.5 "
       "GRADSYNC_GPU_DEVICE=3 GRADSYNC_THREAD_AFFINITY=4,5 GRADSYNC_BIND_PROCESS=1 "
