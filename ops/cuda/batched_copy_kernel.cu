@@ -17,14 +17,26 @@ __global__ void BatchedCopyKernel(const CopySegment* segments, const int64_t* fi
                   static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
 }
 
-template <typename T>
-__global__ void InlineBatchedCopyKernel(const InlineCopyPlan plan) {
+// An inline plan cut to a capacity of N segments. A launch's parameter travels in the driver's
+// queue of launches: one queued behind a producer that has not finished holds its bytes there
+// until it runs, and on an H200 200 launches of the whole 4 KiB plan filled that queue, blocking
+// the host in the launch until the producer was done. Most buckets need a few segments.
+template <int N>
+struct SizedCopyPlan {
+  CopySegment segments[N];
+  int64_t first_chunk[N + 1];
+  int num_segments;
+};
+
+template <typename T, int N>
+__global__ void InlineBatchedCopyKernel(const SizedCopyPlan<N> plan) {
   RunCopyChunk<T>(plan.segments, plan.first_chunk, plan.num_segments,
                   static_cast<int64_t>(blockIdx.x), static_cast<int>(threadIdx.x),
                   static_cast<int>(blockDim.x));
 }
 
-static_assert(sizeof(InlineCopyPlan) <= 4096, "kernel parameters are limited to 4 KiB");
+static_assert(sizeof(SizedCopyPlan<InlineCopyPlan::kMaxSegments>) <= 4096,
+              "kernel parameters are limited to 4 KiB");
 
 Status LaunchStatus() {
   const cudaError_t launched = cudaGetLastError();
@@ -43,6 +55,22 @@ Status CheckGrid(int64_t total_chunks) {
   return Status::OK();
 }
 
+template <int N>
+Status LaunchSized(const InlineCopyPlan& plan, int64_t total_chunks, DataType dtype,
+                   cudaStream_t stream) {
+  SizedCopyPlan<N> sized;
+  sized.num_segments = plan.num_segments;
+  for (int i = 0; i < plan.num_segments; ++i) sized.segments[i] = plan.segments[i];
+  for (int i = 0; i <= plan.num_segments; ++i) sized.first_chunk[i] = plan.first_chunk[i];
+  const bool known = DispatchStorageType(dtype, [&](auto storage) {
+    using T = decltype(storage);
+    InlineBatchedCopyKernel<T, N>
+        <<<static_cast<unsigned>(total_chunks), kLanes, 0, stream>>>(sized);
+  });
+  if (!known) return Status::InvalidArgument("a batched copy of an unknown data type");
+  return LaunchStatus();
+}
+
 }  // namespace
 
 Status LaunchInlineBatchedCopy(const InlineCopyPlan& plan, DataType dtype, void* stream) {
@@ -50,13 +78,10 @@ Status LaunchInlineBatchedCopy(const InlineCopyPlan& plan, DataType dtype, void*
   if (total_chunks == 0) return Status::OK();
   GRADSYNC_RETURN_IF_ERROR(CheckGrid(total_chunks));
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  const bool known = DispatchStorageType(dtype, [&](auto storage) {
-    using T = decltype(storage);
-    InlineBatchedCopyKernel<T>
-        <<<static_cast<unsigned>(total_chunks), kLanes, 0, cuda_stream>>>(plan);
-  });
-  if (!known) return Status::InvalidArgument("a batched copy of an unknown data type");
-  return LaunchStatus();
+  // Parameters of about 170 B, 1 KiB and 3.9 KiB.
+  if (plan.num_segments <= 4) return LaunchSized<4>(plan, total_chunks, dtype, cuda_stream);
+  if (plan.num_segments <= 24) return LaunchSized<24>(plan, total_chunks, dtype, cuda_stream);
+  return LaunchSized<InlineCopyPlan::kMaxSegments>(plan, total_chunks, dtype, cuda_stream);
 }
 
 Status LaunchBatchedCopy(const CopySegment* device_segments, const int64_t* device_first_chunk,

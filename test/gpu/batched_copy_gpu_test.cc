@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -174,7 +175,9 @@ TEST(CudaBatchedCopierGpuTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStr
   std::vector<float> values(static_cast<size_t>(kLaunches * kCount));
   CudaBatchedCopier copier(0);
   // Rounds 0 and 1 launch plans that go inline as the kernel's parameter, 2 and 3 plans that go
-  // through staging; the first of each behind a stalled stream.
+  // through staging; the first of each behind a stalled stream. Behind the stall, inline plans
+  // are of 1 to 3 segments, whose small parameters leave the driver's launch queue room for all
+  // 200 (200 plans of 96 segments filled it on an H200); round 1 runs every inline capacity.
   for (int round = 0; round < 4; ++round) {
     for (int i = 0; i < kLaunches; ++i) {
       std::fill(values.begin() + i * kCount, values.begin() + (i + 1) * kCount,
@@ -191,7 +194,10 @@ TEST(CudaBatchedCopierGpuTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStr
       // One to three segments more or less from launch to launch, so that staged launches ask
       // for staging of different sizes.
       std::vector<CopySegment> segments;
-      const int pieces = (round < 2 ? 1 : InlineCopyPlan::kMaxSegments + 1) + i % 3;
+      const int inline_pieces[] = {3, 17, InlineCopyPlan::kMaxSegments - 6};
+      const int pieces = round == 0   ? 1 + i % 3
+                         : round == 1 ? inline_pieces[i % 3]
+                                      : InlineCopyPlan::kMaxSegments + 1 + i % 3;
       for (int p = 0; p < pieces; ++p) {
         const int64_t begin = kCount * p / pieces, end = kCount * (p + 1) / pieces;
         segments.push_back(
@@ -204,6 +210,8 @@ TEST(CudaBatchedCopierGpuTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStr
       const double launch_ms = std::chrono::duration<double, std::milli>(
                                    std::chrono::steady_clock::now() - launches_began)
                                    .count();
+      std::printf("round %d: %d launches behind the stalled producer took %.1f ms\n", round,
+                  kLaunches, launch_ms);
       EXPECT_EQ(cudaErrorNotReady, cudaStreamQuery(stream))
           << "the producer should still spin; round " << round << "'s " << kLaunches
           << " launches took " << launch_ms << " ms";

@@ -174,8 +174,13 @@ class LockedScheduleTest : public MultiRankTest {
 
   // Rank 0's marks whose name starts with `prefix`; stops the timeline first.
   std::vector<std::string> Marks(const std::string& prefix) {
-    stop_timeline();
-    trace_stopped_ = true;
+    if (!trace_stopped_) {
+      stop_timeline();
+      trace_stopped_ = true;
+      // No rank shuts down (which leaves the lock, an UNLOCK on rank 0) before rank 0's timeline
+      // has stopped.
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
     std::vector<std::string> marks;
     if (rank_ != 0) return marks;
     const Trace trace = LoadTrace(trace_path_);
@@ -305,7 +310,9 @@ TEST_F(LockedScheduleTest, ATensorLateOnOneRankUnlocksAfterTheWaitAndStaysRight)
   for (int step = 7; step < 14; ++step) RunStep(step);
   const std::vector<std::string> unlocks = Marks("UNLOCK set 0");
   if (rank_ == 0) {
-    EXPECT_EQ(unlocks.size(), 1u);
+    std::string all;
+    for (const std::string& u : unlocks) all += u + "; ";
+    EXPECT_EQ(unlocks.size(), 1u) << all;
   }
 }
 
