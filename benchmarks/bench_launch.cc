@@ -1,8 +1,10 @@
 // What gradsync itself costs per operation and per bucket, with the locked schedule and with
 // negotiation, side by side in one run: the process alternates phases with
-// GRADSYNC_LOCKED_SCHEDULE=1 and =0 (init, measure, shutdown), over host tensors and over the
-// host device backend (host memory labelled cuda:0 that goes through the device plane and its
-// finalizer, as device tensors do on a GPU), beside raw MPI on the same bytes.
+// GRADSYNC_LOCKED_SCHEDULE=1 and =0 (init, measure, shutdown), over host tensors, over the host
+// device backend (host memory labelled cuda:0 that goes through the device plane and its
+// finalizer, as device tensors do on a GPU, with a thread per stream) and over a no-op device
+// backend whose work is done once enqueued (gradsync's own host path per operation, what a GPU
+// run adds its launches and kernels to), beside raw MPI on the same bytes.
 //
 //   mpirun -np N gradsync_bench_launch [--phases P] [--iters N] [--tensors T]
 //                                      [--tensor-bytes B] [--bucket-bytes B] [--gap-us G]
@@ -64,6 +66,79 @@ gradsync::Status HostBackedPlane(const gradsync::Config& config, MPI_Comm comm,
   const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double>(config.nccl_timeout_seconds));
   *plane = std::make_unique<gradsync::DevicePlane>(std::move(backend), comm, timeout);
+  return gradsync::Status::OK();
+}
+
+// A device backend whose work is done the moment it is enqueued: the device rows then time
+// gradsync's own host path (the API, the cycle, the plane's bookkeeping, the finalizer and the
+// handle) with no stream thread in between. Its collectives move no data.
+class DoneEvent : public gradsync::StreamEvent {
+ public:
+  bool Query() override { return true; }
+  gradsync::Status Wait(std::chrono::nanoseconds) override { return gradsync::Status::OK(); }
+};
+
+class DoneStream : public gradsync::Stream {
+ public:
+  std::shared_ptr<gradsync::StreamEvent> Record() override { return done_; }
+  void WaitFor(std::shared_ptr<gradsync::StreamEvent>) override {}
+  void Abort(const gradsync::Status&) override {}
+
+ private:
+  std::shared_ptr<gradsync::StreamEvent> done_ = std::make_shared<DoneEvent>();
+};
+
+class NoOpBackend : public gradsync::DeviceBackend {
+ public:
+  NoOpBackend(int rank, int size) : rank_(rank), size_(size) {}
+  const char* name() const override { return "no-op"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  gradsync::Stream* stream() override { return &stream_; }
+  gradsync::Status Allocate(size_t bytes, void** ptr) override {
+    *ptr = ::operator new(bytes == 0 ? 1 : bytes);
+    return gradsync::Status::OK();
+  }
+  void FreeAfterWork(void* ptr) override { ::operator delete(ptr); }
+  gradsync::Status Upload(const void*, void*, size_t) override { return gradsync::Status::OK(); }
+  gradsync::Status BatchedCopy(const std::vector<gradsync::CopySegment>&, DataType) override {
+    return gradsync::Status::OK();
+  }
+  gradsync::Status Allreduce(const void*, void*, int64_t, DataType, gradsync::ReduceOp) override {
+    return gradsync::Status::OK();
+  }
+  gradsync::Status Allgatherv(const void*, void*, const std::vector<int64_t>&, DataType) override {
+    return gradsync::Status::OK();
+  }
+  gradsync::Status Broadcast(void*, int64_t, DataType, int) override {
+    return gradsync::Status::OK();
+  }
+  gradsync::Status Alltoallv(const void*, const std::vector<int64_t>&, void*,
+                             const std::vector<int64_t>&, DataType) override {
+    return gradsync::Status::OK();
+  }
+  gradsync::Status ReduceScatterv(const void*, void*, const std::vector<int64_t>&, DataType,
+                                  gradsync::ReduceOp) override {
+    return gradsync::Status::OK();
+  }
+  gradsync::Status CheckAsyncError() override { return gradsync::Status::OK(); }
+  void Abort(const gradsync::Status&) override {}
+
+ private:
+  int rank_;
+  int size_;
+  DoneStream stream_;
+};
+
+gradsync::Status NoOpPlane(const gradsync::Config& config, MPI_Comm comm, const gradsync::Device&,
+                           std::unique_ptr<gradsync::DataPlane>* plane) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(config.nccl_timeout_seconds));
+  *plane = std::make_unique<gradsync::DevicePlane>(std::make_unique<NoOpBackend>(rank, size), comm,
+                                                   timeout);
   return gradsync::Status::OK();
 }
 
@@ -192,9 +267,10 @@ Row Measure(const std::string& name, const std::function<void()>& raw_step,
   return row;
 }
 
+// Each set of rows under an init of its own: host tensors, device tensors over the host backend
+// (a thread per stream), and device tensors over the no-op backend.
 std::vector<Row> RunPhase(bool locked, const Settings& settings, int rank) {
   setenv("GRADSYNC_LOCKED_SCHEDULE", locked ? "1" : "0", 1);
-  gradsync::init(MPI_COMM_WORLD);
   MPI_Comm raw_comm;
   MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
   const int64_t floats = settings.tensor_bytes / 4;
@@ -203,24 +279,27 @@ std::vector<Row> RunPhase(bool locked, const Settings& settings, int rank) {
   auto raw_one = [&] { AllreduceFloats(tiny, 4, raw_comm); };
   RawBuckets raw_buckets(settings.tensors, floats, per_bucket, raw_comm);
   std::vector<Row> rows;
-  for (bool device : {false, true}) {
-    const std::string where = device ? "device(host backend)" : "host";
-    Workload one(std::string("one.") + (device ? "d" : "h"), 1, 4, device, rank);
+  const char* wheres[] = {"host", "device(host backend)", "device(no-op backend)"};
+  for (int w = 0; w < 3; ++w) {
+    const bool device = w > 0;
+    const std::string where = wheres[w];
+    const std::string tag = std::to_string(w);
+    gradsync::SetDevicePlaneFactoryForTesting(w == 2 ? &NoOpPlane : &HostBackedPlane);
+    gradsync::init(MPI_COMM_WORLD);
+    Workload one("one." + tag, 1, 4, device, rank);
     rows.push_back(Measure(
         "one op, " + where, raw_one, [&] { one.Step(); }, settings, rank));
-    Workload step(std::string("step.") + (device ? "d" : "h"), settings.tensors, floats, device,
-                  rank);
+    Workload step("step." + tag, settings.tensors, floats, device, rank);
     rows.push_back(Measure(
         "step, " + where, [&] { raw_buckets.Step(); }, [&] { step.Step(); }, settings, rank));
-    Workload backward(std::string("backward.") + (device ? "d" : "h"), settings.tensors, floats,
-                      device, rank);
+    Workload backward("backward." + tag, settings.tensors, floats, device, rank);
     const double gap = settings.gap_us;
     rows.push_back(Measure(
         "backward, " + where, [&] { raw_buckets.Step(gap); }, [&] { backward.Step(gap); }, settings,
         rank));
+    gradsync::shutdown();
   }
   MPI_Comm_free(&raw_comm);
-  gradsync::shutdown();
   return rows;
 }
 
@@ -240,7 +319,6 @@ int Run(int argc, char** argv) {
   // Fixed settings, the same in every phase: buckets of --bucket-bytes, no calibration.
   setenv("GRADSYNC_CALIBRATE", "0", 1);
   setenv("GRADSYNC_FUSION_THRESHOLD", std::to_string(settings.bucket_bytes).c_str(), 1);
-  gradsync::SetDevicePlaneFactoryForTesting(&HostBackedPlane);
   const int64_t buckets = (settings.tensors + settings.bucket_bytes / settings.tensor_bytes - 1) /
                           std::max<int64_t>(1, settings.bucket_bytes / settings.tensor_bytes);
   if (rank == 0) {
@@ -251,7 +329,7 @@ int Run(int argc, char** argv) {
         static_cast<long long>(settings.tensor_bytes),
         static_cast<long long>(settings.bucket_bytes), static_cast<long long>(buckets),
         settings.iters);
-    std::printf("%-6s %-10s %-28s %10s %12s %9s %12s  %s\n", "phase", "schedule", "row", "raw_us",
+    std::printf("%-6s %-10s %-30s %10s %12s %9s %12s  %s\n", "phase", "schedule", "row", "raw_us",
                 "gradsync_us", "gs/raw", "per_bucket", "state");
   }
   std::vector<std::string> names;
@@ -267,7 +345,7 @@ int Run(int argc, char** argv) {
       ratios[locked][r].push_back(rows[r].gradsync / (rows[r].raw > 0 ? rows[r].raw : 1));
       if (rank != 0) continue;
       const bool is_step = rows[r].name.rfind("one op", 0) != 0;
-      std::printf("%-6d %-10s %-28s %10.1f %12.1f %9.2f %12.1f  %s\n", phase,
+      std::printf("%-6d %-10s %-30s %10.1f %12.1f %9.2f %12.1f  %s\n", phase,
                   locked ? "locked" : "negotiated", rows[r].name.c_str(), rows[r].raw * 1e6,
                   rows[r].gradsync * 1e6, rows[r].gradsync / rows[r].raw,
                   rows[r].gradsync * 1e6 / (is_step ? buckets : 1), rows[r].state.c_str());
@@ -278,7 +356,7 @@ int Run(int argc, char** argv) {
     for (size_t r = 0; r < names.size(); ++r) {
       const double l = Median(ratios[1][r]);
       const double n = Median(ratios[0][r]);
-      std::printf("# %-32s %6.2f %6.2f %6.2f\n", names[r].c_str(), l, n, l / n);
+      std::printf("# %-34s %6.2f %6.2f %6.2f\n", names[r].c_str(), l, n, l / n);
     }
   }
   return 0;
