@@ -13,7 +13,11 @@ namespace {
 // For this long after a bucket arrives or completes, the finalizer looks again after a yield
 // instead of a sleep: a small reduction on a GPU completes within microseconds of its launch, and
 // waking from even a short sleep costs about as much. The buckets of a backward pass arrive closer
-// together than this, so the finalizer polls through it and sleeps once work thins out.
+// together than this, so the finalizer polls through it and sleeps once work thins out. It keeps
+// looking through the window with nothing in flight too: a caller that waits on each operation
+// adds the next one microseconds after the last completed, and waking the finalizer from its
+// condition variable for it cost more than the rest of the operation's host path together (over
+// a no-op device backend at 1 rank, 17 us an operation against 1.8 us).
 constexpr std::chrono::microseconds kSpinWindow(100);
 // Then it sleeps between looks while nothing completes, from a few microseconds (a small
 // reduction's latency) up to a millisecond (what a step's last reduction may wait at most).
@@ -92,10 +96,11 @@ void Finalizer::Run() {
     bool spin = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (buckets_.empty()) {
+      const bool recent = std::chrono::steady_clock::now() - active_at_ < kSpinWindow;
+      if (buckets_.empty() && !recent) {
         wake_.wait(lock, [this] { return stopping_ || !buckets_.empty(); });
         pause = kFirstPause;
-      } else if (std::chrono::steady_clock::now() - active_at_ < kSpinWindow) {
+      } else if (recent) {
         spin = true;
         pause = kFirstPause;  // the sleeps after the window start short
       } else {

@@ -10,8 +10,9 @@
 // of everything in flight on that plane, so those buckets complete too, with the abort's status,
 // which names the bucket that timed out and its tensors.
 //
-// Thread safety: Add and Drain are called by the background thread (and by shutdown on the
-// thread that joined it); the completion function runs on the finalizer's own thread, which is
+// Thread safety: Add and Drain are called by whichever thread runs the background loop's cycle
+// (its own thread, or a caller launching a locked bucket), one at a time, and by shutdown on the
+// thread that joined it; the completion function runs on the finalizer's own thread, which is
 // started by the first Add, so a process that never touches a device has no such thread.
 #pragma once
 
