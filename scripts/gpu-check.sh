@@ -207,6 +207,12 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
       --iters "${BENCH_ITERS:-20}" --max-bytes $((1 << 28)) || true
     "$bench" --data-dir "$data" --iters "${BENCH_ITERS:-20}" --max-bytes 4 --compute-scale 10 |
       grep -A2 '^# overlap' || true
+    # The overlap with buckets as DDP makes them (25 MiB, every gradient fused, none reduced alone
+    # in place): the locked plan's 85 buckets become a handful, each a copy in and out around one
+    # collective, against one launch per large tensor.
+    echo "gpu-check: overlap with 25 MiB buckets and no tensor alone"
+    GRADSYNC_FUSION_THRESHOLD=26214400 GRADSYNC_INPLACE_THRESHOLD=26214400 "$bench" \
+      --data-dir "$data" --iters "${BENCH_ITERS:-20}" --max-bytes 4 | grep -A2 '^# overlap' || true
     # Where a small operation's time goes: the same at 1 rank up to 4 KiB, with a timeline.
     GRADSYNC_TIMELINE=$out/timeline-bench.json "$bench" --data-dir "$data" \
       --iters "${BENCH_ITERS:-20}" --max-bytes 4096 >/dev/null || true
