@@ -12,6 +12,7 @@
 
 #include "ops/device/device_events.h"
 #include "runtime/op_state.h"
+#include "runtime/thread_role.h"
 
 namespace gradsync {
 
@@ -217,7 +218,9 @@ Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& val
   // asynchronous); a host tensor's bucket runs on the background thread, which does not block
   // the caller for the reduction.
   bool due = false;
-  const bool may_launch = state->on_device && rt.loop->RunsCallerCycles();
+  // Not from gradsync's own threads (a callback that enqueues): a cycle there could wait for the
+  // completions that thread is running.
+  const bool may_launch = state->on_device && rt.loop->RunsCallerCycles() && !OnBackgroundThread();
   const Status pushed = rt.queue.Push(std::move(entry), may_launch ? &due : nullptr);
   if (!pushed.ok()) {
     if (traced) rt.timeline.ActivityEnd(refused_name);

@@ -130,6 +130,7 @@ void BackgroundLoop::RunCycleForCaller() {
     std::unique_lock<std::mutex> lock(cycle_mu_, std::try_to_lock);
     if (lock.owns_lock() && caller_cycles_ && !stop_) {
       CallerDeviceScope keep_callers_device;
+      BackgroundWorkScope callbacks_may_not_block;
       std::chrono::steady_clock::time_point unused;
       stop_ = !RunCycle(/*on_caller=*/true, &unused);
       cycles_run_.fetch_add(1, std::memory_order_release);

@@ -24,4 +24,19 @@ inline void MarkBackgroundThread() {
 }
 inline bool OnBackgroundThread() { return internal::t_on_background_thread; }
 
+// A caller's thread while it runs the background loop's cycle (a locked bucket it launches): the
+// callbacks that cycle completes run on it, and are held to the same limits.
+class BackgroundWorkScope {
+ public:
+  BackgroundWorkScope() : was_(internal::t_on_background_thread) {
+    internal::t_on_background_thread = true;
+  }
+  ~BackgroundWorkScope() { internal::t_on_background_thread = was_; }
+  BackgroundWorkScope(const BackgroundWorkScope&) = delete;
+  BackgroundWorkScope& operator=(const BackgroundWorkScope&) = delete;
+
+ private:
+  bool was_;
+};
+
 }  // namespace gradsync

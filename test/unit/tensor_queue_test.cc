@@ -373,6 +373,27 @@ TEST(TensorQueueTest, ASleepingWaiterWakesOnlyOnceEnoughEntriesWait) {
   EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
 }
 
+// A push given `due` says whether it would have woken the waiter and leaves it asleep: the
+// pusher does the waiter's work itself, or wakes it.
+TEST(TensorQueueTest, APushThatReportsDueLeavesTheWaiterToItsCaller) {
+  TensorQueue queue;
+  queue.SetWakeAfter(2);
+  std::atomic<bool> returned{false};
+  std::thread waiter = SleepingWaiter(&queue, &returned);
+  bool due = true;
+  ASSERT_TRUE(queue.Push(Entry("a"), &due).ok());
+  EXPECT_FALSE(due) << "one entry of the two the waiter waits for";
+  ASSERT_TRUE(queue.Push(Entry("b"), &due).ok());
+  EXPECT_TRUE(due);
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_FALSE(returned.load()) << "a due push woke the waiter";
+  const auto start = steady_clock::now();
+  queue.Wake();
+  waiter.join();
+  EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
+  EXPECT_EQ(queue.Drain().size(), 2u);
+}
+
 // A join (or any collective a locked plan cannot hold) wakes the waiter at once.
 TEST(TensorQueueTest, AJoinWakesTheWaiterWhateverTheThreshold) {
   TensorQueue queue;

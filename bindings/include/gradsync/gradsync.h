@@ -7,8 +7,9 @@
 //
 // Thread safety: init() and shutdown() must not race with each other or with enqueues; everything
 // else may be called from any thread. Output allocators run on gradsync's background thread;
-// completion callbacks run there too, or, for device tensors, on its finalizer thread; both run
-// before the handle reports completion: keep them short. The calls that block on those threads
+// completion callbacks run there too, or, for device tensors, on its finalizer thread (or inside
+// the enqueue that launches a locked bucket, GRADSYNC_CALLER_LAUNCH); both run before the handle
+// reports completion: keep them short. The calls that block on those threads
 // (Handle::wait, wait_for and synchronize_stream, init, shutdown, join, add_process_set and
 // remove_process_set) throw InvalidArgument when made inside one instead of deadlocking; poll(),
 // status() and enqueues are fine there. An exception a callback throws is logged and dropped.
