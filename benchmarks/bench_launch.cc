@@ -63,9 +63,8 @@ gradsync::Status HostBackedPlane(const gradsync::Config& config, MPI_Comm comm,
                                  std::unique_ptr<gradsync::DataPlane>* plane) {
   std::unique_ptr<gradsync::HostDeviceBackend> backend;
   GRADSYNC_RETURN_IF_ERROR(gradsync::HostDeviceBackend::Create(comm, &backend));
-  const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double>(config.nccl_timeout_seconds));
-  *plane = std::make_unique<gradsync::DevicePlane>(std::move(backend), comm, timeout);
+  *plane = std::make_unique<gradsync::DevicePlane>(std::move(backend), comm,
+                                                   gradsync::DeviceCompletionTimeout(config));
   return gradsync::Status::OK();
 }
 
@@ -135,10 +134,8 @@ gradsync::Status NoOpPlane(const gradsync::Config& config, MPI_Comm comm, const 
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double>(config.nccl_timeout_seconds));
   *plane = std::make_unique<gradsync::DevicePlane>(std::make_unique<NoOpBackend>(rank, size), comm,
-                                                   timeout);
+                                                   gradsync::DeviceCompletionTimeout(config));
   return gradsync::Status::OK();
 }
 

@@ -216,10 +216,9 @@ Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& val
   if (traced) refused_name = entry->name;
   // A device tensor that completes a locked bucket is launched on this thread (the launch is
   // asynchronous); a host tensor's bucket runs on the background thread, which does not block
-  // the caller for the reduction.
+  // the caller for the reduction; and gradsync's own threads (a callback that enqueues) launch
+  // nothing, since a cycle there could wait for the completions that thread is running.
   bool due = false;
-  // Not from gradsync's own threads (a callback that enqueues): a cycle there could wait for the
-  // completions that thread is running.
   const bool may_launch = state->on_device && rt.loop->RunsCallerCycles() && !OnBackgroundThread();
   const Status pushed = rt.queue.Push(std::move(entry), may_launch ? &due : nullptr);
   if (!pushed.ok()) {

@@ -175,11 +175,7 @@ Status MakeDevicePlane(const Config& config, MPI_Comm comm, const Device& device
     made = std::move(staged);
   }
   GRADSYNC_RETURN_IF_ERROR(AgreeCreated(comm, created));
-  const auto timeout = config.nccl_timeout_seconds == 0
-                           ? std::chrono::nanoseconds::max()
-                           : std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                 std::chrono::duration<double>(config.nccl_timeout_seconds));
-  *plane = std::make_unique<DevicePlane>(std::move(made), comm, timeout);
+  *plane = std::make_unique<DevicePlane>(std::move(made), comm, DeviceCompletionTimeout(config));
   return Status::OK();
 }
 

@@ -10,6 +10,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <memory>
 
 #include "gradsync/status.h"
@@ -21,6 +22,9 @@ namespace gradsync {
 
 Status MakeDevicePlane(const Config& config, MPI_Comm comm, const Device& device,
                        std::unique_ptr<DataPlane>* plane);
+
+// GRADSYNC_NCCL_TIMEOUT_SECONDS as a device plane's completion timeout (0: none).
+std::chrono::nanoseconds DeviceCompletionTimeout(const Config& config);
 
 // For tests of the whole path without a GPU: while set, process sets make their device planes
 // with `factory` instead of MakeDevicePlane (a DevicePlane over the host backend, say, so that

@@ -25,9 +25,7 @@ Status HostBackedPlane(const Config& config, MPI_Comm comm, const Device&,
                        std::unique_ptr<DataPlane>* plane) {
   std::unique_ptr<HostDeviceBackend> backend;
   GRADSYNC_RETURN_IF_ERROR(HostDeviceBackend::Create(comm, &backend));
-  const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double>(config.nccl_timeout_seconds));
-  *plane = std::make_unique<DevicePlane>(std::move(backend), comm, timeout);
+  *plane = std::make_unique<DevicePlane>(std::move(backend), comm, DeviceCompletionTimeout(config));
   return Status::OK();
 }
 

@@ -48,68 +48,32 @@ bool DeviceTensors() {
 std::mutex launches_mu;
 std::vector<std::thread::id> launch_threads;
 
-// The host backend, noting the thread of each allreduce launch.
-class LaunchNotingBackend : public DeviceBackend {
+// The device plane over the host backend, noting the thread of each allreduce launch.
+class LaunchNotingPlane : public DevicePlane {
  public:
-  explicit LaunchNotingBackend(std::unique_ptr<HostDeviceBackend> inner)
-      : inner_(std::move(inner)) {}
-  const char* name() const override { return inner_->name(); }
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  Stream* stream() override { return inner_->stream(); }
-  Status Allocate(size_t bytes, void** ptr) override { return inner_->Allocate(bytes, ptr); }
-  void FreeAfterWork(void* ptr) override { inner_->FreeAfterWork(ptr); }
-  Status Upload(const void* host, void* dst, size_t bytes) override {
-    return inner_->Upload(host, dst, bytes);
-  }
-  Status BatchedCopy(const std::vector<CopySegment>& segments, DataType dtype) override {
-    return inner_->BatchedCopy(segments, dtype);
-  }
-  Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
-                   ReduceOp op) override {
+  using DevicePlane::DevicePlane;
+  Status Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) override {
     {
       std::lock_guard<std::mutex> lock(launches_mu);
       launch_threads.push_back(std::this_thread::get_id());
     }
-    return inner_->Allreduce(send, recv, count, dtype, op);
+    return DevicePlane::Allreduce(entries, spec);
   }
-  Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
-                    DataType dtype) override {
-    return inner_->Allgatherv(send, recv, counts, dtype);
-  }
-  Status Broadcast(void* buffer, int64_t count, DataType dtype, int root) override {
-    return inner_->Broadcast(buffer, count, dtype, root);
-  }
-  Status Alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
-                   const std::vector<int64_t>& recv_counts, DataType dtype) override {
-    return inner_->Alltoallv(send, send_counts, recv, recv_counts, dtype);
-  }
-  Status ReduceScatterv(const void* send, void* recv, const std::vector<int64_t>& counts,
-                        DataType dtype, ReduceOp op) override {
-    return inner_->ReduceScatterv(send, recv, counts, dtype, op);
-  }
-  Status CheckAsyncError() override { return inner_->CheckAsyncError(); }
-  void Abort(const Status& status) override { inner_->Abort(status); }
-
- private:
-  std::unique_ptr<HostDeviceBackend> inner_;
 };
 
-Status LaunchNotingPlane(const Config& config, MPI_Comm comm, const Device&,
-                         std::unique_ptr<DataPlane>* plane) {
+Status MakeLaunchNotingPlane(const Config& config, MPI_Comm comm, const Device&,
+                             std::unique_ptr<DataPlane>* plane) {
   std::unique_ptr<HostDeviceBackend> backend;
   GRADSYNC_RETURN_IF_ERROR(HostDeviceBackend::Create(comm, &backend));
-  const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double>(config.nccl_timeout_seconds));
-  *plane = std::make_unique<DevicePlane>(std::make_unique<LaunchNotingBackend>(std::move(backend)),
-                                         comm, timeout);
+  *plane = std::make_unique<LaunchNotingPlane>(std::move(backend), comm,
+                                               DeviceCompletionTimeout(config));
   return Status::OK();
 }
 
 class LockedScheduleTest : public MultiRankTest {
  protected:
   void SetUp() override {
-    if (DeviceTensors()) SetDevicePlaneFactoryForTesting(&LaunchNotingPlane);
+    if (DeviceTensors()) SetDevicePlaneFactoryForTesting(&MakeLaunchNotingPlane);
     {
       std::lock_guard<std::mutex> lock(launches_mu);
       launch_threads.clear();
@@ -189,6 +153,12 @@ class LockedScheduleTest : public MultiRankTest {
       if (StringField(e, "ph") == "i" && name.rfind(prefix, 0) == 0) marks.push_back(name);
     }
     return marks;
+  }
+
+  static std::string Joined(const std::vector<std::string>& marks) {
+    std::string all;
+    for (const std::string& mark : marks) all += mark + "; ";
+    return all;
   }
 
   size_t LockedWaits() {
@@ -310,9 +280,7 @@ TEST_F(LockedScheduleTest, ATensorLateOnOneRankUnlocksAfterTheWaitAndStaysRight)
   for (int step = 7; step < 14; ++step) RunStep(step);
   const std::vector<std::string> unlocks = Marks("UNLOCK set 0");
   if (rank_ == 0) {
-    std::string all;
-    for (const std::string& u : unlocks) all += u + "; ";
-    EXPECT_EQ(unlocks.size(), 1u) << all;
+    EXPECT_EQ(unlocks.size(), 1u) << Joined(unlocks);
   }
 }
 
@@ -353,9 +321,7 @@ TEST_F(LockedScheduleTest, NoSetLocksWhileAProcessSetBesideTheGlobalOneExists) {
     ASSERT_EQ(locks.size(), 2u);
     EXPECT_EQ(locks[0].rfind("LOCK set 0", 0), 0u) << locks[0];
     EXPECT_EQ(locks[1].rfind("LOCK set 0", 0), 0u) << locks[1];
-    std::string all;
-    for (const std::string& u : unlocks) all += u + "; ";
-    ASSERT_EQ(unlocks.size(), 1u) << all;
+    ASSERT_EQ(unlocks.size(), 1u) << Joined(unlocks);
     // The reason as rank 0 saw it: its own add_process_set, or, when another rank's release
     // reached it first, that rank's.
     const bool own = unlocks[0].find("add_process_set") != std::string::npos;
