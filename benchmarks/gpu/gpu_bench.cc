@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -109,7 +110,9 @@ void FusionCopy(const Options& options, const std::string& set_name, int device)
   }
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  gradsync::CudaBatchedCopier copier(device);
+  std::unique_ptr<gradsync::CudaBatchedCopier> made;
+  if (!gradsync::CudaBatchedCopier::Create(device, &made).ok()) std::abort();
+  gradsync::CudaBatchedCopier& copier = *made;
   std::vector<double> batched_in, batched_out, scaled_in, block, per_tensor;
   std::vector<gradsync::CopySegment> scaled = in;
   for (auto& s : scaled) s.scale = 0.5;

@@ -18,9 +18,9 @@ __global__ void BatchedCopyKernel(const CopySegment* segments, const int64_t* fi
 }
 
 // An inline plan cut to a capacity of N segments. A launch's parameter travels in the driver's
-// queue of launches: one queued behind a producer that has not finished holds its bytes there
-// until it runs, and on an H200 200 launches of the whole 4 KiB plan filled that queue, blocking
-// the host in the launch until the producer was done. Most buckets need a few segments.
+// queue of launches and stays there until the kernel runs, so a launch queued behind a producer
+// that has not finished holds its bytes all that time: most buckets need a few segments, not the
+// whole 4 KiB plan.
 template <int N>
 struct SizedCopyPlan {
   CopySegment segments[N];
@@ -71,7 +71,36 @@ Status LaunchSized(const InlineCopyPlan& plan, int64_t total_chunks, DataType dt
   return LaunchStatus();
 }
 
+// Asks for the attributes of one kernel, which loads it (see LoadBatchedCopyKernels).
+template <typename Kernel>
+Status LoadKernel(Kernel kernel) {
+  cudaFuncAttributes attributes;
+  const cudaError_t loaded = cudaFuncGetAttributes(&attributes, kernel);
+  if (loaded != cudaSuccess) {
+    return Status(StatusCode::kCudaError,
+                  std::string("loading a batched copy kernel (cudaFuncGetAttributes) failed: ") +
+                      cudaGetErrorString(loaded));
+  }
+  return Status::OK();
+}
+
 }  // namespace
+
+Status LoadBatchedCopyKernels() {
+  Status status = Status::OK();
+  for (int type = 0; type < kNumDataTypes; ++type) {
+    DispatchStorageType(static_cast<DataType>(type), [&](auto storage) {
+      using T = decltype(storage);
+      for (const Status& loaded :
+           {LoadKernel(BatchedCopyKernel<T>), LoadKernel(InlineBatchedCopyKernel<T, 4>),
+            LoadKernel(InlineBatchedCopyKernel<T, 24>),
+            LoadKernel(InlineBatchedCopyKernel<T, InlineCopyPlan::kMaxSegments>)}) {
+        if (status.ok() && !loaded.ok()) status = loaded;
+      }
+    });
+  }
+  return status;
+}
 
 Status LaunchInlineBatchedCopy(const InlineCopyPlan& plan, DataType dtype, void* stream) {
   const int64_t total_chunks = plan.first_chunk[plan.num_segments];

@@ -29,6 +29,12 @@ struct InlineCopyPlan {
   int num_segments = 0;
 };
 
+// Loads every batched copy kernel into the current device's context now. CUDA loads a kernel at
+// its first launch by default (lazy loading), and loading may wait for the device's running
+// work: a first copy queued behind a producer that is still computing would block the host
+// until the producer finished, which is what a launch must never do.
+Status LoadBatchedCopyKernels();
+
 // As LaunchBatchedCopy, with the segments (host values of device pointers) and the plan in `plan`.
 Status LaunchInlineBatchedCopy(const InlineCopyPlan& plan, DataType dtype, void* stream);
 

@@ -4,11 +4,21 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "ops/cuda/batched_copy_kernel.h"
 #include "ops/cuda/cuda_status.h"
 
 namespace gradsync {
+
+Status CudaBatchedCopier::Create(int device, std::unique_ptr<CudaBatchedCopier>* copier) {
+  const Status loaded = LoadBatchedCopyKernels();
+  if (!loaded.ok()) {
+    return Status(loaded.code(), "device " + std::to_string(device) + ": " + loaded.message());
+  }
+  copier->reset(new CudaBatchedCopier(device));
+  return Status::OK();
+}
 
 CudaBatchedCopier::~CudaBatchedCopier() {
   auto release = [](Staging& block) {

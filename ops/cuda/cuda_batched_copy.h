@@ -24,7 +24,9 @@ namespace gradsync {
 
 class CudaBatchedCopier {
  public:
-  explicit CudaBatchedCopier(int device) : device_(device) {}
+  // A copier for `device`, the current device, whose kernels are loaded before it returns (see
+  // LoadBatchedCopyKernels), so that no launch loads one behind queued work.
+  static Status Create(int device, std::unique_ptr<CudaBatchedCopier>* copier);
   ~CudaBatchedCopier();
   CudaBatchedCopier(const CudaBatchedCopier&) = delete;
   CudaBatchedCopier& operator=(const CudaBatchedCopier&) = delete;
@@ -43,6 +45,8 @@ class CudaBatchedCopier {
   Status Acquire(size_t bytes, Staging** staging);
   // Moves the blocks whose kernels have run from the front of in_flight_ to free_.
   Status Reclaim();
+
+  explicit CudaBatchedCopier(int device) : device_(device) {}
 
   int device_;
   std::deque<std::unique_ptr<Staging>> in_flight_;  // in launch order

@@ -26,7 +26,7 @@ Status MpiStagedBackend::Create(MPI_Comm comm, int device,
   cudaStream_t stream = nullptr;
   GRADSYNC_CUDA_CALL(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), device);
   created->cuda_stream_ = stream;
-  created->copier_ = std::make_unique<CudaBatchedCopier>(device);
+  GRADSYNC_RETURN_IF_ERROR(CudaBatchedCopier::Create(device, &created->copier_));
   *backend = std::move(created);
   return Status::OK();
 }

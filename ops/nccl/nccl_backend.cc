@@ -79,7 +79,7 @@ Status NcclBackend::Create(MPI_Comm comm, int device, std::unique_ptr<NcclBacken
   ncclComm_t nccl_comm = nullptr;
   GRADSYNC_NCCL_CALL(ncclCommInitRank(&nccl_comm, size, id, rank), device);
   created->comm_ = nccl_comm;
-  created->copier_ = std::make_unique<CudaBatchedCopier>(device);
+  GRADSYNC_RETURN_IF_ERROR(CudaBatchedCopier::Create(device, &created->copier_));
   *backend = std::move(created);
   return Status::OK();
 }

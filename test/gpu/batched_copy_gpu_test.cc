@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -173,11 +174,14 @@ TEST(CudaBatchedCopierGpuTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStr
   ASSERT_CUDA(cudaMalloc(&sources, kLaunches * kCount * sizeof(float)));
   ASSERT_CUDA(cudaMalloc(&destinations, kLaunches * kCount * sizeof(float)));
   std::vector<float> values(static_cast<size_t>(kLaunches * kCount));
-  CudaBatchedCopier copier(0);
+  std::unique_ptr<CudaBatchedCopier> made;
+  ASSERT_TRUE(CudaBatchedCopier::Create(0, &made).ok());
+  CudaBatchedCopier& copier = *made;
   // Rounds 0 and 1 launch plans that go inline as the kernel's parameter, 2 and 3 plans that go
-  // through staging; the first of each behind a stalled stream. Behind the stall, inline plans
-  // are of 1 to 3 segments, whose small parameters leave the driver's launch queue room for all
-  // 200 (200 plans of 96 segments filled it on an H200); round 1 runs every inline capacity.
+  // through staging; the first of each behind a stalled stream. Round 0 is the first launch of
+  // the copy kernels in this process: with CUDA's lazy loading, a kernel not loaded when the
+  // copier was made blocked the host here until the producer gave up (5 s on an H200). Behind
+  // the stall, inline plans are of 1 to 3 segments; round 1 runs every inline capacity.
   for (int round = 0; round < 4; ++round) {
     for (int i = 0; i < kLaunches; ++i) {
       std::fill(values.begin() + i * kCount, values.begin() + (i + 1) * kCount,
