@@ -17,6 +17,20 @@ bool Planned(const Response& r) {
 
 }  // namespace
 
+FusionSettings FusionSettings::From(const Config& config) {
+  FusionSettings settings;
+  settings.fusion_threshold_bytes = config.fusion_threshold_bytes;
+  settings.inplace_threshold_bytes = config.inplace_threshold_bytes;
+  if (config.fusion_threshold_pinned) {
+    settings.device_fusion_threshold_bytes = config.fusion_threshold_bytes;
+    settings.device_inplace_threshold_bytes = config.fusion_threshold_bytes;
+  }
+  if (config.inplace_threshold_pinned) {
+    settings.device_inplace_threshold_bytes = config.inplace_threshold_bytes;
+  }
+  return settings;
+}
+
 int64_t ResponseBytes(const Response& response) {
   if (response.type == ResponseType::kBarrier) return 0;
   int64_t n = 1;
@@ -39,8 +53,12 @@ std::vector<Bucket> PlanFusion(const std::vector<const Response*>& responses,
     const int64_t bytes = ResponseBytes(r);
     const bool reduction =
         r.type == ResponseType::kAllreduce || r.type == ResponseType::kReducescatter;
-    const bool alone = !reduction || bytes >= settings.inplace_threshold_bytes ||
-                       bytes > settings.fusion_threshold_bytes;
+    const bool on_device = r.device.kind != DeviceKind::kCpu;
+    const int64_t cap =
+        on_device ? settings.device_fusion_threshold_bytes : settings.fusion_threshold_bytes;
+    const int64_t inplace =
+        on_device ? settings.device_inplace_threshold_bytes : settings.inplace_threshold_bytes;
+    const bool alone = !reduction || bytes >= inplace || bytes > cap;
     if (alone) {
       buckets.push_back({{i}});
       if (consecutive) open.clear();
@@ -51,7 +69,7 @@ std::vector<Bucket> PlanFusion(const std::vector<const Response*>& responses,
     for (Open& o : open) {
       if (Fusible(*o.first, r)) slot = &o;
     }
-    if (slot != nullptr && slot->bytes + aligned <= settings.fusion_threshold_bytes) {
+    if (slot != nullptr && slot->bytes + aligned <= cap) {
       buckets[slot->bucket].responses.push_back(i);
       slot->bytes += aligned;
       continue;

@@ -54,7 +54,7 @@ ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Com
                                              LockSettings::From(config), id_)),
       host_plane_(std::make_unique<MpiDataPlane>(data, timeline, config.shm_threshold_bytes,
                                                  HierarchicalRequested(config))),
-      fusion_{config.fusion_threshold_bytes, config.inplace_threshold_bytes},
+      fusion_(FusionSettings::From(config)),
       data_comm_(data),
       config_(config) {
   if (HierarchyByCalibration(config)) host_plane_->LeaveHierarchyToCalibration(kNeverInPlace);

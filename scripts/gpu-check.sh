@@ -16,6 +16,10 @@
 #                                     trainer on CUDA (built against python3's torch), a timeline
 #                                     of the DDP wrapper's steps, and write nvidia-smi's report and
 #                                     every log to OUT (default: gpu-check-out)
+#   scripts/gpu-check.sh quick [OUT]  a shorter run (about 4 minutes on an H200, build included)
+#                                     after a change: the tests labelled gpu, the GPU benchmark's
+#                                     small operations and overlap, and ResNet-50's training step
+#                                     at 1 and 2 ranks
 #   scripts/gpu-check.sh tests [OUT] [REGEX]
 #                                     a short rerun: build only the tests labelled gpu and run
 #                                     those matching REGEX (default: all), logs to OUT
@@ -95,7 +99,7 @@ unpack_deps() {
 }
 
 run() {
-  local out=${1:-gpu-check-out}
+  local out=${1:-gpu-check-out} scope=${2:-full}
   mkdir -p "$out"
   out=$(cd "$out" && pwd)
   unpack_deps
@@ -120,7 +124,7 @@ run() {
   # The libtorch adapter on CUDA: a second build against the PyTorch wheel's libtorch, beside the
   # main build and the tests (which barely use the CPUs); it runs before the benchmarks.
   local torch_prefix="" torch_build_pid=""
-  if torch_prefix=$(python3 -c 'import torch
+  if [ "$scope" = full ] && torch_prefix=$(python3 -c 'import torch
 assert torch.cuda.is_available()
 print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
     {
@@ -146,7 +150,9 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
   ctest --test-dir "$work/build" -L gpu --output-on-failure --timeout 300 2>&1 |
     tee "$out/gpu-tests.log" || status=$?
   # gradsync.torch on CUDA tensors: one rank through NCCL, two sharing the GPU through MPI.
-  if [ ${#python_targets[@]} -gt 0 ]; then
+  if [ "$scope" != full ]; then
+    echo "gpu-check: quick: the Python package's CUDA tests not run" >"$out/python-tests.log"
+  elif [ ${#python_targets[@]} -gt 0 ]; then
     local pytest=(python3 -m pytest -q -p no:cacheprovider --color=no
                   "$repo_root/test/python/test_cuda.py")
     {
@@ -162,14 +168,18 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
       tee "$out/python-tests.log"
   fi
   # Placement with a GPU: the GPU each rank picks and where its background thread goes.
-  {
-    GRADSYNC_LOG_LEVEL=info "$work/build/test/launch/launch_probe" || true
-    GRADSYNC_LOG_LEVEL=info mpirun -np 2 --oversubscribe -x GRADSYNC_LOG_LEVEL \
-      "$work/build/test/launch/launch_probe" || true
-  } 2>&1 | tee "$out/placement.log"
+  if [ "$scope" = full ]; then
+    {
+      GRADSYNC_LOG_LEVEL=info "$work/build/test/launch/launch_probe" || true
+      GRADSYNC_LOG_LEVEL=info mpirun -np 2 --oversubscribe -x GRADSYNC_LOG_LEVEL \
+        "$work/build/test/launch/launch_probe" || true
+    } 2>&1 | tee "$out/placement.log"
+  fi
   # The libtorch example trainer on CUDA tensors, checked against one process on the whole batch:
   # one rank through NCCL, two sharing the GPU through the MPI backend, and gradient accumulation.
-  if [ -n "$torch_build_pid" ]; then
+  if [ "$scope" != full ]; then
+    echo "gpu-check: quick: the libtorch adapter not run" >"$out/libtorch.log"
+  elif [ -n "$torch_build_pid" ]; then
     local libtorch_train=$work/build-torch/examples/libtorch/gradsync_libtorch_train
     local torch_built=0
     wait "$torch_build_pid" && [ -x "$libtorch_train" ] && torch_built=1
@@ -196,27 +206,39 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
   local bench=$work/build/benchmarks/gradsync_bench_gpu
   local data=${GRADSYNC_DATA_DIR:-$repo_root/../shared/data}
   [ -d "$data" ] || data=$deps/data
-  {
-    "$bench" --data-dir "$data" --iters "${BENCH_ITERS:-20}" || true
-    # The one-operation table again with every locked bucket launched by the background thread:
-    # the caller's launch, before and after.
-    echo "gpu-check: one allreduce with GRADSYNC_CALLER_LAUNCH=0"
-    GRADSYNC_CALLER_LAUNCH=0 "$bench" --data-dir "$data" --iters "${BENCH_ITERS:-20}" \
-      --max-bytes 4096 | grep -A8 '^# allreduce of one' || true
-    GRADSYNC_GPU_BACKEND=mpi mpirun -np 2 --oversubscribe "$bench" --data-dir "$data" \
-      --iters "${BENCH_ITERS:-20}" --max-bytes $((1 << 28)) || true
-    "$bench" --data-dir "$data" --iters "${BENCH_ITERS:-20}" --max-bytes 4 --compute-scale 10 |
-      grep -A2 '^# overlap' || true
-    # The overlap with buckets as DDP makes them (25 MiB, every gradient fused, none reduced alone
-    # in place): the locked plan's 85 buckets become a handful, each a copy in and out around one
-    # collective, against one launch per large tensor.
-    echo "gpu-check: overlap with 25 MiB buckets and no tensor alone"
-    GRADSYNC_FUSION_THRESHOLD=26214400 GRADSYNC_INPLACE_THRESHOLD=26214400 "$bench" \
-      --data-dir "$data" --iters "${BENCH_ITERS:-20}" --max-bytes 4 | grep -A2 '^# overlap' || true
-    # Where a small operation's time goes: the same at 1 rank up to 4 KiB, with a timeline.
-    GRADSYNC_TIMELINE=$out/timeline-bench.json "$bench" --data-dir "$data" \
-      --iters "${BENCH_ITERS:-20}" --max-bytes 4096 >/dev/null || true
-  } 2>&1 | tee "$out/gpu-bench.log"
+  local iters=(--data-dir "$data" --iters "${BENCH_ITERS:-20}")
+  # The overlap again with the host plane's buckets (256 KiB and more reduced alone, 64 MiB
+  # fused) instead of the device's DDP-sized ones: one launch per large tensor, the default before.
+  local host_buckets=(env GRADSYNC_FUSION_THRESHOLD=67108864 GRADSYNC_INPLACE_THRESHOLD=262144)
+  if [ "$scope" != full ]; then
+    {
+      "$bench" "${iters[@]}" --max-bytes 4096 || true
+      echo "gpu-check: overlap with the host plane's buckets"
+      "${host_buckets[@]}" "$bench" "${iters[@]}" --max-bytes 4 | grep -A2 '^# overlap' || true
+      GRADSYNC_GPU_BACKEND=mpi mpirun -np 2 --oversubscribe "$bench" "${iters[@]}" \
+        --max-bytes 16384 | grep -A8 '^# allreduce of one' || true
+      GRADSYNC_TIMELINE=$out/timeline-bench.json "$bench" "${iters[@]}" --max-bytes 4096 \
+        >/dev/null || true
+    } 2>&1 | tee "$out/gpu-bench.log"
+  else
+    {
+      "$bench" "${iters[@]}" || true
+      # The one-operation table again with every locked bucket launched by the background thread:
+      # the caller's launch, before and after.
+      echo "gpu-check: one allreduce with GRADSYNC_CALLER_LAUNCH=0"
+      GRADSYNC_CALLER_LAUNCH=0 "$bench" "${iters[@]}" \
+        --max-bytes 4096 | grep -A8 '^# allreduce of one' || true
+      GRADSYNC_GPU_BACKEND=mpi mpirun -np 2 --oversubscribe "$bench" "${iters[@]}" \
+        --max-bytes $((1 << 28)) || true
+      "$bench" "${iters[@]}" --max-bytes 4 --compute-scale 10 |
+        grep -A2 '^# overlap' || true
+      echo "gpu-check: overlap with the host plane's buckets"
+      "${host_buckets[@]}" "$bench" "${iters[@]}" --max-bytes 4 | grep -A2 '^# overlap' || true
+      # Where a small operation's time goes: the same at 1 rank up to 4 KiB, with a timeline.
+      GRADSYNC_TIMELINE=$out/timeline-bench.json "$bench" "${iters[@]}" --max-bytes 4096 \
+        >/dev/null || true
+    } 2>&1 | tee "$out/gpu-bench.log"
+  fi
   # A real model's training step against PyTorch DDP (benchmarks/python/training_step_benchmark.py)
   # where python3 has torchvision and transformers: one rank through NCCL, then two sharing the
   # GPU through the MPI backend beside DDP on gloo.
@@ -228,14 +250,16 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
                  --json "$out/training.jsonl" --rounds 2 --steps-per-round 10)
     rm -f "$out/training.jsonl"
     {
-      local failed=0
-      for model in resnet50 bert; do
+      local failed=0 models=(resnet50 bert)
+      [ "$scope" = full ] || models=(resnet50)
+      for model in "${models[@]}"; do
         PYTHONPATH=$work/build/python timeout 300 mpirun -np 1 -x PYTHONPATH "${train[@]}" \
           --model "$model" || failed=1
       done
       PYTHONPATH=$work/build/python GRADSYNC_GPU_BACKEND=mpi timeout 300 mpirun -np 2 \
         --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND "${train[@]}" --model resnet50 \
         --batch 16 || failed=1
+      [ "$scope" = full ] || exit "$failed"  # the block runs in a subshell (a pipeline's)
       # The same without the locked schedule, gradsync's modes only: the lock's before and after.
       echo "gpu-check: ResNet-50 at 1 rank with GRADSYNC_LOCKED_SCHEDULE=0"
       PYTHONPATH=$work/build/python GRADSYNC_LOCKED_SCHEDULE=0 timeout 300 mpirun -np 1 \
@@ -277,6 +301,7 @@ tests() {
 case "${1:-}" in
   prepare) prepare ;;
   run) run "${2:-}" ;;
+  quick) run "${2:-}" quick ;;
   tests) tests "${2:-}" "${3:-}" ;;
   *)
     sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'

@@ -99,7 +99,8 @@ TEST_F(DeviceCollectivesTest, AllreduceFusedAndAloneWithEveryOp) {
        {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
     std::vector<std::unique_ptr<DeviceFloats>> tensors;
     std::vector<Handle> handles;
-    for (size_t n : {1, 3, 4097, 300000}) {
+    // The last is over the 25 MiB of a device bucket, so it is reduced alone, in place.
+    for (size_t n : {1, 3, 4097, 300000, 7000000}) {
       tensors.push_back(std::make_unique<DeviceFloats>(n));
       tensors.back()->Set(std::vector<float>(n, static_cast<float>(rank_ + 1)));
       AllreduceOptions options;

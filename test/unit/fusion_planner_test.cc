@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <string>
+
 namespace gradsync {
 namespace {
 
@@ -12,6 +15,21 @@ Response Allreduce(const std::string& name, int64_t elements, DataType dtype = D
   r.dtype = dtype;
   r.shape = {elements};
   return r;
+}
+
+Response OnDevice(Response r) {
+  r.device = Device::Cuda(0);
+  return r;
+}
+
+FusionSettings FromVariables(const std::map<std::string, std::string>& variables) {
+  Config config;
+  const Status parsed = Config::FromEnvironment(&config, [&](const char* name) -> const char* {
+    auto it = variables.find(name);
+    return it == variables.end() ? nullptr : it->second.c_str();
+  });
+  EXPECT_TRUE(parsed.ok()) << parsed.ToString();
+  return FusionSettings::From(config);
 }
 
 std::vector<Bucket> Plan(const std::vector<Response>& responses, const FusionSettings& settings,
@@ -99,6 +117,46 @@ TEST(FusionPlannerTest, OtherCollectivesAndErrorsArePlannedSeparately) {
 TEST(FusionPlannerTest, ZeroElementTensorsAreFused) {
   std::vector<Response> rs = {Allreduce("empty", 0), Allreduce("one", 1)};
   EXPECT_EQ(Plan(rs, FusionSettings()).size(), 1u);
+}
+
+// Device tensors' buckets are DDP's by default: a tensor of 1 MiB, which the host plane reduces
+// alone, joins the others, up to 25 MiB; only a tensor over the cap runs alone.
+TEST(FusionPlannerTest, DeviceTensorsFuseIntoDdpSizedBuckets) {
+  const int64_t mib = (1 << 20) / 4;  // float32 elements of 1 MiB
+  std::vector<Response> host = {Allreduce("a", mib), Allreduce("b", 10), Allreduce("c", 10)};
+  EXPECT_EQ(Indices(Plan(host, FusionSettings())), (std::vector<std::vector<size_t>>{{0}, {1, 2}}));
+  std::vector<Response> device;
+  for (const Response& r : host) device.push_back(OnDevice(r));
+  EXPECT_EQ(Indices(Plan(device, FusionSettings())), (std::vector<std::vector<size_t>>{{0, 1, 2}}));
+  // 12 + 12 MiB share a bucket; a third 12 MiB does not fit, and 26 MiB is over the cap.
+  std::vector<Response> large = {
+      OnDevice(Allreduce("x", 12 * mib)), OnDevice(Allreduce("y", 12 * mib)),
+      OnDevice(Allreduce("z", 12 * mib)), OnDevice(Allreduce("huge", 26 * mib))};
+  EXPECT_EQ(Indices(Plan(large, FusionSettings(), /*consecutive=*/true)),
+            (std::vector<std::vector<size_t>>{{0, 1}, {2}, {3}}));
+}
+
+TEST(FusionPlannerTest, ThresholdVariablesPinDeviceBucketsToo) {
+  const FusionSettings defaults = FromVariables({});
+  EXPECT_EQ(defaults.fusion_threshold_bytes, 64 << 20);
+  EXPECT_EQ(defaults.inplace_threshold_bytes, 256 << 10);
+  EXPECT_EQ(defaults.device_fusion_threshold_bytes, kDeviceBucketBytes);
+  EXPECT_EQ(defaults.device_inplace_threshold_bytes, kDeviceBucketBytes);
+  // A pinned bucket size fuses device tensors up to it, none alone below it.
+  const FusionSettings fusion = FromVariables({{"GRADSYNC_FUSION_THRESHOLD", "4096"}});
+  EXPECT_EQ(fusion.fusion_threshold_bytes, 4096);
+  EXPECT_EQ(fusion.device_fusion_threshold_bytes, 4096);
+  EXPECT_EQ(fusion.device_inplace_threshold_bytes, 4096);
+  EXPECT_EQ(fusion.inplace_threshold_bytes, 256 << 10);
+  const FusionSettings both = FromVariables(
+      {{"GRADSYNC_FUSION_THRESHOLD", "8192"}, {"GRADSYNC_INPLACE_THRESHOLD", "1024"}});
+  EXPECT_EQ(both.device_fusion_threshold_bytes, 8192);
+  EXPECT_EQ(both.device_inplace_threshold_bytes, 1024);
+  const FusionSettings inplace = FromVariables({{"GRADSYNC_INPLACE_THRESHOLD", "0"}});
+  EXPECT_EQ(inplace.device_fusion_threshold_bytes, kDeviceBucketBytes);
+  EXPECT_EQ(inplace.device_inplace_threshold_bytes, 0);
+  std::vector<Response> rs = {OnDevice(Allreduce("a", 10)), OnDevice(Allreduce("b", 10))};
+  EXPECT_EQ(Plan(rs, inplace).size(), 2u);
 }
 
 }  // namespace
