@@ -5,7 +5,7 @@
 
 #include "coordinator/cost_model.h"
 #include "coordinator/mpi_control_channel.h"
-#include "coordinator/mpi_lock_channel.h"
+#include "coordinator/node_lock_channel.h"
 #include "ops/device/device_plane_factory.h"
 #include "ops/mpi/mpi_data_plane.h"
 #include "runtime/logging.h"
@@ -50,7 +50,7 @@ ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Com
       // The global set's ranks are their own labels; a subset's messages name global ranks.
       negotiator_(std::make_unique<Negotiator>(channel_.get(), config, nullptr, timeline,
                                                id_ == 0 ? std::vector<int>() : ranks_)),
-      lock_(std::make_unique<LockedSchedule>(std::make_unique<MpiLockChannel>(control),
+      lock_(std::make_unique<LockedSchedule>(std::make_unique<NodeLockChannel>(control),
                                              LockSettings::From(config), id_)),
       host_plane_(std::make_unique<MpiDataPlane>(data, timeline, config.shm_threshold_bytes,
                                                  HierarchicalRequested(config))),
