@@ -38,12 +38,12 @@ NodeLockChannel::~NodeLockChannel() {
 }
 
 NodeLockChannel::Slot* NodeLockChannel::SlotOf(int rank) const {
+  static_assert(sizeof(Slot) <= kSlotBytes, "a slot fits its rank's region");
   return reinterpret_cast<Slot*>(memory_->Region(rank));
 }
 
 Status NodeLockChannel::Open() {
   if (decided_) return memory_ != nullptr ? Status::OK() : mpi_.Open();
-  decided_ = true;
   if (shared_memory_allowed_ && mpi_.size() > 1) {
     GRADSYNC_MPI_CALL(MPI_Comm_dup(control_, &node_comm_));
     auto memory = std::make_unique<NodeSharedMemory>(node_comm_, kSlotBytes, kMaxSharedRanks);
@@ -53,10 +53,15 @@ Status NodeLockChannel::Open() {
       memory_ = std::move(memory);
       // The segment starts zeroed (a fresh file): nothing published, no nudge.
       seen_nudges_.assign(static_cast<size_t>(size()), 0);
+      decided_ = true;
       return Status::OK();
     }
+    memory.reset();
+    GRADSYNC_MPI_CALL(MPI_Comm_free(&node_comm_));
   }
-  return mpi_.Open();
+  GRADSYNC_RETURN_IF_ERROR(mpi_.Open());
+  decided_ = true;
+  return Status::OK();
 }
 
 Status NodeLockChannel::StartAnd(const std::vector<uint64_t>& words) {

@@ -18,6 +18,7 @@
 
 #include <mpi.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -34,7 +35,7 @@ class NodeLockChannel : public LockChannel {
   static constexpr int kMaxWords = 8;
 
   // `control` must outlive the channel. With `shared_memory` false every exchange goes through
-  // MPI, as across nodes.
+  // MPI, as across nodes; every rank must pass the same value.
   explicit NodeLockChannel(MPI_Comm control, bool shared_memory = true);
   ~NodeLockChannel() override;
 
