@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ops/device/device_events.h"
+#include "ops/device/producer_readiness.h"
 #include "runtime/op_state.h"
 #include "runtime/thread_role.h"
 
@@ -55,6 +56,15 @@ void ThrowIfRefused(const Runtime& rt, TensorEntry* entry, const Status& checked
     const std::string name = entry->name.empty() ? "<unnamed>" : entry->name;
     Throw(Status(validation.code(), Describe(rt, entry->op, name) + ": " + validation.message()));
   }
+}
+
+// A producer's readiness that could not be recorded: the operation is refused, as it was before
+// the queue saw it.
+void ThrowIfUnrecorded(const Runtime& rt, const TensorEntry* entry, const Status& recorded) {
+  if (recorded.ok()) return;
+  const std::string name = entry->name.empty() ? "<unnamed>" : entry->name;
+  Throw(Status(recorded.code(), Describe(rt, entry->op, name) +
+                                    ": recording the producer's readiness: " + recorded.message()));
 }
 
 // Called only for accepted operations, so every rank's counter stays in step even when one rank's
@@ -151,6 +161,11 @@ std::vector<Handle> SubmitGroup(Runtime& rt, std::vector<std::unique_ptr<TensorE
                                 const std::vector<Status>& validations) {
   for (size_t i = 0; i < entries.size(); ++i) ThrowIfRefused(rt, entries[i].get(), validations[i]);
   if (entries.empty()) return {};
+  // Pushed together, so one event per producer stream serves the whole group.
+  std::vector<TensorEntry*> members;
+  members.reserve(entries.size());
+  for (auto& entry : entries) members.push_back(entry.get());
+  ThrowIfUnrecorded(rt, members.front(), RecordProducerReadiness(members));
   for (auto& entry : entries) NameIfUnnamed(rt, entry.get());
   std::vector<Handle> handles;
   handles.reserve(entries.size());
@@ -178,8 +193,11 @@ std::vector<Handle> SubmitGroup(Runtime& rt, std::vector<std::unique_ptr<TensorE
 Status AttachReadiness(const DeviceReadiness& ready, TensorEntry* entry) {
   if (ready.cuda_event == nullptr && ready.cuda_stream == nullptr) return Status::OK();
   if (entry->input.device.kind != DeviceKind::kCuda) return Status::OK();
-  return ImportReadiness(ready.cuda_event, ready.cuda_stream, entry->input.device.index,
-                         &entry->ready);
+  if (ready.cuda_event == nullptr) {
+    entry->ready_stream = ready.cuda_stream;  // recorded by the submit, or by a locked cycle
+    return Status::OK();
+  }
+  return ImportReadiness(ready.cuda_event, nullptr, entry->input.device.index, &entry->ready);
 }
 
 void RequireGroupArguments(const char* call, size_t tensors, size_t names,
@@ -206,20 +224,27 @@ std::unique_ptr<TensorEntry> NewEntry(Runtime& rt, OpType op, const std::string&
 
 Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& validation) {
   ThrowIfRefused(rt, entry.get(), validation);
-  NameIfUnnamed(rt, entry.get());
   std::shared_ptr<OpState> state = entry->state;
   state->on_device = entry->input.device.kind != DeviceKind::kCpu;
+  // A device tensor that completes a locked bucket is launched on this thread (the launch is
+  // asynchronous); a host tensor's bucket runs on the background thread, which does not block
+  // the caller for the reduction; and gradsync's own threads (a callback that enqueues) launch
+  // nothing, since a cycle there could wait for the completions that thread is running.
+  const bool may_launch = state->on_device && rt.loop->RunsCallerCycles() && !OnBackgroundThread();
+  // Locked, the cycle that takes this entry (run by the push that fills its bucket) records one
+  // event for the bucket's whole stream; otherwise the entry waits for negotiation, and its event
+  // must mark the producer's work now. Before naming, as for any refusal.
+  if (entry->ready_stream != nullptr && !may_launch) {
+    TensorEntry* unrecorded = entry.get();
+    ThrowIfUnrecorded(rt, entry.get(), RecordProducerReadiness(&unrecorded, 1));
+  }
+  NameIfUnnamed(rt, entry.get());
   const bool traced = rt.timeline.active();
   // Started before the push: once pushed, the background thread may end it at any moment.
   if (traced) rt.timeline.ActivityStart(entry->name, "QUEUE");
   std::string refused_name;
   if (traced) refused_name = entry->name;
-  // A device tensor that completes a locked bucket is launched on this thread (the launch is
-  // asynchronous); a host tensor's bucket runs on the background thread, which does not block
-  // the caller for the reduction; and gradsync's own threads (a callback that enqueues) launch
-  // nothing, since a cycle there could wait for the completions that thread is running.
   bool due = false;
-  const bool may_launch = state->on_device && rt.loop->RunsCallerCycles() && !OnBackgroundThread();
   const Status pushed = rt.queue.Push(std::move(entry), may_launch ? &due : nullptr);
   if (!pushed.ok()) {
     if (traced) rt.timeline.ActivityEnd(refused_name);

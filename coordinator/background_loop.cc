@@ -9,6 +9,7 @@
 #endif
 
 #include "ops/device/device_events.h"
+#include "ops/device/producer_readiness.h"
 #include "runtime/logging.h"
 #include "runtime/thread_role.h"
 #include "runtime/timeline_activity.h"
@@ -312,14 +313,20 @@ std::vector<TensorEntry*> BackgroundLoop::TakeFreshEntries() {
 }
 
 void BackgroundLoop::Distribute(const std::vector<TensorEntry*>& entries) {
+  // Entries a locked enqueue left unrecorded: one event per producer stream for all of them.
+  const Status recorded = RecordProducerReadiness(entries);
   for (TensorEntry* entry : entries) {
     ProcessSetRuntime* set = sets_.Find(entry->process_set);
-    if (set != nullptr) {
+    if (set != nullptr && entry->ready_stream == nullptr) {
       set->fresh().push_back(entry);
       continue;
     }
-    // The set was removed or failed after this entry was enqueued.
-    const Status why = sets_.Unavailable(entry->process_set);
+    // The set was removed or failed after this entry was enqueued, or the entry's readiness
+    // could not be recorded.
+    const Status why =
+        set == nullptr
+            ? sets_.Unavailable(entry->process_set)
+            : Status(recorded.code(), "recording the producer's readiness: " + recorded.message());
     Complete({entry}, Status(why.code(), OpTypeName(entry->op) + " of tensor '" + entry->name +
                                              "' on rank " + std::to_string(mpi_.rank()) + ": " +
                                              why.message()));

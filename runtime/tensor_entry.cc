@@ -57,6 +57,7 @@ void TensorEntry::Clear() {
   process_set = 0;
   allocator = nullptr;
   ready = nullptr;
+  ready_stream = nullptr;
   in_flight = false;
   // `state` stays: the next operation on this entry reuses it (OpState::Renew).
 }

@@ -96,6 +96,10 @@ struct TensorEntry {
   // the producer's stream). The communication stream waits for it on the device; null when the
   // input is ready at enqueue.
   std::shared_ptr<StreamEvent> ready;
+  // Device tensors given with their producer's stream (a cudaStream_t) and no event: `ready` is
+  // still to be recorded there, by the enqueue or, once the set is locked, by the cycle that takes
+  // the entry (ops/device/producer_readiness.h). Null once recorded, and for every other entry.
+  void* ready_stream = nullptr;
 
   // Back to a default entry, keeping the name's and shapes' storage so that a recycled entry is
   // filled without allocating. A new field must be reset there too (tensor_queue_test checks).

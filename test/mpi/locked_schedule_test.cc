@@ -9,6 +9,7 @@
 // (GRADSYNC_CALLER_LAUNCH); the backend notes which thread launched each allreduce.
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +23,8 @@
 #include "ops/device/device_plane.h"
 #include "ops/device/device_plane_factory.h"
 #include "ops/device/host_device_backend.h"
+#include "ops/device/producer_readiness.h"
+#include "runtime/host_stream.h"
 #include "test/mpi/multi_rank_test.h"
 #include "test/trace_reader.h"
 
@@ -70,10 +73,23 @@ Status MakeLaunchNotingPlane(const Config& config, MPI_Comm comm, const Device&,
   return Status::OK();
 }
 
+// Producer readiness recorded on a host stream whose address stands in for a cudaStream_t; the
+// records are counted.
+std::atomic<int> readiness_records{0};
+
+Status RecordOnHostStream(void* stream, int, std::shared_ptr<StreamEvent>* ready) {
+  readiness_records.fetch_add(1);
+  *ready = static_cast<HostStream*>(stream)->Record();
+  return Status::OK();
+}
+
 class LockedScheduleTest : public MultiRankTest {
  protected:
   void SetUp() override {
-    if (DeviceTensors()) SetDevicePlaneFactoryForTesting(&MakeLaunchNotingPlane);
+    if (DeviceTensors()) {
+      SetDevicePlaneFactoryForTesting(&MakeLaunchNotingPlane);
+      SetReadinessRecorderForTesting(&RecordOnHostStream);
+    }
     {
       std::lock_guard<std::mutex> lock(launches_mu);
       launch_threads.clear();
@@ -89,6 +105,7 @@ class LockedScheduleTest : public MultiRankTest {
     if (rank_ == 0) fs::remove(trace_path_);
     MultiRankTest::TearDown();
     SetDevicePlaneFactoryForTesting(nullptr);
+    SetReadinessRecorderForTesting(nullptr);
   }
 
   // What the operations are given: the tensor, labelled cuda:0 in the device variant.
@@ -96,6 +113,11 @@ class LockedScheduleTest : public MultiRankTest {
     TensorView view = tensor.view();
     if (DeviceTensors()) view.device = Device::Cuda(0);
     return view;
+  }
+
+  static bool CallerLaunchOn() {
+    const char* value = std::getenv("GRADSYNC_CALLER_LAUNCH");
+    return value == nullptr || std::strcmp(value, "0") != 0;
   }
 
   static bool LockingOn() {
@@ -205,11 +227,63 @@ TEST_F(LockedScheduleTest, LockedDeviceBucketsLaunchOnTheCallersThread) {
   }
   const size_t launched = launch_threads.size() - before;
   ASSERT_GT(launched, 0u);
-  const char* caller_launch = std::getenv("GRADSYNC_CALLER_LAUNCH");
-  if (caller_launch != nullptr && std::strcmp(caller_launch, "0") == 0) {
+  if (!CallerLaunchOn()) {
     EXPECT_EQ(on_caller, 0u);
   } else if (LockingOn() && size_ == 1) {
     EXPECT_GE(2 * on_caller, launched) << on_caller << " of " << launched << " on the caller";
+  }
+}
+
+// Tensors given with their producer's stream, which writes them only after a while: the host runs
+// ahead and every result is right. Unlocked, each enqueue records its own event; locked, the cycle
+// that takes a bucket records one for all of its tensors (alone, nearly always that is the cycle
+// of the push that fills it; with peers, the loop's exchange polls may take a bucket in parts).
+TEST_F(LockedScheduleTest, LockedBucketsRecordOneReadinessEventPerProducerStream) {
+  if (!DeviceTensors()) GTEST_SKIP() << "host tensors have no producer stream";
+  HostStream producer;
+  auto step_after_producer = [&](int step, std::chrono::milliseconds producer_delay) {
+    std::vector<std::unique_ptr<HostTensor>> tensors;
+    for (int64_t n : kSizes) {
+      tensors.push_back(std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{n}));
+      for (int64_t i = 0; i < n; ++i) tensors.back()->Set(i, -1000);  // until the producer runs
+    }
+    std::atomic<bool> produced{false};
+    producer.Enqueue([&] {
+      std::this_thread::sleep_for(producer_delay);
+      for (size_t t = 0; t < kSizes.size(); ++t) {
+        for (int64_t i = 0; i < kSizes[t]; ++i) {
+          tensors[t]->Set(i, Value(ReduceOp::kSum, rank_, i + step + static_cast<int64_t>(t)));
+        }
+      }
+      produced = true;
+    });
+    const int records_before = readiness_records.load();
+    std::vector<Handle> handles;
+    for (size_t t = 0; t < kSizes.size(); ++t) {
+      AllreduceOptions options = Named(Name(t));
+      options.ready.cuda_stream = &producer;
+      handles.push_back(allreduce(View(*tensors[t]), options));
+    }
+    if (producer_delay.count() > 0) {
+      EXPECT_FALSE(produced) << "an enqueue waited for the producer";
+    }
+    for (size_t t = 0; t < kSizes.size(); ++t) {
+      EXPECT_TRUE(Succeeds(handles[t])) << "step " << step << " " << Name(t);
+      ExpectSums(*tensors[t], step + static_cast<int64_t>(t), 0, size_);
+    }
+    return readiness_records.load() - records_before;
+  };
+  const int tensors = static_cast<int>(kSizes.size());
+  EXPECT_EQ(step_after_producer(0, std::chrono::milliseconds(300)), tensors);
+  for (int step = 1; step < 8; ++step) step_after_producer(step, std::chrono::milliseconds(0));
+  const int locked_records = step_after_producer(8, std::chrono::milliseconds(300));
+  if (!LockingOn() || !CallerLaunchOn()) {
+    EXPECT_EQ(locked_records, tensors) << "only a caller's cycle takes what it left unrecorded";
+    return;
+  }
+  EXPECT_GE(locked_records, 1);
+  if (size_ == 1) {
+    EXPECT_LE(locked_records, 2) << "of " << tensors << " tensors in one bucket";
   }
 }
 

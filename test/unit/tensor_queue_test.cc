@@ -185,6 +185,7 @@ TEST(TensorQueueTest, ReleasedEntriesAreReusedCleared) {
   entry->process_set = 4;
   entry->allocator = [](const std::vector<int64_t>&, DataType) { return nullptr; };
   entry->ready = std::make_shared<HostEvent>();
+  entry->ready_stream = data;
   entry->state = std::make_shared<OpState>();
   const TensorEntry* address = entry.get();
   const OpState* state = entry->state.get();
@@ -218,6 +219,7 @@ TEST(TensorQueueTest, ReleasedEntriesAreReusedCleared) {
   EXPECT_EQ(reused->process_set, fresh.process_set);
   EXPECT_FALSE(reused->allocator);
   EXPECT_EQ(reused->ready, nullptr);
+  EXPECT_EQ(reused->ready_stream, nullptr);
   EXPECT_FALSE(reused->in_flight);
   EXPECT_EQ(reused->state.get(), state);       // kept for OpState::Renew
   EXPECT_NE(queue.NewEntry().get(), address);  // the pool is empty again: a new one

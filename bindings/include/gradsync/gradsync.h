@@ -144,12 +144,13 @@ using CompletionCallback = std::function<void(const Status&)>;
 
 // Device tensors whose producer is still running: gradsync's communication stream waits for the
 // producer on the device, so neither the caller nor gradsync's threads block on it. Give the
-// producer's stream (a cudaStream_t: gradsync records an event on it at enqueue), or an event (a
-// cudaEvent_t the caller recorded after the producing work, and does not record again until the
-// operation is launched, which wait() or synchronize_stream() assure). Opaque handles, so that
-// this header needs no CUDA headers. Both null (the default): the input is ready at enqueue; so
-// the legacy default stream, whose handle is null, is given as cudaStreamLegacy. Ignored for host
-// tensors.
+// producer's stream (a cudaStream_t: gradsync records an event on it at enqueue, or, while the
+// process set is locked, once per bucket when the bucket fills; it must stay valid until the
+// operation is launched), or an event (a cudaEvent_t the caller recorded after the producing
+// work, and does not record again until the operation is launched, which wait() or
+// synchronize_stream() assure). Opaque handles, so that this header needs no CUDA headers. Both
+// null (the default): the input is ready at enqueue; so the legacy default stream, whose handle is
+// null, is given as cudaStreamLegacy. Ignored for host tensors.
 struct DeviceReadiness {
   void* cuda_stream = nullptr;
   void* cuda_event = nullptr;
