@@ -166,7 +166,11 @@ std::vector<Handle> SubmitGroup(Runtime& rt, std::vector<std::unique_ptr<TensorE
   members.reserve(entries.size());
   for (auto& entry : entries) members.push_back(entry.get());
   ThrowIfUnrecorded(rt, members.front(), RecordProducerReadiness(members));
-  for (auto& entry : entries) NameIfUnnamed(rt, entry.get());
+  const uint64_t waits = rt.caller_waits.load(std::memory_order_relaxed);
+  for (auto& entry : entries) {
+    NameIfUnnamed(rt, entry.get());
+    entry->waits_before = waits;
+  }
   std::vector<Handle> handles;
   handles.reserve(entries.size());
   for (auto& entry : entries) {
@@ -239,6 +243,7 @@ Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& val
     ThrowIfUnrecorded(rt, entry.get(), RecordProducerReadiness(&unrecorded, 1));
   }
   NameIfUnnamed(rt, entry.get());
+  entry->waits_before = rt.caller_waits.load(std::memory_order_relaxed);
   const bool traced = rt.timeline.active();
   // Started before the push: once pushed, the background thread may end it at any moment.
   if (traced) rt.timeline.ActivityStart(entry->name, "QUEUE");

@@ -13,7 +13,7 @@ namespace gradsync {
 void Handle::wait() const {
   RequireCallerThread("Handle::wait");
   if (!state_) Throw(Status::InvalidArgument("wait() on an empty handle"));
-  EndPauseBeforeBlocking(*state_);
+  NoteCallerWait(*state_);
   const Status& status = state_->Wait();  // no copy: every handle of a step is waited on
   if (!status.ok()) Throw(status);
 }
@@ -21,7 +21,7 @@ void Handle::wait() const {
 bool Handle::wait_for(std::chrono::nanoseconds timeout) const {
   RequireCallerThread("Handle::wait_for");
   if (!state_) Throw(Status::InvalidArgument("wait_for() on an empty handle"));
-  EndPauseBeforeBlocking(*state_);
+  NoteCallerWait(*state_);
   Status status;
   if (!state_->WaitFor(timeout, &status)) return false;
   if (!status.ok()) Throw(status);
@@ -40,6 +40,7 @@ std::vector<int64_t> Handle::output_shape() const {
 void Handle::synchronize_stream(void* cuda_stream) const {
   RequireCallerThread("Handle::synchronize_stream");
   if (!state_) Throw(Status::InvalidArgument("synchronize_stream() on an empty handle"));
+  NoteCallerWait(*state_);
   bool timed_out = false;
   const std::shared_ptr<StreamEvent> launched = state_->WaitLaunched(kWaitForever, &timed_out);
   if (launched == nullptr) {

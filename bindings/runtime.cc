@@ -44,9 +44,11 @@ Runtime& ActiveRuntime(const char* call) {
   return *rt;
 }
 
-void EndPauseBeforeBlocking(const OpState& state) {
-  if (state.done()) return;
-  if (Runtime* rt = g_active.load(std::memory_order_acquire)) rt->queue.EndPause();
+void NoteCallerWait(const OpState& state) {
+  Runtime* rt = g_active.load(std::memory_order_acquire);
+  if (rt == nullptr) return;
+  rt->caller_waits.fetch_add(1, std::memory_order_relaxed);
+  if (!state.done()) rt->queue.EndPause();
 }
 
 void init(MPI_Comm comm) {

@@ -42,6 +42,10 @@ struct Runtime {
   std::map<std::pair<int, int32_t>, uint64_t> unnamed_in_sets;
   // add_process_set and remove_process_set calls so far; collective, so the same on every rank.
   std::atomic<uint64_t> process_set_calls{0};
+  // The caller's blocking waits on operations so far (wait(), wait_for(), synchronize_stream()),
+  // which each enqueue notes in TensorEntry::waits_before. Counted whether or not the operation
+  // was done, so that the count follows the program's order alone, as it does on every rank.
+  std::atomic<uint64_t> caller_waits{0};
 };
 
 [[noreturn]] void Throw(Status status);
@@ -51,10 +55,11 @@ void RequireCallerThread(const char* call);
 // The running runtime; throws NotInitialized, naming `call`, when there is none.
 Runtime& ActiveRuntime(const char* call);
 
-// Called by a caller about to block on `state`: it has no more tensors to stream for now, so the
-// background thread need not pause to gather them (architecture.md, "Pacing a streaming
-// caller"). Does nothing when the operation is done or gradsync is not running.
-void EndPauseBeforeBlocking(const OpState& state);
+// Called by a caller about to block on `state` (done or not). It counts the wait
+// (Runtime::caller_waits) and, while the operation runs, ends the background thread's pause: the
+// caller has no more tensors to stream for now (architecture.md, "Pacing a streaming caller").
+// Does nothing when gradsync is not running.
+void NoteCallerWait(const OpState& state);
 
 Handle MakeHandle(std::shared_ptr<OpState> state);
 ProcessSet MakeProcessSet(int id);

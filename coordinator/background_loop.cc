@@ -207,6 +207,8 @@ bool BackgroundLoop::RunSetCycle(ProcessSetRuntime* set, bool on_caller, bool* p
   }
   if (timeline_->active()) MarkNegotiated(outcome);
   if (!outcome.responses.empty()) *productive = true;
+  // Before the entries run: a completed entry goes back to the pool, cleared.
+  set->lock().Observe(outcome);
   const Status executed = Execute(set, outcome);
   if (!executed.ok()) {
     // A stall has run everything before it; an Internal error has completed nothing.
@@ -220,7 +222,6 @@ bool BackgroundLoop::RunSetCycle(ProcessSetRuntime* set, bool on_caller, bool* p
         (shutdown_requested_.load() ? "this rank)" : "another rank)")));
     return false;
   }
-  set->lock().Observe(outcome);
   if (outcome.lock_agreed && set->lock().ready()) {
     const Status locked = set->lock().Lock(set->fusion(), [set](const std::string& name) {
       return set->negotiator().CachedResponse(name);

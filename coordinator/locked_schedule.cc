@@ -19,6 +19,8 @@ namespace {
 // here, so that the AND's low run of ones is the buckets every rank can run now.
 constexpr uint64_t kRelease = 1;
 constexpr size_t kExchangeWords = 4;
+// Mixed with the name of a step's tensor that follows a wait, into the step's fingerprint.
+constexpr uint64_t kCutHere = 0x6375742068657265ull;
 // As MpiControlChannel polls a negotiation round before it sleeps.
 constexpr double kPollSeconds = 200e-6;
 
@@ -88,7 +90,17 @@ void LockedSchedule::Observe(const CycleOutcome& outcome) {
     const Response& r = *outcome.responses[i];
     const uint64_t name_hash = HashName(r.name);
     if (current_.name_hashes.count(name_hash) != 0) CloseStep();
-    if (current_.count == current_.names.size()) current_.names.emplace_back();
+    if (current_.count == current_.names.size()) {
+      current_.names.emplace_back();
+      current_.waits_before.emplace_back();
+    }
+    const TensorEntry* entry = outcome.entries[i];
+    const uint64_t waits = entry != nullptr ? entry->waits_before : 0;
+    // A wait between this tensor and the one before it cuts the plan there: part of the step.
+    if (current_.count > 0 && current_.waits_before[current_.count - 1] != waits) {
+      current_.fingerprint += Mix(name_hash, kCutHere);
+    }
+    current_.waits_before[current_.count] = waits;
     current_.names[current_.count++] = r.name;  // assigning keeps the string's storage
     current_.name_hashes.insert(name_hash);
     current_.fingerprint += Mix(name_hash, ParameterHash(r));  // a sum: free of order
@@ -127,15 +139,12 @@ Status LockedSchedule::Lock(const FusionSettings& fusion, const CachedResponse& 
     }
     order.push_back(std::move(response));
   }
-  std::vector<const Response*> raw;
-  raw.reserve(order.size());
-  for (const ResponsePtr& r : order) raw.push_back(r.get());
   buckets_.clear();
   positions_ = NameTable<Position>();
   plan_fingerprint_ = Mix(static_cast<uint64_t>(set_id_), order.size());
-  for (const Bucket& planned : PlanFusion(raw, fusion, /*consecutive=*/true)) {
+  for (const std::vector<size_t>& planned : PlanBuckets(order, fusion)) {
     PlannedBucket bucket;
-    for (size_t i : planned.responses) {
+    for (size_t i : planned) {
       const Response& r = *order[i];
       positions_.Insert(NameKey(r.name), Position{static_cast<uint32_t>(buckets_.size()),
                                                   static_cast<uint32_t>(bucket.responses.size())});
@@ -168,6 +177,26 @@ Status LockedSchedule::Lock(const FusionSettings& fusion, const CachedResponse& 
       "process set {} locked its schedule after {} identical steps: {} tensors in {} buckets",
       set_id_, streak_, order.size(), buckets_.size());
   return Status::OK();
+}
+
+std::vector<std::vector<size_t>> LockedSchedule::PlanBuckets(const std::vector<ResponsePtr>& order,
+                                                             const FusionSettings& fusion) const {
+  std::vector<std::vector<size_t>> buckets;
+  std::vector<const Response*> run;
+  for (size_t begin = 0; begin < order.size();) {
+    size_t end = begin + 1;
+    while (end < order.size() && previous_.waits_before[end] == previous_.waits_before[begin]) {
+      ++end;
+    }
+    run.clear();
+    for (size_t i = begin; i < end; ++i) run.push_back(order[i].get());
+    for (const Bucket& planned : PlanFusion(run, fusion, /*consecutive=*/true)) {
+      buckets.emplace_back();
+      for (size_t i : planned.responses) buckets.back().push_back(begin + i);
+    }
+    begin = end;
+  }
+  return buckets;
 }
 
 size_t LockedSchedule::MissingForNextBucket() const {

@@ -7,7 +7,12 @@
 // whether every rank is ready and holds nothing that needs the full round; when all are, and the
 // round's responses leave the schedule ready (none, or exactly one whole step), every rank calls
 // Lock() after running them, and the last step, in the order it ran, fused into runs of
-// consecutive tensors (PlanFusion's consecutive plan), becomes the plan.
+// consecutive tensors (PlanFusion's consecutive plan), becomes the plan. No bucket holds tensors
+// the caller enqueued on either side of a blocking wait (TensorEntry::waits_before): a caller that
+// waits for one result before it enqueues the next tensor (a synchronized batch norm's statistics,
+// a metric) would otherwise wait for a bucket that only its next enqueue can fill. Those waits
+// follow the program's order, so every rank that runs the same program cuts alike; where ranks
+// do cut differently, their plans' fingerprints differ and the first exchange leaves the lock.
 //
 // Locked, RunCycle() takes the set's fresh entries in place of the negotiator. Each goes to its
 // slot in the plan, checked against the plan's parameters. When the next bucket in plan order is
@@ -125,6 +130,7 @@ class LockedSchedule {
   // The observed step being cut: names (kept, storage reused) and an order-free fingerprint.
   struct Step {
     std::vector<std::string> names;
+    std::vector<uint64_t> waits_before;  // each name's entry's TensorEntry::waits_before
     size_t count = 0;
     std::unordered_set<uint64_t> name_hashes;
     uint64_t fingerprint = 0;
@@ -132,6 +138,10 @@ class LockedSchedule {
   };
 
   void CloseStep();
+  // The plan's buckets, as indices into `order` (the last whole step): runs between waits, each
+  // fused into runs of consecutive tensors.
+  std::vector<std::vector<size_t>> PlanBuckets(const std::vector<ResponsePtr>& order,
+                                               const FusionSettings& fusion) const;
   // Moves the cursor to the next bucket with anything to run in this turn, ending the turns of
   // buckets the lock's first step had run in full.
   void AdvanceCursor();

@@ -58,6 +58,7 @@ void TensorEntry::Clear() {
   allocator = nullptr;
   ready = nullptr;
   ready_stream = nullptr;
+  waits_before = 0;
   in_flight = false;
   // `state` stays: the next operation on this entry reuses it (OpState::Renew).
 }

@@ -100,6 +100,10 @@ struct TensorEntry {
   // still to be recorded there, by the enqueue or, once the set is locked, by the cycle that takes
   // the entry (ops/device/producer_readiness.h). Null once recorded, and for every other entry.
   void* ready_stream = nullptr;
+  // The caller's blocking waits on operations before this entry was enqueued (Runtime's count).
+  // A locked plan never fuses entries enqueued on either side of a wait: the caller may have
+  // needed the first one's result before it enqueued the second.
+  uint64_t waits_before = 0;
 
   // Back to a default entry, keeping the name's and shapes' storage so that a recycled entry is
   // filled without allocating. A new field must be reset there too (tensor_queue_test checks).

@@ -287,6 +287,35 @@ TEST_F(LockedScheduleTest, LockedBucketsRecordOneReadinessEventPerProducerStream
   }
 }
 
+// Each step's first tensor is waited on before the others are enqueued, as a synchronized batch
+// norm's statistics are: the plan ends a bucket at the wait, and the lock holds. Fused with the
+// tensors after it, the first would wait for a bucket its blocked caller cannot fill, until the
+// lock wait ran out and the set left the lock, step after step.
+TEST_F(LockedScheduleTest, ACallerThatWaitsMidStepStaysLocked) {
+  if (!LockingOn()) GTEST_SKIP() << "locking is off";
+  for (int step = 0; step < 12; ++step) {
+    std::vector<std::unique_ptr<HostTensor>> tensors;
+    std::vector<Handle> handles;
+    for (size_t t = 0; t < kSizes.size(); ++t) {
+      tensors.push_back(Filled(kSizes[t], step + static_cast<int64_t>(t), rank_));
+      handles.push_back(allreduce(View(*tensors.back()), Named(Name(t))));
+      if (t == 0) {
+        ASSERT_TRUE(Succeeds(handles[0])) << "step " << step;
+      }
+    }
+    for (size_t t = 0; t < kSizes.size(); ++t) {
+      ASSERT_TRUE(Succeeds(handles[t])) << "step " << step << " " << Name(t);
+      ExpectSums(*tensors[t], step + static_cast<int64_t>(t), 0, size_);
+    }
+  }
+  const std::vector<std::string> locks = Marks("LOCK set 0");
+  const std::vector<std::string> unlocks = Marks("UNLOCK");
+  if (rank_ != 0) return;
+  EXPECT_EQ(locks.size(), 1u);
+  EXPECT_TRUE(unlocks.empty()) << Joined(unlocks);
+  EXPECT_GE(LockedWaits(), 3 * kSizes.size());
+}
+
 TEST_F(LockedScheduleTest, ANewNameOnEveryRankUnlocksAndTheLoopLocksAgain) {
   if (!LockingOn()) GTEST_SKIP() << "locking is off";
   for (int step = 0; step < 6; ++step) RunStep(step);

@@ -186,6 +186,7 @@ TEST(TensorQueueTest, ReleasedEntriesAreReusedCleared) {
   entry->allocator = [](const std::vector<int64_t>&, DataType) { return nullptr; };
   entry->ready = std::make_shared<HostEvent>();
   entry->ready_stream = data;
+  entry->waits_before = 7;
   entry->state = std::make_shared<OpState>();
   const TensorEntry* address = entry.get();
   const OpState* state = entry->state.get();
@@ -220,6 +221,7 @@ TEST(TensorQueueTest, ReleasedEntriesAreReusedCleared) {
   EXPECT_FALSE(reused->allocator);
   EXPECT_EQ(reused->ready, nullptr);
   EXPECT_EQ(reused->ready_stream, nullptr);
+  EXPECT_EQ(reused->waits_before, 0u);
   EXPECT_FALSE(reused->in_flight);
   EXPECT_EQ(reused->state.get(), state);       // kept for OpState::Renew
   EXPECT_NE(queue.NewEntry().get(), address);  // the pool is empty again: a new one
