@@ -83,8 +83,21 @@ class PooledEvent : public CudaEvent {
 Status TakePooledEvent(int device, void** event) {
   cudaEvent_t taken = nullptr;
   if (!Pool().Take(device, &taken)) {
-    const cudaError_t error = cudaEventCreateWithFlags(&taken, cudaEventDisableTiming);
+    // An event belongs to the device current at its creation, and the taker may be on another
+    // (the background thread recording a caller's readiness for a second GPU).
+    int current = -1;
+    cudaError_t error = cudaGetDevice(&current);
+    if (error != cudaSuccess) return CudaFailure("cudaGetDevice", device, error);
+    if (current != device && (error = cudaSetDevice(device)) != cudaSuccess) {
+      return CudaFailure("cudaSetDevice", device, error);
+    }
+    error = cudaEventCreateWithFlags(&taken, cudaEventDisableTiming);
+    const cudaError_t restored = current != device ? cudaSetDevice(current) : cudaSuccess;
     if (error != cudaSuccess) return CudaFailure("cudaEventCreateWithFlags", device, error);
+    if (restored != cudaSuccess) {
+      cudaEventDestroy(taken);
+      return CudaFailure("cudaSetDevice", current, restored);
+    }
   }
   *event = taken;
   return Status::OK();
