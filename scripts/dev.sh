@@ -94,10 +94,16 @@ sanitized_build() {
   cmake --build "$sanitized_dir" -j "$jobs"
 }
 
-# CMAKE_BUILD_PARALLEL_LEVEL: the jobs of the builds that tests run (python_pip_install's).
+# CMAKE_BUILD_PARALLEL_LEVEL: the jobs of the builds that tests run (python_pip_install's). The
+# unit tests (one process each, no MPI) run on every core; the rest one at a time unless CTEST_JOBS
+# says otherwise, since a multi-rank test keeps the cores busy by itself. Both parts always run.
 run_tests() {
+  local failed=0
+  ctest --test-dir "$1" --output-on-failure --timeout 600 -L '^unit$' -j "$jobs" || failed=1
   CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$jobs} \
-    ctest --test-dir "$1" --output-on-failure --timeout 600 -j "${CTEST_JOBS:-1}"
+    ctest --test-dir "$1" --output-on-failure --timeout 600 -LE '^unit$' -j "${CTEST_JOBS:-1}" ||
+    failed=1
+  return "$failed"
 }
 
 # Open MPI refuses to run as root unless told it is intended (containers, CI).
