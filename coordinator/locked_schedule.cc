@@ -307,8 +307,8 @@ void LockedSchedule::Finish(const std::vector<uint64_t>& words, LockedCycle* out
   const bool released = (~words[0] & kRelease) != 0;
   if (words[1] != ~words[2]) {
     Log().error(
-        "process set {}: the ranks' locked plans differ at bucket {} (an internal error); "
-        "leaving the lock",
+        "process set {}: the ranks' locked plans differ at bucket {} (their steps were cut at "
+        "different waits, or an internal error); leaving the lock",
         set_id_, cursor_);
     Leave("the ranks' locked plans differ", out);
     return;
