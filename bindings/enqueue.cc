@@ -162,10 +162,13 @@ std::vector<Handle> SubmitGroup(Runtime& rt, std::vector<std::unique_ptr<TensorE
   for (size_t i = 0; i < entries.size(); ++i) ThrowIfRefused(rt, entries[i].get(), validations[i]);
   if (entries.empty()) return {};
   // Pushed together, so one event per producer stream serves the whole group.
-  std::vector<TensorEntry*> members;
-  members.reserve(entries.size());
-  for (auto& entry : entries) members.push_back(entry.get());
-  ThrowIfUnrecorded(rt, members.front(), RecordProducerReadiness(members));
+  if (std::any_of(entries.begin(), entries.end(),
+                  [](const auto& entry) { return entry->ready_stream != nullptr; })) {
+    std::vector<TensorEntry*> members;
+    members.reserve(entries.size());
+    for (auto& entry : entries) members.push_back(entry.get());
+    ThrowIfUnrecorded(rt, members.front(), RecordProducerReadiness(members));
+  }
   const uint64_t waits = rt.caller_waits.load(std::memory_order_relaxed);
   for (auto& entry : entries) {
     NameIfUnnamed(rt, entry.get());
