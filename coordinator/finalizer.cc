@@ -41,7 +41,7 @@ Finalizer::~Finalizer() {
   Drain();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
+    stopping_.store(true);
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -57,9 +57,9 @@ void Finalizer::Add(DataPlane* plane, int32_t process_set, const std::vector<Ten
                             : now + timeout;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    buckets_.push_back(Bucket{plane, process_set, entries, std::move(done), deadline,
-                              std::move(phases), launched});
-    active_at_ = now;
+    inbox_.push_back(Bucket{plane, process_set, entries, std::move(done), deadline,
+                            std::move(phases), launched});
+    inbox_filled_.store(true, std::memory_order_release);
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
   }
   wake_.notify_one();
@@ -80,12 +80,12 @@ void Finalizer::TracePhases(const Bucket& bucket) {
 
 void Finalizer::Drain() {
   std::unique_lock<std::mutex> lock(mu_);
-  drained_.wait(lock, [this] { return buckets_.empty() && completing_ == 0; });
+  drained_.wait(lock, [this] { return inbox_.empty() && adopted_ == 0; });
 }
 
 size_t Finalizer::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return buckets_.size() + completing_;
+  return inbox_.size() + adopted_;
 }
 
 void Finalizer::Run() {
@@ -93,71 +93,81 @@ void Finalizer::Run() {
   MarkBackgroundThread();
   auto pause = kFirstPause;
   for (;;) {
-    bool spin = false;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      const bool recent = std::chrono::steady_clock::now() - active_at_ < kSpinWindow;
-      if (buckets_.empty() && !recent) {
-        wake_.wait(lock, [this] { return stopping_ || !buckets_.empty(); });
-        pause = kFirstPause;
-      } else if (recent) {
-        spin = true;
-        pause = kFirstPause;  // the sleeps after the window start short
-      } else {
-        wake_.wait_for(lock, pause);
-      }
-      if (stopping_ && buckets_.empty()) return;
+    const bool recent = std::chrono::steady_clock::now() - active_at_ < kSpinWindow;
+    const bool arrived = inbox_filled_.load(std::memory_order_acquire);
+    if (recent && !arrived && owned_.empty()) {
+      // Between operations: look again without the lock the next Add takes.
+      if (stopping_.load(std::memory_order_relaxed)) return;
+      std::this_thread::yield();
+      continue;
     }
-    if (spin) std::this_thread::yield();
-    if (Sweep() > 0) {
+    if (!recent && !arrived) {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (owned_.empty()) {
+        wake_.wait(lock, [this] { return stopping_.load() || !inbox_.empty(); });
+        pause = kFirstPause;
+      } else {
+        wake_.wait_for(lock, pause, [this] { return stopping_.load() || !inbox_.empty(); });
+      }
+      if (stopping_.load() && inbox_.empty() && owned_.empty()) return;
+    } else if (recent && !arrived) {
+      std::this_thread::yield();  // work in flight: its event is looked at again below
+    }
+    const bool adopted = Adopt();
+    if (Sweep() > 0 || adopted) {
       pause = kFirstPause;
-      std::lock_guard<std::mutex> lock(mu_);
       active_at_ = std::chrono::steady_clock::now();
-    } else if (!spin) {
+    } else if (!recent) {
       pause = std::min(pause * 2, kLongestPause);
     }
   }
 }
 
+bool Finalizer::Adopt() {
+  if (!inbox_filled_.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Bucket& bucket : inbox_) owned_.push_back(std::move(bucket));
+  adopted_ += inbox_.size();
+  const bool any = !inbox_.empty();
+  inbox_.clear();
+  inbox_filled_.store(false, std::memory_order_relaxed);
+  return any;
+}
+
 size_t Finalizer::Sweep() {
+  if (owned_.empty()) return 0;
   std::vector<Bucket> finished;
   std::vector<std::pair<DataPlane*, Status>> aborts;
   std::vector<DataPlane*> busy_planes;
   const auto now = std::chrono::steady_clock::now();
   const bool poll_errors = now - last_error_poll_ >= kErrorPollInterval;
   if (poll_errors) last_error_poll_ = now;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    // A plane's buckets complete in launch order: its stream runs them in that order, but an
-    // earlier bucket's event may be seen unfinished just before a later one is seen finished.
-    std::vector<const DataPlane*> behind;
-    for (auto it = buckets_.begin(); it != buckets_.end();) {
-      const bool earlier_pending =
-          std::find(behind.begin(), behind.end(), it->plane) != behind.end();
-      if (!earlier_pending && it->done->Query()) {
-        finished.push_back(std::move(*it));
-        it = buckets_.erase(it);
-        continue;
-      }
-      if (!earlier_pending) behind.push_back(it->plane);
-      const bool aborting = std::any_of(aborts.begin(), aborts.end(), [&](const auto& abort) {
-        return abort.first == it->plane;
-      });
-      if (now >= it->deadline && !aborting) {
-        const auto timeout = it->plane->completion_timeout();
-        aborts.emplace_back(
-            it->plane,
-            Status::Timeout(Describe(*it) + " did not complete within " + Seconds(timeout) +
-                            " (GRADSYNC_NCCL_TIMEOUT_SECONDS); the process set's device plane "
-                            "was aborted and its later device operations fail"));
-        it->deadline = std::chrono::steady_clock::time_point::max();  // abort once
-      } else if (poll_errors && std::find(busy_planes.begin(), busy_planes.end(), it->plane) ==
-                                    busy_planes.end()) {
-        busy_planes.push_back(it->plane);
-      }
-      ++it;
+  // A plane's buckets complete in launch order: its stream runs them in that order, but an
+  // earlier bucket's event may be seen unfinished just before a later one is seen finished.
+  std::vector<const DataPlane*> behind;
+  for (auto it = owned_.begin(); it != owned_.end();) {
+    const bool earlier_pending = std::find(behind.begin(), behind.end(), it->plane) != behind.end();
+    if (!earlier_pending && it->done->Query()) {
+      finished.push_back(std::move(*it));
+      it = owned_.erase(it);
+      continue;
     }
-    completing_ += finished.size();
+    if (!earlier_pending) behind.push_back(it->plane);
+    const bool aborting = std::any_of(aborts.begin(), aborts.end(),
+                                      [&](const auto& abort) { return abort.first == it->plane; });
+    if (now >= it->deadline && !aborting) {
+      const auto timeout = it->plane->completion_timeout();
+      aborts.emplace_back(
+          it->plane,
+          Status::Timeout(Describe(*it) + " did not complete within " + Seconds(timeout) +
+                          " (GRADSYNC_NCCL_TIMEOUT_SECONDS); the process set's device plane "
+                          "was aborted and its later device operations fail"));
+      it->deadline = std::chrono::steady_clock::time_point::max();  // abort once
+    } else if (poll_errors &&
+               std::find(busy_planes.begin(), busy_planes.end(), it->plane) == busy_planes.end()) {
+      busy_planes.push_back(it->plane);
+    }
+    ++it;
   }
   for (DataPlane* plane : busy_planes) {
     const Status error = plane->CheckAsyncError();
@@ -175,7 +185,7 @@ size_t Finalizer::Sweep() {
   if (!finished.empty()) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      completing_ -= finished.size();
+      adopted_ -= finished.size();
     }
     drained_.notify_all();
   }

@@ -13,9 +13,13 @@
 // Thread safety: Add and Drain are called by whichever thread runs the background loop's cycle
 // (its own thread, or a caller launching a locked bucket), one at a time, and by shutdown on the
 // thread that joined it; the completion function runs on the finalizer's own thread, which is
-// started by the first Add, so a process that never touches a device has no such thread.
+// started by the first Add, so a process that never touches a device has no such thread. Add
+// only appends to an inbox under a mutex; the finalizer moves the inbox to buckets of its own and
+// queries their events without that mutex, so a launching thread never waits behind a query of
+// the device, and the finalizer's polling between operations takes no lock at all.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -73,11 +77,13 @@ class Finalizer {
   };
 
   void Run();
+  // Moves what Add handed over into owned_. Returns whether there was any.
+  bool Adopt();
   // Draws a completed bucket's phases on the timeline: each from the end of the one before (the
   // first from the launch) to its event's completion; stops at a phase whose time is unknown.
   void TracePhases(const Bucket& bucket);
-  // One look at every bucket: completes the finished ones, aborts the planes of late ones and of
-  // those reporting errors. Returns the number completed.
+  // One look at every owned bucket: completes the finished ones, aborts the planes of late ones
+  // and of those reporting errors. Returns the number completed.
   size_t Sweep();
   // "allreduce of tensors 'a', 'b' and 3 more on process set 0": the bucket, for messages.
   static std::string Describe(const Bucket& bucket);
@@ -87,13 +93,16 @@ class Finalizer {
   mutable std::mutex mu_;
   std::condition_variable wake_;     // work arrived, or stopping
   std::condition_variable drained_;  // a bucket completed
-  std::deque<Bucket> buckets_;
-  size_t completing_ = 0;  // taken out of buckets_ and being completed
-  std::chrono::steady_clock::time_point last_error_poll_;  // the finalizer thread's
+  std::vector<Bucket> inbox_;        // under mu_: handed over, not yet adopted
+  size_t adopted_ = 0;  // under mu_: adopted and not yet completed (owned_, and those completing)
+  std::atomic<bool> inbox_filled_{false};  // inbox_ is not empty; read without mu_
+  std::atomic<bool> stopping_{false};
+  // The finalizer thread's alone.
+  std::deque<Bucket> owned_;
+  std::chrono::steady_clock::time_point last_error_poll_;
   // When a bucket last arrived or completed: the finalizer polls without sleeping for a while
   // after.
   std::chrono::steady_clock::time_point active_at_;
-  bool stopping_ = false;
   std::thread thread_;
 };
 

@@ -4,9 +4,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/host_stream.h"
@@ -141,6 +143,64 @@ TEST(FinalizerTest, AnAsynchronousErrorAbortsThePlane) {
   EXPECT_EQ(plane.aborts.load(), 1);
   ASSERT_EQ(done.seen.size(), 1u);
   EXPECT_NE(done.seen[0].second.message().find("unhandled system error"), std::string::npos);
+}
+
+// An event whose Query() blocks until released, as a query into a busy driver may.
+class StuckQueryEvent : public StreamEvent {
+ public:
+  bool Query() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    querying_ = true;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return released_; });
+    return true;
+  }
+  Status Wait(std::chrono::nanoseconds) override { return Status::OK(); }
+  void AwaitQuery() {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [this] { return querying_; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    changed_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool querying_ = false;
+  bool released_ = false;
+};
+
+// The thread that launches the next bucket (a caller, in a locked step) hands it over while the
+// finalizer is inside a query of the device: the hand-over must not wait for that query.
+TEST(FinalizerTest, AddDoesNotWaitForAQueryInProgress) {
+  Completions done;
+  FakePlane plane;
+  Finalizer finalizer(done.Fn());
+  auto stuck_entry = Entry("stuck");
+  auto next = Entry("next");
+  auto stuck = std::make_shared<StuckQueryEvent>();
+  finalizer.Add(&plane, 0, {stuck_entry.get()}, stuck);
+  stuck->AwaitQuery();
+  std::atomic<bool> handed_over{false};
+  std::thread launcher([&] {
+    finalizer.Add(&plane, 0, {next.get()}, plane.NewEvent());
+    handed_over = true;
+  });
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!handed_over && std::chrono::steady_clock::now() < limit) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  EXPECT_TRUE(handed_over.load()) << "Add waited for the finalizer's query of another event";
+  stuck->Release();
+  launcher.join();
+  plane.events.back()->Complete(Status::OK());
+  finalizer.Drain();
+  ASSERT_EQ(done.seen.size(), 2u);
+  EXPECT_EQ(done.seen[0].first, "stuck");
+  EXPECT_EQ(done.seen[1].first, "next");
 }
 
 TEST(FinalizerTest, NoThreadUntilTheFirstBucket) {
