@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <thread>
 #include <utility>
 
+#include "runtime/cpu_relax.h"
 #include "runtime/logging.h"
 #include "runtime/name_key.h"
 
@@ -23,6 +23,8 @@ constexpr size_t kExchangeWords = 4;
 constexpr uint64_t kCutHere = 0x6375742068657265ull;
 // As MpiControlChannel polls a negotiation round before it sleeps.
 constexpr double kPollSeconds = 200e-6;
+// A microsecond or so of pauses between looks at the exchange.
+constexpr int kPausesPerPoll = 64;
 
 double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -251,10 +253,11 @@ Status LockedSchedule::Advance(LockedCycle* out, bool poll_peers) {
         Finish(words_, out);
         continue;
       }
-      // Peers usually arrive within microseconds of each other: poll a while, leaving the core
-      // to others between polls, before handing the wait back to the loop's backoff.
+      // Peers usually arrive within microseconds of each other: poll a while, keeping the core
+      // (a yield can cost a time slice where compute fills the cores), before handing the wait
+      // back to the loop's backoff, which sleeps.
       if (poll_peers && now - started_at_ < kPollSeconds) {
-        std::this_thread::yield();
+        for (int i = 0; i < kPausesPerPoll; ++i) CpuRelax();
         continue;
       }
       return WhileWaiting(now);
