@@ -1,6 +1,7 @@
 #include "runtime/host_stream.h"
 
 #include <string>
+#include <thread>
 #include <utility>
 
 namespace gradsync {
@@ -8,6 +9,8 @@ namespace {
 
 // How often a stream waiting for another stream's event looks for an abort of its own.
 constexpr std::chrono::milliseconds kWaitSlice(2);
+// How long the stream's thread looks for more work, between yields, before it sleeps.
+constexpr std::chrono::microseconds kLookForWork(100);
 
 }  // namespace
 
@@ -73,7 +76,8 @@ void HostStream::Push(Item item) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!aborted_ && !stopping_) {
       items_.push_back(std::move(item));
-      cv_.notify_all();
+      // Only a sleeping stream needs the system call: a running one finds the item itself.
+      if (std::exchange(sleeping_, false)) cv_.notify_all();
       return;
     }
     refused = aborted_ ? abort_status_ : Status::Shutdown("the stream was destroyed first");
@@ -107,10 +111,27 @@ void HostStream::AwaitEvent(StreamEvent* event) {
   }
 }
 
+// Work comes in runs (a bucket's copies and collective, then the next bucket's), and waking a
+// sleeping thread for each run cost a small operation over this stream about half its time at 1
+// rank (12 us against 6 us). The thread that pushes may need this core, so the looks yield.
+void HostStream::LookForWork(std::unique_lock<std::mutex>* lock) {
+  const auto until = std::chrono::steady_clock::now() + kLookForWork;
+  while (items_.empty() && !stopping_ && std::chrono::steady_clock::now() < until) {
+    lock->unlock();
+    std::this_thread::yield();
+    lock->lock();
+  }
+}
+
 void HostStream::Run() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return stopping_ || !items_.empty(); });
+    if (!stopping_ && items_.empty()) LookForWork(&lock);
+    if (!stopping_ && items_.empty()) {
+      sleeping_ = true;
+      cv_.wait(lock, [this] { return stopping_ || !items_.empty(); });
+      sleeping_ = false;
+    }
     if (stopping_) break;
     Item item = std::move(items_.front());
     items_.pop_front();

@@ -59,6 +59,8 @@ class HostStream : public Stream {
 
   void Push(Item item);
   void Run();
+  // Looks for items for a while before the thread sleeps; `lock` holds mu_.
+  void LookForWork(std::unique_lock<std::mutex>* lock);
   // Waits for `event` in slices, so that an abort or the destructor is seen.
   void AwaitEvent(StreamEvent* event);
 
@@ -66,6 +68,7 @@ class HostStream : public Stream {
   std::condition_variable cv_;
   std::deque<Item> items_;
   bool stopping_ = false;
+  bool sleeping_ = false;  // the stream's thread waits on cv_ for work
   bool aborted_ = false;
   Status abort_status_;
   std::thread thread_;
