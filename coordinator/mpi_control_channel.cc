@@ -26,15 +26,15 @@ Status CheckMessageSize(size_t bytes, const char* what) {
 
 }  // namespace
 
-Status WaitWithBackoff(MPI_Request* request, const char* call, bool spin_first) {
+Status WaitWithBackoff(MPI_Request* request, const char* call, FirstLooks first_looks) {
   const auto start = std::chrono::steady_clock::now();
   auto sleep = kFirstSleep;
   for (;;) {
     int done = 0;
     GRADSYNC_RETURN_IF_ERROR(MpiResult(MPI_Test(request, &done, MPI_STATUS_IGNORE), call));
     if (done) return Status::OK();
-    if (std::chrono::steady_clock::now() - start < kPollFor) {
-      if (!spin_first) std::this_thread::yield();
+    if (first_looks != FirstLooks::kNone && std::chrono::steady_clock::now() - start < kPollFor) {
+      if (first_looks == FirstLooks::kYield) std::this_thread::yield();
       continue;
     }
     std::this_thread::sleep_for(sleep);
@@ -49,12 +49,18 @@ MpiControlChannel::MpiControlChannel(MPI_Comm comm, bool spin_first)
   MPI_Comm_size(comm_, &size_);
 }
 
+Status MpiControlChannel::Wait(MPI_Request* request, const char* call) const {
+  const FirstLooks first_looks =
+      patient_ ? FirstLooks::kNone : (spin_first_ ? FirstLooks::kSpin : FirstLooks::kYield);
+  return WaitWithBackoff(request, call, first_looks);
+}
+
 Status MpiControlChannel::AllreduceAnd(std::vector<uint64_t>* words) {
   GRADSYNC_RETURN_IF_ERROR(CheckMessageSize(words->size() * 8, "negotiation bit vector"));
   MPI_Request request;
   GRADSYNC_MPI_CALL(MPI_Iallreduce(MPI_IN_PLACE, words->data(), static_cast<int>(words->size()),
                                    MPI_UINT64_T, MPI_BAND, comm_, &request));
-  return WaitWithBackoff(&request, "MPI_Iallreduce(negotiation bit vector)", spin_first_);
+  return Wait(&request, "MPI_Iallreduce(negotiation bit vector)");
 }
 
 Status MpiControlChannel::Gather(const std::string& mine, std::vector<std::string>* all) {
@@ -64,8 +70,7 @@ Status MpiControlChannel::Gather(const std::string& mine, std::vector<std::strin
   MPI_Request request;
   GRADSYNC_MPI_CALL(
       MPI_Igather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_, &request));
-  GRADSYNC_RETURN_IF_ERROR(
-      WaitWithBackoff(&request, "MPI_Igather(request list sizes)", spin_first_));
+  GRADSYNC_RETURN_IF_ERROR(Wait(&request, "MPI_Igather(request list sizes)"));
 
   std::vector<int> displs(sizes.size());
   std::string packed;
@@ -80,7 +85,7 @@ Status MpiControlChannel::Gather(const std::string& mine, std::vector<std::strin
   }
   GRADSYNC_MPI_CALL(MPI_Igatherv(mine.data(), my_size, MPI_BYTE, packed.data(), sizes.data(),
                                  displs.data(), MPI_BYTE, 0, comm_, &request));
-  GRADSYNC_RETURN_IF_ERROR(WaitWithBackoff(&request, "MPI_Igatherv(request lists)", spin_first_));
+  GRADSYNC_RETURN_IF_ERROR(Wait(&request, "MPI_Igatherv(request lists)"));
   if (rank_ == 0) {
     all->resize(size_);
     for (int r = 0; r < size_; ++r) (*all)[r] = packed.substr(displs[r], sizes[r]);
@@ -93,11 +98,10 @@ Status MpiControlChannel::Broadcast(std::string* bytes) {
   int size = static_cast<int>(bytes->size());
   MPI_Request request;
   GRADSYNC_MPI_CALL(MPI_Ibcast(&size, 1, MPI_INT, 0, comm_, &request));
-  GRADSYNC_RETURN_IF_ERROR(
-      WaitWithBackoff(&request, "MPI_Ibcast(response list size)", spin_first_));
+  GRADSYNC_RETURN_IF_ERROR(Wait(&request, "MPI_Ibcast(response list size)"));
   bytes->resize(static_cast<size_t>(size));
   GRADSYNC_MPI_CALL(MPI_Ibcast(bytes->data(), size, MPI_BYTE, 0, comm_, &request));
-  return WaitWithBackoff(&request, "MPI_Ibcast(response list)", spin_first_);
+  return Wait(&request, "MPI_Ibcast(response list)");
 }
 
 }  // namespace gradsync

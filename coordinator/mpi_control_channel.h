@@ -7,7 +7,8 @@
 // (MpiContext::cores_per_rank() below 2), the first 200 microseconds yield the core between polls:
 // on a node with fewer cores than threads, the thread that must run for the exchange to finish (a
 // peer's, or this rank's own caller) may be waiting for exactly this core. Sleeping instead would
-// cost a lone small collective hundreds of microseconds.
+// cost a lone small collective hundreds of microseconds. A patient channel (SetPatient) skips the
+// polling and sleeps from the first look.
 //
 // Used by the background thread only.
 #pragma once
@@ -28,15 +29,23 @@ class MpiControlChannel : public ControlChannel {
   Status AllreduceAnd(std::vector<uint64_t>* words) override;
   Status Gather(const std::string& mine, std::vector<std::string>* all) override;
   Status Broadcast(std::string* bytes) override;
+  void SetPatient(bool patient) override { patient_ = patient; }
 
  private:
+  // Completes `request` as this channel waits now (see above).
+  Status Wait(MPI_Request* request, const char* call) const;
+
   MPI_Comm comm_;
   bool spin_first_;
+  bool patient_ = false;
   int rank_ = 0;
   int size_ = 1;
 };
 
+// How WaitWithBackoff spends the first 200 microseconds, before it sleeps in growing steps.
+enum class FirstLooks { kSpin, kYield, kNone };
+
 // Completes `request` by MPI_Test with backoff (see above). `call` names the operation in errors.
-Status WaitWithBackoff(MPI_Request* request, const char* call, bool spin_first);
+Status WaitWithBackoff(MPI_Request* request, const char* call, FirstLooks first_looks);
 
 }  // namespace gradsync

@@ -49,6 +49,8 @@ class ProcessSetRuntime {
   int32_t id() const { return id_; }
   const std::vector<int>& ranks() const { return ranks_; }
   Negotiator& negotiator() { return *negotiator_; }
+  // How the set's negotiation waits for late peers (ControlChannel::SetPatient).
+  void SetPatient(bool patient) { channel_->SetPatient(patient); }
   // The set's locked schedule, which takes the negotiator's place while locked.
   LockedSchedule& lock() { return *lock_; }
   MPI_Comm data_comm() const { return data_comm_; }

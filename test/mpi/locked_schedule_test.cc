@@ -276,13 +276,19 @@ TEST_F(LockedScheduleTest, LockedBucketsRecordOneReadinessEventPerProducerStream
   const int tensors = static_cast<int>(kSizes.size());
   EXPECT_EQ(step_after_producer(0, std::chrono::milliseconds(300)), tensors);
   for (int step = 1; step < 8; ++step) step_after_producer(step, std::chrono::milliseconds(0));
-  const int locked_records = step_after_producer(8, std::chrono::milliseconds(300));
+  int locked_records = step_after_producer(8, std::chrono::milliseconds(300));
   if (!LockingOn() || !CallerLaunchOn()) {
     EXPECT_EQ(locked_records, tensors) << "only a caller's cycle takes what it left unrecorded";
     return;
   }
   EXPECT_GE(locked_records, 1);
   if (size_ == 1) {
+    // The loop's thread wakes on its cycle timer and may take part of the bucket while the
+    // enqueues are under way (slow ones, under a sanitizer), which records once more: of a few
+    // steps, one takes the bucket whole.
+    for (int step = 9; step < 12 && locked_records > 2; ++step) {
+      locked_records = step_after_producer(step, std::chrono::milliseconds(300));
+    }
     EXPECT_LE(locked_records, 2) << "of " << tensors << " tensors in one bucket";
   }
 }
