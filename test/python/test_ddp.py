@@ -178,6 +178,11 @@ def test_ddp_unused_parameters_never_hang(find_unused, rank, size):
         assert torch.count_nonzero(inner.never.weight.grad) == 0
         assert any("got no gradient" in str(w.message) and "never.weight" in str(w.message)
                    for w in caught)
+    # Named once: the next backward leaves the same parameters unused without a warning.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss_of(model, x, y).backward()
+    assert not any("got no gradient" in str(w.message) for w in caught)
 
 
 class WithBuffer(torch.nn.Module):
