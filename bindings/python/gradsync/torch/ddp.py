@@ -229,18 +229,19 @@ class DistributedDataParallel(torch.nn.Module):
     def _launch(self, bucket):
         """Enqueues the bucket's gradients, zeros standing in for those backward did not make."""
         grads = []
+        ready = bucket.ready
         for p in bucket.params:
-            produced = id(p) in bucket.ready and p.grad is not None
-            if produced and p.grad.is_sparse:
+            # Read once: each read of a parameter's .grad goes through PyTorch's attribute
+            # machinery, and this runs for every gradient of every step.
+            grad = p.grad if id(p) in ready else None
+            if grad is None:
+                grads.append(torch.zeros_like(p, memory_format=torch.contiguous_format))
+            elif grad.is_sparse:
                 raise ValueError("DistributedDataParallel does not reduce sparse gradients "
                                  "(parameter of shape %s)" % (tuple(p.shape),))
-            if produced and p.grad.is_contiguous():
-                grads.append(p.grad)
-            elif produced:
-                grads.append(p.grad.contiguous())
             else:
-                grads.append(torch.zeros_like(p, memory_format=torch.contiguous_format))
-        compressed, contexts = zip(*[self.compression.compress(g) for g in grads])
+                grads.append(grad if grad.is_contiguous() else grad.contiguous())
+        compressed, contexts = zip(*map(self.compression.compress, grads))
         op, postscale = self._op_and_scale()
         handle = grouped_allreduce_async_(list(compressed),
                                           name="%s.bucket%d" % (self._prefix, bucket.index),
