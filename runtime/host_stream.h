@@ -59,8 +59,6 @@ class HostStream : public Stream {
 
   void Push(Item item);
   void Run();
-  // Looks for items for a while before the thread sleeps; `lock` holds mu_.
-  void LookForWork(std::unique_lock<std::mutex>* lock);
   // Waits for `event` in slices, so that an abort or the destructor is seen.
   void AwaitEvent(StreamEvent* event);
 

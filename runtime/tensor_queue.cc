@@ -7,6 +7,8 @@
 #include <thread>
 #include <utility>
 
+#include "runtime/yield_until.h"
+
 namespace gradsync {
 
 namespace {
@@ -137,12 +139,7 @@ void TensorQueue::WaitForWork(std::chrono::nanoseconds max_wait,
   auto has_work = [this] { return !pending_.empty() || closed_flag_ || wake_requested_; };
   if (!has_work() && poll_for.count() > 0) {
     const auto start = std::chrono::steady_clock::now();
-    const auto poll_end = start + std::min(poll_for, max_wait);
-    do {
-      lock.unlock();
-      std::this_thread::yield();
-      lock.lock();
-    } while (!has_work() && std::chrono::steady_clock::now() < poll_end);
+    YieldUntil(&lock, start + std::min(poll_for, max_wait), has_work);
     max_wait -= std::min(max_wait, std::chrono::duration_cast<std::chrono::nanoseconds>(
                                        std::chrono::steady_clock::now() - start));
   }
