@@ -268,8 +268,51 @@ def test_ddp_refuses_what_it_cannot_do():
         hvd.remove_process_set(subset)
 
 
+def test_ddp_gradients_start_during_backward(monkeypatch):
+    """Every gradient's reduction starts from its hook, before backward ends."""
+    from gradsync.torch import ddp, gradient_batch
+
+    started = []
+    at_finish = []
+    original_start = gradient_batch.GradientBatch.start
+    original_finish = ddp.DistributedDataParallel._finish_backward
+    monkeypatch.setattr(gradient_batch.GradientBatch, "start",
+                        lambda self, p, g: (started.append(id(p)), original_start(self, p, g)))
+    monkeypatch.setattr(ddp.DistributedDataParallel, "_finish_backward",
+                        lambda self: (at_finish.append(len(started)), original_finish(self)))
+    model = hvd.DistributedDataParallel(make_model())
+    loss_of(model, *batch(0, hvd.rank())).backward()
+    params = list(model.parameters())
+    assert sorted(started) == sorted(id(p) for p in params)
+    assert at_finish == [len(params)]
+
+
+def test_ddp_reduces_a_strided_gradient_through_a_contiguous_copy(rank, size):
+    """A gradient accumulated into a non-contiguous tensor on rank 0 only is reduced from a
+    contiguous copy, and the average is written back into its own storage."""
+    model = hvd.DistributedDataParallel(make_model())
+    last_bias = model.module[2].bias
+    storage = None
+    if rank == 0:
+        storage = torch.full((last_bias.numel(), 2), 7.0, dtype=torch.float64)
+        storage[:, 0] = 0.0
+        last_bias.grad = storage[:, 0]  # backward accumulates into it, strided
+    x, y = batch(0, rank)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PyTorch's note on the gradient's layout
+        loss_of(model, x, y).backward()
+    assert_replicas_equal(last_bias.grad.contiguous())
+    plain = make_model()
+    (sum(loss_of(plain, *batch(0, r)) for r in range(size)) / size).backward()
+    assert torch.allclose(last_bias.grad, plain[2].bias.grad, atol=TOLERANCE, rtol=0)
+    if rank == 0:
+        assert last_bias.grad.data_ptr() == storage.data_ptr()
+        assert torch.equal(storage[:, 1], torch.full_like(last_bias, 7.0))
+
+
 def test_ddp_buckets_leave_during_backward(monkeypatch):
-    """With small buckets, most allreduces are enqueued before backward ends, not after."""
+    """With compression gradients go in DDP's buckets: with small buckets, most allreduces are
+    enqueued before backward ends, not after."""
     from gradsync.torch import ddp
 
     launched = []
@@ -280,12 +323,36 @@ def test_ddp_buckets_leave_during_backward(monkeypatch):
                         lambda self, b: (launched.append(b.index), original_launch(self, b)))
     monkeypatch.setattr(ddp.DistributedDataParallel, "_finish_backward",
                         lambda self: (at_finish.append(len(launched)), original_finish(self)))
-    model = hvd.DistributedDataParallel(make_model(), bucket_cap_mb=0.0001)
+    model = hvd.DistributedDataParallel(make_model(), bucket_cap_mb=0.0001,
+                                        compression=hvd.Compression.fp16)
     loss_of(model, *batch(0, hvd.rank())).backward()
     buckets = len(model._buckets)
     assert buckets >= 3
     assert sorted(launched) == list(range(buckets))
     assert at_finish == [buckets]  # every bucket was complete, and enqueued, before the end
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [25, 0.0001])
+def test_ddp_compressed_buckets_average_gradients(bucket_cap_mb, rank, size):
+    """The bucket path (compression) gives every replica the average within fp16's precision."""
+    model = hvd.DistributedDataParallel(perturbed_model(rank).float(),
+                                        bucket_cap_mb=bucket_cap_mb,
+                                        compression=hvd.Compression.fp16)
+    plain = make_model().float()
+    for step in range(2):
+        model.zero_grad()
+        plain.zero_grad()
+        x, y = batch(step, rank)
+        loss_of(model, x.float(), y.float()).backward()
+        got = flat(p.grad for p in model.parameters())
+        assert_replicas_equal(got)
+        with torch.no_grad():
+            for mine, theirs in zip(plain.parameters(), model.parameters()):
+                mine.copy_(theirs)
+        total = sum(loss_of(plain, *(t.float() for t in batch(step, r))) for r in range(size))
+        (total / size).backward()
+        want = flat(p.grad for p in plain.parameters())
+        assert torch.allclose(got, want, atol=2e-3, rtol=2e-3)
 
 
 def test_ddp_hooks_do_not_keep_the_wrapper_alive(rank, size):

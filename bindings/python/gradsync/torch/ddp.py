@@ -14,9 +14,10 @@ from gradsync.torch.broadcast import broadcast_async_
 from gradsync.torch.compression import Compression
 from gradsync.torch.functions import broadcast_parameters
 from gradsync.torch.grad_hooks import queue_end_of_backward, register_grad_ready_hook
+from gradsync.torch.gradient_batch import GradientBatch
 from gradsync.torch.handles import synchronize
-from gradsync.torch.process_sets import _collective_prefix, global_process_set
-from gradsync.torch.wire import Average, Sum
+from gradsync.torch.process_sets import _collective_prefix, _id_of, global_process_set
+from gradsync.torch.wire import _CORE_OPS, Average, Sum
 
 # PyTorch DDP starts with a small bucket so that the first allreduce leaves early in backward.
 _FIRST_BUCKET_BYTES = 1024 * 1024
@@ -83,14 +84,22 @@ class DistributedDataParallel(torch.nn.Module):
 
     As with PyTorch's DDP: rank 0's parameters and buffers are broadcast at construction and, with
     ``broadcast_buffers``, its buffers again before each forward that will be followed by a
-    synchronized backward. Each gradient is enqueued from a hook as soon as backward produces it,
-    its bucket (``bucket_cap_mb``) as one grouped allreduce once the bucket is complete, and
-    ``loss.backward()`` returns only once every bucket is reduced, so ``optimizer.step()`` sees the
-    averaged gradients. ``no_sync()`` accumulates locally; ``join()`` lets ranks with fewer
-    batches finish early.
+    synchronized backward. Each gradient's reduction starts from a hook as soon as backward
+    produces it, and ``loss.backward()`` returns only once every gradient is reduced (on one CUDA
+    device: once every reduction is launched, the current stream waiting for them, as DDP does),
+    so ``optimizer.step()`` sees the averaged gradients. ``no_sync()`` accumulates locally;
+    ``join()`` lets ranks with fewer batches finish early.
 
-    Parameters that took no part in this backward never hang it: every bucket is reduced in every
-    synchronized backward, the missing gradients counting as zeros. With
+    Gradients travel as ``DistributedOptimizer``'s do, through one batch of the runtime
+    (``gradsync.torch.gradient_batch``): a hook hands over two integers, small gradients share
+    buckets laid out once, larger ones are fused by the runtime as they arrive (its fusion
+    threshold, 25 MiB on a GPU, plays ``bucket_cap_mb``'s part), and the gradients are reduced in
+    place. With ``compression``, inside ``join()``, or when a parameter has a dtype the runtime
+    does not carry, gradients go instead in DDP's buckets (``bucket_cap_mb``), each one grouped
+    allreduce once complete.
+
+    Parameters that took no part in this backward never hang it: every gradient is reduced in
+    every synchronized backward, the missing ones counting as zeros. With
     ``find_unused_parameters=True`` a gradient that no rank produced is left as it was (``None``
     stays ``None``), as DDP leaves it; without, it becomes zeros and a warning names it once.
 
@@ -132,8 +141,11 @@ class DistributedDataParallel(torch.nn.Module):
         self._param_index = {id(p): i for i, p in enumerate(self._params)}
         self._sync_next_backward = False
         self._in_backward = False
+        self._batched_backward = False  # this backward's gradients go through self._gradients
+        self._started = set()  # ids of the parameters started in the batch in this backward
         self._join = None
         self._warned_unused = set()
+        self._gradients = self._make_batch()
 
         self._root = _first_rank(process_set)
         broadcast_parameters(sorted(module.state_dict().items()), root_rank=self._root,
@@ -209,16 +221,45 @@ class DistributedDataParallel(torch.nn.Module):
     # ------------------------------------------------------------------------------------------
     # backward
 
+    def _make_batch(self):
+        """The batch every gradient goes through outside ``join()``, or None where the buckets
+        must carry them (compression, a dtype or device the runtime does not carry)."""
+        if (self.compression is not Compression.none or not self._params
+                or not all(GradientBatch.carries(p) for p in self._params)):
+            return None
+        # In backward's order, roughly: the reverse of registration.
+        ordered = list(reversed(self._params))
+        names = ["%s.grad.%d" % (self._prefix, self._param_index[id(p)]) for p in ordered]
+        return GradientBatch(ordered, names, _CORE_OPS[Average], 1.0, 1.0,
+                             _id_of(self.process_set))
+
     def _on_grad_ready(self, p):
         if not self._sync_next_backward:
             return
         if not self._in_backward:
             self._in_backward = True
+            self._batched_backward = self._gradients is not None and self._join is None
             queue_end_of_backward(self._finish_backward)
+        if self._batched_backward:
+            self._start_in_batch(p)
+            return
         bucket = self._bucket_of[id(p)]
         bucket.ready.add(id(p))
         if len(bucket.ready) == len(bucket.params):
             self._launch(bucket)
+
+    def _start_in_batch(self, p):
+        pid = id(p)
+        grad = p.grad
+        if pid in self._started or grad is None:
+            # A second call in one backward changes nothing, as in a bucket; a parameter left
+            # without a gradient is reduced as zeros once backward is over.
+            return
+        if grad.is_sparse:
+            raise ValueError("DistributedDataParallel does not reduce sparse gradients "
+                             "(parameter of shape %s)" % (tuple(p.shape),))
+        self._gradients.start(p, grad)
+        self._started.add(pid)
 
     def _op_and_scale(self):
         join = self._join
@@ -252,32 +293,56 @@ class DistributedDataParallel(torch.nn.Module):
     def _finish_backward(self):
         """Runs once backward is over: reduces what is left, waits, writes ``p.grad``."""
         try:
-            usage = self._launch_usage() if self.find_unused_parameters else None
-            locally_unused = [p for b in self._buckets for p in b.params
-                              if id(p) not in b.ready]
-            for bucket in self._buckets:
-                if bucket.launched is None:
-                    self._launch(bucket)
+            produced = (self._started if self._batched_backward else
+                        {pid for b in self._buckets for pid in b.ready})
+            usage = self._launch_usage(produced) if self.find_unused_parameters else None
+            locally_unused = [p for p in self._params if id(p) not in produced]
+            if self._batched_backward:
+                written = self._finish_batch(locally_unused)
+            else:
+                written = self._finish_buckets()
             used_anywhere = synchronize(usage).tolist() if usage is not None else None
-            for bucket in self._buckets:
-                handle, members = bucket.launched
-                synchronize(handle)
-                for p, reduced, context in members:
-                    if used_anywhere is None or used_anywhere[self._param_index[id(p)]]:
-                        self._write_grad(p, self.compression.decompress(reduced, context))
+            for p, reduced in written:
+                if used_anywhere is None or used_anywhere[self._param_index[id(p)]]:
+                    self._write_grad(p, reduced)
             if not self.find_unused_parameters:
                 self._warn_unused(locally_unused)
         finally:
             for bucket in self._buckets:
                 bucket.ready.clear()
                 bucket.launched = None
+            self._started.clear()
             self._in_backward = False
             self._sync_next_backward = False
 
-    def _launch_usage(self):
+    def _finish_batch(self, locally_unused):
+        """Starts zeros for the parameters without a gradient and completes the batch; returns
+        those zeros, reduced, to be written where some rank used the parameter."""
+        stand_ins = []
+        for p in locally_unused:
+            zeros = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            self._gradients.start(p, zeros)
+            stand_ins.append((p, zeros))
+        self._gradients.finish()
+        return stand_ins
+
+    def _finish_buckets(self):
+        """Launches the buckets not yet complete and waits for every one; returns each
+        parameter's reduced gradient."""
+        for bucket in self._buckets:
+            if bucket.launched is None:
+                self._launch(bucket)
+        written = []
+        for bucket in self._buckets:
+            handle, members = bucket.launched
+            synchronize(handle)
+            written.extend((p, self.compression.decompress(reduced, context))
+                           for p, reduced, context in members)
+        return written
+
+    def _launch_usage(self, produced):
         """Enqueues the count of ranks that produced each gradient in this backward."""
-        used = torch.tensor([int(id(p) in self._bucket_of[id(p)].ready) for p in self._params],
-                            dtype=torch.int32)
+        used = torch.tensor([int(id(p) in produced) for p in self._params], dtype=torch.int32)
         return allreduce_async_(used, name="%s.used" % self._prefix, op=Sum,
                                 process_set=self.process_set)
 

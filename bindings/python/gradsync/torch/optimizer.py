@@ -5,14 +5,13 @@ import warnings
 
 import torch
 
-from gradsync import _core
 from gradsync.torch import mpi_ops
 from gradsync.torch.compression import Compression
 from gradsync.torch.grad_hooks import register_grad_ready_hook
+from gradsync.torch.gradient_batch import GradientBatch
 from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.sparse import sparse_allreduce_async
-from gradsync.torch.wire import (_CORE_OPS, _DEVICE_CPU, _DEVICE_CUDA, _DTYPES, _name,
-                                 _stream_of)
+from gradsync.torch.wire import _CORE_OPS, _name
 
 # Marks a parameter whose gradient is in flight in the batch (self._handles' value for it).
 _IN_BATCH = (None, None)
@@ -85,10 +84,7 @@ class _DistributedOptimizer:
         self._sparse = set()  # ids of parameters whose gradients came sparse
         self._remake_batch = False
         self._batch = None
-        self._batch_consumer = None  # the one CUDA device of the batch's members, if one
-        self._slots = None
-        self._batch_grads = []  # gradients in flight in the batch, kept alive until the wait
-        self._refits = []  # (parameter, fitting copy in flight) to copy back after the wait
+        self._batch_made = False
         self._register_hooks()
 
     @staticmethod
@@ -105,43 +101,28 @@ class _DistributedOptimizer:
         return {id(p): gi for gi, members in enumerate(groups) for p in members}
 
     def _make_batch(self):
-        """The batch and each member's (slot, dtype, device), for the parameters it can carry."""
-        self._slots = {}
+        """The batch of the parameters it can carry (none with compression)."""
+        self._batch = None
         if self._compression is not Compression.none:
             return
         # In backward's order (reverse registration, roughly), as the batch wants its list: its
-        # buckets then close as backward goes, and its last bucket, which wait() reduces on this
+        # buckets then close as backward goes, and its last bucket, which the wait reduces on this
         # thread from the second step on, is the one backward fills last.
         members = [p for p in reversed(self._requires_update)
                    if id(p) not in self._groups and id(p) not in self._sparse
-                   and p.dtype in _DTYPES and p.device.type in ("cpu", "cuda")]
-        if not members:
-            return
-        devices = [(_DEVICE_CPU, -1) if p.device.type == "cpu" else
-                   (_DEVICE_CUDA, p.device.index if p.device.index is not None else 0)
-                   for p in members]
-        self._batch = _core.AllreduceBatch(
-            [_name("allreduce", self._names[id(p)]) for p in members],
-            [_DTYPES[p.dtype] for p in members], [list(p.shape) for p in members],
-            [kind for kind, _ in devices], [index for _, index in devices],
-            _CORE_OPS[self._op], self._scales[0], self._scales[1], _id_of(self._process_set))
-        self._slots = {id(p): (i, p.dtype, p.device.type == "cuda", p.device)
-                       for i, p in enumerate(members)}
-        cuda_devices = {p.device for p in members if p.device.type == "cuda"}
-        # With one device, the step's consumer is its current stream; with several, the host.
-        self._batch_consumer = next(iter(cuda_devices)) if len(cuda_devices) == 1 else None
+                   and GradientBatch.carries(p)]
+        if members:
+            self._batch = GradientBatch(
+                members, [_name("allreduce", self._names[id(p)]) for p in members],
+                _CORE_OPS[self._op], self._scales[0], self._scales[1], _id_of(self._process_set))
 
     def _start_in_batch(self, p):
-        """Starts ``p``'s reduction through the batch; False if ``p`` has no slot in it.
-
-        Called from every hook, so it keeps to attribute reads and one crossing into the runtime.
-        """
-        if self._slots is None:
+        """Starts ``p``'s reduction through the batch; False if ``p`` has no slot in it."""
+        if not self._batch_made:
             self._make_batch()
-        slot = self._slots.get(id(p))
-        if slot is None:
+            self._batch_made = True
+        if self._batch is None or p not in self._batch:
             return False
-        index, dtype, is_cuda, device = slot
         grad = p.grad
         if grad is not None and grad.is_sparse and not self._sparse_as_dense:
             # Gathered, not reduced in the batch: the batch is made again without it after this
@@ -151,18 +132,7 @@ class _DistributedOptimizer:
             return False
         if grad is None or grad.is_sparse:
             grad = self._prepare_grad(p)
-        if (grad.dtype is not dtype or grad.is_cuda is not is_cuda
-                or (is_cuda and grad.device != device) or not grad.is_contiguous()):
-            # Every rank reduces this slot the same way whatever its gradient looks like here.
-            grad = grad.to(device=device, dtype=dtype).contiguous()
-            self._refits.append((p, grad))
-        if is_cuda:
-            # The kernels that produced the gradient may still be queued on the current stream:
-            # the runtime's stream waits for it there, and the hook returns at once.
-            self._batch.start(index, grad.data_ptr(), _stream_of(device))
-        else:
-            self._batch.start(index, grad.data_ptr())
-        self._batch_grads.append(grad)
+        self._batch.start(p, grad)
         self._handles[id(p)] = _IN_BATCH
         return True
 
@@ -254,19 +224,10 @@ class _DistributedOptimizer:
         for p in self._requires_update:
             if id(p) not in self._handles:
                 self._enqueue(p)
-        if self._batch_grads:
-            try:
-                if self._batch_consumer is not None:
-                    # As DDP: the optimizer's kernels, queued on the current stream, wait for the
-                    # reductions on the device; the host blocks only until they are launched.
-                    self._batch.synchronize_stream(_stream_of(self._batch_consumer))
-                else:
-                    self._batch.wait()
-                for p, reduced in self._refits:
-                    p.grad.copy_(reduced)
-            finally:
-                self._batch_grads = []
-                self._refits = []
+        if self._batch is not None:
+            # As DDP on one CUDA device: the optimizer's kernels, queued on the current stream,
+            # wait for the reductions on the device; the host blocks only until they are launched.
+            self._batch.finish()
         for pid, (handle, ctx) in list(self._handles.items()):
             if handle is None:
                 continue
@@ -288,8 +249,7 @@ class _DistributedOptimizer:
             # A member turned out to have sparse gradients; every rank saw it in this step.
             self._remake_batch = False
             self._batch = None
-            self._slots = None
-            self._batch_consumer = None
+            self._batch_made = False
 
     def _write_back(self, p, reduced, ctx):
         result = self._compression.decompress(reduced, ctx)
