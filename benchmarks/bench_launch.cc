@@ -12,6 +12,8 @@
 // Rows, each a median over the timed steps of a phase (the slowest rank's, from a barrier):
 //   one op   one allreduce of 16 bytes, enqueued and waited on: what a caller that waits on each
 //            result pays. Raw: MPI_Allreduce of the 16 bytes.
+//   one op ordered  (device rows) the same, stream-ordered with Handle::synchronize_stream, as
+//            gradsync.torch's hooks consume device results: its wait for the launch.
 //   step     T tensors of B bytes enqueued in a burst and then waited on, fused into buckets of
 //            --bucket-bytes: "per bucket" is the step over its buckets. Raw: for each bucket,
 //            copy in, MPI_Allreduce, copy out.
@@ -173,7 +175,20 @@ class Workload {
     for (Handle& h : handles_) h.wait();
   }
 
+  // One tensor enqueued, its handle stream-ordered (as PyTorch's hooks consume device results)
+  // rather than waited for: the host blocks only until the work is launched. The device planes
+  // here record host events, on which the order is a host wait. Calls take the tensors in turn:
+  // a name enqueued again before the finalizer has completed its last operation would wait for
+  // that, which a training step's next use of a name never does.
+  void StepOrdered() {
+    const size_t t = next_++ % views_.size();
+    handles_[t] = gradsync::allreduce(views_[t], options_[t]);
+    handles_[t].synchronize_stream(&consumer_stream_);
+  }
+
  private:
+  int consumer_stream_ = 0;  // stands in for a cudaStream_t
+  size_t next_ = 0;
   std::vector<std::vector<float>> data_;
   std::vector<TensorView> views_;
   std::vector<gradsync::AllreduceOptions> options_;
@@ -286,6 +301,11 @@ std::vector<Row> RunPhase(bool locked, const Settings& settings, int rank) {
     Workload one("one." + tag, 1, 4, device, rank);
     rows.push_back(Measure(
         "one op, " + where, raw_one, [&] { one.Step(); }, settings, rank));
+    if (device) {
+      Workload ordered("ordered." + tag, 4, 4, device, rank);
+      rows.push_back(Measure(
+          "one op ordered, " + where, raw_one, [&] { ordered.StepOrdered(); }, settings, rank));
+    }
     Workload step("step." + tag, settings.tensors, floats, device, rank);
     rows.push_back(Measure(
         "step, " + where, [&] { raw_buckets.Step(); }, [&] { step.Step(); }, settings, rank));
@@ -326,7 +346,7 @@ int Run(int argc, char** argv) {
         static_cast<long long>(settings.tensor_bytes),
         static_cast<long long>(settings.bucket_bytes), static_cast<long long>(buckets),
         settings.iters);
-    std::printf("%-6s %-10s %-30s %10s %12s %9s %12s  %s\n", "phase", "schedule", "row", "raw_us",
+    std::printf("%-6s %-10s %-38s %10s %12s %9s %12s  %s\n", "phase", "schedule", "row", "raw_us",
                 "gradsync_us", "gs/raw", "per_bucket", "state");
   }
   std::vector<std::string> names;
@@ -342,7 +362,7 @@ int Run(int argc, char** argv) {
       ratios[locked][r].push_back(rows[r].gradsync / (rows[r].raw > 0 ? rows[r].raw : 1));
       if (rank != 0) continue;
       const bool is_step = rows[r].name.rfind("one op", 0) != 0;
-      std::printf("%-6d %-10s %-30s %10.1f %12.1f %9.2f %12.1f  %s\n", phase,
+      std::printf("%-6d %-10s %-38s %10.1f %12.1f %9.2f %12.1f  %s\n", phase,
                   locked ? "locked" : "negotiated", rows[r].name.c_str(), rows[r].raw * 1e6,
                   rows[r].gradsync * 1e6, rows[r].gradsync / rows[r].raw,
                   rows[r].gradsync * 1e6 / (is_step ? buckets : 1), rows[r].state.c_str());
@@ -353,7 +373,7 @@ int Run(int argc, char** argv) {
     for (size_t r = 0; r < names.size(); ++r) {
       const double l = Median(ratios[1][r]);
       const double n = Median(ratios[0][r]);
-      std::printf("# %-34s %6.2f %6.2f %6.2f\n", names[r].c_str(), l, n, l / n);
+      std::printf("# %-38s %6.2f %6.2f %6.2f\n", names[r].c_str(), l, n, l / n);
     }
   }
   return 0;

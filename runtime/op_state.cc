@@ -33,15 +33,49 @@ SleepingWaiters& Waiters() {
 // operations do not: their waiter's core is what the background thread may need.
 constexpr std::chrono::microseconds kDevicePollWindow(100);
 
-// Whether `op` completed within the poll window (never when it is a host operation).
-bool PolledDone(const OpState& op, bool on_device, std::chrono::steady_clock::time_point limit) {
-  if (!on_device) return op.done();
+// Whether `settled()` came true within the poll window (never looked for again when the operation
+// is a host one).
+template <typename Settled>
+bool Polled(const Settled& settled, bool on_device, std::chrono::steady_clock::time_point limit) {
+  if (!on_device) return settled();
   const auto end = std::min(limit, std::chrono::steady_clock::now() + kDevicePollWindow);
-  while (!op.done()) {
+  while (!settled()) {
     if (std::chrono::steady_clock::now() >= end) return false;
     std::this_thread::yield();
   }
   return true;
+}
+
+// Sleeps until `settled()` or `deadline`. The waiter counts itself in `sleeping` before it looks
+// (sequentially consistent), so an announcement made after its flag is set cannot miss it.
+template <typename Settled>
+void SleepUntil(const Settled& settled, std::chrono::steady_clock::time_point deadline) {
+  SleepingWaiters& waiters = Waiters();
+  std::unique_lock<std::mutex> lock(waiters.mu);
+  waiters.sleeping.fetch_add(1, std::memory_order_seq_cst);
+  if (deadline == std::chrono::steady_clock::time_point::max()) {
+    while (!settled()) waiters.cv.wait(lock);
+  } else {
+    while (!settled() && waiters.cv.wait_until(lock, deadline) != std::cv_status::timeout) {
+    }
+  }
+  waiters.sleeping.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void WakeSleepers() {
+  SleepingWaiters& waiters = Waiters();
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (waiters.sleeping.load(std::memory_order_seq_cst) == 0) return;
+  // Taking the lock orders this wake-up after any waiter that counted itself has gone to sleep.
+  { std::lock_guard<std::mutex> lock(waiters.mu); }
+  waiters.cv.notify_all();
+}
+
+std::chrono::steady_clock::time_point DeadlineAfter(std::chrono::nanoseconds timeout) {
+  const auto now = std::chrono::steady_clock::now();
+  return timeout >= std::chrono::steady_clock::time_point::max() - now
+             ? std::chrono::steady_clock::time_point::max()
+             : now + timeout;
 }
 
 }  // namespace
@@ -59,7 +93,10 @@ void OpState::Renew(std::shared_ptr<OpState>* state, Callback callback) {
   // Each assignment only when it changes something: most operations succeed and have no callback.
   if (!op.status_.ok()) op.status_ = Status::OK();
   if (callback || op.callback_) op.callback_ = std::move(callback);
-  if (op.launched_ != nullptr) std::atomic_store(&op.launched_, std::shared_ptr<StreamEvent>());
+  if (op.has_launched_.load(std::memory_order_relaxed)) {
+    op.launched_.reset();
+    op.has_launched_.store(false, std::memory_order_relaxed);
+  }
   op.on_device = false;
   op.output_shape.clear();
   op.received_splits.clear();
@@ -67,29 +104,33 @@ void OpState::Renew(std::shared_ptr<OpState>* state, Callback callback) {
 }
 
 void OpState::SetLaunched(std::shared_ptr<StreamEvent> event) {
-  std::atomic_store(&launched_, std::move(event));
+  if (has_launched_.load(std::memory_order_relaxed)) {
+    std::fprintf(stderr, "gradsync: internal error: operation launched twice\n");
+    std::abort();
+  }
+  launched_ = std::move(event);
+  has_launched_.store(true, std::memory_order_release);
 }
 
-// Launching follows negotiation, which takes microseconds to a cycle: a short poll is cheaper
-// than a condition per operation.
+void OpState::AnnounceLaunches() { WakeSleepers(); }
+
+// Launching follows negotiation, which takes microseconds to a cycle: a device operation's waiter
+// polls first, since a timed sleep of a few microseconds lasts the kernel's timer slack (50 us
+// and more) whatever it asks for.
 std::shared_ptr<StreamEvent> OpState::WaitLaunched(std::chrono::nanoseconds timeout,
                                                    bool* timed_out) {
+  const auto deadline = DeadlineAfter(timeout);
+  const auto settled = [this] {
+    return has_launched_.load(std::memory_order_seq_cst) || done_.load(std::memory_order_seq_cst);
+  };
+  if (!Polled(settled, on_device, deadline)) SleepUntil(settled, deadline);
+  // Done is read first: an operation is launched before it is done, so a done one that had an
+  // event shows it below.
+  const bool finished = done();
   *timed_out = false;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto pause = std::chrono::microseconds(2);
-  for (;;) {
-    // Done is read first: an operation is launched before it is done, so a done one that had an
-    // event shows it below.
-    const bool finished = done();
-    std::shared_ptr<StreamEvent> event = std::atomic_load(&launched_);
-    if (event != nullptr || finished) return event;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      *timed_out = true;
-      return nullptr;
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(1000));
-  }
+  if (launched()) return launched_;
+  *timed_out = !finished;
+  return nullptr;
 }
 
 void OpState::RunCallback(const Status& status) {
@@ -114,39 +155,20 @@ void OpState::Record(const Status& status) {
   done_.store(true, std::memory_order_release);
 }
 
-void OpState::AnnounceCompletions() {
-  SleepingWaiters& waiters = Waiters();
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (waiters.sleeping.load(std::memory_order_seq_cst) == 0) return;
-  // Taking the lock orders this wake-up after any waiter that counted itself has gone to sleep.
-  { std::lock_guard<std::mutex> lock(waiters.mu); }
-  waiters.cv.notify_all();
-}
+void OpState::AnnounceCompletions() { WakeSleepers(); }
 
 const Status& OpState::Wait() {
-  if (!PolledDone(*this, on_device, std::chrono::steady_clock::time_point::max())) {
-    SleepingWaiters& waiters = Waiters();
-    std::unique_lock<std::mutex> lock(waiters.mu);
-    waiters.sleeping.fetch_add(1, std::memory_order_seq_cst);
-    while (!done_.load(std::memory_order_seq_cst)) waiters.cv.wait(lock);
-    waiters.sleeping.fetch_sub(1, std::memory_order_relaxed);
-  }
+  const auto forever = std::chrono::steady_clock::time_point::max();
+  const auto settled = [this] { return done_.load(std::memory_order_seq_cst); };
+  if (!Polled(settled, on_device, forever)) SleepUntil(settled, forever);
   return status_;
 }
 
 bool OpState::WaitFor(std::chrono::nanoseconds timeout, Status* status) {
-  const auto now = std::chrono::steady_clock::now();
-  const auto deadline = timeout >= std::chrono::steady_clock::time_point::max() - now
-                            ? std::chrono::steady_clock::time_point::max()
-                            : now + timeout;
-  if (!PolledDone(*this, on_device, deadline)) {
-    SleepingWaiters& waiters = Waiters();
-    std::unique_lock<std::mutex> lock(waiters.mu);
-    waiters.sleeping.fetch_add(1, std::memory_order_seq_cst);
-    while (!done_.load(std::memory_order_seq_cst) &&
-           waiters.cv.wait_until(lock, deadline) != std::cv_status::timeout) {
-    }
-    waiters.sleeping.fetch_sub(1, std::memory_order_relaxed);
+  const auto deadline = DeadlineAfter(timeout);
+  const auto settled = [this] { return done_.load(std::memory_order_seq_cst); };
+  if (!Polled(settled, on_device, deadline)) {
+    SleepUntil(settled, deadline);
     if (!done()) return false;
   }
   *status = status_;

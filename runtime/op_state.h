@@ -6,7 +6,8 @@
 //
 // Completion costs no lock and no wake-up per operation: the flag is an atomic, and every sleeping
 // waiter of every operation sleeps on one process-wide condition that AnnounceCompletions() wakes
-// once per completed batch, and only when someone sleeps.
+// once per completed batch (AnnounceLaunches() once per launched bucket), and only when someone
+// sleeps.
 #pragma once
 
 #include <atomic>
@@ -50,15 +51,18 @@ class OpState {
   Status status() const { return done() ? status_ : Status::OK(); }
 
   // Device operations, for stream-ordered completion: the event that completes once the
-  // operation's work has run on the communication stream. Set by the background thread when it
-  // launches the work, before the operation completes.
+  // operation's work has run on the communication stream. Set once, by the thread that launches
+  // the work, before the operation completes; a second call aborts. AnnounceLaunches(), once
+  // after a bucket's members are all set, wakes the threads sleeping in WaitLaunched.
   void SetLaunched(std::shared_ptr<StreamEvent> event);
+  static void AnnounceLaunches();
   // Blocks until the work is launched (never until it has run) or the operation is done, for
   // at most `timeout`; returns the event, or null when the operation completed without one (it
   // ran on the host or failed before launch) or the timeout passed first (*timed_out is set).
+  // A device operation's waiter polls for a while before it sleeps, as Wait's does.
   std::shared_ptr<StreamEvent> WaitLaunched(std::chrono::nanoseconds timeout, bool* timed_out);
   // Whether SetLaunched has given the work's event. Never blocks.
-  bool launched() const { return std::atomic_load(&launched_) != nullptr; }
+  bool launched() const { return has_launched_.load(std::memory_order_acquire); }
 
  private:
   // First, so that with make_shared's control block what every operation touches (the flag, the
@@ -66,7 +70,10 @@ class OpState {
   std::atomic<bool> done_{false};
   Callback callback_;
   Status status_;  // written once, before done_ is set
-  // Through std::atomic_load/atomic_store: set by the background thread, read by callers.
+  // A flag and a plain pointer, not an atomic shared_ptr (whose loads and stores take a lock from
+  // a process-wide pool, at every operation's launch and reuse): the pointer is written once,
+  // before the flag is set, and read only after the flag is seen set.
+  std::atomic<bool> has_launched_{false};
   std::shared_ptr<StreamEvent> launched_;
 
  public:

@@ -5,6 +5,7 @@
 #include "ops/mpi/mpi_types.h"
 #include "runtime/fusion_buffer.h"
 #include "runtime/mpi_context.h"
+#include "runtime/op_state.h"
 
 namespace gradsync {
 namespace {
@@ -100,6 +101,7 @@ Status DevicePlane::FinishLaunch(const std::vector<TensorEntry*>& entries, const
   for (TensorEntry* entry : entries) {
     if (entry->state != nullptr) entry->state->SetLaunched(completion_);
   }
+  OpState::AnnounceLaunches();
   return Status::OK();
 }
 

@@ -142,6 +142,26 @@ TEST(HostStreamTest, AbortFailsWhatIsStuckAndEverythingAfter) {
   EXPECT_FALSE(ran);
 }
 
+// A waiter looks for the completion for a while before it sleeps: completed during those looks or
+// after, it returns the status; a limit shorter than the looks still ends the wait on time.
+TEST(HostStreamTest, AWaiterSeesTheCompletionPolledOrAsleep) {
+  for (const auto complete_after :
+       {std::chrono::microseconds(10), std::chrono::microseconds(20000)}) {
+    HostEvent event;
+    std::thread completer([&] {
+      std::this_thread::sleep_for(complete_after);
+      event.Complete(Status::Shutdown("the stream was destroyed"));
+    });
+    EXPECT_EQ(StatusCode::kShutdown, event.Wait(kLong).code());
+    completer.join();
+  }
+  HostEvent never;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(StatusCode::kTimeout, never.Wait(std::chrono::microseconds(20)).code());
+  EXPECT_EQ(StatusCode::kTimeout, never.Wait(std::chrono::nanoseconds(0)).code());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kLong);
+}
+
 TEST(HostStreamTest, DestroyingAStreamCompletesItsPendingEvents) {
   HostEvent never;
   std::shared_ptr<StreamEvent> pending;

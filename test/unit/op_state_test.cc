@@ -165,6 +165,78 @@ TEST(OpStateTest, RenewReusesOnlyAnUnheldState) {
   EXPECT_TRUE(state->Wait().ok());
 }
 
+// An event standing in for a launched bucket's; never asked about here.
+class LaunchedEvent : public StreamEvent {
+ public:
+  bool Query() override { return false; }
+  Status Wait(std::chrono::nanoseconds) override { return Status::OK(); }
+};
+
+// A waiter for the launch gets the event whether it is launched while the waiter polls (a device
+// operation's waiter does) or after it has gone to sleep; a host operation's waiter sleeps at
+// once, and the announcement of the launch must wake it (its limit is far beyond the test's).
+TEST(OpStateTest, WaitLaunchedWakesForTheLaunchPolledOrAsleep) {
+  for (const bool on_device : {true, false}) {
+    for (const auto launch_after :
+         {std::chrono::microseconds(10), std::chrono::microseconds(20000)}) {
+      OpState state;
+      state.on_device = on_device;
+      auto event = std::make_shared<LaunchedEvent>();
+      std::shared_ptr<StreamEvent> seen;
+      bool timed_out = true;
+      const auto start = std::chrono::steady_clock::now();
+      std::thread waiter([&] { seen = state.WaitLaunched(std::chrono::hours(1), &timed_out); });
+      std::this_thread::sleep_for(launch_after);
+      state.SetLaunched(event);
+      OpState::AnnounceLaunches();
+      waiter.join();
+      EXPECT_EQ(seen, event) << on_device;
+      EXPECT_FALSE(timed_out);
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+    }
+  }
+}
+
+// Completed without a launch (it ran on the host or failed first): no event and no timeout. Not
+// launched within the limit: no event, timed out.
+TEST(OpStateTest, WaitLaunchedEndsWithTheOperationOrItsLimit) {
+  OpState failed;
+  failed.on_device = true;
+  bool timed_out = true;
+  std::thread completer([&] {
+    std::this_thread::sleep_for(milliseconds(20));
+    Complete(&failed, Status::Shutdown("the plane was aborted"));
+  });
+  EXPECT_EQ(failed.WaitLaunched(std::chrono::hours(1), &timed_out), nullptr);
+  EXPECT_FALSE(timed_out);
+  completer.join();
+
+  OpState pending;
+  pending.on_device = true;
+  EXPECT_EQ(pending.WaitLaunched(milliseconds(5), &timed_out), nullptr);
+  EXPECT_TRUE(timed_out);
+  EXPECT_FALSE(pending.launched());
+}
+
+TEST(OpStateTest, RenewForgetsTheLaunch) {
+  std::shared_ptr<OpState> state;
+  OpState::Renew(&state, nullptr);
+  state->SetLaunched(std::make_shared<LaunchedEvent>());
+  EXPECT_TRUE(state->launched());
+  Complete(state.get(), Status::OK());
+  OpState::Renew(&state, nullptr);
+  EXPECT_FALSE(state->launched());
+  bool timed_out = false;
+  EXPECT_EQ(state->WaitLaunched(std::chrono::microseconds(1), &timed_out), nullptr);
+  EXPECT_TRUE(timed_out);
+}
+
+TEST(OpStateTest, LaunchingTwiceAborts) {
+  OpState state;
+  state.SetLaunched(std::make_shared<LaunchedEvent>());
+  EXPECT_DEATH(state.SetLaunched(std::make_shared<LaunchedEvent>()), "launched twice");
+}
+
 TEST(OpStateTest, RecordingTwiceAborts) {
   OpState state;
   state.Record(Status::OK());
