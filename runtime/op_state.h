@@ -7,7 +7,7 @@
 // Completion costs no lock and no wake-up per operation: the flag is an atomic, and every sleeping
 // waiter of every operation sleeps on one process-wide condition that AnnounceCompletions() wakes
 // once per completed batch (AnnounceLaunches() once per launched bucket), and only when someone
-// sleeps.
+// sleeps. A sleeper woken for another operation looks at its own and sleeps again.
 #pragma once
 
 #include <atomic>

@@ -62,17 +62,20 @@ def reference(size, steps, rows_of_step, divide_by):
     return flat(model.parameters())
 
 
-@pytest.mark.parametrize("bucket_cap_mb", [25, 0.0002])
-def test_ddp_matches_full_batch(bucket_cap_mb, rank, size):
+# Outside join() gradients go through the runtime's batch; inside, in DDP's buckets, which with
+# every rank training reduce exactly as the batch does.
+@pytest.mark.parametrize("bucket_cap_mb,joined", [(25, False), (25, True), (0.0002, True)])
+def test_ddp_matches_full_batch(bucket_cap_mb, joined, rank, size):
     model = hvd.DistributedDataParallel(perturbed_model(rank), bucket_cap_mb=bucket_cap_mb)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     steps = 4
-    for step in range(steps):
-        optimizer.zero_grad()
-        loss_of(model, *batch(step, rank)).backward()
-        # backward returned: the gradients are already the same everywhere.
-        assert_replicas_equal(flat(p.grad for p in model.parameters()))
-        optimizer.step()
+    with model.join(enable=joined):
+        for step in range(steps):
+            optimizer.zero_grad()
+            loss_of(model, *batch(step, rank)).backward()
+            # backward returned: the gradients are already the same everywhere.
+            assert_replicas_equal(flat(p.grad for p in model.parameters()))
+            optimizer.step()
     params = flat(model.parameters())
     assert_replicas_equal(params)
     want = reference(size, steps, lambda s: range(size), lambda s, n: size)
@@ -127,6 +130,36 @@ def test_ddp_join_uneven_inputs(divide_by_initial_world_size, rank, size):
     assert torch.allclose(gathered[0], want, atol=TOLERANCE, rtol=0)
     # Later collectives work normally.
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="ddp.after_join").item() == size
+
+
+def test_ddp_batched_steps_around_a_join(rank, size):
+    """Steps through the batch, a join() with uneven inputs (DDP's buckets), then the batch
+    again: the ranks agree throughout and end where one process on the full batch would."""
+    steps_of = [3 - min(r, 1) for r in range(size)]  # rank 0 joins last
+    model = hvd.DistributedDataParallel(perturbed_model(rank))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(index):
+        optimizer.zero_grad()
+        loss_of(model, *batch(index, rank)).backward()
+        optimizer.step()
+
+    for index in range(2):
+        step(index)
+    with model.join():
+        for index in range(2, 2 + steps_of[rank]):
+            step(index)
+    # The ranks that joined early did not step meanwhile: take rank 0's parameters and momenta,
+    # as a training loop that broadcasts after an uneven epoch would.
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    for index in range(5, 7):
+        step(index)
+    params = flat(model.parameters())
+    assert_replicas_equal(params)
+    active = lambda s: [r for r in range(size) if s < 2 or s >= 5 or steps_of[r] > s - 2]
+    want = reference(size, 7, active, lambda s, n: size)
+    assert torch.allclose(params, want, atol=TOLERANCE, rtol=0)
 
 
 def test_ddp_join_throw_on_early_termination(rank, size):
@@ -308,6 +341,19 @@ def test_ddp_reduces_a_strided_gradient_through_a_contiguous_copy(rank, size):
     if rank == 0:
         assert last_bias.grad.data_ptr() == storage.data_ptr()
         assert torch.equal(storage[:, 1], torch.full_like(last_bias, 7.0))
+
+
+def test_gradient_batch_refuses_a_gradient_of_another_size():
+    """A parameter replaced by one of another shape after the batch was made: its gradient is
+    refused before anything starts, not reduced over memory it does not have."""
+    from gradsync.torch.gradient_batch import GradientBatch
+
+    p = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
+    batch_of_one = GradientBatch([p], ["ddp.test.refused"], 1, 1.0, 1.0, 0)
+    with pytest.raises(ValueError, match="4 elements"):
+        batch_of_one.start(p, torch.zeros(6, dtype=torch.float64))
+    assert batch_of_one.in_flight() == 0
+    batch_of_one.finish()  # nothing to wait for
 
 
 def test_ddp_buckets_leave_during_backward(monkeypatch):

@@ -94,9 +94,8 @@ class DistributedDataParallel(torch.nn.Module):
     (``gradsync.torch.gradient_batch``): a hook hands over two integers, small gradients share
     buckets laid out once, larger ones are fused by the runtime as they arrive (its fusion
     threshold, 25 MiB on a GPU, plays ``bucket_cap_mb``'s part), and the gradients are reduced in
-    place. With ``compression``, inside ``join()``, or when a parameter has a dtype the runtime
-    does not carry, gradients go instead in DDP's buckets (``bucket_cap_mb``), each one grouped
-    allreduce once complete.
+    place. With ``compression`` and inside ``join()`` gradients go instead in DDP's buckets
+    (``bucket_cap_mb``), each one grouped allreduce once complete.
 
     Parameters that took no part in this backward never hang it: every gradient is reduced in
     every synchronized backward, the missing ones counting as zeros. With
@@ -223,7 +222,8 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _make_batch(self):
         """The batch every gradient goes through outside ``join()``, or None where the buckets
-        must carry them (compression, a dtype or device the runtime does not carry)."""
+        carry them: with compression, and for a parameter the runtime cannot carry, whose
+        bucket then reports its dtype or device as unsupported."""
         if (self.compression is not Compression.none or not self._params
                 or not all(GradientBatch.carries(p) for p in self._params)):
             return None
@@ -250,11 +250,15 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _start_in_batch(self, p):
         pid = id(p)
+        if pid in self._started:
+            # Its reduction is under way in place: a second accumulation into the gradient
+            # would race with it (a parameter in several reentrant checkpointed segments does
+            # this; PyTorch DDP raises too).
+            raise RuntimeError("DistributedDataParallel: the gradient of a parameter of shape %s "
+                               "was produced twice in one backward pass" % (tuple(p.shape),))
         grad = p.grad
-        if pid in self._started or grad is None:
-            # A second call in one backward changes nothing, as in a bucket; a parameter left
-            # without a gradient is reduced as zeros once backward is over.
-            return
+        if grad is None:
+            return  # reduced as zeros once backward is over
         if grad.is_sparse:
             raise ValueError("DistributedDataParallel does not reduce sparse gradients "
                              "(parameter of shape %s)" % (tuple(p.shape),))

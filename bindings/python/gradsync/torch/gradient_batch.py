@@ -29,7 +29,7 @@ class GradientBatch:
             list(names), [_DTYPES[p.dtype] for p in params], [list(p.shape) for p in params],
             [kind for kind, _ in devices], [index for _, index in devices], op, prescale,
             postscale, process_set_id)
-        self._slots = {id(p): (i, p.dtype, p.device.type == "cuda", p.device)
+        self._slots = {id(p): (i, p.dtype, p.device.type == "cuda", p.device, p.numel())
                        for i, p in enumerate(params)}
         cuda_devices = {p.device for p in params if p.device.type == "cuda"}
         # With one device, a step's consumer is its current stream; with several, the host.
@@ -63,9 +63,15 @@ class GradientBatch:
         Called from every hook, so it keeps to attribute reads and one crossing into the runtime.
         A gradient that no longer fits the slot (its dtype, device or layout changed since the
         batch was made) is reduced through a fitting copy, written back by ``finish()``: every
-        rank reduces the slot the same way whatever its gradient looks like here.
+        rank reduces the slot the same way whatever its gradient looks like here. One of another
+        size raises ValueError before anything starts.
         """
-        index, dtype, is_cuda, device = self._slots[id(p)]
+        index, dtype, is_cuda, device, numel = self._slots[id(p)]
+        if grad.numel() != numel:
+            # The runtime would read and write the slot's size at the gradient's memory.
+            raise ValueError("a gradient of shape %s, where the parameter had %d elements when "
+                             "the batch was made: a parameter replaced by one of another shape "
+                             "needs a new wrapper" % (tuple(grad.shape), numel))
         if (grad.dtype is not dtype or grad.is_cuda is not is_cuda
                 or (is_cuda and grad.device != device) or not grad.is_contiguous()):
             fitting = grad.to(device=device, dtype=dtype).contiguous()
