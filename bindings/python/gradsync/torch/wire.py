@@ -58,9 +58,21 @@ def _device(tensor):
 _CUDA_STREAM_LEGACY = 1
 
 
+# The current stream's handle as an integer, where this PyTorch has the call (CUDA builds since
+# 1.x; Triton reads it so): torch.cuda.current_stream builds a Stream object in Python at each
+# call, once per gradient in the hooks.
+try:
+    from torch._C import _cuda_getCurrentRawStream as _raw_current_stream
+except ImportError:
+    _raw_current_stream = None
+
+
 def _stream_of(device):
     """The stream current on CUDA ``device``, as the cudaStream_t the runtime takes (an integer,
     never 0)."""
+    if _raw_current_stream is not None:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return _raw_current_stream(index) or _CUDA_STREAM_LEGACY
     return torch.cuda.current_stream(device).cuda_stream or _CUDA_STREAM_LEGACY
 
 
