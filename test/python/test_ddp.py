@@ -343,6 +343,28 @@ def test_ddp_reduces_a_strided_gradient_through_a_contiguous_copy(rank, size):
         assert torch.equal(storage[:, 1], torch.full_like(last_bias, 7.0))
 
 
+class WithEmbedding(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.linear = torch.nn.Linear(4, 1)
+        self.embedding = torch.nn.Embedding(10, 4, sparse=True)
+
+    def forward(self, x):
+        return self.linear(self.embedding(x))
+
+
+def test_ddp_refuses_a_sparse_gradient_and_then_its_unfinished_step(rank, size):
+    """A sparse gradient fails backward with its reason; the wrapper then refuses to go on with
+    the reductions of that step half started, rather than mixing them into the next."""
+    model = hvd.DistributedDataParallel(WithEmbedding())
+    x = torch.tensor([[1, 2], [3, 4]])
+    with pytest.raises(ValueError, match="sparse"):
+        model(x).sum().backward()
+    with pytest.raises(RuntimeError, match="did not finish"):
+        model(x)
+
+
 def test_gradient_batch_refuses_a_gradient_of_another_size():
     """A parameter replaced by one of another shape after the batch was made: its gradient is
     refused before anything starts, not reduced over memory it does not have."""

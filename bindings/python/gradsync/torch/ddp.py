@@ -156,6 +156,12 @@ class DistributedDataParallel(torch.nn.Module):
     # forward
 
     def forward(self, *inputs, **kwargs):
+        if self._in_backward:
+            # Its end never ran: some of its reductions are under way, others never started.
+            raise RuntimeError("DistributedDataParallel: the previous synchronized backward pass "
+                               "did not finish (it raised); this rank's reductions are "
+                               "incomplete, so the wrapper cannot be used again: make a new one "
+                               "on every rank")
         will_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         if self._join is not None and will_sync:
             self._count_active_ranks()
