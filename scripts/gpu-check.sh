@@ -216,6 +216,11 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
       "$bench" "${iters[@]}" --max-bytes 4096 || true
       echo "gpu-check: overlap with the host plane's buckets"
       "${host_buckets[@]}" "$bench" "${iters[@]}" --max-bytes 4 | grep -A2 '^# overlap' || true
+      # Locked buckets launched by the background thread instead of the thread that launches the
+      # layers: whether the launches cost the backward less off its thread.
+      echo "gpu-check: overlap with GRADSYNC_CALLER_LAUNCH=0"
+      GRADSYNC_CALLER_LAUNCH=0 "$bench" "${iters[@]}" --max-bytes 4 | grep -A2 '^# overlap' ||
+        true
       GRADSYNC_GPU_BACKEND=mpi mpirun -np 2 --oversubscribe "$bench" "${iters[@]}" \
         --max-bytes 16384 | grep -A8 '^# allreduce of one' || true
       GRADSYNC_TIMELINE=$out/timeline-bench.json "$bench" "${iters[@]}" --max-bytes 4096 \
