@@ -6,6 +6,7 @@ import weakref
 
 import pytest
 import torch
+import torch.utils.checkpoint
 
 import gradsync.torch as hvd
 
@@ -76,6 +77,38 @@ def test_ddp_matches_full_batch(bucket_cap_mb, joined, rank, size):
             # backward returned: the gradients are already the same everywhere.
             assert_replicas_equal(flat(p.grad for p in model.parameters()))
             optimizer.step()
+    params = flat(model.parameters())
+    assert_replicas_equal(params)
+    want = reference(size, steps, lambda s: range(size), lambda s, n: size)
+    assert torch.allclose(params, want, atol=TOLERANCE, rtol=0)
+
+
+class CheckpointedTail(torch.nn.Module):
+    """make_model()'s layers, the last one under a reentrant checkpoint: its backward runs a
+    backward of its own, which produces the step's first gradients."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = make_model()
+
+    def forward(self, x):
+        hidden = self.body[1](self.body[0](x))
+        return torch.utils.checkpoint.checkpoint(self.body[2], hidden, use_reentrant=True)
+
+
+def test_ddp_reentrant_checkpoint_of_the_last_layer(rank, size):
+    """The step ends with the outermost backward, not with the checkpoint's inner one: every
+    gradient is averaged, none left as this rank computed it."""
+    model = hvd.DistributedDataParallel(CheckpointedTail())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    steps = 3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(steps):
+            optimizer.zero_grad()
+            loss_of(model, *batch(step, rank)).backward()
+            optimizer.step()
+    assert not any("got no gradient" in str(w.message) for w in caught)
     params = flat(model.parameters())
     assert_replicas_equal(params)
     want = reference(size, steps, lambda s: range(size), lambda s, n: size)

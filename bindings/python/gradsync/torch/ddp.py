@@ -13,7 +13,7 @@ from gradsync.torch.allreduce import allreduce, allreduce_async_, grouped_allred
 from gradsync.torch.broadcast import broadcast_async_
 from gradsync.torch.compression import Compression
 from gradsync.torch.functions import broadcast_parameters
-from gradsync.torch.grad_hooks import queue_end_of_backward, register_grad_ready_hook
+from gradsync.torch.grad_hooks import _weakly, queue_end_of_backward, register_grad_ready_hook
 from gradsync.torch.gradient_batch import GradientBatch
 from gradsync.torch.handles import synchronize
 from gradsync.torch.process_sets import _collective_prefix, _id_of, global_process_set
@@ -61,6 +61,19 @@ def _copy_all(destinations, sources):
         return
     for d, s in zip(destinations, sources):
         d.copy_(s)
+
+
+def _tensors_in(output):
+    """The tensors of a module's output: itself, or inside tuples, lists and dicts (Hugging Face
+    model outputs are dicts)."""
+    if isinstance(output, torch.Tensor):
+        yield output
+    elif isinstance(output, (tuple, list)):
+        for item in output:
+            yield from _tensors_in(item)
+    elif isinstance(output, dict):
+        for item in output.values():
+            yield from _tensors_in(item)
 
 
 def _buckets_of(params, bucket_cap_bytes):
@@ -168,7 +181,16 @@ class DistributedDataParallel(torch.nn.Module):
         if will_sync and self.broadcast_buffers and self._buffers_to_sync:
             self._sync_buffers()
         self._sync_next_backward = will_sync
-        return self.module(*inputs, **kwargs)
+        output = self.module(*inputs, **kwargs)
+        if will_sync:
+            # The output's gradient is the backward's first: a hook there queues the step's end on
+            # the outermost backward, even when a reentrant checkpoint runs a backward of its own
+            # inside it, before any parameter's gradient (the hooks below also queue it, for a
+            # loss that does not go through the output).
+            for tensor in _tensors_in(output):
+                if tensor.requires_grad and tensor.grad_fn is not None:
+                    tensor.register_hook(_weakly(self._on_output_grad))
+        return output
 
     def _count_active_ranks(self):
         """Learns which ranks still train this step: joined ranks contribute zeros."""
@@ -239,13 +261,23 @@ class DistributedDataParallel(torch.nn.Module):
         return GradientBatch(ordered, names, _CORE_OPS[Average], 1.0, 1.0,
                              _id_of(self.process_set))
 
+    def _begin_backward(self):
+        """Queues the end of this synchronized backward, once."""
+        if self._in_backward:
+            return
+        self._in_backward = True
+        self._batched_backward = self._gradients is not None and self._join is None
+        queue_end_of_backward(self._finish_backward)
+
+    def _on_output_grad(self, grad):
+        del grad  # left as it is
+        if self._sync_next_backward:
+            self._begin_backward()
+
     def _on_grad_ready(self, p):
         if not self._sync_next_backward:
             return
-        if not self._in_backward:
-            self._in_backward = True
-            self._batched_backward = self._gradients is not None and self._join is None
-            queue_end_of_backward(self._finish_backward)
+        self._begin_backward()
         if self._batched_backward:
             self._start_in_batch(p)
             return
