@@ -25,6 +25,10 @@ constexpr std::chrono::microseconds kFirstPause(5);
 constexpr std::chrono::microseconds kLongestPause(1000);
 // How often asynchronous errors are polled while work is in flight.
 constexpr std::chrono::milliseconds kErrorPollInterval(10);
+// QueryPacer's gap between looks, as a fraction of the time in flight, and its bounds.
+constexpr int kContendedGapDivisor = 16;
+constexpr std::chrono::nanoseconds kShortestContendedGap(500);
+constexpr std::chrono::nanoseconds kLongestContendedGap(std::chrono::milliseconds(1));
 
 std::string Seconds(std::chrono::nanoseconds d) {
   char text[32];
@@ -33,6 +37,12 @@ std::string Seconds(std::chrono::nanoseconds d) {
 }
 
 }  // namespace
+
+void QueryPacer::Looked(Clock::time_point now) {
+  const std::chrono::nanoseconds in_flight = now - added_;
+  next_ = now +
+          std::clamp(in_flight / kContendedGapDivisor, kShortestContendedGap, kLongestContendedGap);
+}
 
 Finalizer::Finalizer(CompleteFn complete, Timeline* timeline)
     : complete_(std::move(complete)), timeline_(timeline) {}
@@ -58,7 +68,7 @@ void Finalizer::Add(DataPlane* plane, int32_t process_set, const std::vector<Ten
   {
     std::lock_guard<std::mutex> lock(mu_);
     inbox_.push_back(Bucket{plane, process_set, entries, std::move(done), deadline,
-                            std::move(phases), launched});
+                            std::move(phases), launched, QueryPacer(now)});
     inbox_filled_.store(true, std::memory_order_release);
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
   }
@@ -93,7 +103,11 @@ void Finalizer::Run() {
   MarkBackgroundThread();
   auto pause = kFirstPause;
   for (;;) {
-    const bool recent = std::chrono::steady_clock::now() - active_at_ < kSpinWindow;
+    const auto now = std::chrono::steady_clock::now();
+    // A contending event due soon is waited for between yields too: a sleep would overshoot it.
+    const bool recent = now - active_at_ < kSpinWindow ||
+                        (next_contended_query_ != std::chrono::steady_clock::time_point::max() &&
+                         next_contended_query_ - now < kSpinWindow);
     const bool arrived = inbox_filled_.load(std::memory_order_acquire);
     if (recent && !arrived && owned_.empty()) {
       // Between operations: look again without the lock the next Add takes.
@@ -107,7 +121,8 @@ void Finalizer::Run() {
         wake_.wait(lock, [this] { return stopping_.load() || !inbox_.empty(); });
         pause = kFirstPause;
       } else {
-        wake_.wait_for(lock, pause, [this] { return stopping_.load() || !inbox_.empty(); });
+        const auto until = std::min(now + pause, next_contended_query_);
+        wake_.wait_until(lock, until, [this] { return stopping_.load() || !inbox_.empty(); });
       }
       if (stopping_.load() && inbox_.empty() && owned_.empty()) return;
     } else if (recent && !arrived) {
@@ -135,6 +150,7 @@ bool Finalizer::Adopt() {
 }
 
 size_t Finalizer::Sweep() {
+  next_contended_query_ = std::chrono::steady_clock::time_point::max();
   if (owned_.empty()) return 0;
   std::vector<Bucket> finished;
   std::vector<std::pair<DataPlane*, Status>> aborts;
@@ -147,10 +163,16 @@ size_t Finalizer::Sweep() {
   std::vector<const DataPlane*> behind;
   for (auto it = owned_.begin(); it != owned_.end();) {
     const bool earlier_pending = std::find(behind.begin(), behind.end(), it->plane) != behind.end();
-    if (!earlier_pending && it->done->Query()) {
+    const bool contends = it->done->QueryContends();
+    const bool due = !contends || it->pacer.Due(now);
+    if (!earlier_pending && due && it->done->Query()) {
       finished.push_back(std::move(*it));
       it = owned_.erase(it);
       continue;
+    }
+    if (!earlier_pending && contends) {
+      if (due) it->pacer.Looked(now);
+      next_contended_query_ = std::min(next_contended_query_, it->pacer.next());
     }
     if (!earlier_pending) behind.push_back(it->plane);
     const bool aborting = std::any_of(aborts.begin(), aborts.end(),

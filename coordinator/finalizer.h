@@ -10,6 +10,13 @@
 // of everything in flight on that plane, so those buckets complete too, with the abort's status,
 // which names the bucket that timed out and its tensors.
 //
+// A CUDA event's query takes the driver's lock that the trainer's kernel launches take too, so
+// an event that says so (StreamEvent::QueryContends) is looked at less often the longer its
+// bucket has been in flight (QueryPacer). A completion is then seen at most about 6% of its
+// latency late (or a millisecond), and a bucket that waits a millisecond behind the backward
+// costs at most about 100 queries, where looking at every turn of the loop would make hundreds in
+// its first 100 us alone.
+//
 // Thread safety: Add and Drain are called by whichever thread runs the background loop's cycle
 // (its own thread, or a caller launching a locked bucket), one at a time, and by shutdown on the
 // thread that joined it; the completion function runs on the finalizer's own thread, which is
@@ -37,6 +44,23 @@
 #include "runtime/timeline.h"
 
 namespace gradsync {
+
+// When the finalizer looks again at an event whose query contends: a sixteenth of the bucket's
+// time in flight after each look, from half a microsecond to a millisecond. A plain value.
+class QueryPacer {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit QueryPacer(Clock::time_point added) : added_(added), next_(added) {}
+
+  bool Due(Clock::time_point now) const { return now >= next_; }
+  // The event was looked at, at `now`, and had not completed.
+  void Looked(Clock::time_point now);
+  Clock::time_point next() const { return next_; }
+
+ private:
+  Clock::time_point added_;
+  Clock::time_point next_;
+};
 
 class Finalizer {
  public:
@@ -74,6 +98,8 @@ class Finalizer {
     std::chrono::steady_clock::time_point deadline;
     std::vector<DataPlane::TimedPhase> phases;
     std::chrono::steady_clock::time_point launched;
+    // Used when the event's query contends (StreamEvent::QueryContends).
+    QueryPacer pacer;
   };
 
   void Run();
@@ -83,7 +109,8 @@ class Finalizer {
   // first from the launch) to its event's completion; stops at a phase whose time is unknown.
   void TracePhases(const Bucket& bucket);
   // One look at every owned bucket: completes the finished ones, aborts the planes of late ones
-  // and of those reporting errors. Returns the number completed.
+  // and of those reporting errors. Returns the number completed. Skips the query of a contending
+  // event that is not due yet, and sets next_contended_query_.
   size_t Sweep();
   // "allreduce of tensors 'a', 'b' and 3 more on process set 0": the bucket, for messages.
   static std::string Describe(const Bucket& bucket);
@@ -103,6 +130,9 @@ class Finalizer {
   // When a bucket last arrived or completed: the finalizer polls without sleeping for a while
   // after.
   std::chrono::steady_clock::time_point active_at_;
+  // The earliest a contending event is due to be looked at again; max() when none is owned.
+  std::chrono::steady_clock::time_point next_contended_query_ =
+      std::chrono::steady_clock::time_point::max();
   std::thread thread_;
 };
 

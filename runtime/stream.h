@@ -40,6 +40,12 @@ class StreamEvent {
     return false;
   }
 
+  // True when Query() enters a driver that the threads launching work also enter, under a lock of
+  // the driver's (a CUDA event's query takes its context's): a thread that polls such an event
+  // spaces its looks out, so that polling does not slow the trainer's launches. A host event's
+  // query is a load, looked at as often as wanted.
+  virtual bool QueryContends() const { return false; }
+
   // Where the event was recorded, for a stream that must wait for many events at once (a bucket's
   // producers): the events of one source complete in the order of their `sequence`, so waiting
   // for the latest is waiting for all. Null when unknown: the event is waited for itself.

@@ -53,6 +53,7 @@ class CudaEvent : public StreamEvent {
   CudaEvent& operator=(const CudaEvent&) = delete;
 
   bool Query() override;
+  bool QueryContends() const override { return true; }
   // Polls the event, sleeping between looks, so the waiting thread does not spin a core.
   Status Wait(std::chrono::nanoseconds timeout) override;
   bool CompletedAt(std::chrono::steady_clock::time_point* at) override;
