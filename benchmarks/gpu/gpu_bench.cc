@@ -9,6 +9,8 @@
 //      reductions alone), each gradient enqueued as its kernel is launched with the compute
 //      stream as its readiness. The step (launch to every handle done) against compute alone and
 //      communication alone, same run; the goal is step <= 1.1 x max(compute, communication).
+//      Then the raw floor of the same (raw_overlap.h): gradients as views into 25 MiB buckets,
+//      one ncclAllReduce a bucket, no copies, where the ranks can form an NCCL communicator.
 //   3. An nccl-tests-style table (bytes, time, algbw, busbw) for gradsync's allreduce of one
 //      float32 tensor, 4 B to --max-bytes, beside a raw ncclAllReduce on a communicator of its
 //      own, or under GRADSYNC_GPU_BACKEND=mpi beside a raw MPI_Allreduce staged through pinned
@@ -29,28 +31,13 @@
 #include <vector>
 
 #include "busy_kernel.h"
+#include "cuda_check.h"
 #include "gradient_set.h"
 #include "ops/cuda/cuda_batched_copy.h"
+#include "raw_overlap.h"
 #include "runtime/fusion_buffer.h"
 
 namespace {
-
-#define CHECK_CUDA(call)                                                      \
-  do {                                                                        \
-    cudaError_t e_ = (call);                                                  \
-    if (e_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
-#define CHECK_NCCL(call)                                                      \
-  do {                                                                        \
-    ncclResult_t r_ = (call);                                                 \
-    if (r_ != ncclSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #call, ncclGetErrorString(r_)); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
 
 struct Options {
   std::string data_dir;
@@ -266,6 +253,27 @@ void Overlap(const Options& options, int device) {
                 m * 1e3, s * 1e3, s / std::max(c, m), lc * 1e3, ls * 1e3,
                 (ls - lc) / static_cast<double>(grads.size()) * 1e6, early, grads.size(),
                 tail_s * 1e3);
+  }
+  // The floor on the same machine, where an NCCL communicator can be formed (not for ranks
+  // sharing a GPU): gradients as views into 25 MiB buckets, one ncclAllReduce a bucket.
+  const char* backend = std::getenv("GRADSYNC_GPU_BACKEND");
+  if (backend == nullptr || std::string(backend) != "mpi") {
+    std::vector<int64_t> counts;
+    for (const auto& spec : set.tensors) counts.push_back(spec.num_elements());
+    const gradsync_bench::RawOverlap raw =
+        gradsync_bench::MeasureRawOverlap(counts, cycles, int64_t{25} << 20, options.iters);
+    if (gradsync::rank() == 0) {
+      std::printf(
+          "\n# overlap, raw baseline: the same layers, gradients as views into %d buckets of "
+          "25 MiB, one ncclAllReduce a bucket once its last layer is launched; ms\n",
+          raw.buckets);
+      std::printf("%10s %10s %10s %16s %12s %12s\n", "compute", "comm", "step", "step/max(c,m)",
+                  "launch_s", "gs/raw_step");
+      std::printf("%10.2f %10.2f %10.2f %16.2f %12.2f %12.2f\n", raw.compute * 1e3,
+                  raw.communication * 1e3, raw.step * 1e3,
+                  raw.step / std::max(raw.compute, raw.communication), raw.launch * 1e3,
+                  s / raw.step);
+    }
   }
   for (float* p : grads) cudaFree(p);
   cudaStreamDestroy(compute);
