@@ -9,8 +9,9 @@
 //      reductions alone), each gradient enqueued as its kernel is launched with the compute
 //      stream as its readiness. The step (launch to every handle done) against compute alone and
 //      communication alone, same run; the goal is step <= 1.1 x max(compute, communication).
-//      Then the raw floor of the same (raw_overlap.h): gradients as views into 25 MiB buckets,
-//      one ncclAllReduce a bucket, no copies, where the ranks can form an NCCL communicator.
+//      Then the raw baselines of the same (raw_overlap.h), where the ranks can form an NCCL
+//      communicator: 25 MiB buckets, one ncclAllReduce a bucket, the gradients views into them
+//      (the floor) or copied in and out (DDP's default).
 //   3. An nccl-tests-style table (bytes, time, algbw, busbw) for gradsync's allreduce of one
 //      float32 tensor, 4 B to --max-bytes, beside a raw ncclAllReduce on a communicator of its
 //      own, or under GRADSYNC_GPU_BACKEND=mpi beside a raw MPI_Allreduce staged through pinned
@@ -264,15 +265,18 @@ void Overlap(const Options& options, int device) {
         gradsync_bench::MeasureRawOverlap(counts, cycles, int64_t{25} << 20, options.iters);
     if (gradsync::rank() == 0) {
       std::printf(
-          "\n# overlap, raw baseline: the same layers, gradients as views into %d buckets of "
-          "25 MiB, one ncclAllReduce a bucket once its last layer is launched; ms\n",
+          "\n# overlap, raw baselines: the same layers, %d buckets of 25 MiB, one "
+          "ncclAllReduce a bucket once its last layer is launched, gradients as views into the "
+          "buckets and (copies) copied in and out as DDP's default does; ms\n",
           raw.buckets);
-      std::printf("%10s %10s %10s %16s %12s %12s\n", "compute", "comm", "step", "step/max(c,m)",
-                  "launch_s", "gs/raw_step");
-      std::printf("%10.2f %10.2f %10.2f %16.2f %12.2f %12.2f\n", raw.compute * 1e3,
-                  raw.communication * 1e3, raw.step * 1e3,
-                  raw.step / std::max(raw.compute, raw.communication), raw.launch * 1e3,
-                  s / raw.step);
+      const double longest = std::max(raw.compute, raw.communication);
+      std::printf("%10s %10s %10s %16s %12s %12s %12s %16s %14s\n", "compute", "comm", "step",
+                  "step/max(c,m)", "launch_s", "gs/raw_step", "copies_step", "copies/max(c,m)",
+                  "gs/copies");
+      std::printf("%10.2f %10.2f %10.2f %16.2f %12.2f %12.2f %12.2f %16.2f %14.2f\n",
+                  raw.compute * 1e3, raw.communication * 1e3, raw.step * 1e3, raw.step / longest,
+                  raw.launch * 1e3, s / raw.step, raw.step_copies * 1e3, raw.step_copies / longest,
+                  s / raw.step_copies);
     }
   }
   for (float* p : grads) cudaFree(p);

@@ -1,9 +1,12 @@
-// The overlap benchmark's raw baseline: the same synthetic backward, with every gradient a view
-// into a flat bucket (as PyTorch DDP lays them out with gradient_as_bucket_view=True) and each
-// bucket reduced by one ncclAllReduce on a stream of its own as soon as its last layer is
-// launched. That is three CUDA calls a bucket (an event, a wait, the collective) and no copies:
-// the least a runtime can launch for this backward, so its step over max(compute, communication)
-// is the floor of gradsync's figure on the same machine.
+// The overlap benchmark's raw baselines: the same synthetic backward, with DDP's buckets each
+// reduced by one ncclAllReduce on a stream of its own as soon as its last layer is launched.
+// - Bucket views: every gradient a view into its flat bucket (as PyTorch DDP lays them out with
+//   gradient_as_bucket_view=True). Three CUDA calls a bucket (an event, a wait, the collective)
+//   and no copies: the least a runtime can launch for this backward, so its step over
+//   max(compute, communication) is the floor of gradsync's figure on the same machine.
+// - Copies: DDP's default layout. Each layer writes a gradient of its own, copied into its bucket
+//   right after the layer (DDP's hook) and back once the bucket is reduced: what PyTorch DDP
+//   launches, without its Python.
 //
 // Thread safety: one caller; every rank of MPI_COMM_WORLD calls it together, each with a GPU of
 // its own (an NCCL communicator cannot hold two ranks of one GPU).
@@ -21,6 +24,8 @@ struct RawOverlap {
   double communication = 0;  // the buckets' allreduces alone
   double step = 0;           // the layers with each bucket reduced once its last layer is launched
   double launch = 0;         // the host's part of `step`: its launches
+  double step_copies = 0;    // the same in DDP's default layout, copies included
+  double launch_copies = 0;
 };
 
 // `counts`: the gradients' element counts (float32) in registration order; the backward produces
