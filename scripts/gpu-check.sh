@@ -259,8 +259,11 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
       local failed=0 models=(resnet50 bert)
       [ "$scope" = full ] || models=(resnet50)
       for model in "${models[@]}"; do
+        # ResNet-50 also with both wrappers' gradient_as_bucket_view=True.
+        local modes=()
+        [ "$model" = resnet50 ] && modes=(--modes none,ddp,ddp-views,gs-opt,gs-ddp,gs-ddp-views)
         PYTHONPATH=$work/build/python timeout 300 mpirun -np 1 -x PYTHONPATH "${train[@]}" \
-          --model "$model" || failed=1
+          --model "$model" "${modes[@]}" || failed=1
       done
       PYTHONPATH=$work/build/python GRADSYNC_GPU_BACKEND=mpi timeout 300 mpirun -np 2 \
         --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND "${train[@]}" --model resnet50 \

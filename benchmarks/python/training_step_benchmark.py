@@ -10,6 +10,8 @@ same model, from the same initial weights, with SGD and momentum, on the same sy
             when ranks share a GPU or run on the CPU)
   gs-opt    gradsync.torch.DistributedOptimizer around the optimizer (Horovod's API)
   gs-ddp    gradsync.torch.DistributedDataParallel around the module
+  ddp-views, gs-ddp-views
+            the two wrappers with gradient_as_bucket_view=True (not run unless named in --modes)
 
 The modes are interleaved in rounds (each round runs --steps-per-round steps of every mode, in a
 rotated order), after --warmup steps each, so that a drift of the machine's speed reaches every
@@ -46,6 +48,7 @@ import torch
 import gradsync.torch as hvd
 
 MODES = ("none", "ddp", "gs-opt", "gs-ddp")
+MORE_MODES = ("ddp-views", "gs-ddp-views")
 
 
 def parse_args():
@@ -61,7 +64,7 @@ def parse_args():
     parser.add_argument("--json", help="append one JSON line per mode to this file")
     args = parser.parse_args()
     args.modes = [m for m in args.modes.split(",") if m]
-    unknown = [m for m in args.modes if m not in MODES]
+    unknown = [m for m in args.modes if m not in MODES + MORE_MODES]
     if unknown:
         parser.error("unknown modes: %s" % ", ".join(unknown))
     return args
@@ -122,11 +125,12 @@ class Mode:
         model = workload.model()
         self.params = model  # the module whose parameters are checked
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        if name == "ddp":
-            self.module = torch.nn.parallel.DistributedDataParallel(model,
-                                                                    device_ids=ddp_device_ids)
-        elif name == "gs-ddp":
-            self.module = hvd.DistributedDataParallel(model)
+        views = name.endswith("-views")
+        if name.startswith("ddp"):
+            self.module = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=ddp_device_ids, gradient_as_bucket_view=views)
+        elif name.startswith("gs-ddp"):
+            self.module = hvd.DistributedDataParallel(model, gradient_as_bucket_view=views)
         else:
             self.module = model
         if name == "gs-opt":
@@ -189,7 +193,8 @@ def main():
         device = torch.device("cuda", index)
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     ranks_per_gpu = max(1, hvd.local_size() // gpus) if gpus else 1
-    backend = init_torch_distributed(device, ranks_per_gpu) if "ddp" in args.modes else "-"
+    torch_ddp = any(m.startswith("ddp") for m in args.modes)
+    backend = init_torch_distributed(device, ranks_per_gpu) if torch_ddp else "-"
     workload = Workload(args.model, args.batch, device)
     ddp_device_ids = [device.index] if device.type == "cuda" else None
     modes = [Mode(name, workload, ddp_device_ids) for name in args.modes]
@@ -228,7 +233,7 @@ def report(args, workload, device, backend, results):
     ddp = results.get("ddp", (None,))[0]
     ddp_checksum = results["ddp"][3] if "ddp" in results else None
     gradients = sum(1 for p in workload.model().parameters() if p.requires_grad)
-    print("%-8s %10s %10s %12s %10s %10s %22s %12s %12s" % (
+    print("%-12s %10s %10s %12s %10s %10s %22s %12s %12s" % (
         "mode", "median_ms", "min_ms", "over_none_ms", "vs_ddp", "replicas", "checksum",
         "sum_vs_ddp", "us_per_grad"))
     for name, (median, fastest, agree, checksum) in results.items():
@@ -237,7 +242,7 @@ def report(args, workload, device, backend, results):
         ratio = "%.3f" % (median / ddp) if ddp else "-"
         drift = (abs(checksum - ddp_checksum) / max(abs(ddp_checksum), 1e-30)
                  if ddp_checksum is not None else None)
-        print("%-8s %10.2f %10.2f %12s %10s %10s %22.12g %12s %12s" % (
+        print("%-12s %10.2f %10.2f %12s %10s %10s %22.12g %12s %12s" % (
             name, median, fastest, over, ratio,
             {True: "identical", False: "DIFFER", None: "own"}[agree], checksum,
             "-" if drift is None else "%.1e" % drift,

@@ -147,14 +147,15 @@ def test_cuda_allreduce_never_waits_for_the_producer_on_the_host(device, rank, s
     assert torch.equal(t.cpu(), torch.full((1 << 20,), float(size * (size + 1) // 2)))
 
 
-@pytest.mark.parametrize("wrapper", ["optimizer", "ddp"])
+@pytest.mark.parametrize("wrapper", ["optimizer", "ddp", "ddp-views"])
 def test_cuda_backward_hooks_never_wait_for_the_gpu(wrapper, device, rank, size):
     """Backward returns while the GPU still runs the step's first kernels, as with PyTorch DDP,
     and training still matches one process on the full batch."""
     steps = 3
     model = make_model(device)
-    if wrapper == "ddp":
-        module = hvd.DistributedDataParallel(model)
+    if wrapper.startswith("ddp"):
+        module = hvd.DistributedDataParallel(model,
+                                             gradient_as_bucket_view=wrapper == "ddp-views")
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     else:
         module = model
@@ -175,7 +176,7 @@ def test_cuda_backward_hooks_never_wait_for_the_gpu(wrapper, device, rank, size)
         # DDP's wrapper finishes its reductions as backward ends, which the MPI backend does on
         # the host. The first step sets up device buffers, whose growth may synchronize the
         # device (cudaFree), as DDP's first step does.
-        if step > 0 and not (wrapper == "ddp" and staged_through_host()):
+        if step > 0 and not (wrapper.startswith("ddp") and staged_through_host()):
             assert still_running, "a hook waited for the GPU (step %d)" % step
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     assert torch.allclose(params, reference_parameters(steps, size, device), rtol=1e-5, atol=1e-7)

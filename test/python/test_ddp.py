@@ -65,9 +65,12 @@ def reference(size, steps, rows_of_step, divide_by):
 
 # Outside join() gradients go through the runtime's batch; inside, in DDP's buckets, which with
 # every rank training reduce exactly as the batch does.
+# With gradient_as_bucket_view=True they go as views into DDP's buckets instead.
+@pytest.mark.parametrize("views", [False, True])
 @pytest.mark.parametrize("bucket_cap_mb,joined", [(25, False), (25, True), (0.0002, True)])
-def test_ddp_matches_full_batch(bucket_cap_mb, joined, rank, size):
-    model = hvd.DistributedDataParallel(perturbed_model(rank), bucket_cap_mb=bucket_cap_mb)
+def test_ddp_matches_full_batch(bucket_cap_mb, joined, views, rank, size):
+    model = hvd.DistributedDataParallel(perturbed_model(rank), bucket_cap_mb=bucket_cap_mb,
+                                        gradient_as_bucket_view=views)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     steps = 4
     with model.join(enable=joined):
@@ -122,8 +125,9 @@ def test_ddp_state_dict_and_module(rank):
     assert all(k.startswith("module.") for k in model.state_dict())
 
 
-def test_ddp_no_sync_accumulates_locally(rank, size):
-    model = hvd.DistributedDataParallel(perturbed_model(rank))
+@pytest.mark.parametrize("views", [False, True])
+def test_ddp_no_sync_accumulates_locally(views, rank, size):
+    model = hvd.DistributedDataParallel(perturbed_model(rank), gradient_as_bucket_view=views)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     steps = 3
     for step in range(steps):
@@ -224,10 +228,12 @@ class Branchy(torch.nn.Module):
         return out
 
 
+@pytest.mark.parametrize("views", [False, True])
 @pytest.mark.parametrize("find_unused", [True, False])
-def test_ddp_unused_parameters_never_hang(find_unused, rank, size):
+def test_ddp_unused_parameters_never_hang(find_unused, views, rank, size):
     inner = Branchy(lambda r: r == 0)
-    model = hvd.DistributedDataParallel(inner, find_unused_parameters=find_unused)
+    model = hvd.DistributedDataParallel(inner, find_unused_parameters=find_unused,
+                                        gradient_as_bucket_view=views)
     x, y = batch(0, rank)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -11,6 +11,7 @@ import torch
 from gradsync import _core
 from gradsync.torch.allreduce import allreduce, allreduce_async_, grouped_allreduce_async_
 from gradsync.torch.broadcast import broadcast_async_
+from gradsync.torch.bucket_views import BucketViews
 from gradsync.torch.compression import Compression
 from gradsync.torch.functions import broadcast_parameters
 from gradsync.torch.grad_hooks import _weakly, queue_end_of_backward, register_grad_ready_hook
@@ -107,18 +108,20 @@ class DistributedDataParallel(torch.nn.Module):
     (``gradsync.torch.gradient_batch``): a hook hands over two integers, small gradients share
     buckets laid out once, larger ones are fused by the runtime as they arrive (its fusion
     threshold, 25 MiB on a GPU, plays ``bucket_cap_mb``'s part), and the gradients are reduced in
-    place. With ``compression`` and inside ``join()`` gradients go instead in DDP's buckets
-    (``bucket_cap_mb``), each one grouped allreduce once complete.
+    place. With ``gradient_as_bucket_view=True``, as in DDP, the gradients become views into
+    flat buckets of ``bucket_cap_mb`` (``gradsync.torch.bucket_views``), each reduced in place as
+    one tensor once complete: no copies, and one operation a bucket. With ``compression`` and
+    inside ``join()`` gradients go instead in DDP's buckets, each one grouped allreduce.
 
     Parameters that took no part in this backward never hang it: every gradient is reduced in
     every synchronized backward, the missing ones counting as zeros. With
     ``find_unused_parameters=True`` a gradient that no rank produced is left as it was (``None``
     stays ``None``), as DDP leaves it; without, it becomes zeros and a warning names it once.
 
-    ``device_ids``, ``output_device``, ``dim``, ``check_reduction``, ``gradient_as_bucket_view``
-    and ``static_graph`` are accepted for DDP's signature and change nothing here: the module
-    stays on its device and is called with the inputs as they are. Beyond DDP, ``process_set``
-    restricts the replicas to a process set and ``compression`` compresses gradients on the wire.
+    ``device_ids``, ``output_device``, ``dim``, ``check_reduction`` and ``static_graph`` are
+    accepted for DDP's signature and change nothing here: the module stays on its device and is
+    called with the inputs as they are. Beyond DDP, ``process_set`` restricts the replicas to a
+    process set and ``compression`` compresses gradients on the wire.
     The wrappers of one process set must be created in the same order on each of its ranks: their
     collectives are named after that order.
     """
@@ -129,7 +132,7 @@ class DistributedDataParallel(torch.nn.Module):
                  gradient_as_bucket_view=False, static_graph=False,
                  process_set=global_process_set, compression=Compression.none):
         super().__init__()
-        del device_ids, output_device, dim, check_reduction, gradient_as_bucket_view, static_graph
+        del device_ids, output_device, dim, check_reduction, static_graph
         if process_group is not None:
             raise ValueError("gradsync's DistributedDataParallel takes a process_set, not a "
                              "torch.distributed process_group")
@@ -157,7 +160,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._started = set()  # ids of the parameters started in the batch in this backward
         self._join = None
         self._warned_unused = set()
-        self._gradients = self._make_batch()
+        self._views = self._make_views() if gradient_as_bucket_view else None
+        self._gradients = self._make_batch() if self._views is None else None
 
         self._root = _first_rank(process_set)
         broadcast_parameters(sorted(module.state_dict().items()), root_rank=self._root,
@@ -261,12 +265,23 @@ class DistributedDataParallel(torch.nn.Module):
         return GradientBatch(ordered, names, _CORE_OPS[Average], 1.0, 1.0,
                              _id_of(self.process_set))
 
+    def _make_views(self):
+        """The buckets as flat tensors whose slices become the gradients, or None (with a
+        warning) where they cannot be: with compression, or a bucket mixing dtypes or devices."""
+        if self.compression is Compression.none and self._params and BucketViews.fit(self._buckets):
+            return BucketViews(self._buckets, self._prefix, _id_of(self.process_set))
+        warnings.warn("DistributedDataParallel: gradient_as_bucket_view=True needs uncompressed, "
+                      "contiguous parameters of one dtype and device per bucket; the gradients "
+                      "are reduced as without it")
+        return None
+
     def _begin_backward(self):
         """Queues the end of this synchronized backward, once."""
         if self._in_backward:
             return
         self._in_backward = True
-        self._batched_backward = self._gradients is not None and self._join is None
+        carrier = self._views if self._views is not None else self._gradients
+        self._batched_backward = carrier is not None and self._join is None
         queue_end_of_backward(self._finish_backward)
 
     def _on_output_grad(self, grad):
@@ -300,7 +315,10 @@ class DistributedDataParallel(torch.nn.Module):
         if grad.is_sparse:
             raise ValueError("DistributedDataParallel does not reduce sparse gradients "
                              "(parameter of shape %s)" % (tuple(p.shape),))
-        self._gradients.start(p, grad)
+        if self._views is not None:
+            self._views.ready(p, grad)
+        else:
+            self._gradients.start(p, grad)
         self._started.add(pid)
 
     def _op_and_scale(self):
@@ -360,6 +378,8 @@ class DistributedDataParallel(torch.nn.Module):
     def _finish_batch(self, locally_unused):
         """Starts zeros for the parameters without a gradient and completes the batch; returns
         those zeros, reduced, to be written where some rank used the parameter."""
+        if self._views is not None:
+            return self._views.finish(locally_unused)
         stand_ins = []
         for p in locally_unused:
             zeros = torch.zeros_like(p, memory_format=torch.contiguous_format)
