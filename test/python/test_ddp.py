@@ -67,7 +67,8 @@ def reference(size, steps, rows_of_step, divide_by):
 # every rank training reduce exactly as the batch does.
 # With gradient_as_bucket_view=True they go as views into DDP's buckets instead.
 @pytest.mark.parametrize("views", [False, True])
-@pytest.mark.parametrize("bucket_cap_mb,joined", [(25, False), (25, True), (0.0002, True)])
+@pytest.mark.parametrize("bucket_cap_mb,joined",
+                         [(25, False), (0.0002, False), (25, True), (0.0002, True)])
 def test_ddp_matches_full_batch(bucket_cap_mb, joined, views, rank, size):
     model = hvd.DistributedDataParallel(perturbed_model(rank), bucket_cap_mb=bucket_cap_mb,
                                         gradient_as_bucket_view=views)
@@ -79,6 +80,8 @@ def test_ddp_matches_full_batch(bucket_cap_mb, joined, views, rank, size):
             loss_of(model, *batch(step, rank)).backward()
             # backward returned: the gradients are already the same everywhere.
             assert_replicas_equal(flat(p.grad for p in model.parameters()))
+            if views and not joined:
+                assert all(p.grad._base is not None for p in model.parameters())
             optimizer.step()
     params = flat(model.parameters())
     assert_replicas_equal(params)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import gradsync.torch as hvd
-from test_ddp import TOLERANCE, batch, flat, loss_of, perturbed_model, reference
+from test_ddp import (TOLERANCE, Branchy, batch, flat, loss_of, make_model, perturbed_model,
+                      reference)
 
 
 def bucket_of(grad):
@@ -59,3 +60,41 @@ def test_a_bucket_of_mixed_dtypes_falls_back_with_a_warning(rank, size):
         assert p.grad._base is None
         gathered = hvd.allgather(p.grad.unsqueeze(0), name="views.mixed." + name)
         assert torch.equal(gathered[0], gathered[-1])
+
+
+def test_compression_falls_back_with_a_warning(rank, size):
+    with pytest.warns(UserWarning, match="gradient_as_bucket_view"):
+        model = hvd.DistributedDataParallel(perturbed_model(rank), gradient_as_bucket_view=True,
+                                            compression=hvd.Compression.fp16)
+    loss_of(model, *batch(0, rank)).backward()
+    assert all(p.grad._base is None for p in model.parameters())
+
+
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph")
+def test_a_gradient_with_a_graph_of_its_own(rank, size):
+    """Under create_graph=True the gradient comes with a graph; its value still goes into the
+    bucket and is averaged."""
+    model = hvd.DistributedDataParallel(perturbed_model(rank), gradient_as_bucket_view=True)
+    loss_of(model, *batch(0, rank)).backward(create_graph=True)
+    grads = flat(p.grad for p in model.parameters())
+    want = make_model()
+    sum(loss_of(want, *batch(0, r)) for r in range(size)).div(size).backward()
+    assert torch.allclose(grads, flat(p.grad for p in want.parameters()), atol=TOLERANCE, rtol=0)
+
+
+def test_an_unused_parameter_keeps_its_accumulated_gradient(rank, size):
+    """With find_unused_parameters, a gradient accumulated under no_sync() into its view stays as
+    it was through a synchronized backward that no rank's loss took it into."""
+    inner = Branchy(lambda r: True)
+    model = hvd.DistributedDataParallel(inner, find_unused_parameters=True,
+                                        gradient_as_bucket_view=True)
+    x, y = batch(0, rank)
+    loss_of(model, x, y).backward()  # the views are the gradients from here on
+    model.zero_grad(set_to_none=False)
+    with model.no_sync():
+        loss_of(model, x, y).backward()
+    kept = inner.side.weight.grad.clone()
+    assert torch.count_nonzero(kept) > 0
+    inner.used_on = lambda r: False
+    loss_of(model, x, y).backward()
+    assert torch.equal(inner.side.weight.grad, kept)

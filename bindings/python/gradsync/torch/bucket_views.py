@@ -2,11 +2,12 @@
 ``DistributedDataParallel(gradient_as_bucket_view=True)``.
 
 A gradient lives in its bucket once backward has produced it: the hook copies it there the first
-time (and after ``zero_grad(set_to_none=True)``, which drops the view) and makes ``p.grad`` the
-view, so later backward passes accumulate into the bucket itself. A bucket is reduced in place, as
-one tensor, as soon as its last gradient is there: one crossing into the runtime a bucket instead
-of one a gradient, and no copy into a fusion buffer and back. A parameter that a backward did not
-produce contributes zeros through its slice (which is still its gradient if it was before).
+time (and after ``zero_grad(set_to_none=True)``, which drops the view, so then at every step, as
+under DDP) and makes ``p.grad`` the view, so later backward passes accumulate into the bucket
+itself. A bucket is reduced in place, as one tensor, as soon as its last gradient is there: one
+crossing into the runtime a bucket instead of one a gradient, and (for a bucket of 64 KiB or more,
+which the runtime reduces where it is) no copy into a fusion buffer and back. A parameter that a
+backward did not produce contributes zeros through its slice.
 
 Thread safety: one wrapper's, on its training loop's thread.
 """
@@ -14,7 +15,7 @@ Thread safety: one wrapper's, on its training loop's thread.
 import torch
 
 from gradsync.torch.gradient_batch import GradientBatch
-from gradsync.torch.wire import _CORE_OPS, Average
+from gradsync.torch.wire import _CORE_OPS, Average, _stream_of
 
 
 class BucketViews:
@@ -22,23 +23,28 @@ class BucketViews:
 
     def __init__(self, buckets, prefix, process_set_id):
         self._flats = []
-        self._views = {}  # id(p): its slice of its bucket, shaped as p
-        self._bucket_of = {}  # id(p): index of its bucket
-        for bucket in buckets:
+        self._slot = {}  # id(p): (bucket index, offset, its view, the view's data_ptr())
+        for k, bucket in enumerate(buckets):
             first = bucket.params[0]
             flat = torch.zeros(sum(p.numel() for p in bucket.params), dtype=first.dtype,
                                device=first.device)
             offset = 0
             for p in bucket.params:
-                self._views[id(p)] = flat[offset:offset + p.numel()].view_as(p)
-                self._bucket_of[id(p)] = len(self._flats)
+                view = self._view(flat, offset, p)
+                self._slot[id(p)] = (k, offset, view, view.data_ptr())
                 offset += p.numel()
             self._flats.append(flat)
         self._sizes = [len(bucket.params) for bucket in buckets]
         self._ready = [0] * len(buckets)  # gradients there in this backward, per bucket
+        # Per CUDA bucket, the streams its gradients were made on in this backward.
+        self._streams = [[] if flat.is_cuda else None for flat in self._flats]
         names = ["%s.view%d" % (prefix, i) for i in range(len(self._flats))]
         self._batch = GradientBatch(self._flats, names, _CORE_OPS[Average], 1.0, 1.0,
                                     process_set_id)
+
+    @staticmethod
+    def _view(flat, offset, p):
+        return flat[offset:offset + p.numel()].view_as(p)
 
     @staticmethod
     def fit(buckets):
@@ -58,30 +64,61 @@ class BucketViews:
     def ready(self, p, grad):
         """Takes ``p``'s dense gradient ``grad`` (its ``p.grad``) into its bucket, which starts
         once all its gradients are there. Each parameter once a backward."""
-        view = self._views[id(p)]
-        if grad is not view:
+        k, offset, view, address = self._slot[id(p)]
+        # The memory, not only the object: ``p.grad.data = ...`` moves the view's object.
+        if grad is not view or grad.data_ptr() != address:
             if grad.shape != view.shape:
                 raise ValueError("a gradient of shape %s for a parameter of shape %s: a parameter "
                                  "replaced by one of another shape needs a new wrapper"
                                  % (tuple(grad.shape), tuple(view.shape)))
-            view.copy_(grad)
+            if view.data_ptr() != address:
+                view = self._view(self._flats[k], offset, p)
+                self._slot[id(p)] = (k, offset, view, address)
+            with torch.no_grad():  # under create_graph the gradient has a graph of its own
+                view.copy_(grad)
             p.grad = view
-        k = self._bucket_of[id(p)]
+        streams = self._streams[k]
+        if streams is not None:
+            stream = _stream_of(view.device)
+            if stream not in streams:
+                streams.append(stream)
         self._ready[k] += 1
         if self._ready[k] == self._sizes[k]:
-            self._batch.start(self._flats[k], self._flats[k])
+            self._start(k)
 
-    def finish(self, locally_unused):
+    def _start(self, k):
+        flat = self._flats[k]
+        streams = self._streams[k]
+        if streams:
+            # The batch takes the current stream as the bucket's producer: it waits for the
+            # others that made its gradients first.
+            current = _stream_of(flat.device)
+            for other in streams:
+                if other != current:
+                    torch.cuda.current_stream(flat.device).wait_stream(
+                        torch.cuda.ExternalStream(other, device=flat.device))
+            streams.clear()
+        self._batch.start(flat, flat)
+
+    def finish(self, locally_unused, keep_their_gradients):
         """Starts the buckets still short of gradients, the missing ones as zeros, and completes
-        every bucket. Returns ``(p, reduced)`` for the parameters backward did not produce here:
-        where some rank used them, the wrapper makes the view their gradient."""
+        every bucket. Returns ``(p, reduced)`` for the parameters backward did not produce here,
+        whose reduced gradient the wrapper writes where it must. With ``keep_their_gradients``
+        (``find_unused_parameters``) such a parameter whose gradient is its view gets a copy of
+        it first, so that it keeps its value if no rank used it."""
         try:
             for p in locally_unused:
-                self._views[id(p)].zero_()
-            for k, flat in enumerate(self._flats):
+                view = self._slot[id(p)][2]
+                if keep_their_gradients and p.grad is view:
+                    p.grad = view.clone()
+                view.zero_()
+            for k in range(len(self._flats)):
                 if self._ready[k] < self._sizes[k]:
-                    self._batch.start(flat, flat)
+                    self._start(k)
             self._batch.finish()
         finally:
             self._ready = [0] * len(self._flats)
-        return [(p, self._views[id(p)]) for p in locally_unused]
+            for streams in self._streams:
+                if streams is not None:
+                    streams.clear()
+        return [(p, self._slot[id(p)][2]) for p in locally_unused]

@@ -110,8 +110,9 @@ class DistributedDataParallel(torch.nn.Module):
     threshold, 25 MiB on a GPU, plays ``bucket_cap_mb``'s part), and the gradients are reduced in
     place. With ``gradient_as_bucket_view=True``, as in DDP, the gradients become views into
     flat buckets of ``bucket_cap_mb`` (``gradsync.torch.bucket_views``), each reduced in place as
-    one tensor once complete: no copies, and one operation a bucket. With ``compression`` and
-    inside ``join()`` gradients go instead in DDP's buckets, each one grouped allreduce.
+    one tensor once complete: one operation a bucket, and no copies while ``zero_grad()`` zeroes
+    in place. With ``compression`` and inside ``join()`` gradients go instead in DDP's buckets,
+    each one grouped allreduce.
 
     Parameters that took no part in this backward never hang it: every gradient is reduced in
     every synchronized backward, the missing ones counting as zeros. With
@@ -267,12 +268,15 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _make_views(self):
         """The buckets as flat tensors whose slices become the gradients, or None (with a
-        warning) where they cannot be: with compression, or a bucket mixing dtypes or devices."""
-        if self.compression is Compression.none and self._params and BucketViews.fit(self._buckets):
+        warning) where they cannot be: with compression, or a bucket whose parameters differ in
+        dtype or device, are not contiguous, or have a dtype the runtime does not carry."""
+        if not self._params:
+            return None
+        if self.compression is Compression.none and BucketViews.fit(self._buckets):
             return BucketViews(self._buckets, self._prefix, _id_of(self.process_set))
-        warnings.warn("DistributedDataParallel: gradient_as_bucket_view=True needs uncompressed, "
-                      "contiguous parameters of one dtype and device per bucket; the gradients "
-                      "are reduced as without it")
+        warnings.warn("DistributedDataParallel: gradient_as_bucket_view=True needs no compression "
+                      "and, in each bucket, contiguous parameters of one dtype and device; the "
+                      "gradients are reduced as without it")
         return None
 
     def _begin_backward(self):
@@ -379,7 +383,7 @@ class DistributedDataParallel(torch.nn.Module):
         """Starts zeros for the parameters without a gradient and completes the batch; returns
         those zeros, reduced, to be written where some rank used the parameter."""
         if self._views is not None:
-            return self._views.finish(locally_unused)
+            return self._views.finish(locally_unused, self.find_unused_parameters)
         stand_ins = []
         for p in locally_unused:
             zeros = torch.zeros_like(p, memory_format=torch.contiguous_format)
