@@ -105,9 +105,7 @@ void Finalizer::Run() {
   for (;;) {
     const auto now = std::chrono::steady_clock::now();
     // A contending event due soon is waited for between yields too: a sleep would overshoot it.
-    const bool recent = now - active_at_ < kSpinWindow ||
-                        (next_contended_query_ != std::chrono::steady_clock::time_point::max() &&
-                         next_contended_query_ - now < kSpinWindow);
+    const bool recent = now - active_at_ < kSpinWindow || next_contended_query_ < now + kSpinWindow;
     const bool arrived = inbox_filled_.load(std::memory_order_acquire);
     if (recent && !arrived && owned_.empty()) {
       // Between operations: look again without the lock the next Add takes.

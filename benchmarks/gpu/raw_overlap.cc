@@ -26,28 +26,27 @@ Buckets MakeBuckets(const std::vector<int64_t>& counts, int64_t bucket_bytes) {
   Buckets b;
   b.gradient.resize(counts.size());
   b.closes.assign(counts.size(), -1);
-  std::vector<std::vector<size_t>>& members = b.members;
   int64_t bytes = bucket_bytes;  // a bucket is opened by the first gradient
   for (size_t i = counts.size(); i-- > 0;) {
     if (bytes >= bucket_bytes) {
-      members.emplace_back();
+      b.members.emplace_back();
       b.elements.push_back(0);
       bytes = 0;
     }
-    members.back().push_back(i);
+    b.members.back().push_back(i);
     b.elements.back() += counts[i];
     bytes += counts[i] * static_cast<int64_t>(sizeof(float));
   }
-  for (size_t k = 0; k < members.size(); ++k) {
+  for (size_t k = 0; k < b.members.size(); ++k) {
     float* flat = nullptr;
     CHECK_CUDA(cudaMalloc(&flat, static_cast<size_t>(b.elements[k]) * sizeof(float)));
     b.flat.push_back(flat);
     int64_t offset = 0;
-    for (size_t i : members[k]) {
+    for (size_t i : b.members[k]) {
       b.gradient[i] = flat + offset;
       offset += counts[i];
     }
-    b.closes[members[k].back()] = static_cast<int>(k);  // the last produced
+    b.closes[b.members[k].back()] = static_cast<int>(k);  // the last produced
   }
   return b;
 }
