@@ -8,10 +8,12 @@
 //
 //   mpirun -np N gradsync_bench_launch [--phases P] [--iters N] [--tensors T]
 //                                      [--tensor-bytes B] [--bucket-bytes B] [--gap-us G]
+//                                      [--one-bytes B]
 //
 // Rows, each a median over the timed steps of a phase (the slowest rank's, from a barrier):
-//   one op   one allreduce of 16 bytes, enqueued and waited on: what a caller that waits on each
-//            result pays. Raw: MPI_Allreduce of the 16 bytes.
+//   one op   one allreduce of --one-bytes (16), enqueued and waited on: what a caller that waits
+//            on each result pays. Raw: MPI_Allreduce of the same bytes. With larger sizes an
+//            operation stays in flight long enough for the finalizer to sleep before it completes.
 //   one op ordered  (device rows) the same, stream-ordered with Handle::synchronize_stream, as
 //            gradsync.torch's hooks consume device results: its wait for the launch.
 //   step     T tensors of B bytes enqueued in a burst and then waited on, fused into buckets of
@@ -57,7 +59,8 @@ struct Settings {
   int64_t tensors = 64;
   int64_t tensor_bytes = 1024;
   int64_t bucket_bytes = 16384;
-  int64_t gap_us = 20;  // busy work before each tensor of the backward rows
+  int64_t gap_us = 20;     // busy work before each tensor of the backward rows
+  int64_t one_bytes = 16;  // each one-op row's allreduce
 };
 
 gradsync::Status HostBackedPlane(const gradsync::Config& config, MPI_Comm comm,
@@ -287,8 +290,9 @@ std::vector<Row> RunPhase(bool locked, const Settings& settings, int rank) {
   MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
   const int64_t floats = settings.tensor_bytes / 4;
   const int64_t per_bucket = std::max<int64_t>(1, settings.bucket_bytes / settings.tensor_bytes);
-  float tiny[4] = {1, 2, 3, 4};
-  auto raw_one = [&] { AllreduceFloats(tiny, 4, raw_comm); };
+  const int64_t one_floats = std::max<int64_t>(1, settings.one_bytes / 4);
+  std::vector<float> one_raw(one_floats, 1.0f);
+  auto raw_one = [&] { AllreduceFloats(one_raw.data(), one_floats, raw_comm); };
   RawBuckets raw_buckets(settings.tensors, floats, per_bucket, raw_comm);
   std::vector<Row> rows;
   const char* wheres[] = {"host", "device(host backend)", "device(no-op backend)"};
@@ -298,11 +302,11 @@ std::vector<Row> RunPhase(bool locked, const Settings& settings, int rank) {
     const std::string tag = std::to_string(w);
     gradsync::SetDevicePlaneFactoryForTesting(w == 2 ? &NoOpPlane : &HostBackedPlane);
     gradsync::init(MPI_COMM_WORLD);
-    Workload one("one." + tag, 1, 4, device, rank);
+    Workload one("one." + tag, 1, one_floats, device, rank);
     rows.push_back(Measure(
         "one op, " + where, raw_one, [&] { one.Step(); }, settings, rank));
     if (device) {
-      Workload ordered("ordered." + tag, 4, 4, device, rank);
+      Workload ordered("ordered." + tag, 4, one_floats, device, rank);
       rows.push_back(Measure(
           "one op ordered, " + where, raw_one, [&] { ordered.StepOrdered(); }, settings, rank));
     }
@@ -322,7 +326,8 @@ std::vector<Row> RunPhase(bool locked, const Settings& settings, int rank) {
 
 int Run(int argc, char** argv) {
   Flags flags(argc, argv,
-              {"--phases", "--iters", "--tensors", "--tensor-bytes", "--bucket-bytes", "--gap-us"});
+              {"--phases", "--iters", "--tensors", "--tensor-bytes", "--bucket-bytes", "--gap-us",
+               "--one-bytes"});
   Settings settings;
   settings.phases = static_cast<int>(flags.GetInt("--phases", settings.phases, 2));
   settings.iters = static_cast<int>(flags.GetInt("--iters", settings.iters, 1));
@@ -330,6 +335,7 @@ int Run(int argc, char** argv) {
   settings.tensor_bytes = flags.GetInt("--tensor-bytes", settings.tensor_bytes, 4);
   settings.bucket_bytes = flags.GetInt("--bucket-bytes", settings.bucket_bytes, 4);
   settings.gap_us = flags.GetInt("--gap-us", settings.gap_us, 0);
+  settings.one_bytes = flags.GetInt("--one-bytes", settings.one_bytes, 4);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -341,11 +347,11 @@ int Run(int argc, char** argv) {
   if (rank == 0) {
     std::printf(
         "# gradsync_bench_launch: %d ranks, %lld tensors of %lld B a step, buckets of "
-        "%lld B (%lld a step), %d timed steps a phase\n",
+        "%lld B (%lld a step), one-op rows of %lld B, %d timed steps a phase\n",
         size, static_cast<long long>(settings.tensors),
         static_cast<long long>(settings.tensor_bytes),
         static_cast<long long>(settings.bucket_bytes), static_cast<long long>(buckets),
-        settings.iters);
+        static_cast<long long>(settings.one_bytes), settings.iters);
     std::printf("%-6s %-10s %-38s %10s %12s %9s %12s  %s\n", "phase", "schedule", "row", "raw_us",
                 "gradsync_us", "gs/raw", "per_bucket", "state");
   }
