@@ -38,6 +38,42 @@ std::string Seconds(std::chrono::nanoseconds d) {
 
 }  // namespace
 
+// Shared with the events that tell of their completion, so that one may wake the finalizer after
+// it has seen the completion itself and moved on, or been destroyed.
+class Finalizer::Wakeup : public CompletionListener {
+ public:
+  void EventCompleted() override { Wake(); }
+
+  void Wake() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      woken_ = true;
+      if (!sleeping_) return;  // it looks at everything before it sleeps again
+    }
+    cv_.notify_one();
+  }
+
+  // Until woken or `until`. A wake-up that came since the last sleep ends this one at once.
+  void Sleep(std::chrono::steady_clock::time_point until) {
+    std::unique_lock<std::mutex> lock(mu_);
+    sleeping_ = true;
+    const auto woken = [this] { return woken_; };
+    if (until == std::chrono::steady_clock::time_point::max()) {
+      cv_.wait(lock, woken);
+    } else {
+      cv_.wait_until(lock, until, woken);
+    }
+    sleeping_ = false;
+    woken_ = false;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool woken_ = false;
+  bool sleeping_ = false;
+};
+
 void QueryPacer::Looked(Clock::time_point now) {
   const std::chrono::nanoseconds in_flight = now - added_;
   next_ = now +
@@ -45,15 +81,12 @@ void QueryPacer::Looked(Clock::time_point now) {
 }
 
 Finalizer::Finalizer(CompleteFn complete, Timeline* timeline)
-    : complete_(std::move(complete)), timeline_(timeline) {}
+    : complete_(std::move(complete)), timeline_(timeline), wakeup_(std::make_shared<Wakeup>()) {}
 
 Finalizer::~Finalizer() {
   Drain();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_.store(true);
-  }
-  wake_.notify_all();
+  stopping_.store(true);
+  wakeup_->Wake();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -72,7 +105,7 @@ void Finalizer::Add(DataPlane* plane, int32_t process_set, const std::vector<Ten
     inbox_filled_.store(true, std::memory_order_release);
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
   }
-  wake_.notify_one();
+  wakeup_->Wake();
 }
 
 void Finalizer::TracePhases(const Bucket& bucket) {
@@ -114,15 +147,17 @@ void Finalizer::Run() {
       continue;
     }
     if (!recent && !arrived) {
-      std::unique_lock<std::mutex> lock(mu_);
       if (owned_.empty()) {
-        wake_.wait(lock, [this] { return stopping_.load() || !inbox_.empty(); });
+        wakeup_->Sleep(std::chrono::steady_clock::time_point::max());
         pause = kFirstPause;
       } else {
-        const auto until = std::min(now + pause, next_contended_query_);
-        wake_.wait_until(lock, until, [this] { return stopping_.load() || !inbox_.empty(); });
+        // An event that tells of its completion wakes the finalizer: without one to poll, it
+        // wakes by itself only for a contending event, a deadline, or the next error poll.
+        auto until = now + (polled_ ? std::chrono::nanoseconds(pause)
+                                    : std::chrono::nanoseconds(kErrorPollInterval));
+        wakeup_->Sleep(std::min({until, next_contended_query_, next_deadline_}));
       }
-      if (stopping_.load() && inbox_.empty() && owned_.empty()) return;
+      if (stopping_.load() && !inbox_filled_.load() && owned_.empty()) return;
     } else if (recent && !arrived) {
       std::this_thread::yield();  // work in flight: its event is looked at again below
     }
@@ -138,17 +173,25 @@ void Finalizer::Run() {
 
 bool Finalizer::Adopt() {
   if (!inbox_filled_.load(std::memory_order_acquire)) return false;
-  std::lock_guard<std::mutex> lock(mu_);
-  for (Bucket& bucket : inbox_) owned_.push_back(std::move(bucket));
-  adopted_ += inbox_.size();
-  const bool any = !inbox_.empty();
-  inbox_.clear();
-  inbox_filled_.store(false, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    adopting_.swap(inbox_);  // the inbox keeps the capacity adopting_ had
+    adopted_ += adopting_.size();
+    inbox_filled_.store(false, std::memory_order_relaxed);
+  }
+  for (Bucket& bucket : adopting_) {
+    bucket.notifies = bucket.done->NotifyOnCompletion(wakeup_);
+    owned_.push_back(std::move(bucket));
+  }
+  const bool any = !adopting_.empty();
+  adopting_.clear();
   return any;
 }
 
 size_t Finalizer::Sweep() {
   next_contended_query_ = std::chrono::steady_clock::time_point::max();
+  next_deadline_ = std::chrono::steady_clock::time_point::max();
+  polled_ = false;
   if (owned_.empty()) return 0;
   std::vector<Bucket> finished;
   std::vector<std::pair<DataPlane*, Status>> aborts;
@@ -187,6 +230,8 @@ size_t Finalizer::Sweep() {
                std::find(busy_planes.begin(), busy_planes.end(), it->plane) == busy_planes.end()) {
       busy_planes.push_back(it->plane);
     }
+    next_deadline_ = std::min(next_deadline_, it->deadline);
+    polled_ = polled_ || (!contends && !it->notifies);
     ++it;
   }
   for (DataPlane* plane : busy_planes) {

@@ -15,7 +15,10 @@
 // bucket has been in flight (QueryPacer). A completion is then seen at most about 6% of its
 // latency late (or a millisecond), and a bucket that waits a millisecond behind the backward
 // costs at most about 100 queries, where looking at every turn of the loop would make hundreds in
-// its first 100 us alone.
+// its first 100 us alone. An event that tells of its completion (StreamEvent::NotifyOnCompletion:
+// a host stream's, which the MPI backend for ranks sharing a GPU completes on its thread) wakes
+// the finalizer when it completes, so that the finalizer sleeps through a long bucket instead of
+// looking at it after ever longer pauses, which saw a completion up to half its latency late.
 //
 // Thread safety: Add and Drain are called by whichever thread runs the background loop's cycle
 // (its own thread, or a caller launching a locked bucket), one at a time, and by shutdown on the
@@ -100,17 +103,21 @@ class Finalizer {
     std::chrono::steady_clock::time_point launched;
     // Used when the event's query contends (StreamEvent::QueryContends).
     QueryPacer pacer;
+    // The event tells the finalizer when it completes (StreamEvent::NotifyOnCompletion).
+    bool notifies = false;
   };
+  class Wakeup;
 
   void Run();
-  // Moves what Add handed over into owned_. Returns whether there was any.
+  // Moves what Add handed over into owned_, asking each event to tell of its completion. Returns
+  // whether there was any.
   bool Adopt();
   // Draws a completed bucket's phases on the timeline: each from the end of the one before (the
   // first from the launch) to its event's completion; stops at a phase whose time is unknown.
   void TracePhases(const Bucket& bucket);
   // One look at every owned bucket: completes the finished ones, aborts the planes of late ones
   // and of those reporting errors. Returns the number completed. Skips the query of a contending
-  // event that is not due yet, and sets next_contended_query_.
+  // event that is not due yet, and sets next_contended_query_, next_deadline_ and polled_.
   size_t Sweep();
   // "allreduce of tensors 'a', 'b' and 3 more on process set 0": the bucket, for messages.
   static std::string Describe(const Bucket& bucket);
@@ -118,13 +125,16 @@ class Finalizer {
   CompleteFn complete_;
   Timeline* timeline_;
   mutable std::mutex mu_;
-  std::condition_variable wake_;     // work arrived, or stopping
   std::condition_variable drained_;  // a bucket completed
   std::vector<Bucket> inbox_;        // under mu_: handed over, not yet adopted
   size_t adopted_ = 0;  // under mu_: adopted and not yet completed (owned_, and those completing)
   std::atomic<bool> inbox_filled_{false};  // inbox_ is not empty; read without mu_
   std::atomic<bool> stopping_{false};
+  // Where the finalizer sleeps; woken by Add, by the destructor, and by the events it was given
+  // that tell of their completion.
+  const std::shared_ptr<Wakeup> wakeup_;
   // The finalizer thread's alone.
+  std::vector<Bucket> adopting_;  // Adopt's, between the inbox and owned_
   std::deque<Bucket> owned_;
   std::chrono::steady_clock::time_point last_error_poll_;
   // When a bucket last arrived or completed: the finalizer polls without sleeping for a while
@@ -133,6 +143,12 @@ class Finalizer {
   // The earliest a contending event is due to be looked at again; max() when none is owned.
   std::chrono::steady_clock::time_point next_contended_query_ =
       std::chrono::steady_clock::time_point::max();
+  // The earliest deadline of an owned bucket; max() when none is owned.
+  std::chrono::steady_clock::time_point next_deadline_ =
+      std::chrono::steady_clock::time_point::max();
+  // An owned bucket's event neither tells of its completion nor contends: it is looked at after
+  // pauses that double while nothing completes.
+  bool polled_ = false;
   std::thread thread_;
 };
 

@@ -45,15 +45,25 @@ bool HostEvent::CompletedAt(std::chrono::steady_clock::time_point* at) {
   return true;
 }
 
+bool HostEvent::NotifyOnCompletion(const std::shared_ptr<CompletionListener>& listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_) listener_ = listener;
+  return true;
+}
+
 void HostEvent::Complete(const Status& status) {
   const auto now = std::chrono::steady_clock::now();
+  std::shared_ptr<CompletionListener> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return;
     done_ = true;
     status_ = status;
     completed_at_ = now;
+    listener = std::move(listener_);
   }
+  // Outside the lock, which the listener's thread takes next to query this event.
+  if (listener != nullptr) listener->EventCompleted();
   cv_.notify_all();
 }
 

@@ -25,6 +25,9 @@ class HostEvent : public StreamEvent {
   // The moment Complete() was first called, when that was with OK.
   bool CompletedAt(std::chrono::steady_clock::time_point* at) override;
 
+  // The stream's thread (or an abort) completes a host event: it tells its listener then.
+  bool NotifyOnCompletion(const std::shared_ptr<CompletionListener>& listener) override;
+
   // Completes the event with `status` (the first completion wins).
   void Complete(const Status& status);
 
@@ -34,6 +37,7 @@ class HostEvent : public StreamEvent {
   bool done_ = false;
   Status status_;
   std::chrono::steady_clock::time_point completed_at_;
+  std::shared_ptr<CompletionListener> listener_;
 };
 
 class HostStream : public Stream {

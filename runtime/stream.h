@@ -20,6 +20,14 @@ namespace gradsync {
 // adding it to a clock's now() does not overflow (nanoseconds::max() would).
 constexpr std::chrono::nanoseconds kWaitForever = std::chrono::hours(24 * 365 * 10);
 
+// Told by an event that it has completed (StreamEvent::NotifyOnCompletion), on the thread that
+// completed it: EventCompleted must be quick and must not block.
+class CompletionListener {
+ public:
+  virtual ~CompletionListener() = default;
+  virtual void EventCompleted() = 0;
+};
+
 class StreamEvent {
  public:
   virtual ~StreamEvent() = default;
@@ -45,6 +53,17 @@ class StreamEvent {
   // spaces its looks out, so that polling does not slow the trainer's launches. A host event's
   // query is a load, looked at as often as wanted.
   virtual bool QueryContends() const { return false; }
+
+  // Asks the event to tell `listener` once it completes, so that a thread that waits for many
+  // events can sleep until one completes instead of looking at each again and again. False when
+  // the event cannot tell (a device's, whose completion only a query shows): it must be polled.
+  // True for an event that has completed already, which then tells nothing. The event holds one
+  // listener, shared so that it can tell it after Query() shows the completion, outside the
+  // event's own lock, whatever the listener's owner does meanwhile.
+  virtual bool NotifyOnCompletion(const std::shared_ptr<CompletionListener>& listener) {
+    (void)listener;
+    return false;
+  }
 
   // Where the event was recorded, for a stream that must wait for many events at once (a bucket's
   // producers): the events of one source complete in the order of their `sequence`, so waiting

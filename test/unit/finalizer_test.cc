@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -288,6 +289,77 @@ TEST(FinalizerTest, AContendingEventIsLookedAtLessOftenTheLongerItRuns) {
     if (queries[i] - queries[i - 1] < gap / 2) ++too_soon;
   }
   EXPECT_LE(too_soon, 3) << "of " << queries.size() << " looks";
+}
+
+// A host event that tells of its completion, and notes when it completed and when it was queried.
+class TellingEvent : public StreamEvent {
+ public:
+  bool Query() override {
+    const bool done = event_.Query();
+    std::lock_guard<std::mutex> lock(mu_);
+    queries_.push_back(std::chrono::steady_clock::now());
+    return done;
+  }
+  Status Wait(std::chrono::nanoseconds timeout) override { return event_.Wait(timeout); }
+  bool NotifyOnCompletion(const std::shared_ptr<CompletionListener>& listener) override {
+    return event_.NotifyOnCompletion(listener);
+  }
+  void Complete() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      completed_at_ = std::chrono::steady_clock::now();
+    }
+    event_.Complete(Status::OK());
+  }
+  std::chrono::steady_clock::time_point completed_at() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return completed_at_;
+  }
+  std::vector<std::chrono::steady_clock::time_point> queries() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return queries_;
+  }
+
+ private:
+  HostEvent event_;
+  std::mutex mu_;
+  std::chrono::steady_clock::time_point completed_at_;
+  std::vector<std::chrono::steady_clock::time_point> queries_;
+};
+
+// Past its first looks, the finalizer sleeps through a bucket whose event tells of its completion
+// and is woken by it: few looks, and the completion seen at once. Polled after pauses that double
+// up to a millisecond, each of these buckets would be looked at about 20 times and seen up to a
+// millisecond late; sleeping until the next error poll without being woken, up to 10 ms late.
+TEST(FinalizerTest, AnEventThatTellsOfItsCompletionWakesTheFinalizer) {
+  FakePlane plane;
+  std::mutex mu;
+  std::vector<std::chrono::steady_clock::time_point> seen_at;
+  Finalizer finalizer([&](const std::vector<TensorEntry*>&, const Status&) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen_at.push_back(std::chrono::steady_clock::now());
+  });
+  constexpr int kBuckets = 5;
+  std::vector<double> late_ms;
+  size_t later_looks = 0;
+  for (int b = 0; b < kBuckets; ++b) {
+    auto entry = Entry("telling" + std::to_string(b));
+    auto event = std::make_shared<TellingEvent>();
+    const auto added = std::chrono::steady_clock::now();
+    finalizer.Add(&plane, 0, {entry.get()}, event);
+    // Offsets spread over the finalizer's 10 ms between error polls.
+    std::this_thread::sleep_until(added + std::chrono::microseconds(15000 + 3300 * b));
+    event->Complete();
+    finalizer.Drain();
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(seen_at.size(), static_cast<size_t>(b + 1));
+    late_ms.push_back(
+        std::chrono::duration<double, std::milli>(seen_at.back() - event->completed_at()).count());
+    for (const auto& at : event->queries()) later_looks += at - added > milliseconds(2) ? 1 : 0;
+  }
+  std::sort(late_ms.begin(), late_ms.end());
+  EXPECT_LT(late_ms[kBuckets / 2], 2.0) << "median ms from completion to the finalizer's";
+  EXPECT_LE(later_looks, 8u * kBuckets) << "looks later than 2 ms after each bucket arrived";
 }
 
 TEST(FinalizerTest, NoThreadUntilTheFirstBucket) {
