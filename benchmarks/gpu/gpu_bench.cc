@@ -14,10 +14,11 @@
 //      (the floor) or copied in and out (DDP's default).
 //   3. An nccl-tests-style table (bytes, time, algbw, busbw) for gradsync's allreduce of one
 //      float32 tensor, 4 B to --max-bytes, beside a raw ncclAllReduce on a communicator of its
-//      own, or under GRADSYNC_GPU_BACKEND=mpi beside a raw MPI_Allreduce staged through pinned
-//      host memory as that backend stages it. `gs_call_us` is the part of gradsync's time spent
-//      in the allreduce call itself (the enqueue and, locked, the caller's launch); the rest is
-//      the device's work and the completion reaching the waiting caller.
+//      own, or (under GRADSYNC_GPU_BACKEND=mpi, or where ranks share a GPU) beside a raw
+//      MPI_Allreduce staged through pinned host memory as that backend stages it. `gs_call_us` is
+//      the part of gradsync's time spent in the allreduce call itself (the enqueue and, locked, the
+//      caller's launch); the rest is the device's work and the completion reaching the waiting
+//      caller.
 //
 // Run as `mpirun -np N gradsync_bench_gpu` or alone; each rank uses GPU local_rank() % devices.
 #include <cuda_runtime.h>
@@ -25,11 +26,14 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <strings.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -49,7 +53,34 @@ struct Options {
   // The backward's compute as a multiple of the communication alone: 1 is the overlap goal's
   // hardest case; larger values give each layer a realistic share of the step.
   double compute_scale = 1.0;
+  // Whether the raw baselines use NCCL (RawNcclPossible), or stage through the host as gradsync's
+  // MPI backend does.
+  bool raw_nccl = true;
 };
+
+// Whether the raw baselines can use NCCL: not where two ranks use one GPU, which NCCL refuses
+// (gradsync then picks its MPI backend itself), nor under GRADSYNC_GPU_BACKEND=mpi, whose
+// baseline is the same staging by hand. Collective.
+bool RawNcclPossible(int device) {
+  const char* backend = std::getenv("GRADSYNC_GPU_BACKEND");
+  bool possible = backend == nullptr || strcasecmp(backend, "mpi") != 0;
+  char name[MPI_MAX_PROCESSOR_NAME + 32] = {};
+  int length = 0;
+  MPI_Get_processor_name(name, &length);
+  name[length] = '/';
+  CHECK_CUDA(cudaDeviceGetPCIBusId(name + length + 1, 31, device));
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<char> all(sizeof(name) * static_cast<size_t>(size));
+  MPI_Allgather(name, sizeof(name), MPI_CHAR, all.data(), sizeof(name), MPI_CHAR, MPI_COMM_WORLD);
+  std::set<std::string> gpus;
+  for (int r = 0; r < size; ++r) {
+    if (!gpus.insert(std::string(&all[sizeof(name) * static_cast<size_t>(r)])).second) {
+      possible = false;
+    }
+  }
+  return possible;
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -259,8 +290,7 @@ void Overlap(const Options& options, int device) {
   }
   // The floor on the same machine, where an NCCL communicator can be formed (not for ranks
   // sharing a GPU): gradients as views into 25 MiB buckets, one ncclAllReduce a bucket.
-  const char* backend = std::getenv("GRADSYNC_GPU_BACKEND");
-  if (backend == nullptr || std::string(backend) != "mpi") {
+  if (options.raw_nccl) {
     std::vector<int64_t> counts;
     for (const auto& spec : set.tensors) counts.push_back(spec.num_elements());
     const gradsync_bench::RawOverlap raw =
@@ -290,8 +320,7 @@ void AllreduceTable(const Options& options, int device) {
   const int size = gradsync::size();
   // Ranks sharing the GPU (the MPI backend's runs) cannot form a raw NCCL communicator: their
   // baseline is what the MPI backend does by hand, staged through pinned host memory.
-  const char* backend = std::getenv("GRADSYNC_GPU_BACKEND");
-  const bool raw_nccl = backend == nullptr || std::string(backend) != "mpi";
+  const bool raw_nccl = options.raw_nccl;
   ncclUniqueId id;
   ncclComm_t comm = nullptr;
   if (raw_nccl) {
@@ -405,6 +434,7 @@ int main(int argc, char** argv) {
   gradsync::init();
   const int device = gradsync::local_rank() % devices;
   CHECK_CUDA(cudaSetDevice(device));
+  options.raw_nccl = RawNcclPossible(device);
   if (gradsync::rank() == 0) {
     cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, device);

@@ -180,3 +180,39 @@ def test_cuda_backward_hooks_never_wait_for_the_gpu(wrapper, device, rank, size)
             assert still_running, "a hook waited for the GPU (step %d)" % step
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     assert torch.allclose(params, reference_parameters(steps, size, device), rtol=1e-5, atol=1e-7)
+
+
+class TwoStreamModel(torch.nn.Module):
+    """make_model's layers, the first run on a side stream: backward makes the last layer's
+    gradients on the default stream and the first layer's, the bucket's last, on the side one."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.body = make_model(device)
+        self.side = torch.cuda.Stream(device)
+
+    def forward(self, x):
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            hidden = self.body[1](self.body[0](x))
+        torch.cuda.current_stream().wait_stream(self.side)
+        hidden.record_stream(torch.cuda.current_stream())
+        return self.body[2](hidden)
+
+
+def test_cuda_ddp_views_bucket_of_gradients_from_two_streams(device, rank, size):
+    """The bucket starts on the side stream and waits for the default stream's gradients too
+    (which PyTorch names 0 and gradsync cudaStreamLegacy), and training matches one process on
+    the full batch."""
+    steps = 3
+    model = TwoStreamModel(device)
+    module = hvd.DistributedDataParallel(model, gradient_as_bucket_view=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        x, y = full_batch(step, size, device)
+        mine = slice(rank * 4, (rank + 1) * 4)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(module(x[mine]), y[mine]).backward()
+        optimizer.step()
+    params = torch.cat([p.detach().flatten() for p in model.body.parameters()])
+    assert torch.allclose(params, reference_parameters(steps, size, device), rtol=1e-5, atol=1e-7)

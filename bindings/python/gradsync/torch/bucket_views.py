@@ -15,7 +15,7 @@ Thread safety: one wrapper's, on its training loop's thread.
 import torch
 
 from gradsync.torch.gradient_batch import GradientBatch
-from gradsync.torch.wire import _CORE_OPS, Average, _stream_of
+from gradsync.torch.wire import _CORE_OPS, Average, _stream_of, _torch_stream
 
 
 class BucketViews:
@@ -96,7 +96,7 @@ class BucketViews:
             for other in streams:
                 if other != current:
                     torch.cuda.current_stream(flat.device).wait_stream(
-                        torch.cuda.ExternalStream(other, device=flat.device))
+                        _torch_stream(other, flat.device))
             streams.clear()
         self._batch.start(flat, flat)
 

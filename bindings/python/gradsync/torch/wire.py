@@ -76,6 +76,15 @@ def _stream_of(device):
     return torch.cuda.current_stream(device).cuda_stream or _CUDA_STREAM_LEGACY
 
 
+def _torch_stream(raw, device):
+    """The torch stream of a handle from ``_stream_of``: the device's default stream for
+    cudaStreamLegacy, which ``torch.cuda.ExternalStream`` cannot wrap (PyTorch reads an odd
+    stream id as one of its own pools' streams)."""
+    if raw == _CUDA_STREAM_LEGACY:
+        return torch.cuda.default_stream(device)
+    return torch.cuda.ExternalStream(raw, device=device)
+
+
 def _ready_stream(tensor):
     """The producer of a CUDA tensor, for the runtime to wait on: the stream current now on its
     device, where the kernels that made it may still be queued. gradsync's communication stream
