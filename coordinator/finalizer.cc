@@ -173,18 +173,16 @@ void Finalizer::Run() {
 
 bool Finalizer::Adopt() {
   if (!inbox_filled_.load(std::memory_order_acquire)) return false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    adopting_.swap(inbox_);  // the inbox keeps the capacity adopting_ had
-    adopted_ += adopting_.size();
-    inbox_filled_.store(false, std::memory_order_relaxed);
-  }
-  for (Bucket& bucket : adopting_) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Bucket& bucket : inbox_) {
+    // An event tells its listener outside its own lock, and the wake-up never takes mu_.
     bucket.notifies = bucket.done->NotifyOnCompletion(wakeup_);
     owned_.push_back(std::move(bucket));
   }
-  const bool any = !adopting_.empty();
-  adopting_.clear();
+  adopted_ += inbox_.size();
+  const bool any = !inbox_.empty();
+  inbox_.clear();
+  inbox_filled_.store(false, std::memory_order_relaxed);
   return any;
 }
 

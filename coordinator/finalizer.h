@@ -134,7 +134,6 @@ class Finalizer {
   // that tell of their completion.
   const std::shared_ptr<Wakeup> wakeup_;
   // The finalizer thread's alone.
-  std::vector<Bucket> adopting_;  // Adopt's, between the inbox and owned_
   std::deque<Bucket> owned_;
   std::chrono::steady_clock::time_point last_error_poll_;
   // When a bucket last arrived or completed: the finalizer polls without sleeping for a while

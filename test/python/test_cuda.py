@@ -96,6 +96,16 @@ def reference_parameters(steps, size, device):
     return torch.cat([p.detach().flatten() for p in reference.parameters()])
 
 
+def train_on_my_share(module, optimizer, steps, rank, size, device):
+    """``steps`` steps, each on this rank's 4 rows of full_batch."""
+    for step in range(steps):
+        x, y = full_batch(step, size, device)
+        mine = slice(rank * 4, (rank + 1) * 4)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(module(x[mine]), y[mine]).backward()
+        optimizer.step()
+
+
 def test_cuda_distributed_optimizer_matches_full_batch(device, rank, size):
     steps = 5
 
@@ -108,12 +118,7 @@ def test_cuda_distributed_optimizer_matches_full_batch(device, rank, size):
         torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
         named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    for step in range(steps):
-        x, y = full_batch(step, size, device)
-        mine = slice(rank * 4, (rank + 1) * 4)
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
-        optimizer.step()
+    train_on_my_share(model, optimizer, steps, rank, size, device)
 
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     assert params.device == device
@@ -208,11 +213,6 @@ def test_cuda_ddp_views_bucket_of_gradients_from_two_streams(device, rank, size)
     model = TwoStreamModel(device)
     module = hvd.DistributedDataParallel(model, gradient_as_bucket_view=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    for step in range(steps):
-        x, y = full_batch(step, size, device)
-        mine = slice(rank * 4, (rank + 1) * 4)
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(module(x[mine]), y[mine]).backward()
-        optimizer.step()
+    train_on_my_share(module, optimizer, steps, rank, size, device)
     params = torch.cat([p.detach().flatten() for p in model.body.parameters()])
     assert torch.allclose(params, reference_parameters(steps, size, device), rtol=1e-5, atol=1e-7)
