@@ -331,6 +331,8 @@ class TellingEvent : public StreamEvent {
 // and is woken by it: few looks, and the completion seen at once. Polled after pauses that double
 // up to a millisecond, each of these buckets would be looked at about 20 times and seen up to a
 // millisecond late; sleeping until the next error poll without being woken, up to 10 ms late.
+// Looks are counted from the finalizer's first look, not from Add: on a loaded machine its thread
+// may start milliseconds after the bucket arrived, and its first looks all come together then.
 TEST(FinalizerTest, AnEventThatTellsOfItsCompletionWakesTheFinalizer) {
   FakePlane plane;
   std::mutex mu;
@@ -339,7 +341,7 @@ TEST(FinalizerTest, AnEventThatTellsOfItsCompletionWakesTheFinalizer) {
     std::lock_guard<std::mutex> lock(mu);
     seen_at.push_back(std::chrono::steady_clock::now());
   });
-  constexpr int kBuckets = 5;
+  constexpr int kBuckets = 9;
   std::vector<double> late_ms;
   size_t later_looks = 0;
   for (int b = 0; b < kBuckets; ++b) {
@@ -348,18 +350,20 @@ TEST(FinalizerTest, AnEventThatTellsOfItsCompletionWakesTheFinalizer) {
     const auto added = std::chrono::steady_clock::now();
     finalizer.Add(&plane, 0, {entry.get()}, event);
     // Offsets spread over the finalizer's 10 ms between error polls.
-    std::this_thread::sleep_until(added + std::chrono::microseconds(15000 + 3300 * b));
+    std::this_thread::sleep_until(added + std::chrono::microseconds(15000 + 1100 * b));
     event->Complete();
     finalizer.Drain();
     std::lock_guard<std::mutex> lock(mu);
     ASSERT_EQ(seen_at.size(), static_cast<size_t>(b + 1));
     late_ms.push_back(
         std::chrono::duration<double, std::milli>(seen_at.back() - event->completed_at()).count());
-    for (const auto& at : event->queries()) later_looks += at - added > milliseconds(2) ? 1 : 0;
+    const auto looks = event->queries();
+    ASSERT_FALSE(looks.empty());
+    for (const auto& at : looks) later_looks += at - looks.front() > milliseconds(2) ? 1 : 0;
   }
   std::sort(late_ms.begin(), late_ms.end());
-  EXPECT_LT(late_ms[kBuckets / 2], 2.0) << "median ms from completion to the finalizer's";
-  EXPECT_LE(later_looks, 8u * kBuckets) << "looks later than 2 ms after each bucket arrived";
+  EXPECT_LT(late_ms[kBuckets / 2], 2.5) << "median ms from completion to the finalizer's";
+  EXPECT_LE(later_looks, 8u * kBuckets) << "looks later than 2 ms after each bucket's first";
 }
 
 TEST(FinalizerTest, NoThreadUntilTheFirstBucket) {
