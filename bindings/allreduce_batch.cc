@@ -258,25 +258,33 @@ void AllreduceBatch::Impl::Finish(std::optional<Error>* first_failure, bool orde
     bucket.enqueued = false;
     bucket.started = 0;
   }
+  const size_t ordered_before = ordered_on_device.size();
   for (size_t i : started) {
     states[i].started = false;
     if (states[i].bucket >= 0) continue;
     Slot& slot = slots[i];
     if (slot.handle.valid()) {
-      try {
-        if (order_device_slots && slot.view.device.kind != DeviceKind::kCpu) {
-          slot.handle.synchronize_stream(order_on);
-          ordered_on_device.push_back(slot.handle);
-        } else {
+      if (order_device_slots && slot.view.device.kind != DeviceKind::kCpu) {
+        ordered_on_device.push_back(std::move(slot.handle));
+      } else {
+        try {
           slot.handle.wait();
+        } catch (const Error& e) {
+          note(e);
         }
-      } catch (const Error& e) {
-        note(e);
       }
       slot.handle = Handle();
     }
   }
   started.clear();
+  if (ordered_on_device.size() == ordered_before) return;
+  try {
+    // Together: the device plane fuses slots into buckets that share one completion.
+    gradsync::synchronize_stream(
+        {ordered_on_device.begin() + ordered_before, ordered_on_device.end()}, order_on);
+  } catch (const Error& e) {
+    note(e);
+  }
 }
 
 void TakePartInLanesOnJoin(Runtime& rt) {

@@ -1,6 +1,8 @@
 // Handle's members: waiting on, polling and stream-ordering after an enqueued operation.
+#include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "bindings/runtime.h"
@@ -38,18 +40,35 @@ std::vector<int64_t> Handle::output_shape() const {
 }
 
 void Handle::synchronize_stream(void* cuda_stream) const {
-  RequireCallerThread("Handle::synchronize_stream");
-  if (!state_) Throw(Status::InvalidArgument("synchronize_stream() on an empty handle"));
-  NoteCallerWait(*state_);
-  bool timed_out = false;
-  const std::shared_ptr<StreamEvent> launched = state_->WaitLaunched(kWaitForever, &timed_out);
-  if (launched == nullptr) {
-    // Ran on the host, or failed before launch: its completion is the handle's.
-    wait();
-    return;
+  gradsync::synchronize_stream({*this}, cuda_stream);
+}
+
+void synchronize_stream(const std::vector<Handle>& handles, void* cuda_stream) {
+  RequireCallerThread("synchronize_stream");
+  // Held, not just compared by address: a completion freed meanwhile could give its address to
+  // another.
+  std::vector<std::shared_ptr<StreamEvent>> ordered;
+  std::optional<Error> first_failure;
+  for (const Handle& handle : handles) {
+    try {
+      if (!handle.state_) Throw(Status::InvalidArgument("synchronize_stream() on an empty handle"));
+      NoteCallerWait(*handle.state_);  // each handle counts as a wait, ordered or not
+      bool timed_out = false;
+      std::shared_ptr<StreamEvent> launched = handle.state_->WaitLaunched(kWaitForever, &timed_out);
+      if (launched == nullptr) {
+        // Ran on the host, or failed before launch: its completion is the handle's.
+        handle.wait();
+        continue;
+      }
+      if (std::find(ordered.begin(), ordered.end(), launched) != ordered.end()) continue;
+      ordered.push_back(launched);
+      const Status status = OrderStreamAfter(launched, cuda_stream);
+      if (!status.ok()) Throw(status);
+    } catch (const Error& e) {
+      if (!first_failure) first_failure = e;
+    }
   }
-  const Status ordered = OrderStreamAfter(launched, cuda_stream);
-  if (!ordered.ok()) Throw(ordered);
+  if (first_failure) throw *first_failure;
 }
 
 std::vector<int64_t> Handle::received_splits() const {

@@ -94,7 +94,7 @@ void WaitOnHost(const std::vector<Handle>& handles) {
 void OrderStream(const std::vector<Handle>& handles, uintptr_t stream) {
   try {
     py::gil_scoped_release release;
-    for (const Handle& h : handles) h.synchronize_stream(reinterpret_cast<void*>(stream));
+    synchronize_stream(handles, reinterpret_cast<void*>(stream));
   } catch (const Error& e) {
     RaiseWaitError(e);
   }

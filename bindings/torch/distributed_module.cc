@@ -194,7 +194,7 @@ void DistributedModule::synchronize() {
   for (Bucket& bucket : buckets_) {
     if (!bucket.wires.empty() && bucket.wires.front().is_cuda()) {
       void* consumer = CurrentStream(bucket.wires.front());
-      for (Handle& h : bucket.handles) h.synchronize_stream(consumer);
+      gradsync::synchronize_stream(bucket.handles, consumer);
     } else {
       for (Handle& h : bucket.handles) h.wait();
     }

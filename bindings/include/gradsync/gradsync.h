@@ -185,8 +185,15 @@ class Handle {
 
  private:
   friend Handle MakeHandle(std::shared_ptr<OpState> state);
+  friend void synchronize_stream(const std::vector<Handle>& handles, void* cuda_stream);
   std::shared_ptr<OpState> state_;
 };
+
+// Handle::synchronize_stream for each of `handles`, ordering `cuda_stream` once for each distinct
+// completion: the members of a fused bucket complete together, so a step's gradients cost one
+// stream wait a bucket rather than one a gradient. Orders after every operation it can, then
+// throws the first failure.
+void synchronize_stream(const std::vector<Handle>& handles, void* cuda_stream);
 
 struct AllreduceOptions {
   std::string name;  // unique while in flight; generated when empty
