@@ -98,6 +98,14 @@ unpack_deps() {
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 }
 
+# The MPI backend's small operations against this machine's MPI on host memory alone, at the same
+# 2 ranks: raw MPI_Allreduce of 16 B, and gradsync's completion path over a host stream whose work
+# sleeps as long as the staged copies take (benchmarks/bench_completion.cc).
+host_mpi_scale() {
+  echo "gpu-check: host MPI at 2 ranks, for scale"
+  mpirun -np 2 --oversubscribe "$work/build/benchmarks/gradsync_bench_completion" || true
+}
+
 run() {
   local out=${1:-gpu-check-out} scope=${2:-full}
   mkdir -p "$out"
@@ -144,8 +152,9 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
     -DCMAKE_PREFIX_PATH="$work/root/usr;$work/root/usr/lib/x86_64-linux-gnu/cmake" \
     "${python_args[@]}" -DGRADSYNC_BUILD_BENCHMARKS=ON -DGRADSYNC_BUILD_EXAMPLES=OFF \
     2>&1 | tee "$out/build.log"
-  cmake --build "$work/build" -j "$(nproc)" --target gpu_tests gradsync_bench_gpu launch_probe \
-    "${python_targets[@]}" 2>&1 | tee -a "$out/build.log" | tail -5
+  cmake --build "$work/build" -j "$(nproc)" --target gpu_tests gradsync_bench_gpu \
+    gradsync_bench_completion launch_probe "${python_targets[@]}" 2>&1 |
+    tee -a "$out/build.log" | tail -5
   local status=0
   ctest --test-dir "$work/build" -L gpu --output-on-failure --timeout 300 2>&1 |
     tee "$out/gpu-tests.log" || status=$?
@@ -223,6 +232,7 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
         true
       GRADSYNC_GPU_BACKEND=mpi mpirun -np 2 --oversubscribe "$bench" "${iters[@]}" \
         --max-bytes 16384 | grep -A8 '^# allreduce of one' || true
+      host_mpi_scale
       GRADSYNC_TIMELINE=$out/timeline-bench.json "$bench" "${iters[@]}" --max-bytes 4096 \
         >/dev/null || true
     } 2>&1 | tee "$out/gpu-bench.log"
@@ -236,6 +246,7 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
         --max-bytes 4096 | grep -A8 '^# allreduce of one' || true
       GRADSYNC_GPU_BACKEND=mpi mpirun -np 2 --oversubscribe "$bench" "${iters[@]}" \
         --max-bytes $((1 << 28)) || true
+      host_mpi_scale
       "$bench" "${iters[@]}" --max-bytes 4 --compute-scale 10 |
         grep -A2 '^# overlap' || true
       echo "gpu-check: overlap with the host plane's buckets"
