@@ -269,7 +269,9 @@ Row Measure(const std::string& name, const std::function<void()>& raw_step,
   MPI_Comm raw_comm;
   MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
   gradsync::start_timeline(trace);
-  MeasureInterleaved({{"warm", gradsync_step}}, 12, 1, MPI_COMM_WORLD);
+  // Enough for the ordered row's rotation of four names to make the three identical steps that
+  // lock, and the lock's round after them.
+  MeasureInterleaved({{"warm", gradsync_step}}, 24, 1, MPI_COMM_WORLD);
   gradsync::stop_timeline();
   Row row;
   row.name = name;
