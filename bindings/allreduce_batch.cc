@@ -4,6 +4,7 @@
 // shared memory and back, as it would separate tensors, with no copy of the batch's own.
 #include <gradsync/gradsync.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <optional>
@@ -277,13 +278,16 @@ void AllreduceBatch::Impl::Finish(std::optional<Error>* first_failure, bool orde
     }
   }
   started.clear();
-  if (ordered_on_device.size() == ordered_before) return;
+  const auto ordered = ordered_on_device.begin() + static_cast<std::ptrdiff_t>(ordered_before);
   try {
     // Together: the device plane fuses slots into buckets that share one completion.
-    gradsync::synchronize_stream(
-        {ordered_on_device.begin() + ordered_before, ordered_on_device.end()}, order_on);
+    gradsync::synchronize_stream({ordered, ordered_on_device.end()}, order_on);
   } catch (const Error& e) {
     note(e);
+    // Reported now: the next step reports only what fails later.
+    const auto reported = [](const Handle& h) { return h.poll() && !h.status().ok(); };
+    ordered_on_device.erase(std::remove_if(ordered, ordered_on_device.end(), reported),
+                            ordered_on_device.end());
   }
 }
 

@@ -241,7 +241,7 @@ Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& val
   // Locked, the cycle that takes this entry (run by the push that fills its bucket) records one
   // event for the bucket's whole stream; otherwise the entry waits for negotiation, and its event
   // must mark the producer's work now. Before naming, as for any refusal.
-  if (entry->ready_stream != nullptr && !may_launch) {
+  if (entry->ready_stream != nullptr && RecordAtEnqueue(entry->ready_stream, may_launch)) {
     TensorEntry* unrecorded = entry.get();
     ThrowIfUnrecorded(rt, entry.get(), RecordProducerReadiness(&unrecorded, 1));
   }

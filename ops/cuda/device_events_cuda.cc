@@ -50,6 +50,17 @@ Status ImportReadiness(void* cuda_event, void* cuda_stream, int device,
   void* pooled = nullptr;
   GRADSYNC_RETURN_IF_ERROR(TakePooledEvent(device, &pooled));
   const auto event = static_cast<cudaEvent_t>(pooled);
+  // The legacy default stream is the current device's, and a locked cycle records a caller's
+  // readiness on whichever thread runs it, whose current device may be another GPU's.
+  CallerDeviceScope restore;
+  Status selected;
+  if (restore.device() != device) {
+    selected = CudaResult(cudaSetDevice(device), "cudaSetDevice", device);
+  }
+  if (!selected.ok()) {
+    GivePooledEvent(device, event);
+    return selected;
+  }
   uint64_t sequence = 0;
   Status recorded;
   {

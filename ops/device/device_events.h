@@ -4,6 +4,7 @@
 // Thread safety: any thread.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "gradsync/status.h"
@@ -17,6 +18,10 @@ namespace gradsync {
 // *ready to null when both are null. Unsupported in a build without CUDA.
 Status ImportReadiness(void* cuda_event, void* cuda_stream, int device,
                        std::shared_ptr<StreamEvent>* ready);
+
+// CUDA's handle for the calling thread's own default stream (cudaStreamPerThread): on another
+// thread the same handle names that thread's stream, so only the enqueuing thread may record on it.
+inline void* PerThreadStreamHandle() { return reinterpret_cast<void*>(uintptr_t{0x2}); }
 
 // Orders the work given to `cuda_stream` from now on after `done`: on the device, without
 // blocking, when `done` is a CUDA event; otherwise (a host event: the MPI backend's) by waiting
@@ -32,6 +37,8 @@ class CallerDeviceScope {
   ~CallerDeviceScope();
   CallerDeviceScope(const CallerDeviceScope&) = delete;
   CallerDeviceScope& operator=(const CallerDeviceScope&) = delete;
+  // The device current at construction; -1 when it could not be read (or without CUDA).
+  int device() const { return device_; }
 
  private:
   int device_ = -1;  // -1: none to restore

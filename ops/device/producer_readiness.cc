@@ -51,6 +51,10 @@ Status RecordProducerReadiness(TensorEntry* const* entries, size_t count) {
   return first_failure;
 }
 
+bool RecordAtEnqueue(void* ready_stream, bool deferrable) {
+  return !deferrable || ready_stream == PerThreadStreamHandle();
+}
+
 void SetReadinessRecorderForTesting(ReadinessRecorder recorder) {
   recorder_for_testing.store(recorder, std::memory_order_release);
 }

@@ -31,6 +31,13 @@ inline Status RecordProducerReadiness(const std::vector<TensorEntry*>& entries) 
   return RecordProducerReadiness(entries.data(), entries.size());
 }
 
+// Whether an entry given the producer stream `ready_stream` has its readiness recorded by its
+// enqueue, on the enqueuing thread, or may leave it to the locked cycle that takes it
+// (`deferrable`: that cycle is run by the push that fills the entry's bucket, or by the background
+// thread). The thread's own default stream (cudaStreamPerThread) is recorded at once: on the thread
+// that runs the cycle, the same handle names another stream.
+bool RecordAtEnqueue(void* ready_stream, bool deferrable);
+
 // For tests without a GPU: while set, `recorder` records the events instead of CUDA (a host
 // stream's Record(), say, with the stream handle pointing at it). Null restores CUDA.
 using ReadinessRecorder = Status (*)(void* stream, int device, std::shared_ptr<StreamEvent>* ready);

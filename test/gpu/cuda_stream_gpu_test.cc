@@ -11,6 +11,7 @@
 #include <string>
 
 #include "ops/cuda/cuda_stream.h"
+#include "ops/device/device_events.h"
 #include "test/gpu/gpu_test_kernels.h"
 
 namespace gradsync {
@@ -61,6 +62,12 @@ TEST(CudaStreamTest, ConsumerRunsAfterTheProducerWithoutTheHostWaiting) {
   *reinterpret_cast<volatile int*>(m.release) = 1;
   ASSERT_TRUE(done->Wait(kLong).ok());
   EXPECT_EQ(42, m.Read(m.b));
+}
+
+// The enqueue records readiness on this handle itself (RecordAtEnqueue), never a locked cycle on
+// another thread.
+TEST(CudaStreamTest, ThePerThreadStreamHandleIsCudas) {
+  EXPECT_EQ(PerThreadStreamHandle(), static_cast<void*>(cudaStreamPerThread));
 }
 
 TEST(CudaStreamTest, AbortFailsTheStuckEventAndLaterRecords) {

@@ -21,11 +21,25 @@ namespace gradsync {
 namespace testing {
 namespace {
 
+// Set on every rank before the same step: that step's first device allreduce fails at its
+// launch, as a backend's refusal does, before anything is exchanged.
+std::atomic<bool> fail_next_allreduce{false};
+
+class FailingOncePlane : public DevicePlane {
+ public:
+  using DevicePlane::DevicePlane;
+  Status Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) override {
+    if (fail_next_allreduce.exchange(false)) return Status::Internal("injected launch failure");
+    return DevicePlane::Allreduce(entries, spec);
+  }
+};
+
 Status HostBackedPlane(const Config& config, MPI_Comm comm, const Device&,
                        std::unique_ptr<DataPlane>* plane) {
   std::unique_ptr<HostDeviceBackend> backend;
   GRADSYNC_RETURN_IF_ERROR(HostDeviceBackend::Create(comm, &backend));
-  *plane = std::make_unique<DevicePlane>(std::move(backend), comm, DeviceCompletionTimeout(config));
+  *plane =
+      std::make_unique<FailingOncePlane>(std::move(backend), comm, DeviceCompletionTimeout(config));
   return Status::OK();
 }
 
@@ -176,6 +190,32 @@ TEST_F(DeviceLoopTest, BatchOfDeviceAndHostTensorsFinishedOnAStream) {
       for (int64_t k = 0; k < t->size(); ++k) ASSERT_EQ(t->Get(k), mean_rank + step + k % 5);
     }
   }
+}
+
+// A device slot that failed is reported by the step that ordered it, and only by that one.
+TEST_F(DeviceLoopTest, ABatchReportsAFailedDeviceSlotOnce) {
+  std::vector<std::unique_ptr<HostTensor>> tensors;
+  std::vector<TensorView> views;
+  AllreduceBatchOptions options;
+  options.op = ReduceOp::kSum;
+  for (int i = 0; i < 2; ++i) {
+    tensors.push_back(std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{999}));
+    views.push_back(OnDevice(tensors.back().get()));
+    options.names.push_back("once.batch." + std::to_string(i));
+  }
+  AllreduceBatch batch(views, options);
+  auto step = [&] {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      for (int64_t k = 0; k < tensors[i]->size(); ++k) tensors[i]->Set(k, 1);
+      batch.start(i, tensors[i]->view().data, DeviceReadiness{});
+    }
+    batch.synchronize_stream(nullptr);
+  };
+  step();
+  fail_next_allreduce = true;
+  EXPECT_THROW(step(), Error);
+  EXPECT_NO_THROW(step()) << "the last step's failure was reported again";
+  for (auto& t : tensors) EXPECT_EQ(t->Get(998), size_);
 }
 
 // The phases of `row` drawn after the fact ("X" events), in file order, with their times.
