@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -50,12 +51,19 @@ Status ImportReadiness(void* cuda_event, void* cuda_stream, int device,
   void* pooled = nullptr;
   GRADSYNC_RETURN_IF_ERROR(TakePooledEvent(device, &pooled));
   const auto event = static_cast<cudaEvent_t>(pooled);
-  // The legacy default stream is the current device's, and a locked cycle records a caller's
-  // readiness on whichever thread runs it, whose current device may be another GPU's.
-  CallerDeviceScope restore;
+  // The legacy default stream (like the thread's own) is the current device's, and a locked cycle
+  // records a caller's readiness on whichever thread runs it, whose current device may be another
+  // GPU's. A stream the caller made belongs to its device whatever is current: its record leaves
+  // the thread's device alone (switching back to device 0 on a thread without a context would
+  // make one there).
+  const auto stream = static_cast<cudaStream_t>(cuda_stream);
+  std::optional<CallerDeviceScope> restore;
   Status selected;
-  if (restore.device() != device) {
-    selected = CudaResult(cudaSetDevice(device), "cudaSetDevice", device);
+  if (stream == cudaStreamLegacy || stream == cudaStreamPerThread) {
+    restore.emplace();
+    if (restore->device() != device) {
+      selected = CudaResult(cudaSetDevice(device), "cudaSetDevice", device);
+    }
   }
   if (!selected.ok()) {
     GivePooledEvent(device, event);
@@ -66,8 +74,7 @@ Status ImportReadiness(void* cuda_event, void* cuda_stream, int device,
   {
     std::lock_guard<std::mutex> lock(record_mu);
     sequence = ++records;
-    recorded = CudaResult(cudaEventRecord(event, static_cast<cudaStream_t>(cuda_stream)),
-                          "cudaEventRecord", device);
+    recorded = CudaResult(cudaEventRecord(event, stream), "cudaEventRecord", device);
   }
   if (!recorded.ok()) {
     GivePooledEvent(device, event);
