@@ -4,7 +4,6 @@
 // shared memory and back, as it would separate tensors, with no copy of the batch's own.
 #include <gradsync/gradsync.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <optional>
@@ -278,16 +277,17 @@ void AllreduceBatch::Impl::Finish(std::optional<Error>* first_failure, bool orde
     }
   }
   started.clear();
-  const auto ordered = ordered_on_device.begin() + static_cast<std::ptrdiff_t>(ordered_before);
-  try {
-    // Together: the device plane fuses slots into buckets that share one completion.
-    gradsync::synchronize_stream({ordered, ordered_on_device.end()}, order_on);
-  } catch (const Error& e) {
-    note(e);
-    // Reported now: the next step reports only what fails later.
-    const auto reported = [](const Handle& h) { return h.poll() && !h.status().ok(); };
-    ordered_on_device.erase(std::remove_if(ordered, ordered_on_device.end(), reported),
-                            ordered_on_device.end());
+  // Together: the device plane fuses slots into buckets that share one completion. A slot that
+  // failed is reported now; the next step reports only what fails later.
+  std::vector<size_t> failed;
+  OrderStreamAfterHandles(ordered_on_device.data() + ordered_before,
+                          ordered_on_device.size() - ordered_before, order_on,
+                          "AllreduceBatch::synchronize_stream", [&](size_t i, const Error& e) {
+                            note(e);
+                            failed.push_back(ordered_before + i);
+                          });
+  for (auto it = failed.rbegin(); it != failed.rend(); ++it) {
+    ordered_on_device.erase(ordered_on_device.begin() + static_cast<std::ptrdiff_t>(*it));
   }
 }
 

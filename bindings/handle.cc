@@ -1,6 +1,7 @@
 // Handle's members: waiting on, polling and stream-ordering after an enqueued operation.
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -39,35 +40,59 @@ std::vector<int64_t> Handle::output_shape() const {
   return state_->output_shape;
 }
 
-void Handle::synchronize_stream(void* cuda_stream) const {
-  gradsync::synchronize_stream({*this}, cuda_stream);
-}
-
-void synchronize_stream(const std::vector<Handle>& handles, void* cuda_stream) {
-  RequireCallerThread("synchronize_stream");
-  // Held, not just compared by address: a completion freed meanwhile could give its address to
-  // another.
-  std::vector<std::shared_ptr<StreamEvent>> ordered;
-  std::optional<Error> first_failure;
-  for (const Handle& handle : handles) {
+void OrderStreamAfterHandles(const Handle* handles, size_t count, void* cuda_stream,
+                             const char* call,
+                             const std::function<void(size_t, const Error&)>& failed) {
+  RequireCallerThread(call);
+  // The completions ordered after so far, with their failures, for a later handle that shares
+  // one. Held, not just compared by address: one freed meanwhile could give its address to another.
+  struct Ordered {
+    std::shared_ptr<StreamEvent> event;
+    std::optional<Error> error;
+  };
+  std::vector<Ordered> ordered;
+  for (size_t i = 0; i < count; ++i) {
+    const Handle& handle = handles[i];
+    std::optional<Error> error;
     try {
       if (!handle.state_) Throw(Status::InvalidArgument("synchronize_stream() on an empty handle"));
       NoteCallerWait(*handle.state_);  // each handle counts as a wait, ordered or not
       bool timed_out = false;
       std::shared_ptr<StreamEvent> launched = handle.state_->WaitLaunched(kWaitForever, &timed_out);
       if (launched == nullptr) {
-        // Ran on the host, or failed before launch: its completion is the handle's.
-        handle.wait();
+        handle.wait();  // ran on the host, or failed before launch: its completion is the handle's
         continue;
       }
-      if (std::find(ordered.begin(), ordered.end(), launched) != ordered.end()) continue;
-      ordered.push_back(launched);
-      const Status status = OrderStreamAfter(launched, cuda_stream);
-      if (!status.ok()) Throw(status);
+      const auto same = std::find_if(ordered.begin(), ordered.end(),
+                                     [&](const Ordered& o) { return o.event == launched; });
+      if (same != ordered.end()) {
+        error = same->error;
+      } else {
+        const Status status = OrderStreamAfter(launched, cuda_stream);
+        if (!status.ok()) error = Error(status);
+        // A single handle (Handle::synchronize_stream) needs no list.
+        if (i + 1 < count) ordered.push_back({std::move(launched), error});
+      }
     } catch (const Error& e) {
-      if (!first_failure) first_failure = e;
+      error = e;
     }
+    if (error) failed(i, *error);
   }
+}
+
+void Handle::synchronize_stream(void* cuda_stream) const {
+  std::optional<Error> failure;
+  OrderStreamAfterHandles(this, 1, cuda_stream, "Handle::synchronize_stream",
+                          [&](size_t, const Error& e) { failure = e; });
+  if (failure) throw *failure;
+}
+
+void synchronize_stream(const std::vector<Handle>& handles, void* cuda_stream) {
+  std::optional<Error> first_failure;
+  OrderStreamAfterHandles(handles.data(), handles.size(), cuda_stream, "synchronize_stream",
+                          [&](size_t, const Error& e) {
+                            if (!first_failure) first_failure = e;
+                          });
   if (first_failure) throw *first_failure;
 }
 

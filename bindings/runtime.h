@@ -62,6 +62,14 @@ Runtime& ActiveRuntime(const char* call);
 void NoteCallerWait(const OpState& state);
 
 Handle MakeHandle(std::shared_ptr<OpState> state);
+
+// synchronize_stream()'s work: orders `cuda_stream` after each of `count` handles, once for each
+// distinct completion (a fused bucket's members share one), and calls `failed` with the index and
+// the error of each handle whose operation failed, those that share a failed completion included.
+// `call` names the API call when refusing one from the background thread.
+void OrderStreamAfterHandles(const Handle* handles, size_t count, void* cuda_stream,
+                             const char* call,
+                             const std::function<void(size_t, const Error&)>& failed);
 ProcessSet MakeProcessSet(int id);
 
 // A cleared entry from the queue's pool, for `op` on `name` (empty: generated at submit).

@@ -80,7 +80,10 @@ Status ImportReadiness(void* cuda_event, void* cuda_stream, int device,
     GivePooledEvent(device, event);
     return recorded;
   }
-  *ready = std::make_shared<ReadinessEvent>(event, device, cuda_stream, sequence);
+  // Every thread's own stream has the same handle: its events are waited for each by itself
+  // (no source), never taken for the latest of one stream.
+  const void* source = stream == cudaStreamPerThread ? nullptr : cuda_stream;
+  *ready = std::make_shared<ReadinessEvent>(event, device, source, sequence);
   return Status::OK();
 }
 
@@ -99,7 +102,9 @@ Status OrderStreamAfter(const std::shared_ptr<StreamEvent>& done, void* cuda_str
                     "cudaStreamWaitEvent", cuda_event->device());
 }
 
-// A thread with no CUDA context yet reports device 0 without error: restoring it is harmless.
+// A thread with no CUDA context yet reports device 0 without error, and restoring 0 there makes
+// device 0's primary context current (creating it if the process has none); so the readiness
+// record above uses a scope only for the default streams, on threads that already run work there.
 CallerDeviceScope::CallerDeviceScope() {
   int device = -1;
   if (cudaGetDevice(&device) == cudaSuccess) device_ = device;

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "ops/device/device_events.h"
 #include "ops/device/device_plane.h"
 #include "ops/device/device_plane_factory.h"
 #include "ops/device/host_device_backend.h"
@@ -74,11 +75,23 @@ Status MakeLaunchNotingPlane(const Config& config, MPI_Comm comm, const Device&,
 }
 
 // Producer readiness recorded on a host stream whose address stands in for a cudaStream_t; the
-// records are counted.
+// records are counted. The per-thread default stream's handle gets each recording thread a stream
+// of its own, as CUDA does, and the threads that record on it are noted.
 std::atomic<int> readiness_records{0};
+std::mutex per_thread_mu;
+std::vector<std::thread::id> per_thread_recorders;
 
 Status RecordOnHostStream(void* stream, int, std::shared_ptr<StreamEvent>* ready) {
   readiness_records.fetch_add(1);
+  if (stream == PerThreadStreamHandle()) {
+    thread_local HostStream own;
+    {
+      std::lock_guard<std::mutex> lock(per_thread_mu);
+      per_thread_recorders.push_back(std::this_thread::get_id());
+    }
+    *ready = own.Record();
+    return Status::OK();
+  }
   *ready = static_cast<HostStream*>(stream)->Record();
   return Status::OK();
 }
@@ -290,6 +303,42 @@ TEST_F(LockedScheduleTest, LockedBucketsRecordOneReadinessEventPerProducerStream
       locked_records = step_after_producer(step, std::chrono::milliseconds(300));
     }
     EXPECT_LE(locked_records, 2) << "of " << tensors << " tensors in one bucket";
+  }
+}
+
+// The calling thread's own default stream (cudaStreamPerThread) names another stream on any other
+// thread: each enqueue given it records at once, on its own thread, even once the set has locked
+// and the other streams' records wait for the cycle that takes the bucket.
+TEST_F(LockedScheduleTest, ThePerThreadStreamIsRecordedByEachEnqueue) {
+  if (!DeviceTensors()) GTEST_SKIP() << "host tensors have no producer stream";
+  const int tensors = static_cast<int>(kSizes.size());
+  for (int step = 0; step < 10; ++step) {
+    {
+      std::lock_guard<std::mutex> lock(per_thread_mu);
+      per_thread_recorders.clear();
+    }
+    const int records_before = readiness_records.load();
+    std::vector<std::unique_ptr<HostTensor>> data;
+    std::vector<Handle> handles;
+    for (size_t t = 0; t < kSizes.size(); ++t) {
+      data.push_back(Filled(kSizes[t], step + static_cast<int64_t>(t), rank_));
+      AllreduceOptions options = Named(Name(t));
+      options.ready.cuda_stream = PerThreadStreamHandle();
+      handles.push_back(allreduce(View(*data.back()), options));
+    }
+    for (size_t t = 0; t < kSizes.size(); ++t) {
+      ASSERT_TRUE(Succeeds(handles[t])) << "step " << step << " " << Name(t);
+      ExpectSums(*data[t], step + static_cast<int64_t>(t), 0, size_);
+    }
+    EXPECT_EQ(readiness_records.load() - records_before, tensors) << "step " << step;
+    std::lock_guard<std::mutex> lock(per_thread_mu);
+    for (const std::thread::id& recorder : per_thread_recorders) {
+      EXPECT_EQ(recorder, std::this_thread::get_id()) << "step " << step;
+    }
+  }
+  const std::vector<std::string> locks = Marks("LOCK set 0");
+  if (rank_ == 0 && LockingOn()) {
+    EXPECT_FALSE(locks.empty()) << "the steps never locked";
   }
 }
 

@@ -185,7 +185,9 @@ class Handle {
 
  private:
   friend Handle MakeHandle(std::shared_ptr<OpState> state);
-  friend void synchronize_stream(const std::vector<Handle>& handles, void* cuda_stream);
+  friend void OrderStreamAfterHandles(const Handle* handles, size_t count, void* cuda_stream,
+                                      const char* call,
+                                      const std::function<void(size_t, const Error&)>& failed);
   std::shared_ptr<OpState> state_;
 };
 
