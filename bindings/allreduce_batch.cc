@@ -278,17 +278,13 @@ void AllreduceBatch::Impl::Finish(std::optional<Error>* first_failure, bool orde
   }
   started.clear();
   // Together: the device plane fuses slots into buckets that share one completion. A slot that
-  // failed is reported now; the next step reports only what fails later.
-  std::vector<size_t> failed;
+  // failed is reported now and cleared, so that the next step reports only what fails later.
   OrderStreamAfterHandles(ordered_on_device.data() + ordered_before,
                           ordered_on_device.size() - ordered_before, order_on,
                           "AllreduceBatch::synchronize_stream", [&](size_t i, const Error& e) {
                             note(e);
-                            failed.push_back(ordered_before + i);
+                            ordered_on_device[ordered_before + i] = Handle();
                           });
-  for (auto it = failed.rbegin(); it != failed.rend(); ++it) {
-    ordered_on_device.erase(ordered_on_device.begin() + static_cast<std::ptrdiff_t>(*it));
-  }
 }
 
 void TakePartInLanesOnJoin(Runtime& rt) {

@@ -66,7 +66,8 @@ Handle MakeHandle(std::shared_ptr<OpState> state);
 // synchronize_stream()'s work: orders `cuda_stream` after each of `count` handles, once for each
 // distinct completion (a fused bucket's members share one), and calls `failed` with the index and
 // the error of each handle whose operation failed, those that share a failed completion included.
-// `call` names the API call when refusing one from the background thread.
+// `call` names the API call when refusing one from the background thread. `failed` may clear the
+// handle it is told of: the handle is not read again.
 void OrderStreamAfterHandles(const Handle* handles, size_t count, void* cuda_stream,
                              const char* call,
                              const std::function<void(size_t, const Error&)>& failed);
