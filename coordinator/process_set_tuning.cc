@@ -10,6 +10,12 @@
 #include "runtime/logging.h"
 
 namespace gradsync {
+namespace {
+
+// A fused bucket's cost has three terms to fit: fixed, per byte and per tensor.
+constexpr size_t kFewestSizesToFit = 3;
+
+}  // namespace
 
 void ProcessSetRuntime::Calibrate() {
   calibrated_ = true;
@@ -94,6 +100,20 @@ void ProcessSetRuntime::MeasureCosts() {
                 id_, status.ToString());
     return;
   }
+  int rank = 0;
+  MPI_Comm_rank(data_comm_, &rank);
+  if (measured.fused.size() < kFewestSizesToFit) {
+    if (rank == 0) {
+      Log().warn(
+          "process set {}: calibration timed {} of its {} sizes in {:.1f} s, too few to fit costs "
+          "from (the next would have overrun its {:.0f} s); planning with the configured "
+          "settings. The ranks may share too few cores, or their network be slow; "
+          "GRADSYNC_CALIBRATE=0 skips calibration",
+          id_, measured.fused.size(), measured.fused.size() + measured.sizes_skipped,
+          measured.seconds, kCalibrationBudgetSeconds);
+    }
+    return;
+  }
   if (Log().should_log(spdlog::level::debug)) {
     std::string samples;
     for (const auto* list : {&measured.in_place, &measured.fused, &measured.fused_hierarchical}) {
@@ -150,14 +170,18 @@ void ProcessSetRuntime::MeasureCosts() {
     if (cutoff < crossing)
       policy += " (a bucket's cap: the costs alone say " + DescribeBytes(crossing) + ")";
   }
-  int rank = 0;
-  MPI_Comm_rank(data_comm_, &rank);
   if (rank != 0) return;  // every member fitted the same numbers
+  const std::string skipped =
+      measured.sizes_skipped == 0
+          ? std::string()
+          : " (its " + std::to_string(measured.sizes_skipped) +
+                " largest sizes left out to stay within " +
+                std::to_string(static_cast<int>(kCalibrationBudgetSeconds)) + " s)";
   Log().info(
-      "process set {}: allreduce costs on {} ranks, measured in {:.0f} ms: {}; {}; {}", id_,
+      "process set {}: allreduce costs on {} ranks, measured in {:.0f} ms{}: {}; {}; {}", id_,
       ranks_.size(),
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count(),
-      described, policy, pieces);
+      skipped, described, policy, pieces);
 }
 
 void ProcessSetRuntime::StartAutotune() {

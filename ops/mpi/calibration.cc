@@ -4,7 +4,8 @@
 // fused bucket (and, when comparing, k as one bucket through the flat and through the
 // hierarchical path), the ways taking turns so that a machine that slows down in the middle slows
 // them all alike. (Two alone, not k: over a network each costs milliseconds.) Every rank keeps the
-// slowest rank's medians, so every rank fits the same costs and plans the same buckets.
+// slowest rank's medians, so every rank fits the same costs and plans the same buckets. The
+// ladder climbs only while it stays within its time budget (kCalibrationBudgetSeconds).
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -57,6 +58,13 @@ class Scratch {
   size_t bytes_;
   float* data_;
 };
+
+// What one rung moves in a round: the tensors alone and the fused bucket.
+double RungBytes(const Rung& r) { return static_cast<double>((r.tensors + kAlone) * r.bytes_each); }
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 double Median(const std::vector<double>& values) {
   std::vector<double> sorted = values;
@@ -129,7 +137,8 @@ Status MpiDataPlane::CalibratePieces(std::vector<PieceSample>* out) {
   return Status::OK();
 }
 
-Status MpiDataPlane::Calibrate(bool compare_hierarchical, AllreduceCalibration* out) {
+Status MpiDataPlane::Calibrate(bool compare_hierarchical, AllreduceCalibration* out,
+                               double budget_seconds) {
   const auto start = std::chrono::steady_clock::now();
   bool hierarchical = false;
   if (compare_hierarchical) GRADSYNC_RETURN_IF_ERROR(hierarchical_.Applies(&hierarchical));
@@ -180,8 +189,23 @@ Status MpiDataPlane::Calibrate(bool compare_hierarchical, AllreduceCalibration* 
     return TimeInTurns(ways, kSlowRoundUs, Median, comm_, &medians);
   };
   Status status;
+  size_t timed = 0;
+  double last_rung_s = 0;
   for (const Rung& rung : kLadder) {
-    if (status.ok()) status = time_rung(rung);
+    if (timed > 0) {
+      // Every rank decides on the slowest rank's times, so all stop at the same size.
+      double slowest[2] = {SecondsSince(start), last_rung_s};
+      status = MpiResult(MPI_Allreduce(MPI_IN_PLACE, slowest, 2, MPI_DOUBLE, MPI_MAX, comm_),
+                         "MPI_Allreduce (calibration budget)");
+      if (!status.ok()) break;
+      const double projected = slowest[1] * RungBytes(rung) / RungBytes(kLadder[timed - 1]);
+      if (slowest[0] + projected > budget_seconds) break;
+    }
+    const auto rung_start = std::chrono::steady_clock::now();
+    status = time_rung(rung);
+    if (!status.ok()) break;
+    last_rung_s = SecondsSince(rung_start);
+    ++timed;
   }
   timeline_ = timeline;
   hierarchical_from_bytes_ = from_bytes;
@@ -194,13 +218,15 @@ Status MpiDataPlane::Calibrate(bool compare_hierarchical, AllreduceCalibration* 
   out->fused.clear();
   out->fused_hierarchical.clear();
   size_t i = 0;
-  for (const Rung& r : kLadder) {
+  for (size_t k = 0; k < timed; ++k) {
+    const Rung& r = kLadder[k];
     const double bytes = static_cast<double>(r.tensors * r.bytes_each);
     out->in_place.push_back({static_cast<double>(kAlone * r.bytes_each), kAlone, medians[i++]});
     out->fused.push_back({bytes, r.tensors, medians[i++]});
     if (hierarchical) out->fused_hierarchical.push_back({bytes, r.tensors, medians[i++]});
   }
-  out->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out->sizes_skipped = static_cast<int>(std::size(kLadder) - timed);
+  out->seconds = SecondsSince(start);
   return Status::OK();
 }
 

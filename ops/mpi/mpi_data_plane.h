@@ -48,8 +48,11 @@ class MpiDataPlane : public DataPlane {
   // Collective over the plane's communicator: times reducing tensors alone and in fused buckets
   // on this communicator, through the paths real buckets take (allreduce_calibration.h). With
   // `compare_hierarchical`, where the hierarchical path applies, fused buckets are also timed
-  // through it and through the flat path (fused_hierarchical, fused_flat).
-  Status Calibrate(bool compare_hierarchical, AllreduceCalibration* out);
+  // through it and through the flat path (fused_hierarchical, fused_flat). The smallest size is
+  // always timed; each larger one only while the slowest rank's time so far, plus the last size's
+  // time scaled by the bytes the next one moves, stays within `budget_seconds`.
+  Status Calibrate(bool compare_hierarchical, AllreduceCalibration* out,
+                   double budget_seconds = kCalibrationBudgetSeconds);
   // Collective over the plane's communicator: times one allreduce of kPieceProbeBytes in place,
   // whole and in pieces of each of kPieceCandidates, taking turns; each sample is the slowest
   // rank's fastest round, so every rank chooses alike (ChoosePieceBytes, coordinator/cost_model.h).

@@ -1,8 +1,9 @@
 // Calibration of the MPI plane's allreduce paths at 2 and 4 ranks: every rank gets the same
 // samples (so the same fitted costs and the same plan), the samples cover the ladder, the plane
 // still reduces correctly afterwards and leaves nothing in the timeline, and the fitted settings
-// stay within their bounds. The piece probe: every rank gets the same samples and choice, and the
-// plane reduces correctly in the pieces chosen.
+// stay within their bounds; a ladder out of time stops at the same size on every rank. The piece
+// probe: every rank gets the same samples and choice, and the plane reduces correctly in the
+// pieces chosen.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -58,6 +59,7 @@ TEST_F(CalibrationTest, EveryRankFitsTheSameCostsAndThePlaneStillReduces) {
     EXPECT_TRUE(measured.fused_hierarchical.empty());  // one host: nothing to compare
     ASSERT_EQ(measured.in_place.size(), 5u);
     ASSERT_EQ(measured.fused.size(), 5u);
+    EXPECT_EQ(measured.sizes_skipped, 0);
     for (const CostSample& s : measured.fused) {
       EXPECT_GT(s.us, 0);
       EXPECT_GE(s.tensors, 2);
@@ -91,6 +93,30 @@ TEST_F(CalibrationTest, EveryRankFitsTheSameCostsAndThePlaneStillReduces) {
       for (float v : tensor) ASSERT_EQ(v, expected);
     }
   }
+}
+
+// Without time for more, the ladder times its smallest size only, the same on every rank, and the
+// plane is left as it was: pieces as set, every path still exact.
+TEST_F(CalibrationTest, TheLadderStopsWhereItsBudgetRunsOut) {
+  MpiDataPlane plane(comm_, nullptr, 0);
+  plane.set_piece_bytes(4096);
+  AllreduceCalibration measured;
+  ASSERT_TRUE(plane.Calibrate(false, &measured, /*budget_seconds=*/0).ok());
+  ASSERT_EQ(measured.fused.size(), 1u);
+  ASSERT_EQ(measured.in_place.size(), 1u);
+  EXPECT_EQ(measured.sizes_skipped, 4);
+  EXPECT_EQ(measured.fused[0].tensors, 64);
+  EXPECT_EQ(measured.fused[0].bytes, 64.0 * 4096);
+  EXPECT_TRUE(SameOnEveryRank(Flatten(measured)));
+  EXPECT_EQ(plane.piece_bytes(), 4096);
+
+  std::vector<float> alone(20000, float(rank_ + 1));
+  TensorEntry entry;
+  entry.name = "after.budget";
+  entry.input = TensorView(alone.data(), DataType::kFloat32, {20000});
+  entry.output = entry.input;
+  ASSERT_TRUE(plane.Allreduce({&entry}, ReduceSpec{}).ok());
+  for (float v : alone) ASSERT_EQ(v, float(size_ * (size_ + 1) / 2));
 }
 
 TEST_F(CalibrationTest, EveryRankChoosesTheSamePiecesAndThePlaneReducesInThem) {
