@@ -25,11 +25,6 @@ constexpr std::chrono::microseconds kFirstPause(5);
 constexpr std::chrono::microseconds kLongestPause(1000);
 // How often asynchronous errors are polled while work is in flight.
 constexpr std::chrono::milliseconds kErrorPollInterval(10);
-// QueryPacer's gap between looks, as a fraction of the time in flight, and its bounds.
-constexpr int kContendedGapDivisor = 16;
-constexpr std::chrono::nanoseconds kShortestContendedGap(500);
-constexpr std::chrono::nanoseconds kLongestContendedGap(std::chrono::milliseconds(1));
-
 std::string Seconds(std::chrono::nanoseconds d) {
   char text[32];
   std::snprintf(text, sizeof(text), "%.3g s", std::chrono::duration<double>(d).count());
@@ -73,12 +68,6 @@ class Finalizer::Wakeup : public CompletionListener {
   bool woken_ = false;
   bool sleeping_ = false;
 };
-
-void QueryPacer::Looked(Clock::time_point now) {
-  const std::chrono::nanoseconds in_flight = now - added_;
-  next_ = now +
-          std::clamp(in_flight / kContendedGapDivisor, kShortestContendedGap, kLongestContendedGap);
-}
 
 Finalizer::Finalizer(CompleteFn complete, Timeline* timeline)
     : complete_(std::move(complete)), timeline_(timeline), wakeup_(std::make_shared<Wakeup>()) {}

@@ -42,28 +42,12 @@
 
 #include "gradsync/status.h"
 #include "ops/data_plane.h"
+#include "runtime/query_pacer.h"
 #include "runtime/stream.h"
 #include "runtime/tensor_entry.h"
 #include "runtime/timeline.h"
 
 namespace gradsync {
-
-// When the finalizer looks again at an event whose query contends: a sixteenth of the bucket's
-// time in flight after each look, from half a microsecond to a millisecond. A plain value.
-class QueryPacer {
- public:
-  using Clock = std::chrono::steady_clock;
-  explicit QueryPacer(Clock::time_point added) : added_(added), next_(added) {}
-
-  bool Due(Clock::time_point now) const { return now >= next_; }
-  // The event was looked at, at `now`, and had not completed.
-  void Looked(Clock::time_point now);
-  Clock::time_point next() const { return next_; }
-
- private:
-  Clock::time_point added_;
-  Clock::time_point next_;
-};
 
 class Finalizer {
  public:

@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "runtime/query_pacer.h"
 #include "runtime/yield_until.h"
 
 namespace gradsync {
@@ -122,12 +123,38 @@ void HostStream::Abort(const Status& status) {
 }
 
 void HostStream::AwaitEvent(StreamEvent* event) {
+  if (event->QueryContends()) {
+    AwaitContendingEvent(event);
+    return;
+  }
   while (!event->Query()) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (aborted_ || stopping_) return;
     }
     event->Wait(kWaitSlice);
+  }
+}
+
+// The MPI backend's stream waiting for a producer's kernels on the GPU. Waited for in slices of
+// pauses doubling from 20 us, such an event completing 1.2 ms into the wait was seen about 0.8 ms
+// late, and each slice began again with its shortest pauses.
+void HostStream::AwaitContendingEvent(StreamEvent* event) {
+  QueryPacer pacer(std::chrono::steady_clock::now());
+  const auto stopped = [this] { return aborted_ || stopping_; };
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopped()) {
+    lock.unlock();
+    if (event->Query()) return;
+    const auto now = std::chrono::steady_clock::now();
+    pacer.Looked(now);
+    lock.lock();
+    if (stopped()) return;
+    if (pacer.next() - now < kShortestSleep) {
+      YieldUntil(&lock, pacer.next(), stopped);
+    } else {
+      cv_.wait_until(lock, pacer.next(), stopped);
+    }
   }
 }
 

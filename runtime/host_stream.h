@@ -65,6 +65,9 @@ class HostStream : public Stream {
   void Run();
   // Waits for `event` in slices, so that an abort or the destructor is seen.
   void AwaitEvent(StreamEvent* event);
+  // The same for an event whose query contends (a device's): its looks are paced (QueryPacer),
+  // and an abort or the destructor ends a pause between them.
+  void AwaitContendingEvent(StreamEvent* event);
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -4,9 +4,10 @@
 
 #include <algorithm>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
+
+#include "runtime/query_pacer.h"
 
 namespace gradsync {
 namespace {
@@ -158,19 +159,21 @@ bool CudaEvent::Query() {
 }
 
 Status CudaEvent::Wait(std::chrono::nanoseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto pause = std::chrono::microseconds(20);
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  QueryPacer pacer(start);  // each query takes the driver's lock that the trainer's launches take
   for (;;) {
     bool settled = false;
     Status status = Poll(&settled);
     if (settled) return status;
-    if (std::chrono::steady_clock::now() >= deadline) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
       return Status::Timeout("the stream's work before this event has not finished on cuda:" +
                              std::to_string(device_) + " after " +
                              std::to_string(std::chrono::duration<double>(timeout).count()) + " s");
     }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    pacer.Looked(now);
+    PauseUntil(std::min(pacer.next(), deadline));
   }
 }
 

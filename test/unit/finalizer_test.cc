@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/host_stream.h"
+#include "test/unit/contending_event.h"
 
 namespace gradsync {
 namespace {
@@ -204,63 +205,6 @@ TEST(FinalizerTest, AddDoesNotWaitForAQueryInProgress) {
   EXPECT_EQ(done.seen[1].first, "next");
 }
 
-TEST(QueryPacerTest, LooksLessOftenTheLongerABucketIsInFlight) {
-  using std::chrono::microseconds;
-  using std::chrono::nanoseconds;
-  const auto added = std::chrono::steady_clock::now();
-  QueryPacer pacer(added);
-  EXPECT_TRUE(pacer.Due(added));
-  pacer.Looked(added);  // the shortest gap: half a microsecond
-  EXPECT_FALSE(pacer.Due(added + nanoseconds(400)));
-  EXPECT_TRUE(pacer.Due(added + nanoseconds(500)));
-  pacer.Looked(added + microseconds(160));  // a sixteenth of the time in flight
-  EXPECT_EQ(pacer.next(), added + microseconds(170));
-  pacer.Looked(added + std::chrono::seconds(3));  // the longest: a millisecond
-  EXPECT_EQ(pacer.next(), added + std::chrono::seconds(3) + milliseconds(1));
-  // Looking whenever due: about 100 looks in the first millisecond, about 14 more in each of
-  // the next ten, then one a millisecond.
-  QueryPacer counted(added);
-  auto count_until = [&](std::chrono::steady_clock::duration end) {
-    int looks = 0;
-    while (counted.next() < added + end) {
-      counted.Looked(counted.next());
-      ++looks;
-    }
-    return looks;
-  };
-  const int first_ms = count_until(milliseconds(1));
-  EXPECT_GE(first_ms, 90);
-  EXPECT_LE(first_ms, 100);
-  const int to_16_ms = count_until(milliseconds(16));
-  EXPECT_GE(to_16_ms, 40);
-  EXPECT_LE(to_16_ms, 50);
-  EXPECT_EQ(count_until(milliseconds(26)), 10);
-}
-
-// A device event whose query contends with launches, completing at a set time, that notes when
-// it was queried.
-class ContendingEvent : public StreamEvent {
- public:
-  explicit ContendingEvent(std::chrono::steady_clock::time_point done_at) : done_at_(done_at) {}
-  bool Query() override {
-    const auto now = std::chrono::steady_clock::now();
-    std::lock_guard<std::mutex> lock(mu_);
-    queries_.push_back(now);
-    return now >= done_at_;
-  }
-  Status Wait(std::chrono::nanoseconds) override { return Status::OK(); }
-  bool QueryContends() const override { return true; }
-  std::vector<std::chrono::steady_clock::time_point> queries() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return queries_;
-  }
-
- private:
-  const std::chrono::steady_clock::time_point done_at_;
-  std::mutex mu_;
-  std::vector<std::chrono::steady_clock::time_point> queries_;
-};
-
 // The finalizer keeps to the pacer's gaps with such an event, and still completes its bucket.
 TEST(FinalizerTest, AContendingEventIsLookedAtLessOftenTheLongerItRuns) {
   Completions done;
@@ -278,16 +222,7 @@ TEST(FinalizerTest, AContendingEventIsLookedAtLessOftenTheLongerItRuns) {
   // QueryPacerTest's count for 20 ms in flight is about 160; a loop that looked at every turn
   // would have made thousands.
   EXPECT_LE(queries.size(), 200u);
-  // Between two looks, at least half the pacer's gap for the time in flight at the first
-  // (half: a look may run a little after the moment the finalizer chose it for).
-  int too_soon = 0;
-  for (size_t i = 1; i < queries.size(); ++i) {
-    if (queries[i - 1] < added) continue;
-    QueryPacer pacer(added);
-    pacer.Looked(queries[i - 1]);
-    const auto gap = pacer.next() - queries[i - 1];
-    if (queries[i] - queries[i - 1] < gap / 2) ++too_soon;
-  }
+  const int too_soon = LooksSoonerThanPaced(queries, added);
   EXPECT_LE(too_soon, 3) << "of " << queries.size() << " looks";
 }
 

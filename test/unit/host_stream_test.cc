@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "test/unit/contending_event.h"
+
 namespace gradsync {
 namespace {
 
@@ -171,6 +173,48 @@ TEST(HostStreamTest, DestroyingAStreamCompletesItsPendingEvents) {
     pending = stream.Record();
   }
   EXPECT_EQ(StatusCode::kShutdown, pending->Wait(kLong).code());
+}
+
+// The MPI backend's stream waiting for a producer's kernels: the device event's query contends
+// with launches, so the stream looks at it no more often than QueryPacer allows (waits of 2 ms
+// slices each began again with looks 20 us apart), and runs what follows once it completes.
+TEST(HostStreamTest, ADeviceEventIsLookedAtPaced) {
+  HostStream stream;
+  const auto done_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+  auto producer = std::make_shared<ContendingEvent>(done_at);
+  stream.WaitFor(producer);
+  std::shared_ptr<StreamEvent> after = stream.Record();
+  ASSERT_TRUE(after->Wait(kLong).ok());
+  std::chrono::steady_clock::time_point completed;
+  ASSERT_TRUE(after->CompletedAt(&completed));
+  EXPECT_GE(completed, done_at);
+  const auto queries = producer->queries();
+  ASSERT_FALSE(queries.empty());
+  // About 160 looks in 20 ms; the stream began its wait no later than its first look.
+  EXPECT_LE(queries.size(), 200u);
+  EXPECT_LE(LooksSoonerThanPaced(queries, queries.front()), 3) << "of " << queries.size();
+}
+
+// A stream stuck on a device event that never completes is released by an abort and by its
+// destructor, between its looks.
+TEST(HostStreamTest, AnAbortOrTheDestructorEndsAWaitForADeviceEvent) {
+  const auto never = std::chrono::steady_clock::now() + std::chrono::hours(1);
+  for (const bool abort : {true, false}) {
+    auto producer = std::make_shared<ContendingEvent>(never);
+    bool ran = false;
+    std::chrono::steady_clock::time_point released;
+    {
+      HostStream stream;
+      stream.WaitFor(producer);
+      stream.Enqueue([&] { ran = true; });
+      std::this_thread::sleep_for(kShort);  // past the looks a yield apart, into the sleeps
+      if (abort) stream.Abort(Status::Timeout("the producer did not finish"));
+      released = std::chrono::steady_clock::now();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - released, kLong);
+    EXPECT_FALSE(ran);
+    EXPECT_FALSE(producer->queries().empty());
+  }
 }
 
 }  // namespace
