@@ -11,6 +11,7 @@
 // its entry out before it releases the GIL to block, so no other thread sees it half-waited.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -100,6 +101,34 @@ void OrderStream(const std::vector<Handle>& handles, uintptr_t stream) {
   }
 }
 
+// Waits for `calls` as their consumers want: on the host, or with each consumer device's current
+// stream (`stream_of(consumer)`) ordered after all of that device's calls in one
+// synchronize_stream, which waits once for each bucket's completion however many of the calls it
+// carries. Returns each call's result, in order.
+py::list Synchronize(const std::vector<PendingCall>& calls, const py::object& stream_of) {
+  std::vector<Handle> on_host;
+  std::vector<std::pair<py::object, std::vector<Handle>>> on_device;  // by consumer
+  for (const PendingCall& call : calls) {
+    std::vector<Handle>* into = &on_host;
+    if (!call.consumer.is_none()) {
+      auto it = std::find_if(on_device.begin(), on_device.end(),
+                             [&](const auto& device) { return device.first.equal(call.consumer); });
+      if (it == on_device.end()) it = on_device.insert(it, {call.consumer, {}});
+      into = &it->second;
+    }
+    into->insert(into->end(), call.handles.begin(), call.handles.end());
+  }
+  if (!on_host.empty()) WaitOnHost(on_host);
+  for (const auto& [consumer, handles] : on_device) {
+    OrderStream(handles, stream_of(consumer).cast<uintptr_t>());
+  }
+  py::list results;
+  for (const PendingCall& call : calls) {
+    results.append(call.finish.is_none() ? call.result : call.finish());
+  }
+  return results;
+}
+
 }  // namespace
 
 py::int_ RegisterCall(std::vector<Handle> handles, py::object keep, py::object result,
@@ -123,13 +152,20 @@ void BindHandleTable(py::module_& m) {
   // `stream_of(consumer)` gives the cudaStream_t current on a consumer device, as an integer:
   // looked up at synchronize time, where the caller's current stream is the one to order.
   m.def("synchronize_handle", [](const py::handle& handle, const py::object& stream_of) {
-    PendingCall call = Table().Take(handle);
-    if (call.consumer.is_none()) {
-      WaitOnHost(call.handles);
-    } else {
-      OrderStream(call.handles, stream_of(call.consumer).cast<uintptr_t>());
-    }
-    return call.finish.is_none() ? call.result : call.finish();
+    std::vector<PendingCall> calls;
+    calls.push_back(Table().Take(handle));
+    const py::list results = Synchronize(calls, stream_of);
+    return py::object(results[0]);
+  });
+  // As synchronize_handle on each in turn, but in one call, so that a step's gradients reduced
+  // in calls of their own (compressed, grouped) wait once for each bucket. Every handle is known
+  // before any is taken; a failure raises, and the list's other handles are synchronized no more.
+  m.def("synchronize_handles", [](const py::list& handles, const py::object& stream_of) {
+    for (const py::handle& h : handles) Table().Find(h);
+    std::vector<PendingCall> calls;
+    calls.reserve(handles.size());
+    for (const py::handle& h : handles) calls.push_back(Table().Take(h));
+    return Synchronize(calls, stream_of);
   });
   m.def("poll_handle",
         [](const py::handle& handle) { return AllDone(Table().Find(handle).handles); });

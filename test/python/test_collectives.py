@@ -123,6 +123,28 @@ def test_handles_keep_their_tensors_until_synchronized(size):
             hvd.poll(unknown)
 
 
+def test_handles_synchronized_together_as_one_at_a_time(size):
+    from gradsync import _core
+    from gradsync.torch.handles import _synchronize_all
+    before = _core.pending_handles()
+    handles = [hvd.allreduce_async_(torch.ones(3), op=hvd.Sum, name="together.%d" % i)
+               for i in range(3)]
+    handles.append(hvd.grouped_allreduce_async_([torch.ones(2), torch.ones(2, dtype=torch.int16)],
+                                                op=hvd.Sum, name="together.group"))
+    # Every handle is looked up before any is taken: one unknown leaves the rest pending.
+    with pytest.raises(ValueError, match="unknown handle"):
+        _synchronize_all(handles + [-1])
+    assert _core.pending_handles() == before + 4
+    *singles, (floats, shorts) = _synchronize_all(handles)
+    for result in singles:
+        assert torch.equal(result, torch.full((3,), float(size)))
+    assert torch.equal(floats, torch.full((2,), float(size)))
+    assert shorts.dtype == torch.int16 and torch.equal(shorts, torch.full((2,), size,
+                                                                          dtype=torch.int16))
+    assert _core.pending_handles() == before
+    assert _synchronize_all([]) == []
+
+
 def test_non_contiguous_input_out_of_place(size):
     base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     view = base.t()

@@ -16,7 +16,7 @@ from gradsync.torch.compression import Compression
 from gradsync.torch.functions import broadcast_parameters
 from gradsync.torch.grad_hooks import _weakly, queue_end_of_backward, register_grad_ready_hook
 from gradsync.torch.gradient_batch import GradientBatch
-from gradsync.torch.handles import synchronize
+from gradsync.torch.handles import _synchronize_all, synchronize
 from gradsync.torch.process_sets import _collective_prefix, _id_of, global_process_set
 from gradsync.torch.wire import _CORE_OPS, Average, Sum
 
@@ -224,8 +224,8 @@ class DistributedDataParallel(torch.nn.Module):
                                      name="%s.buffers.%d" % (self._prefix, i),
                                      process_set=self.process_set)
                 pending.append((h, flat, buffers))
-            for h, flat, buffers in pending:
-                synchronize(h)
+            _synchronize_all([h for h, _, _ in pending])
+            for _, flat, buffers in pending:
                 if len(buffers) > 1:
                     pieces = torch.split(flat, [b.numel() for b in buffers])
                     _copy_all(buffers, [p.view_as(b) for p, b in zip(pieces, buffers)])
@@ -398,10 +398,10 @@ class DistributedDataParallel(torch.nn.Module):
         for bucket in self._buckets:
             if bucket.launched is None:
                 self._launch(bucket)
+        _synchronize_all([bucket.launched[0] for bucket in self._buckets])
         written = []
         for bucket in self._buckets:
-            handle, members = bucket.launched
-            synchronize(handle)
+            _, members = bucket.launched
             written.extend((p, self.compression.decompress(reduced, context))
                            for p, reduced, context in members)
         return written

@@ -8,6 +8,7 @@ import torch
 
 from gradsync import _core
 from gradsync.torch import mpi_ops
+from gradsync.torch.handles import _synchronize_all
 from gradsync.torch.process_sets import global_process_set
 
 
@@ -32,8 +33,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
         tensor = p.data if isinstance(p, torch.nn.Parameter) else p
         handles.append(mpi_ops.broadcast_async_(tensor, root_rank, name=name,
                                                 process_set=process_set))
-    for h in handles:
-        mpi_ops.synchronize(h)
+    _synchronize_all(handles)
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):

@@ -36,3 +36,9 @@ def synchronize(handle):
     the operation failed: a mismatch between ranks, a stall, a shutdown.
     """
     return _core.synchronize_handle(handle, _stream_of)
+
+
+def _synchronize_all(handles):
+    """``[synchronize(h) for h in handles]``, with the current stream of each consumer device
+    ordered after all of them at once: one wait for each bucket rather than for each tensor."""
+    return _core.synchronize_handles(list(handles), _stream_of)

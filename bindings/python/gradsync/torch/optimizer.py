@@ -9,6 +9,7 @@ from gradsync.torch import mpi_ops
 from gradsync.torch.compression import Compression
 from gradsync.torch.grad_hooks import register_grad_ready_hook
 from gradsync.torch.gradient_batch import GradientBatch
+from gradsync.torch.handles import _synchronize_all
 from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.sparse import sparse_allreduce_async
 from gradsync.torch.wire import _CORE_OPS, _name
@@ -228,10 +229,10 @@ class _DistributedOptimizer:
             # As DDP on one CUDA device: the optimizer's kernels, queued on the current stream,
             # wait for the reductions on the device; the host blocks only until they are launched.
             self._batch.finish()
-        for pid, (handle, ctx) in list(self._handles.items()):
-            if handle is None:
-                continue
-            result = mpi_ops.synchronize(handle)
+        pending = [(pid, handle, ctx) for pid, (handle, ctx) in self._handles.items()
+                   if handle is not None]
+        results = _synchronize_all([handle for _, handle, _ in pending])
+        for (pid, _, ctx), result in zip(pending, results):
             if ctx[0] == "sparse":
                 # Sparse gradients take no set_(): the same tensor, refilled.
                 self._by_id[pid].grad.zero_().add_(result)
