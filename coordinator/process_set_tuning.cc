@@ -94,7 +94,8 @@ void ProcessSetRuntime::MeasureCosts() {
   std::string pieces;
   if (!SettlePieces(&pieces)) return;
   AllreduceCalibration measured;
-  const Status status = host_plane_->Calibrate(HierarchyByCalibration(config_), &measured);
+  const Status status = host_plane_->Calibrate(HierarchyByCalibration(config_), &measured,
+                                               config_.calibration_seconds);
   if (!status.ok()) {
     Log().error("process set {}: calibration failed ({}); planning with the configured settings",
                 id_, status.ToString());
@@ -106,11 +107,11 @@ void ProcessSetRuntime::MeasureCosts() {
     if (rank == 0) {
       Log().warn(
           "process set {}: calibration timed {} of its {} sizes in {:.1f} s, too few to fit costs "
-          "from (the next would have overrun its {:.0f} s); planning with the configured "
-          "settings. The ranks may share too few cores, or their network be slow; "
+          "from (the next would have overrun GRADSYNC_CALIBRATION_SECONDS={}); planning with the "
+          "configured settings. The ranks may share too few cores, or their network be slow; "
           "GRADSYNC_CALIBRATE=0 skips calibration",
           id_, measured.fused.size(), measured.fused.size() + measured.sizes_skipped,
-          measured.seconds, kCalibrationBudgetSeconds);
+          measured.seconds, config_.calibration_seconds);
     }
     return;
   }
@@ -175,8 +176,7 @@ void ProcessSetRuntime::MeasureCosts() {
       measured.sizes_skipped == 0
           ? std::string()
           : " (its " + std::to_string(measured.sizes_skipped) +
-                " largest sizes left out to stay within " +
-                std::to_string(static_cast<int>(kCalibrationBudgetSeconds)) + " s)";
+                " largest sizes left out to stay within GRADSYNC_CALIBRATION_SECONDS)";
   Log().info(
       "process set {}: allreduce costs on {} ranks, measured in {:.0f} ms{}: {}; {}; {}", id_,
       ranks_.size(),

@@ -86,6 +86,12 @@ const RealSpec kCycleTime{"GRADSYNC_CYCLE_TIME_MS", 0.05, false, 10000.0, "milli
 const RealSpec kStallWarning{"GRADSYNC_STALL_WARNING_SECONDS", 0.0, true, 1e6, "seconds", ""};
 const RealSpec kStallShutdown{
     "GRADSYNC_STALL_SHUTDOWN_SECONDS", 0.0, false, 1e6, "seconds", " (0 disables)"};
+const RealSpec kCalibrationSeconds{"GRADSYNC_CALIBRATION_SECONDS",
+                                   0.0,
+                                   false,
+                                   3600.0,
+                                   "seconds",
+                                   " (0 times one size: too few to plan from)"};
 const RealSpec kNcclTimeout{
     "GRADSYNC_NCCL_TIMEOUT_SECONDS", 0.0, false, 1e6, "seconds", " (0 disables)"};
 
@@ -219,6 +225,7 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
   if (std::string_view text = Lookup(getenv, "GRADSYNC_CALIBRATE"); !text.empty()) {
     GRADSYNC_RETURN_IF_ERROR(ParseSwitch("GRADSYNC_CALIBRATE", text, &c.calibrate));
   }
+  GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kCalibrationSeconds, &c.calibration_seconds));
   if (std::string_view text = Lookup(getenv, "GRADSYNC_CALLER_REDUCE"); !text.empty()) {
     GRADSYNC_RETURN_IF_ERROR(ParseSwitch("GRADSYNC_CALLER_REDUCE", text, &c.caller_reduce));
   }
@@ -273,6 +280,7 @@ std::string Config::ToString() const {
          " GRADSYNC_INPLACE_THRESHOLD=" + std::to_string(inplace_threshold_bytes) +
          (inplace_threshold_pinned || !calibrate ? "" : "(until calibrated)") +
          " GRADSYNC_CALIBRATE=" + (calibrate ? "1" : "0") +
+         " GRADSYNC_CALIBRATION_SECONDS=" + FormatDouble(calibration_seconds) +
          " GRADSYNC_CALLER_REDUCE=" + (caller_reduce ? "1" : "0") +
          " GRADSYNC_PIPELINE_CHUNK_BYTES=" + std::to_string(pipeline_chunk_bytes) +
          " GRADSYNC_ALLREDUCE_PIECE_BYTES=" +

@@ -36,6 +36,14 @@ struct Config {
   // GRADSYNC_CALIBRATE: at each process set's first host allreduce, measure what reducing alone
   // and fused costs there and plan from it (coordinator/cost_model.h).
   bool calibrate = true;
+  // GRADSYNC_CALIBRATION_SECONDS: how long calibration's ladder of bucket sizes may take on the
+  // slowest rank. Every operation of the process set waits for it, and a slow network or
+  // oversubscribed cores stretch the ladder from under a second to minutes, so a size whose
+  // projected time would overrun this is left out, with those above it; with fewer than three
+  // sizes timed the set plans with the configured settings. A projection, not a bound: on cores
+  // shared with other work one size can take far longer than the one before predicted. Where
+  // ranks differ, the smallest applies.
+  double calibration_seconds = 5.0;
   // GRADSYNC_CALLER_REDUCE: after its first step, an AllreduceBatch's last bucket is reduced by the
   // caller's own thread in wait(), with no negotiation (runtime/caller_lanes.h). Off on any rank,
   // it is off on every rank.

@@ -41,11 +41,4 @@ struct AllreduceCalibration {
   int sizes_skipped = 0;  // of the ladder's largest, left out to stay within the time budget
 };
 
-// How long the ladder may take on the slowest rank. Every operation of the process set waits for
-// calibration, and a size whose projected time would overrun this is left out, with those above
-// it: a slow network or oversubscribed cores stretch the ladder from under a second to minutes.
-// A projection, not a bound: on cores shared with other work one size can take far longer than
-// the one before predicted.
-constexpr double kCalibrationBudgetSeconds = 5.0;
-
 }  // namespace gradsync

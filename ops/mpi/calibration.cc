@@ -5,7 +5,8 @@
 // hierarchical path), the ways taking turns so that a machine that slows down in the middle slows
 // them all alike. (Two alone, not k: over a network each costs milliseconds.) Every rank keeps the
 // slowest rank's medians, so every rank fits the same costs and plans the same buckets. The
-// ladder climbs only while it stays within its time budget (kCalibrationBudgetSeconds).
+// ladder climbs only while it stays within its time budget (GRADSYNC_CALIBRATION_SECONDS), the
+// smallest any rank was given.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -193,13 +194,14 @@ Status MpiDataPlane::Calibrate(bool compare_hierarchical, AllreduceCalibration* 
   double last_rung_s = 0;
   for (const Rung& rung : kLadder) {
     if (timed > 0) {
-      // Every rank decides on the slowest rank's times, so all stop at the same size.
-      double slowest[2] = {SecondsSince(start), last_rung_s};
-      status = MpiResult(MPI_Allreduce(MPI_IN_PLACE, slowest, 2, MPI_DOUBLE, MPI_MAX, comm_),
+      // Every rank decides on the slowest rank's times and the smallest budget (the largest of
+      // their negations), so all stop at the same size.
+      double slowest[3] = {SecondsSince(start), last_rung_s, -budget_seconds};
+      status = MpiResult(MPI_Allreduce(MPI_IN_PLACE, slowest, 3, MPI_DOUBLE, MPI_MAX, comm_),
                          "MPI_Allreduce (calibration budget)");
       if (!status.ok()) break;
       const double projected = slowest[1] * RungBytes(rung) / RungBytes(kLadder[timed - 1]);
-      if (slowest[0] + projected > budget_seconds) break;
+      if (slowest[0] + projected > -slowest[2]) break;
     }
     const auto rung_start = std::chrono::steady_clock::now();
     status = time_rung(rung);

@@ -51,8 +51,7 @@ class MpiDataPlane : public DataPlane {
   // through it and through the flat path (fused_hierarchical, fused_flat). The smallest size is
   // always timed; each larger one only while the slowest rank's time so far, plus the last size's
   // time scaled by the bytes the next one moves, stays within `budget_seconds`.
-  Status Calibrate(bool compare_hierarchical, AllreduceCalibration* out,
-                   double budget_seconds = kCalibrationBudgetSeconds);
+  Status Calibrate(bool compare_hierarchical, AllreduceCalibration* out, double budget_seconds);
   // Collective over the plane's communicator: times one allreduce of kPieceProbeBytes in place,
   // whole and in pieces of each of kPieceCandidates, taking turns; each sample is the slowest
   // rank's fastest round, so every rank chooses alike (ChoosePieceBytes, coordinator/cost_model.h).

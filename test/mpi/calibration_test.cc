@@ -7,11 +7,14 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdlib>
 #include <iterator>
+#include <string>
 #include <vector>
 
 #include "coordinator/cost_model.h"
 #include "ops/mpi/mpi_data_plane.h"
+#include "runtime/config.h"
 #include "test/mpi/multi_rank_test.h"
 
 namespace gradsync {
@@ -55,7 +58,7 @@ TEST_F(CalibrationTest, EveryRankFitsTheSameCostsAndThePlaneStillReduces) {
     Timeline timeline;  // never started: calibration must not record into it anyway
     MpiDataPlane plane(comm_, &timeline, shm);
     AllreduceCalibration measured;
-    ASSERT_TRUE(plane.Calibrate(true, &measured).ok());
+    ASSERT_TRUE(plane.Calibrate(true, &measured, Config().calibration_seconds).ok());
     EXPECT_TRUE(measured.fused_hierarchical.empty());  // one host: nothing to compare
     ASSERT_EQ(measured.in_place.size(), 5u);
     ASSERT_EQ(measured.fused.size(), 5u);
@@ -96,12 +99,13 @@ TEST_F(CalibrationTest, EveryRankFitsTheSameCostsAndThePlaneStillReduces) {
 }
 
 // Without time for more, the ladder times its smallest size only, the same on every rank, and the
-// plane is left as it was: pieces as set, every path still exact.
+// plane is left as it was: pieces as set, every path still exact. Only rank 0 has no time: the
+// smallest budget applies on every rank.
 TEST_F(CalibrationTest, TheLadderStopsWhereItsBudgetRunsOut) {
   MpiDataPlane plane(comm_, nullptr, 0);
   plane.set_piece_bytes(4096);
   AllreduceCalibration measured;
-  ASSERT_TRUE(plane.Calibrate(false, &measured, /*budget_seconds=*/0).ok());
+  ASSERT_TRUE(plane.Calibrate(false, &measured, /*budget_seconds=*/rank_ == 0 ? 0 : 3600).ok());
   ASSERT_EQ(measured.fused.size(), 1u);
   ASSERT_EQ(measured.in_place.size(), 1u);
   EXPECT_EQ(measured.sizes_skipped, 4);
@@ -159,6 +163,43 @@ TEST_F(CalibrationTest, EveryRankChoosesTheSamePiecesAndThePlaneReducesInThem) {
     }
   }
 }
+
+// What the coordinator makes of calibration, in rank 0's log: the costs and the plan from them,
+// or, with too few sizes timed, the configured settings and a warning that says how to avoid the
+// wait. Either way the set's first allreduce, which waited for it, is exact.
+class CalibrationLogTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CalibrationLogTest, RankZeroSaysWhatThePlanCameFrom) {
+  const bool no_time = std::string(GetParam()) == "0";
+  setenv("GRADSYNC_CALIBRATION_SECONDS", GetParam(), 1);
+  setenv("GRADSYNC_LOG_LEVEL", "info", 1);
+  ::testing::internal::CaptureStderr();
+  init();
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  HostTensor tensor(DataType::kFloat32, {1000});
+  for (int64_t i = 0; i < tensor.size(); ++i) tensor.Set(i, rank + 1);
+  AllreduceOptions options;
+  options.name = "calibration.log";
+  options.op = ReduceOp::kSum;
+  const bool reduced = Succeeds(allreduce(tensor.view(), options));
+  shutdown();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  unsetenv("GRADSYNC_CALIBRATION_SECONDS");
+  unsetenv("GRADSYNC_LOG_LEVEL");
+  ASSERT_TRUE(reduced);
+  EXPECT_EQ(tensor.Get(999), size * (size + 1) / 2);
+  if (rank != 0) return;
+  const bool warned = log.find("too few to fit costs") != std::string::npos;
+  const bool fitted =
+      log.find("allreduce costs on " + std::to_string(size) + " ranks") != std::string::npos;
+  EXPECT_EQ(warned, no_time) << log;
+  EXPECT_EQ(fitted, !no_time) << log;
+  if (no_time) EXPECT_NE(log.find("GRADSYNC_CALIBRATE=0"), std::string::npos) << log;
+}
+
+INSTANTIATE_TEST_SUITE_P(Budgets, CalibrationLogTest, ::testing::Values("0", "60"));
 
 }  // namespace
 }  // namespace testing

@@ -273,6 +273,14 @@ TEST(ConfigTest, CalibrationAndItsPin) {
   EXPECT_TRUE(pinned.inplace_threshold_pinned);
   EXPECT_FALSE(ParseOk({{"GRADSYNC_CALIBRATE", "0"}}).calibrate);
   ExpectRejected("GRADSYNC_CALIBRATE", "maybe");
+  EXPECT_DOUBLE_EQ(defaults.calibration_seconds, 5.0);
+  EXPECT_DOUBLE_EQ(ParseOk({{"GRADSYNC_CALIBRATION_SECONDS", "0"}}).calibration_seconds, 0.0);
+  const Config patient = ParseOk({{"GRADSYNC_CALIBRATION_SECONDS", "30.5"}});
+  EXPECT_DOUBLE_EQ(patient.calibration_seconds, 30.5);
+  EXPECT_NE(patient.ToString().find("GRADSYNC_CALIBRATION_SECONDS=30.5"), std::string::npos);
+  for (const char* bad : {"-1", "3601", "nan", "5s", ""}) {
+    if (*bad != '\0') ExpectRejected("GRADSYNC_CALIBRATION_SECONDS", bad);
+  }
   EXPECT_FALSE(defaults.autotune);
   EXPECT_EQ(defaults.autotune_log, "gradsync-autotune.csv");
   const Config tuned = ParseOk({{"GRADSYNC_AUTOTUNE", "1"}, {"GRADSYNC_AUTOTUNE_LOG", "t.csv"}});
@@ -344,6 +352,7 @@ TEST(ConfigTest, ToStringListsEveryKnob) {
                            {"GRADSYNC_ALLREDUCE_PIECE_BYTES", "4096"},
                            {"GRADSYNC_SHM_THRESHOLD", "0"},
                            {"GRADSYNC_CALLER_REDUCE", "off"},
+                           {"GRADSYNC_CALIBRATION_SECONDS", "12.5"},
                            {"GRADSYNC_HIERARCHICAL_ALLREDUCE", "yes"},
                            {"GRADSYNC_CYCLE_TIME_MS", "0.05"},
                            {"GRADSYNC_LOCKED_SCHEDULE", "no"},
@@ -363,6 +372,7 @@ TEST(ConfigTest, ToStringListsEveryKnob) {
   EXPECT_EQ(
       config.ToString(),
       "GRADSYNC_FUSION_THRESHOLD=1024 GRADSYNC_INPLACE_THRESHOLD=0 GRADSYNC_CALIBRATE=1 "
+      "GRADSYNC_CALIBRATION_SECONDS=12.5 "
       "GRADSYNC_CALLER_REDUCE=0 GRADSYNC_PIPELINE_CHUNK_BYTES=0 "
       "GRADSYNC_ALLREDUCE_PIECE_BYTES=4096 GRADSYNC_AUTOTUNE=0 GRADSYNC_SHM_THRESHOLD=0 "
       "GRADSYNC_HIERARCHICAL_ALLREDUCE=1 GRADSYNC_LOCKED_SCHEDULE=0 GRADSYNC_LOCK_AFTER_STEPS=7 "
