@@ -16,7 +16,7 @@ from gradsync.torch.compression import Compression
 from gradsync.torch.functions import broadcast_parameters
 from gradsync.torch.grad_hooks import _weakly, queue_end_of_backward, register_grad_ready_hook
 from gradsync.torch.gradient_batch import GradientBatch
-from gradsync.torch.handles import _synchronize_all, synchronize
+from gradsync.torch.handles import _results_in_turn, _synchronize_all, synchronize
 from gradsync.torch.process_sets import _collective_prefix, _id_of, global_process_set
 from gradsync.torch.wire import _CORE_OPS, Average, Sum
 
@@ -398,9 +398,10 @@ class DistributedDataParallel(torch.nn.Module):
         for bucket in self._buckets:
             if bucket.launched is None:
                 self._launch(bucket)
-        _synchronize_all([bucket.launched[0] for bucket in self._buckets])
+        results = _results_in_turn([bucket.launched[0] for bucket in self._buckets],
+                                   bool(self._buckets) and self._buckets[0].params[0].is_cuda)
         written = []
-        for bucket in self._buckets:
+        for bucket, _ in zip(self._buckets, results):
             _, members = bucket.launched
             written.extend((p, self.compression.decompress(reduced, context))
                            for p, reduced, context in members)

@@ -42,3 +42,12 @@ def _synchronize_all(handles):
     """``[synchronize(h) for h in handles]``, with the current stream of each consumer device
     ordered after all of them at once: one wait for each bucket rather than for each tensor."""
     return _core.synchronize_handles(list(handles), _stream_of)
+
+
+def _results_in_turn(handles, on_cuda):
+    """The results of ``handles``, in order. CUDA results (``on_cuda``) come from one
+    ``_synchronize_all``; host results are each waited for as they are taken, so that the host's
+    work on one (a gradient written back) overlaps the operations still in flight."""
+    if on_cuda:
+        return _synchronize_all(handles)
+    return (synchronize(h) for h in handles)

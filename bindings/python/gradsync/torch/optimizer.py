@@ -9,7 +9,7 @@ from gradsync.torch import mpi_ops
 from gradsync.torch.compression import Compression
 from gradsync.torch.grad_hooks import register_grad_ready_hook
 from gradsync.torch.gradient_batch import GradientBatch
-from gradsync.torch.handles import _synchronize_all
+from gradsync.torch.handles import _results_in_turn
 from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.sparse import sparse_allreduce_async
 from gradsync.torch.wire import _CORE_OPS, _name
@@ -231,7 +231,8 @@ class _DistributedOptimizer:
             self._batch.finish()
         pending = [(pid, handle, ctx) for pid, (handle, ctx) in self._handles.items()
                    if handle is not None]
-        results = _synchronize_all([handle for _, handle, _ in pending])
+        results = _results_in_turn([handle for _, handle, _ in pending],
+                                   bool(pending) and self._by_id[pending[0][0]].is_cuda)
         for (pid, _, ctx), result in zip(pending, results):
             if ctx[0] == "sparse":
                 # Sparse gradients take no set_(): the same tensor, refilled.
