@@ -69,15 +69,15 @@ class CommandTest(unittest.TestCase):
         import io
         out = io.StringIO()
         argv = ["-np", "2", "--gpu-device", "1", "--thread-affinity", "2,3", "--bind-process",
-                "--autotune", "--autotune-log-file", "tune.csv", "--no-calibrate", "--dry-run",
-                "./t"]
+                "--autotune", "--autotune-log-file", "tune.csv", "--no-calibrate",
+                "--calibration-seconds", "2.5", "--dry-run", "./t"]
         with contextlib.redirect_stdout(out):
             self.assertEqual(run.main(argv, {}), 0)
         line = out.getvalue()
         for setting in ("GRADSYNC_GPU_DEVICE=1", "GRADSYNC_THREAD_AFFINITY=2,3",
                         "GRADSYNC_BIND_PROCESS=1", "-x GRADSYNC_THREAD_AFFINITY",
                         "GRADSYNC_AUTOTUNE=1", "GRADSYNC_AUTOTUNE_LOG=tune.csv",
-                        "GRADSYNC_CALIBRATE=0"):
+                        "GRADSYNC_CALIBRATE=0", "GRADSYNC_CALIBRATION_SECONDS=2.5"):
             self.assertIn(setting, line)
 
     def test_more_ranks_than_slots_is_refused_unless_oversubscribed(self):
