@@ -107,11 +107,11 @@ void ProcessSetRuntime::MeasureCosts() {
     if (rank == 0) {
       Log().warn(
           "process set {}: calibration timed {} of its {} sizes in {:.1f} s, too few to fit costs "
-          "from (the next would have overrun GRADSYNC_CALIBRATION_SECONDS={}); planning with the "
-          "configured settings. The ranks may share too few cores, or their network be slow; "
-          "GRADSYNC_CALIBRATE=0 skips calibration",
+          "from (the next would have overrun its budget of {} s, GRADSYNC_CALIBRATION_SECONDS); "
+          "planning with the configured settings. The ranks may share too few cores, or their "
+          "network be slow; GRADSYNC_CALIBRATE=0 skips calibration",
           id_, measured.fused.size(), measured.fused.size() + measured.sizes_skipped,
-          measured.seconds, config_.calibration_seconds);
+          measured.seconds, measured.budget_seconds);
     }
     return;
   }

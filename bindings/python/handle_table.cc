@@ -13,8 +13,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
+#include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -79,32 +82,45 @@ bool AllDone(const std::vector<Handle>& handles) {
   return true;
 }
 
-void WaitOnHost(const std::vector<Handle>& handles) {
-  try {
-    if (AllDone(handles)) {
-      for (const Handle& h : handles) h.wait();  // returns at once, or throws the failure
-      return;
+// Waits on the host for every one of `handles`, also after one has failed: the others' tensors are
+// released with their call, and must outlive what the operations still write. Returns the first
+// failure.
+std::optional<Error> WaitAllOnHost(const std::vector<Handle>& handles) {
+  std::optional<Error> first;
+  const auto wait_all = [&] {
+    for (const Handle& h : handles) {
+      try {
+        h.wait();
+      } catch (const Error& e) {
+        if (!first) first = e;
+      }
     }
+  };
+  if (AllDone(handles)) {
+    wait_all();  // returns at once
+  } else {
     py::gil_scoped_release release;
-    for (const Handle& h : handles) h.wait();
-  } catch (const Error& e) {
-    RaiseWaitError(e);
+    wait_all();
   }
+  return first;
 }
 
-void OrderStream(const std::vector<Handle>& handles, uintptr_t stream) {
+// Orders `stream` after every one of `handles` (synchronize_stream goes on past a failure).
+std::optional<Error> OrderStream(const std::vector<Handle>& handles, uintptr_t stream) {
+  py::gil_scoped_release release;
   try {
-    py::gil_scoped_release release;
     synchronize_stream(handles, reinterpret_cast<void*>(stream));
   } catch (const Error& e) {
-    RaiseWaitError(e);
+    return e;
   }
+  return std::nullopt;
 }
 
 // Waits for `calls` as their consumers want: on the host, or with each consumer device's current
 // stream (`stream_of(consumer)`) ordered after all of that device's calls in one
 // synchronize_stream, which waits once for each bucket's completion however many of the calls it
-// carries. Returns each call's result, in order.
+// carries. Every call is waited for or ordered before a failure is raised, the first runtime
+// failure before a Python one. Returns each call's result, in order.
 py::list Synchronize(const std::vector<PendingCall>& calls, const py::object& stream_of) {
   std::vector<Handle> on_host;
   std::vector<std::pair<py::object, std::vector<Handle>>> on_device;  // by consumer
@@ -118,10 +134,26 @@ py::list Synchronize(const std::vector<PendingCall>& calls, const py::object& st
     }
     into->insert(into->end(), call.handles.begin(), call.handles.end());
   }
-  if (!on_host.empty()) WaitOnHost(on_host);
+  std::optional<Error> failure;
+  const auto keep_first = [&](std::optional<Error> e) {
+    if (e && !failure) failure = std::move(e);
+  };
+  std::exception_ptr python_failure;
+  if (!on_host.empty()) keep_first(WaitAllOnHost(on_host));
   for (const auto& [consumer, handles] : on_device) {
-    OrderStream(handles, stream_of(consumer).cast<uintptr_t>());
+    uintptr_t stream = 0;
+    try {
+      stream = stream_of(consumer).cast<uintptr_t>();
+    } catch (...) {
+      // No stream to order: the host waits instead.
+      if (!python_failure) python_failure = std::current_exception();
+      keep_first(WaitAllOnHost(handles));
+      continue;
+    }
+    keep_first(OrderStream(handles, stream));
   }
+  if (failure) RaiseWaitError(*failure);
+  if (python_failure) std::rethrow_exception(python_failure);
   py::list results;
   for (const PendingCall& call : calls) {
     results.append(call.finish.is_none() ? call.result : call.finish());
@@ -158,10 +190,15 @@ void BindHandleTable(py::module_& m) {
     return py::object(results[0]);
   });
   // As synchronize_handle on each in turn, but in one call, so that a step's gradients reduced
-  // in calls of their own (compressed, grouped) wait once for each bucket. Every handle is known
-  // before any is taken; a failure raises, and the list's other handles are synchronized no more.
+  // in calls of their own (compressed, grouped) wait once for each bucket. Every handle is known,
+  // and listed once, before any is taken; a failure raises after every handle was waited for.
   m.def("synchronize_handles", [](const py::list& handles, const py::object& stream_of) {
-    for (const py::handle& h : handles) Table().Find(h);
+    std::unordered_set<const PendingCall*> listed;
+    for (const py::handle& h : handles) {
+      if (!listed.insert(&Table().Find(h)).second) {
+        throw py::value_error("handle " + std::string(py::repr(h)) + " is listed twice");
+      }
+    }
     std::vector<PendingCall> calls;
     calls.reserve(handles.size());
     for (const py::handle& h : handles) calls.push_back(Table().Take(h));

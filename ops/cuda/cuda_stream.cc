@@ -161,7 +161,9 @@ bool CudaEvent::Query() {
 Status CudaEvent::Wait(std::chrono::nanoseconds timeout) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout;
-  QueryPacer pacer(start);  // each query takes the driver's lock that the trainer's launches take
+  // Spaced as the finalizer spaces its looks, since each query takes the driver's lock that the
+  // trainer's launches take, yet seen within a sixteenth of the wait.
+  QueryPacer pacer(start);
   for (;;) {
     bool settled = false;
     Status status = Poll(&settled);

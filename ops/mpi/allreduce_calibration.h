@@ -37,8 +37,9 @@ struct AllreduceCalibration {
   // When the hierarchical path was compared: the same buckets through it and through the flat
   // path (`fused` is then the flat one).
   std::vector<CostSample> fused_hierarchical;
-  double seconds = 0;     // how long calibrating took
-  int sizes_skipped = 0;  // of the ladder's largest, left out to stay within the time budget
+  double seconds = 0;         // how long calibrating took
+  double budget_seconds = 0;  // the time it was given: the smallest any rank gave
+  int sizes_skipped = 0;      // of the ladder's largest, left out to stay within the time budget
 };
 
 }  // namespace gradsync

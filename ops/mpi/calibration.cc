@@ -192,6 +192,7 @@ Status MpiDataPlane::Calibrate(bool compare_hierarchical, AllreduceCalibration* 
   Status status;
   size_t timed = 0;
   double last_rung_s = 0;
+  double budget = budget_seconds;
   for (const Rung& rung : kLadder) {
     if (timed > 0) {
       // Every rank decides on the slowest rank's times and the smallest budget (the largest of
@@ -200,8 +201,9 @@ Status MpiDataPlane::Calibrate(bool compare_hierarchical, AllreduceCalibration* 
       status = MpiResult(MPI_Allreduce(MPI_IN_PLACE, slowest, 3, MPI_DOUBLE, MPI_MAX, comm_),
                          "MPI_Allreduce (calibration budget)");
       if (!status.ok()) break;
+      budget = -slowest[2];
       const double projected = slowest[1] * RungBytes(rung) / RungBytes(kLadder[timed - 1]);
-      if (slowest[0] + projected > -slowest[2]) break;
+      if (slowest[0] + projected > budget) break;
     }
     const auto rung_start = std::chrono::steady_clock::now();
     status = time_rung(rung);
@@ -229,6 +231,7 @@ Status MpiDataPlane::Calibrate(bool compare_hierarchical, AllreduceCalibration* 
   }
   out->sizes_skipped = static_cast<int>(std::size(kLadder) - timed);
   out->seconds = SecondsSince(start);
+  out->budget_seconds = budget;
   return Status::OK();
 }
 

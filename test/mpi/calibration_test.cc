@@ -109,6 +109,7 @@ TEST_F(CalibrationTest, TheLadderStopsWhereItsBudgetRunsOut) {
   ASSERT_EQ(measured.fused.size(), 1u);
   ASSERT_EQ(measured.in_place.size(), 1u);
   EXPECT_EQ(measured.sizes_skipped, 4);
+  EXPECT_EQ(measured.budget_seconds, 0.0);
   EXPECT_EQ(measured.fused[0].tensors, 64);
   EXPECT_EQ(measured.fused[0].bytes, 64.0 * 4096);
   EXPECT_TRUE(SameOnEveryRank(Flatten(measured)));
@@ -167,33 +168,47 @@ TEST_F(CalibrationTest, EveryRankChoosesTheSamePiecesAndThePlaneReducesInThem) {
 // What the coordinator makes of calibration, in rank 0's log: the costs and the plan from them,
 // or, with too few sizes timed, the configured settings and a warning that says how to avoid the
 // wait. Either way the set's first allreduce, which waited for it, is exact.
-class CalibrationLogTest : public ::testing::TestWithParam<const char*> {};
+class CalibrationLogTest : public MultiRankTest, public ::testing::WithParamInterface<const char*> {
+ protected:
+  void SetUp() override {
+    setenv("GRADSYNC_CALIBRATION_SECONDS", GetParam(), 1);
+    setenv("GRADSYNC_LOG_LEVEL", "info", 1);
+    ::testing::internal::CaptureStderr();
+    capturing_ = true;
+    MultiRankTest::SetUp();
+  }
+  void TearDown() override {
+    TakeLog();
+    MultiRankTest::TearDown();
+    unsetenv("GRADSYNC_CALIBRATION_SECONDS");
+    unsetenv("GRADSYNC_LOG_LEVEL");
+  }
+  // What was logged since SetUp; ends the capture.
+  std::string TakeLog() {
+    if (!capturing_) return {};
+    capturing_ = false;
+    return ::testing::internal::GetCapturedStderr();
+  }
+
+ private:
+  bool capturing_ = false;
+};
 
 TEST_P(CalibrationLogTest, RankZeroSaysWhatThePlanCameFrom) {
   const bool no_time = std::string(GetParam()) == "0";
-  setenv("GRADSYNC_CALIBRATION_SECONDS", GetParam(), 1);
-  setenv("GRADSYNC_LOG_LEVEL", "info", 1);
-  ::testing::internal::CaptureStderr();
-  init();
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
   HostTensor tensor(DataType::kFloat32, {1000});
-  for (int64_t i = 0; i < tensor.size(); ++i) tensor.Set(i, rank + 1);
+  for (int64_t i = 0; i < tensor.size(); ++i) tensor.Set(i, rank_ + 1);
   AllreduceOptions options;
   options.name = "calibration.log";
   options.op = ReduceOp::kSum;
   const bool reduced = Succeeds(allreduce(tensor.view(), options));
-  shutdown();
-  const std::string log = ::testing::internal::GetCapturedStderr();
-  unsetenv("GRADSYNC_CALIBRATION_SECONDS");
-  unsetenv("GRADSYNC_LOG_LEVEL");
+  const std::string log = TakeLog();  // calibration ran before the allreduce
   ASSERT_TRUE(reduced);
-  EXPECT_EQ(tensor.Get(999), size * (size + 1) / 2);
-  if (rank != 0) return;
+  EXPECT_EQ(tensor.Get(999), size_ * (size_ + 1) / 2);
+  if (rank_ != 0) return;
   const bool warned = log.find("too few to fit costs") != std::string::npos;
   const bool fitted =
-      log.find("allreduce costs on " + std::to_string(size) + " ranks") != std::string::npos;
+      log.find("allreduce costs on " + std::to_string(size_) + " ranks") != std::string::npos;
   EXPECT_EQ(warned, no_time) << log;
   EXPECT_EQ(fitted, !no_time) << log;
   if (no_time) EXPECT_NE(log.find("GRADSYNC_CALIBRATE=0"), std::string::npos) << log;

@@ -143,6 +143,29 @@ def test_handles_synchronized_together_as_one_at_a_time(size):
                                                                           dtype=torch.int16))
     assert _core.pending_handles() == before
     assert _synchronize_all([]) == []
+    listed_twice = hvd.allreduce_async_(torch.ones(1), op=hvd.Sum, name="together.twice")
+    with pytest.raises(ValueError, match="listed twice"):
+        _synchronize_all([listed_twice, listed_twice])
+    assert torch.equal(hvd.synchronize(listed_twice), torch.full((1,), float(size)))
+
+
+def test_handles_synchronized_together_all_finish_before_a_failure_is_raised(rank, size):
+    from gradsync import _core
+    from gradsync.torch.handles import _synchronize_all
+    if size == 1:
+        pytest.skip("needs two ranks")
+    before = _core.pending_handles()
+    first = torch.ones(3)
+    last = torch.ones(1 << 16)
+    handles = [hvd.allreduce_async_(first, op=hvd.Sum, name="partway.first"),
+               hvd.allreduce_async_(torch.ones(rank + 1), name="partway.mismatch"),
+               hvd.allreduce_async_(last, op=hvd.Sum, name="partway.last")]
+    with pytest.raises(hvd.HorovodInternalError, match="Mismatch"):
+        _synchronize_all(handles)
+    # Every handle was taken, and the one after the failure had finished writing its tensor.
+    assert _core.pending_handles() == before
+    assert torch.equal(first, torch.full((3,), float(size)))
+    assert torch.equal(last, torch.full((1 << 16,), float(size)))
 
 
 def test_non_contiguous_input_out_of_place(size):
