@@ -140,7 +140,7 @@ void HostStream::AwaitEvent(StreamEvent* event) {
 // doubling from 20 us, in slices of 2 ms that each began again with the shortest, such an event
 // was seen up to as late again as it had taken (one completing 650 us into the wait, at 1.26 ms).
 void HostStream::AwaitContendingEvent(StreamEvent* event) {
-  QueryPacer pacer(std::chrono::steady_clock::now());
+  QueryPacer pacer(std::chrono::steady_clock::now(), kProducerGap);
   const auto stopped = [this] { return aborted_ || stopping_; };
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopped()) {

@@ -1,10 +1,12 @@
 // QueryPacer: when to look again at an event whose query contends with the trainer's launches
 // (StreamEvent::QueryContends: a CUDA event's query takes the driver's lock that kernel launches
 // take too). A thread waiting for such an event looks again a sixteenth of the time it has waited
-// so far after each look, from half a microsecond to a millisecond: a completion is seen at most
-// about 6% of its latency late (or a millisecond late), and a wait of 1 ms costs about 100
-// queries, one of 20 ms about 160. The finalizer paces its looks at a bucket's event so, and a
-// host stream (the MPI backend's) its looks at a producer's event.
+// so far after each look, from a shortest gap to a millisecond: a completion is seen at most about
+// 6% of its latency late (or a millisecond, or the shortest gap, late). With the shortest gap of
+// half a microsecond, for a bucket's completion that may come within microseconds of its launch
+// (the finalizer's looks), a wait of 1 ms costs about 100 queries and one of 20 ms about 160; with
+// kProducerGap, for a producer that a backward keeps busy (a host stream's looks: the MPI
+// backend's), about 35 and 80.
 //
 // Thread safety: QueryPacer is a plain value; PauseUntil blocks only its caller.
 #pragma once
@@ -18,7 +20,9 @@ class QueryPacer {
  public:
   using Clock = std::chrono::steady_clock;
   // `since`: when the wait began (a bucket's launch, a stream reaching the event).
-  explicit QueryPacer(Clock::time_point since) : since_(since), next_(since) {}
+  explicit QueryPacer(Clock::time_point since,
+                      std::chrono::nanoseconds shortest_gap = std::chrono::nanoseconds(500))
+      : since_(since), next_(since), shortest_gap_(shortest_gap) {}
 
   bool Due(Clock::time_point now) const { return now >= next_; }
   // The event was looked at, at `now`, and had not completed.
@@ -28,7 +32,13 @@ class QueryPacer {
  private:
   Clock::time_point since_;
   Clock::time_point next_;
+  std::chrono::nanoseconds shortest_gap_;
 };
+
+// The shortest gap between looks at a producer's event: a gradient's kernels, which the host has
+// usually run ahead of by a millisecond or more, so looks microseconds apart would mostly take
+// the driver's lock from the backward's launches for nothing.
+constexpr std::chrono::microseconds kProducerGap(20);
 
 // A pause shorter than this is spent yielding rather than asleep: Linux stretches a short sleep to
 // the thread's timer slack (a 2 us sleep lasted 67 us on a 2-core VM), as long as the pause again.

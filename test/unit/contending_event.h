@@ -43,14 +43,16 @@ class ContendingEvent : public StreamEvent {
 };
 
 // How many of `queries` (looks at an event waited for since `since`) came sooner than half the
-// pacer's gap after the look before (half: a look may run a little after the moment its waiter
-// chose for it). Looks before `since` are not counted.
-inline int LooksSoonerThanPaced(const std::vector<std::chrono::steady_clock::time_point>& queries,
-                                std::chrono::steady_clock::time_point since) {
+// gap after the look before of a pacer with `shortest_gap` (half: a look may run a little after the
+// moment its waiter chose for it). Looks before `since` are not counted.
+inline int LooksSoonerThanPaced(
+    const std::vector<std::chrono::steady_clock::time_point>& queries,
+    std::chrono::steady_clock::time_point since,
+    std::chrono::nanoseconds shortest_gap = std::chrono::nanoseconds(500)) {
   int too_soon = 0;
   for (size_t i = 1; i < queries.size(); ++i) {
     if (queries[i - 1] < since) continue;
-    QueryPacer pacer(since);
+    QueryPacer pacer(since, shortest_gap);
     pacer.Looked(queries[i - 1]);
     const auto gap = pacer.next() - queries[i - 1];
     if (queries[i] - queries[i - 1] < gap / 2) ++too_soon;

@@ -190,9 +190,10 @@ TEST(HostStreamTest, ADeviceEventIsLookedAtPaced) {
   EXPECT_GE(completed, done_at);
   const auto queries = producer->queries();
   ASSERT_FALSE(queries.empty());
-  // About 160 looks in 20 ms; the stream began its wait no later than its first look.
-  EXPECT_LE(queries.size(), 200u);
-  EXPECT_LE(LooksSoonerThanPaced(queries, queries.front()), 3) << "of " << queries.size();
+  // About 80 looks in 20 ms; the stream began its wait no later than its first look.
+  EXPECT_LE(queries.size(), 100u);
+  EXPECT_LE(LooksSoonerThanPaced(queries, queries.front(), kProducerGap), 3)
+      << "of " << queries.size();
 }
 
 // A stream stuck on a device event that never completes is released by an abort and by its

@@ -42,6 +42,30 @@ TEST(QueryPacerTest, LooksLessOftenTheLongerAWaitLasts) {
   EXPECT_EQ(count_until(milliseconds(26)), 10);
 }
 
+// A producer's event is looked at no sooner than kProducerGap apart: about 35 looks in the first
+// millisecond where the shortest gap of half a microsecond makes about 95, and about 85 in 20 ms.
+TEST(QueryPacerTest, AProducersEventIsLookedAtLessOftenAtFirst) {
+  const auto since = std::chrono::steady_clock::now();
+  QueryPacer pacer(since, kProducerGap);
+  pacer.Looked(since);
+  EXPECT_EQ(pacer.next(), since + kProducerGap);
+  pacer.Looked(since + milliseconds(2));  // past 320 us a sixteenth of the wait, as before
+  EXPECT_EQ(pacer.next(), since + milliseconds(2) + std::chrono::microseconds(125));
+  auto looks_until = [&](std::chrono::steady_clock::duration end) {
+    QueryPacer counted(since, kProducerGap);
+    int looks = 0;
+    while (counted.next() < since + end) {
+      counted.Looked(counted.next());
+      ++looks;
+    }
+    return looks;
+  };
+  EXPECT_GE(looks_until(milliseconds(1)), 30);
+  EXPECT_LE(looks_until(milliseconds(1)), 40);
+  EXPECT_GE(looks_until(milliseconds(20)), 75);
+  EXPECT_LE(looks_until(milliseconds(20)), 90);
+}
+
 TEST(QueryPacerTest, PauseUntilReturnsNoSoonerThanAsked) {
   for (auto pause : {std::chrono::microseconds(0), std::chrono::microseconds(30),
                      std::chrono::microseconds(300)}) {
