@@ -6,7 +6,7 @@
 // half a microsecond, for a bucket's completion that may come within microseconds of its launch
 // (the finalizer's looks), a wait of 1 ms costs about 100 queries and one of 20 ms about 160; with
 // kProducerGap, for a producer that a backward keeps busy (a host stream's looks: the MPI
-// backend's), about 35 and 80.
+// backend's), about 35 and 85.
 //
 // Thread safety: QueryPacer is a plain value; PauseUntil blocks only its caller.
 #pragma once
