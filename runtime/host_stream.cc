@@ -125,14 +125,19 @@ void HostStream::Abort(const Status& status) {
 void HostStream::AwaitEvent(StreamEvent* event) {
   if (event->QueryContends()) {
     AwaitContendingEvent(event);
-    return;
-  }
-  while (!event->Query()) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (aborted_ || stopping_) return;
+  } else {
+    while (!event->Query()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (aborted_ || stopping_) return;
+      }
+      event->Wait(kWaitSlice);
     }
-    event->Wait(kWaitSlice);
+  }
+  if (!event->Query()) return;  // ended by an abort or the destructor
+  const Status waited = event->Wait(std::chrono::nanoseconds(0));
+  if (!waited.ok()) {
+    Abort(Status(waited.code(), "the stream waited for work that failed: " + waited.message()));
   }
 }
 

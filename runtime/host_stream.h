@@ -4,6 +4,8 @@
 //
 // Thread safety: as runtime/stream.h. Destroying a HostStream waits for the work it has started
 // and drops the rest; a wait for another stream's event is released by that event or by Abort().
+// An event waited for that completes with a failure fails the stream with it, as a device's error
+// fails the work queued behind it: what follows the wait reads what the failed work left.
 #pragma once
 
 #include <condition_variable>
@@ -63,7 +65,8 @@ class HostStream : public Stream {
 
   void Push(Item item);
   void Run();
-  // Waits for `event` in slices, so that an abort or the destructor is seen.
+  // Waits for `event` in slices, so that an abort or the destructor is seen; a failed event aborts
+  // the stream.
   void AwaitEvent(StreamEvent* event);
   // The same for an event whose query contends (a device's): its looks are paced (QueryPacer),
   // and an abort or the destructor ends a pause between them.

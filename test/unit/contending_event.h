@@ -1,6 +1,6 @@
 // Test double for a device's event: its query contends with launches (StreamEvent::QueryContends),
-// it completes at a set time, and it notes when it was queried, so that a test can hold a waiter's
-// looks to QueryPacer's gaps.
+// it completes at a set time (with a set status), and it notes when it was queried, so that a test
+// can hold a waiter's looks to QueryPacer's gaps.
 //
 // Thread safety: any thread.
 #pragma once
@@ -9,6 +9,7 @@
 #include <chrono>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/query_pacer.h"
@@ -18,7 +19,8 @@ namespace gradsync {
 
 class ContendingEvent : public StreamEvent {
  public:
-  explicit ContendingEvent(std::chrono::steady_clock::time_point done_at) : done_at_(done_at) {}
+  explicit ContendingEvent(std::chrono::steady_clock::time_point done_at, Status status = Status())
+      : done_at_(done_at), status_(std::move(status)) {}
   bool Query() override {
     const auto now = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> lock(mu_);
@@ -28,7 +30,7 @@ class ContendingEvent : public StreamEvent {
   Status Wait(std::chrono::nanoseconds timeout) override {
     const auto until = std::chrono::steady_clock::now() + timeout;
     std::this_thread::sleep_until(std::min(until, done_at_));
-    return Query() ? Status::OK() : Status::Timeout("not yet");
+    return Query() ? status_ : Status::Timeout("not yet");
   }
   bool QueryContends() const override { return true; }
   std::vector<std::chrono::steady_clock::time_point> queries() {
@@ -38,6 +40,7 @@ class ContendingEvent : public StreamEvent {
 
  private:
   const std::chrono::steady_clock::time_point done_at_;
+  const Status status_;
   std::mutex mu_;
   std::vector<std::chrono::steady_clock::time_point> queries_;
 };

@@ -144,6 +144,36 @@ TEST(HostStreamTest, AbortFailsWhatIsStuckAndEverythingAfter) {
   EXPECT_FALSE(ran);
 }
 
+// Work behind a wait for an event that failed (another stream's abort, a device's error) would
+// read what the failed work left: the stream fails with the event's status and runs none of it,
+// whether the event is another host stream's or a device's.
+TEST(HostStreamTest, AFailedEventWaitedForFailsTheStream) {
+  for (const bool device : {false, true}) {
+    std::shared_ptr<StreamEvent> failed;
+    HostStream producer;
+    if (device) {
+      failed = std::make_shared<ContendingEvent>(std::chrono::steady_clock::now() + kShort,
+                                                 Status::Internal("an illegal memory access"));
+    } else {
+      producer.Enqueue([] { std::this_thread::sleep_for(kShort); });
+      failed = producer.Record();
+      producer.Abort(Status::Internal("an illegal memory access"));
+    }
+    HostStream consumer;
+    bool ran = false;
+    consumer.WaitFor(failed);
+    consumer.Enqueue([&] { ran = true; });
+    const Status after = consumer.Record()->Wait(kLong);
+    EXPECT_EQ(StatusCode::kInternal, after.code()) << after.ToString();
+    EXPECT_NE(std::string::npos, after.message().find("an illegal memory access"))
+        << after.ToString();
+    EXPECT_FALSE(ran) << (device ? "device" : "host") << " event";
+    consumer.Enqueue([&] { ran = true; });
+    EXPECT_EQ(StatusCode::kInternal, consumer.Record()->Wait(kLong).code());
+    EXPECT_FALSE(ran);
+  }
+}
+
 // A waiter looks for the completion for a while before it sleeps: completed during those looks or
 // after, it returns the status; a limit shorter than the looks still ends the wait on time.
 TEST(HostStreamTest, AWaiterSeesTheCompletionPolledOrAsleep) {
