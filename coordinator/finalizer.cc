@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "ops/device/device_events.h"
 #include "runtime/logging.h"
 #include "runtime/thread_role.h"
 
@@ -164,6 +165,12 @@ bool Finalizer::Adopt() {
   if (!inbox_filled_.load(std::memory_order_acquire)) return false;
   std::lock_guard<std::mutex> lock(mu_);
   for (Bucket& bucket : inbox_) {
+    const Status device = UseDeviceOfEvent(*bucket.done);
+    if (!device.ok() && !device_warned_) {
+      device_warned_ = true;
+      Log().warn("the finalizer looks at device events without their device: {}",
+                 device.ToString());
+    }
     // An event tells its listener outside its own lock, and the wake-up never takes mu_.
     bucket.notifies = bucket.done->NotifyOnCompletion(wakeup_);
     owned_.push_back(std::move(bucket));

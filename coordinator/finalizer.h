@@ -119,6 +119,7 @@ class Finalizer {
   const std::shared_ptr<Wakeup> wakeup_;
   // The finalizer thread's alone.
   std::deque<Bucket> owned_;
+  bool device_warned_ = false;  // UseDeviceOfEvent failed once
   std::chrono::steady_clock::time_point last_error_poll_;
   // When a bucket last arrived or completed: the finalizer polls without sleeping for a while
   // after.

@@ -31,6 +31,19 @@ class ReadinessEvent : public CudaEvent {
   uint64_t sequence_;
 };
 
+// The legacy default stream and the thread's own (cudaStreamPerThread) are the current device's,
+// so work for cuda:`device` given to one of them is given with that device current; *restore then
+// brings the caller's device back. A stream the caller made belongs to its device whatever is
+// current, and the thread's device is left alone (switching back to device 0 on a thread without
+// a context would make one there).
+Status SelectDeviceForStream(cudaStream_t stream, int device,
+                             std::optional<CallerDeviceScope>* restore) {
+  if (stream != cudaStreamLegacy && stream != cudaStreamPerThread) return Status::OK();
+  restore->emplace();
+  if ((*restore)->device() == device) return Status::OK();
+  return CudaResult(cudaSetDevice(device), "cudaSetDevice", device);
+}
+
 // Orders the records of readiness events: the sequence of a record is taken under the same lock,
 // so two threads recording on one stream cannot get sequences in the other order.
 std::mutex record_mu;
@@ -51,20 +64,11 @@ Status ImportReadiness(void* cuda_event, void* cuda_stream, int device,
   void* pooled = nullptr;
   GRADSYNC_RETURN_IF_ERROR(TakePooledEvent(device, &pooled));
   const auto event = static_cast<cudaEvent_t>(pooled);
-  // The legacy default stream (like the thread's own) is the current device's, and a locked cycle
-  // records a caller's readiness on whichever thread runs it, whose current device may be another
-  // GPU's. A stream the caller made belongs to its device whatever is current: its record leaves
-  // the thread's device alone (switching back to device 0 on a thread without a context would
-  // make one there).
+  // A locked cycle records a caller's readiness on whichever thread runs it, whose current device
+  // may be another GPU's.
   const auto stream = static_cast<cudaStream_t>(cuda_stream);
   std::optional<CallerDeviceScope> restore;
-  Status selected;
-  if (stream == cudaStreamLegacy || stream == cudaStreamPerThread) {
-    restore.emplace();
-    if (restore->device() != device) {
-      selected = CudaResult(cudaSetDevice(device), "cudaSetDevice", device);
-    }
-  }
+  const Status selected = SelectDeviceForStream(stream, device, &restore);
   if (!selected.ok()) {
     GivePooledEvent(device, event);
     return selected;
@@ -97,9 +101,23 @@ Status OrderStreamAfter(const std::shared_ptr<StreamEvent>& done, void* cuda_str
   if (cuda_event->Query()) {
     GRADSYNC_RETURN_IF_ERROR(done->Wait(std::chrono::nanoseconds(0)));
   }
-  return CudaResult(cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_stream),
-                                        static_cast<cudaEvent_t>(cuda_event->native()), 0),
+  // A default stream here is the one of the device the result is on, whatever the caller's thread
+  // has current (a trainer that placed its model on cuda:1 without selecting that device).
+  const auto stream = static_cast<cudaStream_t>(cuda_stream);
+  std::optional<CallerDeviceScope> restore;
+  GRADSYNC_RETURN_IF_ERROR(SelectDeviceForStream(stream, cuda_event->device(), &restore));
+  return CudaResult(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(cuda_event->native()), 0),
                     "cudaStreamWaitEvent", cuda_event->device());
+}
+
+Status UseDeviceOfEvent(const StreamEvent& event) {
+  const auto* cuda_event = dynamic_cast<const CudaEvent*>(&event);
+  if (cuda_event == nullptr) return Status::OK();
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == cuda_event->device()) {
+    return Status::OK();
+  }
+  return CudaResult(cudaSetDevice(cuda_event->device()), "cudaSetDevice", cuda_event->device());
 }
 
 // A thread with no CUDA context yet reports device 0 without error, and restoring 0 there makes

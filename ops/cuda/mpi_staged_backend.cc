@@ -22,6 +22,10 @@ Status MpiStagedBackend::Create(MPI_Comm comm, int device,
                                 std::unique_ptr<MpiStagedBackend>* backend) {
   std::unique_ptr<MpiStagedBackend> created(new MpiStagedBackend(device, MpiIsCudaAware()));
   GRADSYNC_RETURN_IF_ERROR(HostDeviceBackend::Create(comm, &created->host_));
+  // The stream's thread looks at producers' events before it first copies: with no device
+  // selected there, those looks would be device 0's, and set up a context on it.
+  created->host_->Enqueue(
+      [device] { return CudaResult(cudaSetDevice(device), "cudaSetDevice", device); });
   GRADSYNC_CUDA_CALL(cudaSetDevice(device), device);
   cudaStream_t stream = nullptr;
   GRADSYNC_CUDA_CALL(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), device);

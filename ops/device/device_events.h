@@ -28,6 +28,13 @@ inline void* PerThreadStreamHandle() { return reinterpret_cast<void*>(uintptr_t{
 // on the host until it completes. Returns the failure of an operation that failed.
 Status OrderStreamAfter(const std::shared_ptr<StreamEvent>& done, void* cuda_stream);
 
+// For gradsync's own threads (the finalizer), which look at a GPU's events without launching on
+// it: makes the device of `event` (a CUDA event) current on the calling thread unless it is. A
+// thread with no device selected would otherwise do its CUDA calls as device 0's, setting up a
+// context there on every rank of a node whose GPU is another. Never for a caller's thread, whose
+// device is the caller's. Does nothing for other events, or in a build without CUDA.
+Status UseDeviceOfEvent(const StreamEvent& event);
+
 // Keeps the calling thread's current CUDA device across a scope in which gradsync's device
 // backends select their own: a caller's thread that launches a bucket (the background loop's
 // cycle run on it) is left on the device it had. Does nothing in a build without CUDA.

@@ -18,6 +18,8 @@ Status OrderStreamAfter(const std::shared_ptr<StreamEvent>& done, void*) {
   return done == nullptr ? Status::OK() : done->Wait(kWaitForever);
 }
 
+Status UseDeviceOfEvent(const StreamEvent&) { return Status::OK(); }
+
 CallerDeviceScope::CallerDeviceScope() = default;
 CallerDeviceScope::~CallerDeviceScope() = default;
 
