@@ -15,7 +15,7 @@ Thread safety: one wrapper's, on its training loop's thread.
 import torch
 
 from gradsync.torch.gradient_batch import GradientBatch
-from gradsync.torch.wire import _CORE_OPS, Average, _stream_of, _torch_stream
+from gradsync.torch.wire import _CORE_OPS, Average, _stream_of, _wait_for_streams
 
 
 class BucketViews:
@@ -92,11 +92,7 @@ class BucketViews:
         if streams:
             # The batch takes the current stream as the bucket's producer: it waits for the
             # others that made its gradients first.
-            current = _stream_of(flat.device)
-            for other in streams:
-                if other != current:
-                    torch.cuda.current_stream(flat.device).wait_stream(
-                        _torch_stream(other, flat.device))
+            _wait_for_streams(streams, flat.device)
             streams.clear()
         self._batch.start(flat, flat)
 

@@ -18,7 +18,8 @@ from gradsync.torch.grad_hooks import _weakly, queue_end_of_backward, register_g
 from gradsync.torch.gradient_batch import GradientBatch
 from gradsync.torch.handles import _results_in_turn, _synchronize_all, synchronize
 from gradsync.torch.process_sets import _collective_prefix, _id_of, global_process_set
-from gradsync.torch.wire import _CORE_OPS, Average, Sum
+from gradsync.torch.wire import (_CORE_OPS, Average, Sum, _release_after_consumer, _stream_of,
+                                 _wait_for_streams)
 
 # PyTorch DDP starts with a small bucket so that the first allreduce leaves early in backward.
 _FIRST_BUCKET_BYTES = 1024 * 1024
@@ -28,13 +29,16 @@ _FIRST_BUCKET_BYTES = 1024 * 1024
 class _Bucket:
     """Parameters whose gradients are reduced as one grouped allreduce."""
 
-    __slots__ = ("index", "params", "ready", "launched")
+    __slots__ = ("index", "params", "ready", "streams", "launched")
 
     def __init__(self, index, params):
         self.index = index
         self.params = params
         self.ready = set()  # ids of the parameters whose gradient this backward produced
-        self.launched = None  # (handle, [(param, reduced, decompress context)]) once enqueued
+        self.streams = []  # the CUDA streams that produced them (from _stream_of)
+        # (handle, [(param, reduced, decompress context)], the stream current at the launch)
+        # once enqueued
+        self.launched = None
 
 
 class _JoinState:
@@ -302,6 +306,10 @@ class DistributedDataParallel(torch.nn.Module):
             return
         bucket = self._bucket_of[id(p)]
         bucket.ready.add(id(p))
+        if p.is_cuda:
+            stream = _stream_of(p.device)
+            if stream not in bucket.streams:
+                bucket.streams.append(stream)
         if len(bucket.ready) == len(bucket.params):
             self._launch(bucket)
 
@@ -333,6 +341,13 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _launch(self, bucket):
         """Enqueues the bucket's gradients, zeros standing in for those backward did not make."""
+        made_on = None
+        if bucket.params[0].is_cuda:
+            # Compressed and stand-in copies are made on the current stream, and the runtime
+            # takes it as every gradient's producer: it waits for the others that made some.
+            device = bucket.params[0].device
+            _wait_for_streams(bucket.streams, device)
+            made_on = _stream_of(device)
         grads = []
         ready = bucket.ready
         for p in bucket.params:
@@ -352,7 +367,7 @@ class DistributedDataParallel(torch.nn.Module):
                                           name="%s.bucket%d" % (self._prefix, bucket.index),
                                           op=op, postscale_factor=postscale,
                                           process_set=self.process_set)
-        bucket.launched = (handle, list(zip(bucket.params, compressed, contexts)))
+        bucket.launched = (handle, list(zip(bucket.params, compressed, contexts)), made_on)
 
     def _finish_backward(self):
         """Runs once backward is over: reduces what is left, waits, writes ``p.grad``."""
@@ -374,6 +389,7 @@ class DistributedDataParallel(torch.nn.Module):
         finally:
             for bucket in self._buckets:
                 bucket.ready.clear()
+                bucket.streams.clear()
                 bucket.launched = None
             self._started.clear()
             self._in_backward = False
@@ -402,9 +418,11 @@ class DistributedDataParallel(torch.nn.Module):
                                    bool(self._buckets) and self._buckets[0].params[0].is_cuda)
         written = []
         for bucket, _ in zip(self._buckets, results):
-            _, members = bucket.launched
-            written.extend((p, self.compression.decompress(reduced, context))
-                           for p, reduced, context in members)
+            _, members, made_on = bucket.launched
+            for p, reduced, context in members:
+                written.append((p, self.compression.decompress(reduced, context)))
+                if reduced is not p.grad:
+                    _release_after_consumer(reduced, made_on)
         return written
 
     def _launch_usage(self, produced):

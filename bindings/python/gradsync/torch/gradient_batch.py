@@ -10,7 +10,8 @@ Thread safety: one batch serves one training loop on one thread (its hooks and i
 """
 
 from gradsync import _core
-from gradsync.torch.wire import _DEVICE_CPU, _DEVICE_CUDA, _DTYPES, _stream_of
+from gradsync.torch.wire import (_DEVICE_CPU, _DEVICE_CUDA, _DTYPES, _release_after_consumer,
+                                 _stream_of)
 
 
 class GradientBatch:
@@ -35,7 +36,9 @@ class GradientBatch:
         # With one device, a step's consumer is its current stream; with several, the host.
         self._consumer = next(iter(cuda_devices)) if len(cuda_devices) == 1 else None
         self._in_flight = []  # gradients started since the last finish, kept alive until it
-        self._refits = []  # (gradient, fitting copy in flight) to copy back after the wait
+        # (gradient, fitting copy in flight, the stream its memory came from) to copy back after
+        # the wait
+        self._refits = []
 
     @staticmethod
     def carries(p):
@@ -72,15 +75,16 @@ class GradientBatch:
             raise ValueError("a gradient of shape %s, where the parameter had %d elements when "
                              "the batch was made: a parameter replaced by one of another shape "
                              "needs a new wrapper" % (tuple(grad.shape), numel))
+        stream = _stream_of(device) if is_cuda else None
         if (grad.dtype is not dtype or grad.is_cuda is not is_cuda
                 or (is_cuda and grad.device != device) or not grad.is_contiguous()):
             fitting = grad.to(device=device, dtype=dtype).contiguous()
-            self._refits.append((grad, fitting))
+            self._refits.append((grad, fitting, stream))
             grad = fitting
         if is_cuda:
             # The kernels that produced the gradient may still be queued on the current stream:
             # the runtime's stream waits for it there, and the hook returns at once.
-            self._batch.start(index, grad.data_ptr(), _stream_of(device))
+            self._batch.start(index, grad.data_ptr(), stream)
         else:
             self._batch.start(index, grad.data_ptr())
         self._in_flight.append(grad)
@@ -99,8 +103,9 @@ class GradientBatch:
                 self._batch.synchronize_stream(_stream_of(self._consumer))
             else:
                 self._batch.wait()
-            for grad, reduced in self._refits:
+            for grad, reduced, made_on in self._refits:
                 grad.copy_(reduced)
+                _release_after_consumer(reduced, made_on)
         finally:
             self._in_flight = []
             self._refits = []

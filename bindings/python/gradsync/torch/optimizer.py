@@ -12,7 +12,8 @@ from gradsync.torch.gradient_batch import GradientBatch
 from gradsync.torch.handles import _results_in_turn
 from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.sparse import sparse_allreduce_async
-from gradsync.torch.wire import _CORE_OPS, _name
+from gradsync.torch.wire import (_CORE_OPS, _name, _release_after_consumer, _stream_of,
+                                 _wait_for_streams)
 
 # Marks a parameter whose gradient is in flight in the batch (self._handles' value for it).
 _IN_BATCH = (None, None)
@@ -141,6 +142,7 @@ class _DistributedOptimizer:
         for p in self._requires_update:
             self._delay[id(p)] = self.backward_passes_per_step
         self._group_waiting = {}
+        self._group_streams = {}  # group index -> the CUDA streams that produced its members
         for pid, gi in self._groups.items():
             self._group_waiting.setdefault(gi, set()).add(pid)
 
@@ -186,6 +188,11 @@ class _DistributedOptimizer:
         if pid in self._groups:
             gi = self._groups[pid]
             self._handles[pid] = (None, None)
+            if p.is_cuda:
+                streams = self._group_streams.setdefault(gi, [])
+                stream = _stream_of(p.device)
+                if stream not in streams:
+                    streams.append(stream)
             waiting = self._group_waiting[gi]
             waiting.discard(pid)
             if not waiting:
@@ -204,11 +211,18 @@ class _DistributedOptimizer:
                                           prescale_factor=self._scales[0],
                                           postscale_factor=self._scales[1],
                                           process_set=self._process_set)
-        self._handles[pid] = (handle, (ctx, compressed))
+        made_on = _stream_of(p.device) if p.is_cuda else None
+        self._handles[pid] = (handle, (ctx, compressed, made_on))
 
     def _enqueue_group(self, gi):
         members = [self._by_id[pid] for pid, g in self._groups.items() if g == gi
                    and pid in self._by_id]
+        made_on = None
+        if members[0].is_cuda:
+            # The copies are made on the current stream, and the runtime takes it as every
+            # member's producer: it waits for the others that made some.
+            _wait_for_streams(self._group_streams.pop(gi, []), members[0].device)
+            made_on = _stream_of(members[0].device)
         compressed, ctxs = zip(*[self._compression.compress(self._prepare_grad(p))
                                  for p in members])
         handle = mpi_ops.grouped_allreduce_async_(list(compressed), name="group.%d" % gi,
@@ -216,7 +230,7 @@ class _DistributedOptimizer:
                                                   postscale_factor=self._scales[1],
                                                   process_set=self._process_set)
         first = id(members[0])
-        self._handles[first] = (handle, ("group", members, ctxs, compressed))
+        self._handles[first] = (handle, ("group", members, ctxs, compressed, made_on))
         for p in members[1:]:
             self._handles[id(p)] = (None, None)
 
@@ -239,11 +253,11 @@ class _DistributedOptimizer:
                 self._by_id[pid].grad.zero_().add_(result)
                 continue
             if ctx[0] == "group":
-                _, members, ctxs, compressed = ctx
+                _, members, ctxs, compressed, made_on = ctx
                 for p, c, t in zip(members, ctxs, compressed):
-                    self._write_back(p, t, c)
+                    self._write_back(p, t, c, made_on)
             else:
-                self._write_back(self._by_id[pid], ctx[1], ctx[0])
+                self._write_back(self._by_id[pid], ctx[1], ctx[0], ctx[2])
         self._handles.clear()
         self._reset_delays()
         self._synchronized = True
@@ -253,10 +267,12 @@ class _DistributedOptimizer:
             self._batch = None
             self._batch_made = False
 
-    def _write_back(self, p, reduced, ctx):
+    def _write_back(self, p, reduced, ctx, made_on):
         result = self._compression.decompress(reduced, ctx)
         if result is not p.grad:
             p.grad.copy_(result)
+        if reduced is not p.grad:
+            _release_after_consumer(reduced, made_on)
 
     @contextlib.contextmanager
     def skip_synchronize(self):

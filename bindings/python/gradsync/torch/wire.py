@@ -76,6 +76,25 @@ def _stream_of(device):
     return torch.cuda.current_stream(device).cuda_stream or _CUDA_STREAM_LEGACY
 
 
+def _wait_for_streams(streams, device):
+    """Makes the current stream of CUDA ``device`` wait for each of ``streams`` (handles from
+    ``_stream_of``) other than itself: work given to it next follows every one of them."""
+    current = _stream_of(device)
+    for other in streams:
+        if other != current:
+            torch.cuda.current_stream(device).wait_stream(_torch_stream(other, device))
+
+
+def _release_after_consumer(tensor, made_on):
+    """Lets go of a CUDA ``tensor`` gradsync made while ``made_on`` (from ``_stream_of``) was
+    current, once the current stream was ordered after the operations that read or wrote it. The
+    caching allocator hands its memory out again on ``made_on`` at once: where that is another
+    stream, which the current one's work has not been ordered before, the allocator is told to
+    wait for the current stream first."""
+    if made_on is not None and made_on != _stream_of(tensor.device):
+        tensor.record_stream(torch.cuda.current_stream(tensor.device))
+
+
 def _torch_stream(raw, device):
     """The torch stream of a handle from ``_stream_of``: the device's default stream for
     cudaStreamLegacy, which ``torch.cuda.ExternalStream`` cannot wrap (PyTorch reads an odd
