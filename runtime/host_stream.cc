@@ -107,6 +107,11 @@ void HostStream::Push(Item item) {
   if (item.record) item.record->Complete(refused);
 }
 
+bool HostStream::running() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return running_;
+}
+
 void HostStream::Abort(const Status& status) {
   std::deque<Item> dropped;
   {
@@ -179,6 +184,7 @@ void HostStream::Run() {
     if (stopping_) break;
     Item item = std::move(items_.front());
     items_.pop_front();
+    running_ = true;
     lock.unlock();
     if (item.wait_for) {
       AwaitEvent(item.wait_for.get());
@@ -193,6 +199,7 @@ void HostStream::Run() {
       item.work();
     }
     lock.lock();
+    running_ = false;
   }
   // Work not started is dropped; whoever waits on its events learns that it never ran.
   std::deque<Item> dropped;

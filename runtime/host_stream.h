@@ -56,6 +56,10 @@ class HostStream : public Stream {
   void WaitFor(std::shared_ptr<StreamEvent> event) override;
   void Abort(const Status& status) override;
 
+  // Whether the stream's thread is inside an item (work, or a wait for an event): after an abort,
+  // what the owner of the work's resources waits for before it frees them.
+  bool running();
+
  private:
   struct Item {
     std::function<void()> work;             // run, unless the stream is aborted
@@ -77,6 +81,7 @@ class HostStream : public Stream {
   std::deque<Item> items_;
   bool stopping_ = false;
   bool sleeping_ = false;  // the stream's thread waits on cv_ for work
+  bool running_ = false;   // the stream's thread is inside an item
   bool aborted_ = false;
   Status abort_status_;
   std::thread thread_;

@@ -166,7 +166,8 @@ Status MakeDevicePlane(const Config& config, MPI_Comm comm, const Device& device
     made = std::move(nccl);
   } else {
     std::unique_ptr<MpiStagedBackend> staged;
-    created = MpiStagedBackend::Create(comm, device.index, &staged);
+    created =
+        MpiStagedBackend::Create(comm, device.index, DeviceCompletionTimeout(config), &staged);
     if (created.ok()) {
       Log().info("device tensors on {} go through MPI, {}", DeviceName(device),
                  staged->cuda_aware() ? "directly from device memory (CUDA-aware MPI)"

@@ -18,10 +18,10 @@ bool MpiIsCudaAware() {
 #endif
 }
 
-Status MpiStagedBackend::Create(MPI_Comm comm, int device,
+Status MpiStagedBackend::Create(MPI_Comm comm, int device, std::chrono::nanoseconds stuck_limit,
                                 std::unique_ptr<MpiStagedBackend>* backend) {
   std::unique_ptr<MpiStagedBackend> created(new MpiStagedBackend(device, MpiIsCudaAware()));
-  GRADSYNC_RETURN_IF_ERROR(HostDeviceBackend::Create(comm, &created->host_));
+  GRADSYNC_RETURN_IF_ERROR(HostDeviceBackend::Create(comm, &created->host_, stuck_limit));
   // The stream's thread looks at producers' events before it first copies: with no device
   // selected there, those looks would be device 0's, and set up a context on it.
   created->host_->Enqueue(

@@ -16,6 +16,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <memory>
 
 #include "ops/cuda/cuda_batched_copy.h"
@@ -26,8 +27,9 @@ namespace gradsync {
 
 class MpiStagedBackend : public DeviceBackend {
  public:
-  // Collective over `comm`.
-  static Status Create(MPI_Comm comm, int device, std::unique_ptr<MpiStagedBackend>* backend);
+  // Collective over `comm`. `stuck_limit`: as HostDeviceBackend::Create's.
+  static Status Create(MPI_Comm comm, int device, std::chrono::nanoseconds stuck_limit,
+                       std::unique_ptr<MpiStagedBackend>* backend);
   ~MpiStagedBackend() override;
 
   const char* name() const override { return "mpi"; }

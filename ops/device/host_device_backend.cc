@@ -1,12 +1,15 @@
 #include "ops/device/host_device_backend.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "ops/mpi/mpi_types.h"
 #include "runtime/fusion_buffer.h"
+#include "runtime/logging.h"
 #include "runtime/mpi_context.h"
 
 namespace gradsync {
@@ -31,24 +34,80 @@ Status IntCounts(const std::vector<int64_t>& counts, std::vector<int>* ints,
   return Status::OK();
 }
 
+void LogAndAbortTheJob(const std::string& message) {
+  Log().error("{}", message);
+  Log().flush();
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+std::atomic<HostDeviceBackend::StuckCollectiveHandler> g_stuck_handler{&LogAndAbortTheJob};
+
+// How often the destructor says again that it waits, where no limit ends the wait.
+constexpr std::chrono::seconds kStuckReminder(60);
+
 }  // namespace
 
-HostDeviceBackend::HostDeviceBackend(MPI_Comm comm) : comm_(comm) {
+HostDeviceBackend::HostDeviceBackend(MPI_Comm comm, std::chrono::nanoseconds stuck_limit)
+    : comm_(comm), stuck_limit_(std::min(stuck_limit, kWaitForever)) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
 }
 
-Status HostDeviceBackend::Create(MPI_Comm comm, std::unique_ptr<HostDeviceBackend>* backend) {
+Status HostDeviceBackend::Create(MPI_Comm comm, std::unique_ptr<HostDeviceBackend>* backend,
+                                 std::chrono::nanoseconds stuck_limit) {
   MPI_Comm dup = MPI_COMM_NULL;
   GRADSYNC_MPI_CALL(MPI_Comm_dup(comm, &dup));
-  backend->reset(new HostDeviceBackend(dup));
+  backend->reset(new HostDeviceBackend(dup, stuck_limit));
   return Status::OK();
 }
 
+void HostDeviceBackend::SetStuckCollectiveHandlerForTesting(StuckCollectiveHandler handler) {
+  g_stuck_handler.store(handler != nullptr ? handler : &LogAndAbortTheJob);
+}
+
 HostDeviceBackend::~HostDeviceBackend() {
-  // The stream's thread must be done with the communicator first: drain it.
-  stream_.Record()->Wait(kWaitForever);
+  // The stream's thread must be done with the communicator first: drain it. An aborted stream
+  // refuses the record at once, while its thread may still run an item, a collective among them.
+  const Status drained = stream_.Record()->Wait(kWaitForever);
+  if (!drained.ok()) AwaitStuckCollective(drained);
   MPI_Comm_free(&comm_);
+}
+
+void HostDeviceBackend::AwaitStuckCollective(const Status& aborted) {
+  const auto start = std::chrono::steady_clock::now();
+  auto next_warning = start + std::min<std::chrono::nanoseconds>(stuck_limit_, kStuckReminder);
+  const auto describe = [&](const char* call, std::chrono::steady_clock::time_point now) {
+    return std::string("the device plane was aborted (") + aborted.ToString() +
+           ") while its stream was inside " +
+           (call != nullptr ? std::string(call) + ", which another rank has not entered,"
+                            : std::string("a step of its work")) +
+           " and is still there after " +
+           std::to_string(std::chrono::duration<double>(now - start).count()) + " s";
+  };
+  bool handled = false;
+  // Until the thread has left the item it runs: a collective about to start is one too.
+  while (stream_.running()) {
+    const auto now = std::chrono::steady_clock::now();
+    const char* call = in_collective_.load();
+    if (!handled && call != nullptr && now - start >= stuck_limit_) {
+      // Past the completion timeout every other rank has entered it or dropped it: MPI offers no
+      // way out of it, and the thread inside would never stop.
+      g_stuck_handler.load()(describe(call, now) +
+                             "; MPI cannot abandon a collective, so the job ends");
+      handled = true;
+    } else if (!handled && now >= next_warning) {
+      Log().warn("{}; waiting for it", describe(call, now));
+      next_warning = now + kStuckReminder;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+Status HostDeviceBackend::Collective(const char* call, const std::function<int()>& mpi) {
+  in_collective_.store(call);
+  const int result = mpi();
+  in_collective_.store(nullptr);
+  return MpiResult(result, call);
 }
 
 void HostDeviceBackend::Enqueue(std::function<Status()> work) {
@@ -94,8 +153,9 @@ Status HostDeviceBackend::Allreduce(const void* send, void* recv, int64_t count,
   MPI_Comm comm = comm_;
   Enqueue([=] {
     const void* source = send == recv ? MPI_IN_PLACE : send;
-    return MpiResult(MPI_Allreduce(source, recv, static_cast<int>(count), type, mpi_op, comm),
-                     "MPI_Allreduce");
+    return Collective("MPI_Allreduce", [&] {
+      return MPI_Allreduce(source, recv, static_cast<int>(count), type, mpi_op, comm);
+    });
   });
   return Status::OK();
 }
@@ -109,9 +169,9 @@ Status HostDeviceBackend::Allgatherv(const void* send, void* recv,
   MPI_Comm comm = comm_;
   const int mine = ints[rank_];
   Enqueue([=] {
-    return MpiResult(
-        MPI_Allgatherv(send, mine, type, recv, ints.data(), displacements.data(), type, comm),
-        "MPI_Allgatherv");
+    return Collective("MPI_Allgatherv", [&] {
+      return MPI_Allgatherv(send, mine, type, recv, ints.data(), displacements.data(), type, comm);
+    });
   });
   return Status::OK();
 }
@@ -123,7 +183,8 @@ Status HostDeviceBackend::Broadcast(void* buffer, int64_t count, DataType dtype,
   const MPI_Datatype type = MpiDatatypeOf(dtype);
   MPI_Comm comm = comm_;
   Enqueue([=] {
-    return MpiResult(MPI_Bcast(buffer, static_cast<int>(count), type, root, comm), "MPI_Bcast");
+    return Collective("MPI_Bcast",
+                      [&] { return MPI_Bcast(buffer, static_cast<int>(count), type, root, comm); });
   });
   return Status::OK();
 }
@@ -137,9 +198,10 @@ Status HostDeviceBackend::Alltoallv(const void* send, const std::vector<int64_t>
   const MPI_Datatype type = MpiDatatypeOf(dtype);
   MPI_Comm comm = comm_;
   Enqueue([=] {
-    return MpiResult(MPI_Alltoallv(send, sends.data(), send_displacements.data(), type, recv,
-                                   receives.data(), receive_displacements.data(), type, comm),
-                     "MPI_Alltoallv");
+    return Collective("MPI_Alltoallv", [&] {
+      return MPI_Alltoallv(send, sends.data(), send_displacements.data(), type, recv,
+                           receives.data(), receive_displacements.data(), type, comm);
+    });
   });
   return Status::OK();
 }
@@ -155,8 +217,9 @@ Status HostDeviceBackend::ReduceScatterv(const void* send, void* recv,
   const MPI_Datatype type = MpiDatatypeOf(dtype);
   MPI_Comm comm = comm_;
   Enqueue([=] {
-    return MpiResult(MPI_Reduce_scatter(send, recv, ints.data(), type, mpi_op, comm),
-                     "MPI_Reduce_scatter");
+    return Collective("MPI_Reduce_scatter", [&] {
+      return MPI_Reduce_scatter(send, recv, ints.data(), type, mpi_op, comm);
+    });
   });
   return Status::OK();
 }

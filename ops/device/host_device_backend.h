@@ -6,12 +6,23 @@
 //
 // Thread safety: as DeviceBackend. MPI is called from the stream's thread on a communicator of
 // its own, which needs MPI_THREAD_MULTIPLE (gradsync asks for it at init).
+//
+// MPI cannot abandon a collective. After an abort (a completion timeout, say) this rank's stream
+// drops the collectives queued behind what it was stuck on, so another rank's stream can be left
+// inside one of them for good; its thread would then never stop. Destroying a backend whose
+// stream is inside a collective after an abort waits for it up to `stuck_limit` (the plane's
+// completion timeout: by then every other rank has entered it or aborted), then logs which
+// collective is stuck and why and ends the job with MPI_Abort: an error, never a silent hang at
+// shutdown.
 #pragma once
 
 #include <mpi.h>
 
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "ops/device/device_backend.h"
 #include "runtime/host_stream.h"
@@ -21,7 +32,8 @@ namespace gradsync {
 class HostDeviceBackend : public DeviceBackend {
  public:
   // Collectives over a duplicate of `comm`, freed by the destructor. Collective over `comm`.
-  static Status Create(MPI_Comm comm, std::unique_ptr<HostDeviceBackend>* backend);
+  static Status Create(MPI_Comm comm, std::unique_ptr<HostDeviceBackend>* backend,
+                       std::chrono::nanoseconds stuck_limit = kWaitForever);
   ~HostDeviceBackend() override;
 
   const char* name() const override { return "host"; }
@@ -51,10 +63,25 @@ class HostDeviceBackend : public DeviceBackend {
   // collectives with it).
   void Enqueue(std::function<Status()> work);
 
+  // The communicator the collectives run on: tests join a collective another rank is stuck in.
+  MPI_Comm comm() const { return comm_; }
+
+  // What the destructor does about a collective still stuck after `stuck_limit`, given the
+  // message naming it; by default, logs it and calls MPI_Abort. Null restores the default.
+  using StuckCollectiveHandler = void (*)(const std::string& message);
+  static void SetStuckCollectiveHandlerForTesting(StuckCollectiveHandler handler);
+
  private:
-  explicit HostDeviceBackend(MPI_Comm comm);
+  HostDeviceBackend(MPI_Comm comm, std::chrono::nanoseconds stuck_limit);
+  // Runs one MPI collective on the stream's thread, named by `call` while it runs.
+  Status Collective(const char* call, const std::function<int()>& mpi);
+  // The destructor's wait, after `aborted`, for the item the stream's thread runs: a collective
+  // still running after stuck_limit_ goes to the handler.
+  void AwaitStuckCollective(const Status& aborted);
 
   MPI_Comm comm_;
+  std::chrono::nanoseconds stuck_limit_;
+  std::atomic<const char*> in_collective_{nullptr};  // the MPI call the stream's thread is in
   int rank_ = 0;
   int size_ = 1;
   HostStream stream_;  // last: its thread stops before the communicator is freed

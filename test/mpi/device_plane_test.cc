@@ -59,10 +59,11 @@ class DevicePlaneTest : public ::testing::Test {
     if (failed_anywhere && !failed_here) ADD_FAILURE() << "this test failed on another rank";
   }
 
-  void MakePlane(std::chrono::nanoseconds timeout) {
+  void MakePlane(std::chrono::nanoseconds timeout,
+                 std::chrono::nanoseconds stuck_limit = kWaitForever) {
     plane_.reset();
     std::unique_ptr<HostDeviceBackend> backend;
-    ASSERT_TRUE(HostDeviceBackend::Create(MPI_COMM_WORLD, &backend).ok());
+    ASSERT_TRUE(HostDeviceBackend::Create(MPI_COMM_WORLD, &backend, stuck_limit).ok());
     backend_ = backend.get();
     plane_ = std::make_unique<DevicePlane>(std::move(backend), MPI_COMM_WORLD, timeout);
   }
@@ -346,6 +347,57 @@ TEST_F(DevicePlaneTest, NeverReadyProducerTimesOutAndAbortsThePlane) {
   const Status refused = plane_->Allreduce({&later.entry}, {DataType::kFloat32, ReduceOp::kSum});
   EXPECT_EQ(refused.code(), StatusCode::kTimeout);
   EXPECT_NE(refused.message().find("stuck.grad"), std::string::npos);
+}
+
+// What the stuck-collective handler was told on this rank; rank 1 also asks rank 0 to release it.
+std::string g_stuck_message;
+constexpr int kReleaseTag = 77;
+
+void NoteStuckAndAskForRelease(const std::string& message) {
+  g_stuck_message = message;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 1) MPI_Send(nullptr, 0, MPI_BYTE, 0, kReleaseTag, MPI_COMM_WORLD);
+}
+
+// Rank 0's producer never finishes, so its stream drops the allreduce the other ranks' streams
+// are already inside; every rank's plane times out. Destroying such a plane cannot stop a thread
+// inside MPI: the destructor names the stuck collective and ends the job (here, a handler that
+// asks rank 0 to enter the collective after all, so that the test can end) instead of hanging.
+TEST_F(DevicePlaneTest, AnAbortedPlaneStuckInACollectiveEndsTheJobInsteadOfHanging) {
+  if (size_ < 2) GTEST_SKIP() << "needs a rank to be stuck waiting for another";
+  MakePlane(milliseconds(500), milliseconds(300));
+  HostDeviceBackend::SetStuckCollectiveHandlerForTesting(&NoteStuckAndAskForRelease);
+  g_stuck_message.clear();
+  Status failure;
+  Finalizer finalizer(
+      [&](const std::vector<TensorEntry*>&, const Status& status) { failure = status; });
+  Op op("half.stuck", DataType::kFloat32, {16});
+  if (rank_ == 0) op.entry.ready = std::make_shared<HostEvent>();  // never finishes
+  ASSERT_TRUE(plane_->Allreduce({&op.entry}, {DataType::kFloat32, ReduceOp::kSum}).ok());
+  finalizer.Add(plane_.get(), 0, {&op.entry}, plane_->TakeCompletion());
+  finalizer.Drain();
+  EXPECT_EQ(failure.code(), StatusCode::kTimeout) << failure.ToString();
+  if (rank_ == 0) {
+    // Enters the collective the others are stuck in once rank 1's destructor has given up on it.
+    const MPI_Comm comm = backend_->comm();
+    MPI_Recv(nullptr, 0, MPI_BYTE, 1, kReleaseTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    std::vector<float> zeros(16, 0.0f);
+    MPI_Allreduce(MPI_IN_PLACE, zeros.data(), 16, MPI_FLOAT, MPI_SUM, comm);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  plane_.reset();
+  HostDeviceBackend::SetStuckCollectiveHandlerForTesting(nullptr);
+  if (rank_ == 0) {
+    EXPECT_TRUE(g_stuck_message.empty()) << "its stream dropped the allreduce: " << g_stuck_message;
+    return;
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(250));
+  // Rank 1's handler releases every rank: the others may be released before their own limit.
+  if (rank_ != 1) return;
+  for (const char* needle : {"MPI_Allreduce", "half.stuck", "another rank", "the job ends"}) {
+    EXPECT_NE(g_stuck_message.find(needle), std::string::npos) << g_stuck_message;
+  }
 }
 
 }  // namespace

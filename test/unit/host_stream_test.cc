@@ -174,6 +174,27 @@ TEST(HostStreamTest, AFailedEventWaitedForFailsTheStream) {
   }
 }
 
+// An aborted stream refuses new work at once, but the item its thread is inside runs on: its
+// owner looks at running() before it frees what that item uses.
+TEST(HostStreamTest, RunningTellsWhetherTheThreadIsInsideAnItem) {
+  HostStream stream;
+  EXPECT_FALSE(stream.running());
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  stream.Enqueue([&entered, released] {
+    entered.set_value();
+    released.wait();
+  });
+  entered.get_future().wait();
+  stream.Abort(Status::Timeout("stuck"));
+  EXPECT_EQ(StatusCode::kTimeout, stream.Record()->Wait(kLong).code());
+  EXPECT_TRUE(stream.running());
+  release.set_value();
+  const auto limit = std::chrono::steady_clock::now() + kLong;
+  while (stream.running() && std::chrono::steady_clock::now() < limit) std::this_thread::yield();
+  EXPECT_FALSE(stream.running());
+}
+
 // A waiter looks for the completion for a while before it sleeps: completed during those looks or
 // after, it returns the status; a limit shorter than the looks still ends the wait on time.
 TEST(HostStreamTest, AWaiterSeesTheCompletionPolledOrAsleep) {
