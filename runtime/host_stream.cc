@@ -79,7 +79,9 @@ HostStream::~HostStream() {
   thread_.join();
 }
 
-void HostStream::Enqueue(std::function<void()> work) { Push({std::move(work), nullptr, nullptr}); }
+bool HostStream::Enqueue(std::function<void()> work) {
+  return Push({std::move(work), nullptr, nullptr});
+}
 
 std::shared_ptr<StreamEvent> HostStream::Record() {
   auto event = std::make_shared<HostEvent>();
@@ -91,7 +93,7 @@ void HostStream::WaitFor(std::shared_ptr<StreamEvent> event) {
   Push({nullptr, std::move(event), nullptr});
 }
 
-void HostStream::Push(Item item) {
+bool HostStream::Push(Item item) {
   Status refused;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -99,12 +101,13 @@ void HostStream::Push(Item item) {
       items_.push_back(std::move(item));
       // Only a sleeping stream needs the system call: a running one finds the item itself.
       if (std::exchange(sleeping_, false)) cv_.notify_all();
-      return;
+      return true;
     }
     refused = aborted_ ? abort_status_ : Status::Shutdown("the stream was destroyed first");
   }
   // A failed stream runs nothing, and its events complete at once with the failure.
   if (item.record) item.record->Complete(refused);
+  return false;
 }
 
 bool HostStream::running() {
@@ -128,18 +131,19 @@ void HostStream::Abort(const Status& status) {
 }
 
 void HostStream::AwaitEvent(StreamEvent* event) {
+  bool settled = false;
   if (event->QueryContends()) {
-    AwaitContendingEvent(event);
+    settled = AwaitContendingEvent(event);
   } else {
-    while (!event->Query()) {
+    while (!(settled = event->Query())) {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (aborted_ || stopping_) return;
+        if (aborted_ || stopping_) break;
       }
       event->Wait(kWaitSlice);
     }
   }
-  if (!event->Query()) return;  // ended by an abort or the destructor
+  if (!settled) return;  // ended by an abort or the destructor
   const Status waited = event->Wait(std::chrono::nanoseconds(0));
   if (!waited.ok()) {
     Abort(Status(waited.code(), "the stream waited for work that failed: " + waited.message()));
@@ -149,23 +153,24 @@ void HostStream::AwaitEvent(StreamEvent* event) {
 // The MPI backend's stream waiting for a producer's kernels on the GPU. Looked at after pauses
 // doubling from 20 us, in slices of 2 ms that each began again with the shortest, such an event
 // was seen up to as late again as it had taken (one completing 650 us into the wait, at 1.26 ms).
-void HostStream::AwaitContendingEvent(StreamEvent* event) {
+bool HostStream::AwaitContendingEvent(StreamEvent* event) {
   QueryPacer pacer(std::chrono::steady_clock::now(), kProducerGap);
   const auto stopped = [this] { return aborted_ || stopping_; };
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopped()) {
     lock.unlock();
-    if (event->Query()) return;
+    if (event->Query()) return true;
     const auto now = std::chrono::steady_clock::now();
     pacer.Looked(now);
     lock.lock();
-    if (stopped()) return;
+    if (stopped()) return false;
     if (pacer.next() - now < kShortestSleep) {
       YieldUntil(&lock, pacer.next(), stopped);
     } else {
       cv_.wait_until(lock, pacer.next(), stopped);
     }
   }
+  return false;
 }
 
 void HostStream::Run() {

@@ -97,15 +97,16 @@ Status OrderStreamAfter(const std::shared_ptr<StreamEvent>& done, void* cuda_str
   if (cuda_event == nullptr || cuda_stream == nullptr) {
     return done->Wait(kWaitForever);
   }
+  // A default stream here is the one of the device the result is on, whatever the caller's thread
+  // has current (a trainer that placed its model on cuda:1 without selecting that device); the
+  // query below is made with that device current too.
+  const auto stream = static_cast<cudaStream_t>(cuda_stream);
+  std::optional<CallerDeviceScope> restore;
+  GRADSYNC_RETURN_IF_ERROR(SelectDeviceForStream(stream, cuda_event->device(), &restore));
   // An event that already failed (an aborted plane) is reported instead of waited for.
   if (cuda_event->Query()) {
     GRADSYNC_RETURN_IF_ERROR(done->Wait(std::chrono::nanoseconds(0)));
   }
-  // A default stream here is the one of the device the result is on, whatever the caller's thread
-  // has current (a trainer that placed its model on cuda:1 without selecting that device).
-  const auto stream = static_cast<cudaStream_t>(cuda_stream);
-  std::optional<CallerDeviceScope> restore;
-  GRADSYNC_RETURN_IF_ERROR(SelectDeviceForStream(stream, cuda_event->device(), &restore));
   return CudaResult(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(cuda_event->native()), 0),
                     "cudaStreamWaitEvent", cuda_event->device());
 }

@@ -71,6 +71,8 @@ HostDeviceBackend::~HostDeviceBackend() {
   const Status drained = stream_.Record()->Wait(kWaitForever);
   if (!drained.ok()) AwaitStuckCollective(drained);
   MPI_Comm_free(&comm_);
+  std::lock_guard<std::mutex> lock(unfreed_mu_);
+  for (void* ptr : unfreed_) std::free(ptr);
 }
 
 void HostDeviceBackend::AwaitStuckCollective(const Status& aborted) {
@@ -127,9 +129,19 @@ Status HostDeviceBackend::Allocate(size_t bytes, void** ptr) {
 }
 
 void HostDeviceBackend::FreeAfterWork(void* ptr) {
-  // Owned by the work item, so that a stream that drops it (aborted) frees it still.
-  std::shared_ptr<void> owned(ptr, std::free);
-  stream_.Enqueue([owned] {});
+  // Freed when the stream reaches it. An aborted stream drops it, and may still be inside work
+  // that uses it (a collective another rank may yet enter): the destructor frees it after that.
+  {
+    std::lock_guard<std::mutex> lock(unfreed_mu_);
+    unfreed_.push_back(ptr);
+  }
+  stream_.Enqueue([this, ptr] {
+    {
+      std::lock_guard<std::mutex> lock(unfreed_mu_);
+      unfreed_.erase(std::find(unfreed_.begin(), unfreed_.end(), ptr));
+    }
+    std::free(ptr);
+  });
 }
 
 Status HostDeviceBackend::Upload(const void* host, void* dst, size_t bytes) {

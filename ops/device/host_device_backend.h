@@ -22,7 +22,9 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "ops/device/device_backend.h"
 #include "runtime/host_stream.h"
@@ -82,6 +84,8 @@ class HostDeviceBackend : public DeviceBackend {
   MPI_Comm comm_;
   std::chrono::nanoseconds stuck_limit_;
   std::atomic<const char*> in_collective_{nullptr};  // the MPI call the stream's thread is in
+  std::mutex unfreed_mu_;
+  std::vector<void*> unfreed_;  // given to FreeAfterWork, not yet freed by the stream
   int rank_ = 0;
   int size_ = 1;
   HostStream stream_;  // last: its thread stops before the communicator is freed

@@ -17,6 +17,7 @@
 #include "coordinator/finalizer.h"
 #include "ops/device/device_plane.h"
 #include "ops/device/host_device_backend.h"
+#include "runtime/fusion_buffer.h"
 #include "runtime/host_stream.h"
 #include "test/mpi/multi_rank_test.h"
 
@@ -368,33 +369,41 @@ TEST_F(DevicePlaneTest, AnAbortedPlaneStuckInACollectiveEndsTheJobInsteadOfHangi
   if (size_ < 2) GTEST_SKIP() << "needs a rank to be stuck waiting for another";
   MakePlane(milliseconds(500), milliseconds(300));
   HostDeviceBackend::SetStuckCollectiveHandlerForTesting(&NoteStuckAndAskForRelease);
+  struct DefaultHandlerAfter {
+    ~DefaultHandlerAfter() { HostDeviceBackend::SetStuckCollectiveHandlerForTesting(nullptr); }
+  } restore_handler;
   g_stuck_message.clear();
   Status failure;
   Finalizer finalizer(
       [&](const std::vector<TensorEntry*>&, const Status& status) { failure = status; });
-  Op op("half.stuck", DataType::kFloat32, {16});
-  if (rank_ == 0) op.entry.ready = std::make_shared<HostEvent>();  // never finishes
-  ASSERT_TRUE(plane_->Allreduce({&op.entry}, {DataType::kFloat32, ReduceOp::kSum}).ok());
-  finalizer.Add(plane_.get(), 0, {&op.entry}, plane_->TakeCompletion());
+  // Two tensors: the others are stuck reducing the fusion buffer, which the plane's destructor
+  // hands back before the backend's destructor waits (a use after free under the sanitizers if
+  // it were freed then).
+  Op a("half.stuck.a", DataType::kFloat32, {16}), b("half.stuck.b", DataType::kFloat32, {16});
+  if (rank_ == 0) a.entry.ready = std::make_shared<HostEvent>();  // never finishes
+  ASSERT_TRUE(plane_->Allreduce({&a.entry, &b.entry}, {DataType::kFloat32, ReduceOp::kSum}).ok());
+  finalizer.Add(plane_.get(), 0, {&a.entry, &b.entry}, plane_->TakeCompletion());
   finalizer.Drain();
   EXPECT_EQ(failure.code(), StatusCode::kTimeout) << failure.ToString();
   if (rank_ == 0) {
     // Enters the collective the others are stuck in once rank 1's destructor has given up on it.
     const MPI_Comm comm = backend_->comm();
     MPI_Recv(nullptr, 0, MPI_BYTE, 1, kReleaseTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    std::vector<float> zeros(16, 0.0f);
-    MPI_Allreduce(MPI_IN_PLACE, zeros.data(), 16, MPI_FLOAT, MPI_SUM, comm);
+    const size_t fused =
+        AlignFusionOffset(AlignFusionOffset(16 * sizeof(float)) + 16 * sizeof(float));
+    std::vector<float> zeros(fused / sizeof(float), 0.0f);
+    MPI_Allreduce(MPI_IN_PLACE, zeros.data(), static_cast<int>(zeros.size()), MPI_FLOAT, MPI_SUM,
+                  comm);
   }
   const auto start = std::chrono::steady_clock::now();
   plane_.reset();
-  HostDeviceBackend::SetStuckCollectiveHandlerForTesting(nullptr);
   if (rank_ == 0) {
     EXPECT_TRUE(g_stuck_message.empty()) << "its stream dropped the allreduce: " << g_stuck_message;
     return;
   }
-  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(250));
   // Rank 1's handler releases every rank: the others may be released before their own limit.
   if (rank_ != 1) return;
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(250));
   for (const char* needle : {"MPI_Allreduce", "half.stuck", "another rank", "the job ends"}) {
     EXPECT_NE(g_stuck_message.find(needle), std::string::npos) << g_stuck_message;
   }

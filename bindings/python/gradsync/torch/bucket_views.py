@@ -15,7 +15,7 @@ Thread safety: one wrapper's, on its training loop's thread.
 import torch
 
 from gradsync.torch.gradient_batch import GradientBatch
-from gradsync.torch.wire import _CORE_OPS, Average, _stream_of, _wait_for_streams
+from gradsync.torch.wire import _CORE_OPS, Average, _note_producer, _wait_for_streams
 
 
 class BucketViews:
@@ -79,9 +79,7 @@ class BucketViews:
             p.grad = view
         streams = self._streams[k]
         if streams is not None:
-            stream = _stream_of(view.device)
-            if stream not in streams:
-                streams.append(stream)
+            _note_producer(streams, view.device)
         self._ready[k] += 1
         if self._ready[k] == self._sizes[k]:
             self._start(k)
@@ -92,7 +90,7 @@ class BucketViews:
         if streams:
             # The batch takes the current stream as the bucket's producer: it waits for the
             # others that made its gradients first.
-            _wait_for_streams(streams, flat.device)
+            _wait_for_streams(streams, flat)
             streams.clear()
         self._batch.start(flat, flat)
 

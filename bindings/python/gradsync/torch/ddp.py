@@ -18,12 +18,11 @@ from gradsync.torch.grad_hooks import _weakly, queue_end_of_backward, register_g
 from gradsync.torch.gradient_batch import GradientBatch
 from gradsync.torch.handles import _results_in_turn, _synchronize_all, synchronize
 from gradsync.torch.process_sets import _collective_prefix, _id_of, global_process_set
-from gradsync.torch.wire import (_CORE_OPS, Average, Sum, _release_after_consumer, _stream_of,
+from gradsync.torch.wire import (_CORE_OPS, Average, Sum, _note_producer, _release_after_consumer,
                                  _wait_for_streams)
 
 # PyTorch DDP starts with a small bucket so that the first allreduce leaves early in backward.
 _FIRST_BUCKET_BYTES = 1024 * 1024
-
 
 
 class _Bucket:
@@ -36,9 +35,7 @@ class _Bucket:
         self.params = params
         self.ready = set()  # ids of the parameters whose gradient this backward produced
         self.streams = []  # the CUDA streams that produced them (from _stream_of)
-        # (handle, [(param, reduced, decompress context)], the stream current at the launch)
-        # once enqueued
-        self.launched = None
+        self.launched = None  # (handle, [(param, reduced, context)], stream it was launched on)
 
 
 class _JoinState:
@@ -307,9 +304,7 @@ class DistributedDataParallel(torch.nn.Module):
         bucket = self._bucket_of[id(p)]
         bucket.ready.add(id(p))
         if p.is_cuda:
-            stream = _stream_of(p.device)
-            if stream not in bucket.streams:
-                bucket.streams.append(stream)
+            _note_producer(bucket.streams, p.device)
         if len(bucket.ready) == len(bucket.params):
             self._launch(bucket)
 
@@ -341,13 +336,8 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _launch(self, bucket):
         """Enqueues the bucket's gradients, zeros standing in for those backward did not make."""
-        made_on = None
-        if bucket.params[0].is_cuda:
-            # Compressed and stand-in copies are made on the current stream, and the runtime
-            # takes it as every gradient's producer: it waits for the others that made some.
-            device = bucket.params[0].device
-            _wait_for_streams(bucket.streams, device)
-            made_on = _stream_of(device)
+        # The runtime takes the stream the copies are made on as every gradient's producer.
+        made_on = _wait_for_streams(bucket.streams, bucket.params[0])
         grads = []
         ready = bucket.ready
         for p in bucket.params:

@@ -12,8 +12,8 @@ from gradsync.torch.gradient_batch import GradientBatch
 from gradsync.torch.handles import _results_in_turn
 from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.sparse import sparse_allreduce_async
-from gradsync.torch.wire import (_CORE_OPS, _name, _release_after_consumer, _stream_of,
-                                 _wait_for_streams)
+from gradsync.torch.wire import (_CORE_OPS, _name, _note_producer, _release_after_consumer,
+                                 _stream_of, _wait_for_streams)
 
 # Marks a parameter whose gradient is in flight in the batch (self._handles' value for it).
 _IN_BATCH = (None, None)
@@ -73,7 +73,7 @@ class _DistributedOptimizer:
 
         self.backward_passes_per_step = backward_passes_per_step
         self._delay = {}
-        self._handles = {}  # parameter id -> (handle, compression context)
+        self._handles = {}  # parameter id -> (handle, what its result is written back with)
         self._group_waiting = {}  # group index -> ids of its members still to be produced
         self._grad_accumulators = []
         self._should_synchronize = True
@@ -189,10 +189,7 @@ class _DistributedOptimizer:
             gi = self._groups[pid]
             self._handles[pid] = (None, None)
             if p.is_cuda:
-                streams = self._group_streams.setdefault(gi, [])
-                stream = _stream_of(p.device)
-                if stream not in streams:
-                    streams.append(stream)
+                _note_producer(self._group_streams.setdefault(gi, []), p.device)
             waiting = self._group_waiting[gi]
             waiting.discard(pid)
             if not waiting:
@@ -217,12 +214,8 @@ class _DistributedOptimizer:
     def _enqueue_group(self, gi):
         members = [self._by_id[pid] for pid, g in self._groups.items() if g == gi
                    and pid in self._by_id]
-        made_on = None
-        if members[0].is_cuda:
-            # The copies are made on the current stream, and the runtime takes it as every
-            # member's producer: it waits for the others that made some.
-            _wait_for_streams(self._group_streams.pop(gi, []), members[0].device)
-            made_on = _stream_of(members[0].device)
+        # The runtime takes the stream the copies are made on as every member's producer.
+        made_on = _wait_for_streams(self._group_streams.pop(gi, []), members[0])
         compressed, ctxs = zip(*[self._compression.compress(self._prepare_grad(p))
                                  for p in members])
         handle = mpi_ops.grouped_allreduce_async_(list(compressed), name="group.%d" % gi,

@@ -76,13 +76,26 @@ def _stream_of(device):
     return torch.cuda.current_stream(device).cuda_stream or _CUDA_STREAM_LEGACY
 
 
-def _wait_for_streams(streams, device):
-    """Makes the current stream of CUDA ``device`` wait for each of ``streams`` (handles from
-    ``_stream_of``) other than itself: work given to it next follows every one of them."""
+def _note_producer(streams, device):
+    """Adds the stream current on CUDA ``device`` to ``streams`` (handles from ``_stream_of``)
+    unless it is there: the streams that made a bucket's gradients."""
+    stream = _stream_of(device)
+    if stream not in streams:
+        streams.append(stream)
+
+
+def _wait_for_streams(streams, tensor):
+    """Makes the current stream of a CUDA ``tensor``'s device wait for each of ``streams`` other
+    than itself, so that work given to it next follows every one of them; returns its handle
+    (None for a host tensor, which has no stream)."""
+    if not tensor.is_cuda:
+        return None
+    device = tensor.device
     current = _stream_of(device)
     for other in streams:
         if other != current:
             torch.cuda.current_stream(device).wait_stream(_torch_stream(other, device))
+    return current
 
 
 def _release_after_consumer(tensor, made_on):
