@@ -79,9 +79,7 @@ HostStream::~HostStream() {
   thread_.join();
 }
 
-bool HostStream::Enqueue(std::function<void()> work) {
-  return Push({std::move(work), nullptr, nullptr});
-}
+void HostStream::Enqueue(std::function<void()> work) { Push({std::move(work), nullptr, nullptr}); }
 
 std::shared_ptr<StreamEvent> HostStream::Record() {
   auto event = std::make_shared<HostEvent>();
@@ -93,7 +91,7 @@ void HostStream::WaitFor(std::shared_ptr<StreamEvent> event) {
   Push({nullptr, std::move(event), nullptr});
 }
 
-bool HostStream::Push(Item item) {
+void HostStream::Push(Item item) {
   Status refused;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -101,13 +99,12 @@ bool HostStream::Push(Item item) {
       items_.push_back(std::move(item));
       // Only a sleeping stream needs the system call: a running one finds the item itself.
       if (std::exchange(sleeping_, false)) cv_.notify_all();
-      return true;
+      return;
     }
     refused = aborted_ ? abort_status_ : Status::Shutdown("the stream was destroyed first");
   }
   // A failed stream runs nothing, and its events complete at once with the failure.
   if (item.record) item.record->Complete(refused);
-  return false;
 }
 
 bool HostStream::running() {

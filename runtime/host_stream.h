@@ -49,9 +49,8 @@ class HostStream : public Stream {
   HostStream(const HostStream&) = delete;
   HostStream& operator=(const HostStream&) = delete;
 
-  // Runs `work` after everything given to this stream before it, on the stream's thread. False
-  // when the stream refused it (aborted, or being destroyed): `work` was dropped unrun.
-  bool Enqueue(std::function<void()> work);
+  // Runs `work` after everything given to this stream before it, on the stream's thread.
+  void Enqueue(std::function<void()> work);
 
   std::shared_ptr<StreamEvent> Record() override;
   void WaitFor(std::shared_ptr<StreamEvent> event) override;
@@ -68,8 +67,7 @@ class HostStream : public Stream {
     std::shared_ptr<HostEvent> record;      // or: complete this event
   };
 
-  // False when refused: the item is dropped, its event completed with the failure.
-  bool Push(Item item);
+  void Push(Item item);
   void Run();
   // Waits for `event` in slices, so that an abort or the destructor is seen; a failed event aborts
   // the stream.
