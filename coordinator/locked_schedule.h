@@ -184,7 +184,6 @@ class LockedSchedule {
   std::string leave_reason_;              // set: the next exchange releases
   double last_progress_ = 0.0;
   bool in_flight_ = false;
-  bool releasing_ = false;   // the exchange in flight is a release
   uint64_t exchanges_ = 0;   // started on this channel, the same count on every rank
   double started_at_ = 0.0;  // of the exchange in flight
   double next_nudge_ = 0.0;

@@ -564,5 +564,34 @@ TEST(TensorQueueTest, ConcurrentPushersAreAllAccepted) {
   EXPECT_EQ(drained, static_cast<size_t>(kThreads * kPerThread));
 }
 
+// A caller pushing while the completing thread releases and recycles the entries before it, as a
+// locked step's buckets do: every push is accepted and every entry completed.
+TEST(TensorQueueTest, PushesWhileEarlierEntriesAreReleasedAreAllAccepted) {
+  TensorQueue queue;
+  constexpr int kSteps = 50;
+  constexpr int kPerStep = 64;
+  std::atomic<int> completed{0};
+  std::thread completer([&] {
+    const auto deadline = steady_clock::now() + kLongWait;
+    while (completed < kSteps * kPerStep && steady_clock::now() < deadline) {
+      queue.WaitForWork(milliseconds(1));
+      std::vector<TensorEntry*> drained = queue.Drain();
+      queue.Release(drained);
+      queue.Recycle();
+      completed += static_cast<int>(drained.size());
+    }
+  });
+  for (int step = 0; step < kSteps; ++step) {
+    for (int t = 0; t < kPerStep; ++t) {
+      std::unique_ptr<TensorEntry> entry = queue.NewEntry();
+      entry->name = std::to_string(step) + "." + std::to_string(t);
+      entry->state = std::make_shared<OpState>();
+      EXPECT_TRUE(queue.Push(std::move(entry)).ok());
+    }
+  }
+  completer.join();
+  EXPECT_EQ(completed, kSteps * kPerStep);
+}
+
 }  // namespace
 }  // namespace gradsync
