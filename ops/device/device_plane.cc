@@ -155,12 +155,15 @@ Status DevicePlane::Allreduce(const std::vector<TensorEntry*>& entries, const Re
     const char* last = "DEVICE_ALLREDUCE";
     if (count > 0) {
       void* out = entry->output.data;
-      if (entry->input.data != out || spec.prescale != 1.0) {
+      // Unscaled, the collective reads the input itself: an out-of-place operation costs no
+      // copy launch (the library reduces from one buffer into another).
+      const void* in = spec.prescale == 1.0 ? entry->input.data : out;
+      if (spec.prescale != 1.0) {
         segments_.push_back({entry->input.data, out, count, spec.prescale});
         GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
         MarkPhase("DEVICE_COPY_IN");
       }
-      GRADSYNC_LAUNCH(backend_->Allreduce(out, out, count, spec.dtype, op), "allreduce", entries);
+      GRADSYNC_LAUNCH(backend_->Allreduce(in, out, count, spec.dtype, op), "allreduce", entries);
       if (postscale != 1.0) {
         MarkPhase("DEVICE_ALLREDUCE");
         segments_.assign(1, CopySegment{out, out, count, postscale});

@@ -149,6 +149,30 @@ TEST_F(DevicePlaneTest, ScalesAreFoldedIntoTheCopies) {
   }
 }
 
+// Unscaled, a tensor reduced alone into another buffer goes straight to the collective: no copy
+// is launched, and the input is left as it was. A sum, and an average (scaled after the
+// collective, in the output, where there is more than one rank).
+TEST_F(DevicePlaneTest, AnUnscaledTensorAloneIsReducedOutOfPlaceWithoutACopy) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+    Op a("a", DataType::kFloat32, {1000});
+    Fill(&a.input, op, rank_);
+    a.OutOfPlace();
+    plane_->RecordPhases(true);
+    ASSERT_TRUE(plane_->Allreduce({&a.entry}, {DataType::kFloat32, op}).ok());
+    ASSERT_TRUE(Finish().ok());
+    std::vector<std::string> phases;
+    for (const DataPlane::TimedPhase& phase : plane_->TakePhases()) phases.push_back(phase.label);
+    plane_->RecordPhases(false);
+    std::vector<std::string> expected{"DEVICE_QUEUE", "DEVICE_ALLREDUCE"};
+    if (op == ReduceOp::kAverage && size_ > 1) expected.push_back("DEVICE_SCALE");
+    EXPECT_EQ(phases, expected) << ReduceOpName(op);
+    EXPECT_TRUE(Reduced(a.result, op, DataType::kFloat32, size_)) << ReduceOpName(op);
+    for (int64_t i = 0; i < a.input.size(); ++i) {
+      ASSERT_EQ(a.input.Get(i), Value(op, rank_, i)) << ReduceOpName(op) << " input " << i;
+    }
+  }
+}
+
 TEST_F(DevicePlaneTest, WaitsOnTheStreamForASlowProducer) {
   Op op("late", DataType::kFloat32, {4096});
   HostStream producer;
