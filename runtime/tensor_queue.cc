@@ -29,7 +29,7 @@ Status DuplicateName(const std::string& name) {
 // within microseconds of each other at every bucket, and each holds it for about a microsecond.
 // Blocking cost the pusher a sleep and a wake-up each time: over a no-op device backend a locked
 // 64-tensor step, whose callers launch buckets while the finalizer completes earlier ones, took
-// 2-4 times as long as with the spin (docs/benchmarks.md).
+// about twice as long as with the spin (docs/benchmarks.md).
 constexpr std::chrono::microseconds kQueueLockSpin(10);
 
 std::unique_lock<std::mutex> LockQueue(std::mutex& mu) {
