@@ -157,11 +157,12 @@ Status DevicePlane::Allreduce(const std::vector<TensorEntry*>& entries, const Re
       void* out = entry->output.data;
       // Unscaled, the collective reads the input itself: an out-of-place operation costs no
       // copy launch (the library reduces from one buffer into another).
-      const void* in = spec.prescale == 1.0 ? entry->input.data : out;
+      const void* in = entry->input.data;
       if (spec.prescale != 1.0) {
         segments_.push_back({entry->input.data, out, count, spec.prescale});
         GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
         MarkPhase("DEVICE_COPY_IN");
+        in = out;
       }
       GRADSYNC_LAUNCH(backend_->Allreduce(in, out, count, spec.dtype, op), "allreduce", entries);
       if (postscale != 1.0) {
