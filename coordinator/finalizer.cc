@@ -11,15 +11,27 @@ namespace gradsync {
 
 namespace {
 
-// For this long after a bucket arrives or completes, the finalizer looks again after a yield
-// instead of a sleep: a small reduction on a GPU completes within microseconds of its launch, and
-// waking from even a short sleep costs about as much. The buckets of a backward pass arrive closer
-// together than this, so the finalizer polls through it and sleeps once work thins out. It keeps
-// looking through the window with nothing in flight too: a caller that waits on each operation
-// adds the next one microseconds after the last completed, and waking the finalizer from its
-// condition variable for it cost more than the rest of the operation's host path together (over
-// a no-op device backend at 1 rank, 17 us an operation against 1.8 us).
+// For at least this long after a bucket arrives or completes, the finalizer looks again after a
+// yield instead of a sleep: a small reduction on a GPU completes within microseconds of its
+// launch, and waking from even a short sleep costs about as much. It keeps looking through the
+// window with nothing in flight too: a caller that waits on each operation adds the next one
+// microseconds after the last completed, and waking the finalizer from its condition variable for
+// it cost more than the rest of the operation's host path together (over a no-op device backend
+// at 1 rank, 17 us an operation against 1.8 us).
 constexpr std::chrono::microseconds kSpinWindow(100);
+// And longer when the buckets have been arriving further apart (SpinWindow), up to this: a
+// host-bound backward launches its buckets a few hundred microseconds apart, and each that found
+// the finalizer asleep cost its launching caller a wake-up. A gap longer than half of this is
+// slept through. Not for buckets whose events tell of their completion: a host thread runs those
+// (the MPI backend's stream), and a finalizer spinning through the gaps kept the core that thread
+// needs looking busy, so the scheduler queued the thread behind a busy one instead (over the host
+// device backend at 1 rank of a 2-core VM, the locked step's 190-226 us over raw went to 189-389).
+constexpr std::chrono::microseconds kLongestSpinWindow(1000);
+// Past kSpinWindow, a yield that returns this late gave the core to a thread that had work for
+// it (ranks sharing cores, a data loader): the finalizer then sleeps instead of taking the core
+// back at every turn. At 2 ranks on a 2-core VM, spinning on through the window made most
+// negotiated operations over the no-op backend take about 70 us instead of about 40.
+constexpr std::chrono::microseconds kCoreWanted(50);
 // Then it sleeps between looks while nothing completes, from a few microseconds (a small
 // reduction's latency) up to a millisecond (what a step's last reduction may wait at most).
 constexpr std::chrono::microseconds kFirstPause(5);
@@ -45,8 +57,14 @@ class Finalizer::Wakeup : public CompletionListener {
       std::lock_guard<std::mutex> lock(mu_);
       woken_ = true;
       if (!sleeping_) return;  // it looks at everything before it sleeps again
+      ++sleepers_woken_;
     }
     cv_.notify_one();
+  }
+
+  size_t sleepers_woken() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sleepers_woken_;
   }
 
   // Until woken or `until`. A wake-up that came since the last sleep ends this one at once.
@@ -67,11 +85,15 @@ class Finalizer::Wakeup : public CompletionListener {
   std::mutex mu_;
   std::condition_variable cv_;
   bool woken_ = false;
+  size_t sleepers_woken_ = 0;
   bool sleeping_ = false;
 };
 
 Finalizer::Finalizer(CompleteFn complete, Timeline* timeline)
-    : complete_(std::move(complete)), timeline_(timeline), wakeup_(std::make_shared<Wakeup>()) {}
+    : complete_(std::move(complete)),
+      timeline_(timeline),
+      wakeup_(std::make_shared<Wakeup>()),
+      spin_(kSpinWindow, kLongestSpinWindow, kCoreWanted) {}
 
 Finalizer::~Finalizer() {
   Drain();
@@ -91,7 +113,7 @@ void Finalizer::Add(DataPlane* plane, int32_t process_set, const std::vector<Ten
   {
     std::lock_guard<std::mutex> lock(mu_);
     inbox_.push_back(Bucket{plane, process_set, entries, std::move(done), deadline,
-                            std::move(phases), launched, QueryPacer(now)});
+                            std::move(phases), launched, now, QueryPacer(now)});
     inbox_filled_.store(true, std::memory_order_release);
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
   }
@@ -116,6 +138,8 @@ void Finalizer::Drain() {
   drained_.wait(lock, [this] { return inbox_.empty() && adopted_ == 0; });
 }
 
+size_t Finalizer::sleeping_wakeups() const { return wakeup_->sleepers_woken(); }
+
 size_t Finalizer::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
   return inbox_.size() + adopted_;
@@ -127,13 +151,16 @@ void Finalizer::Run() {
   auto pause = kFirstPause;
   for (;;) {
     const auto now = std::chrono::steady_clock::now();
+    const auto idle = now - active_at_;
     // A contending event due soon is waited for between yields too: a sleep would overshoot it.
-    const bool recent = now - active_at_ < kSpinWindow || next_contended_query_ < now + kSpinWindow;
+    const bool spins = widens_ ? spin_.Spins(idle) : idle < kSpinWindow;
+    const bool recent = spins || next_contended_query_ < now + kSpinWindow;
     const bool arrived = inbox_filled_.load(std::memory_order_acquire);
     if (recent && !arrived && owned_.empty()) {
       // Between operations: look again without the lock the next Add takes.
       if (stopping_.load(std::memory_order_relaxed)) return;
       std::this_thread::yield();
+      spin_.Yielded(idle, std::chrono::steady_clock::now() - now);
       continue;
     }
     if (!recent && !arrived) {
@@ -173,6 +200,8 @@ bool Finalizer::Adopt() {
     }
     // An event tells its listener outside its own lock, and the wake-up never takes mu_.
     bucket.notifies = bucket.done->NotifyOnCompletion(wakeup_);
+    spin_.Arrived(bucket.added);
+    widens_ = !bucket.notifies;
     owned_.push_back(std::move(bucket));
   }
   adopted_ += inbox_.size();

@@ -19,6 +19,9 @@
 // a host stream's, which the MPI backend for ranks sharing a GPU completes on its thread) wakes
 // the finalizer when it completes, so that the finalizer sleeps through a long bucket instead of
 // looking at it after ever longer pauses, which saw a completion up to half its latency late.
+// Between buckets the finalizer looks for the next one between yields for a while before it
+// sleeps (SpinWindow: longer when its buckets have been arriving further apart), so that the
+// caller launching a step's next bucket seldom pays the system call that wakes it.
 //
 // Thread safety: Add and Drain are called by whichever thread runs the background loop's cycle
 // (its own thread, or a caller launching a locked bucket), one at a time, and by shutdown on the
@@ -43,6 +46,7 @@
 #include "gradsync/status.h"
 #include "ops/data_plane.h"
 #include "runtime/query_pacer.h"
+#include "runtime/spin_window.h"
 #include "runtime/stream.h"
 #include "runtime/tensor_entry.h"
 #include "runtime/timeline.h"
@@ -75,6 +79,9 @@ class Finalizer {
   void Drain();
   // Buckets handed over and not completed yet.
   size_t pending() const;
+  // How many times the finalizer was found asleep and woken (by Add, an event, or shutdown): each
+  // cost the waking thread a system call.
+  size_t sleeping_wakeups() const;
 
  private:
   struct Bucket {
@@ -85,6 +92,7 @@ class Finalizer {
     std::chrono::steady_clock::time_point deadline;
     std::vector<DataPlane::TimedPhase> phases;
     std::chrono::steady_clock::time_point launched;
+    std::chrono::steady_clock::time_point added;  // handed to Add
     // Used when the event's query contends (StreamEvent::QueryContends).
     QueryPacer pacer;
     // The event tells the finalizer when it completes (StreamEvent::NotifyOnCompletion).
@@ -122,8 +130,12 @@ class Finalizer {
   bool device_warned_ = false;  // UseDeviceOfEvent failed once
   std::chrono::steady_clock::time_point last_error_poll_;
   // When a bucket last arrived or completed: the finalizer polls without sleeping for a while
-  // after.
+  // after, as long as spin_ says from how far apart the buckets have been arriving.
   std::chrono::steady_clock::time_point active_at_;
+  SpinWindow spin_;
+  // The last bucket to arrive has an event that does not tell of its completion: the window
+  // may widen past the shortest (kLongestSpinWindow in finalizer.cc says why only then).
+  bool widens_ = false;
   // The earliest a contending event is due to be looked at again; max() when none is owned.
   std::chrono::steady_clock::time_point next_contended_query_ =
       std::chrono::steady_clock::time_point::max();

@@ -301,6 +301,57 @@ TEST(FinalizerTest, AnEventThatTellsOfItsCompletionWakesTheFinalizer) {
   EXPECT_LE(later_looks, 8u * kBuckets) << "looks later than 2 ms after each bucket's first";
 }
 
+// Buckets handed over `gap` apart, each already complete, with an event like a device's (only a
+// query shows it complete) or, `telling`, like a host stream's (it tells of its completion);
+// returns how many of them found the finalizer asleep and had to wake it. Paced against a clock, so
+// that a late hand-over is followed by an early one rather than by every later one running late.
+size_t WakeupsForBucketsEvery(std::chrono::microseconds gap, int buckets, bool telling = false) {
+  Completions done;
+  FakePlane plane;
+  Finalizer finalizer(done.Fn());
+  std::vector<std::unique_ptr<TensorEntry>> entries;
+  const auto start = std::chrono::steady_clock::now();
+  for (int b = 0; b < buckets; ++b) {
+    while (std::chrono::steady_clock::now() < start + b * gap) std::this_thread::yield();
+    entries.push_back(Entry("b" + std::to_string(b)));
+    std::shared_ptr<StreamEvent> event;
+    if (telling) {
+      auto host = plane.NewEvent();
+      host->Complete(Status::OK());
+      event = host;
+    } else {
+      event = std::make_shared<ContendingEvent>(std::chrono::steady_clock::now());
+    }
+    finalizer.Add(&plane, 0, {entries.back().get()}, event);
+  }
+  finalizer.Drain();
+  EXPECT_EQ(done.seen.size(), static_cast<size_t>(buckets));
+  return finalizer.sleeping_wakeups();
+}
+
+// A host-bound backward launches its buckets a few hundred microseconds apart: the finalizer,
+// having seen them come that far apart, stays awake between them, so that the caller launching
+// the next one does not pay a system call to wake it. With a fixed window of 100 us nearly every
+// one of these would wake it.
+TEST(FinalizerTest, BucketsArrivingAFewHundredMicrosecondsApartFindItAwake) {
+  constexpr int kBuckets = 24;
+  EXPECT_LE(WakeupsForBucketsEvery(std::chrono::microseconds(250), kBuckets), kBuckets / 4u);
+}
+
+// Buckets further apart than it spins find it asleep: it does not keep a core busy through them.
+TEST(FinalizerTest, BucketsArrivingMillisecondsApartFindItAsleep) {
+  constexpr int kBuckets = 8;
+  EXPECT_GE(WakeupsForBucketsEvery(std::chrono::milliseconds(3), kBuckets), kBuckets / 2u);
+}
+
+// A host thread runs buckets whose events tell of their completion, and needs a core for it: the
+// finalizer sleeps after the shortest window between those.
+TEST(FinalizerTest, BucketsThatTellOfTheirCompletionDoNotKeepItSpinning) {
+  constexpr int kBuckets = 24;
+  EXPECT_GE(WakeupsForBucketsEvery(std::chrono::microseconds(250), kBuckets, /*telling=*/true),
+            kBuckets / 2u);
+}
+
 TEST(FinalizerTest, NoThreadUntilTheFirstBucket) {
   Completions done;
   { Finalizer unused(done.Fn()); }  // constructing and destroying one is free and immediate
