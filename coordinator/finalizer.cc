@@ -95,6 +95,12 @@ Finalizer::Finalizer(CompleteFn complete, Timeline* timeline)
       wakeup_(std::make_shared<Wakeup>()),
       spin_(kSpinWindow, kLongestSpinWindow, kCoreWanted) {}
 
+Finalizer::Finalizer(CompleteFn complete, Timeline* timeline, const SpinWindow& spin)
+    : complete_(std::move(complete)),
+      timeline_(timeline),
+      wakeup_(std::make_shared<Wakeup>()),
+      spin_(spin) {}
+
 Finalizer::~Finalizer() {
   Drain();
   stopping_.store(true);
@@ -153,8 +159,7 @@ void Finalizer::Run() {
     const auto now = std::chrono::steady_clock::now();
     const auto idle = now - active_at_;
     // A contending event due soon is waited for between yields too: a sleep would overshoot it.
-    const bool spins = widens_ ? spin_.Spins(idle) : idle < kSpinWindow;
-    const bool recent = spins || next_contended_query_ < now + kSpinWindow;
+    const bool recent = spin_.Spins(idle) || next_contended_query_ < now + kSpinWindow;
     const bool arrived = inbox_filled_.load(std::memory_order_acquire);
     if (recent && !arrived && owned_.empty()) {
       // Between operations: look again without the lock the next Add takes.
@@ -200,8 +205,7 @@ bool Finalizer::Adopt() {
     }
     // An event tells its listener outside its own lock, and the wake-up never takes mu_.
     bucket.notifies = bucket.done->NotifyOnCompletion(wakeup_);
-    spin_.Arrived(bucket.added);
-    widens_ = !bucket.notifies;
+    spin_.Arrived(bucket.added, /*may_widen=*/!bucket.notifies);
     owned_.push_back(std::move(bucket));
   }
   adopted_ += inbox_.size();

@@ -4,8 +4,9 @@
 
 namespace gradsync {
 
-void SpinWindow::Arrived(Clock::time_point at) {
+void SpinWindow::Arrived(Clock::time_point at, bool may_widen) {
   core_wanted_ = false;
+  may_widen_ = may_widen;
   if (any_) {
     const Clock::duration gap = std::max(at - last_, Clock::duration::zero());
     gaps_[next_] = 2 * gap <= longest_ ? gap : Clock::duration::zero();

@@ -32,11 +32,13 @@ class SpinWindow {
   SpinWindow(Clock::duration shortest, Clock::duration longest, Clock::duration wanted)
       : shortest_(shortest), longest_(longest), wanted_(wanted), window_(shortest) {}
 
-  // Work arrived at `at`; arrivals are given in the order they came.
-  void Arrived(Clock::time_point at);
+  // Work arrived at `at`; arrivals are given in the order they came. Until the next arrival the
+  // window widens past `shortest` only if `may_widen` (the finalizer: not after a bucket that a
+  // host thread runs, which needs a core for it).
+  void Arrived(Clock::time_point at, bool may_widen = true);
   // Whether to go on looking between yields, `idle` after the last work.
   bool Spins(Clock::duration idle) const {
-    return idle < shortest_ || (idle < window_ && !core_wanted_);
+    return idle < shortest_ || (idle < window_ && may_widen_ && !core_wanted_);
   }
   // A yield made `idle` after the last work took `took`.
   void Yielded(Clock::duration idle, Clock::duration took) {
@@ -51,6 +53,7 @@ class SpinWindow {
   Clock::duration wanted_;
   Clock::duration window_;
   bool core_wanted_ = false;
+  bool may_widen_ = true;
   Clock::time_point last_;
   bool any_ = false;
   // The last kRemembered gaps, ring-ordered; zero where none was yet, or the gap was too long

@@ -102,5 +102,19 @@ TEST(SpinWindowTest, AYieldThatReturnsLateEndsTheWidenedWindow) {
   EXPECT_TRUE(spin.Spins(microseconds(250)));
 }
 
+// After work that a host thread runs (a bucket whose event tells of its completion), only the
+// shortest window holds, whatever the gaps; the next arrival that may widen it widens it again.
+TEST(SpinWindowTest, AnArrivalThatMayNotWidenItKeepsTheShortest) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SpinWindow spin(microseconds(100), microseconds(1000), microseconds(50));
+  spin.Arrived(t0);
+  spin.Arrived(t0 + microseconds(300), /*may_widen=*/false);
+  EXPECT_EQ(spin.window(), microseconds(600));  // the gap still counts
+  EXPECT_TRUE(spin.Spins(microseconds(99)));
+  EXPECT_FALSE(spin.Spins(microseconds(100)));
+  spin.Arrived(t0 + microseconds(600));
+  EXPECT_TRUE(spin.Spins(microseconds(500)));
+}
+
 }  // namespace
 }  // namespace gradsync
