@@ -338,19 +338,20 @@ uint64_t LockedSchedule::FullBuckets() const {
 void LockedSchedule::EmitBucket(LockedCycle* out) {
   PlannedBucket& bucket = buckets_[cursor_];
   CycleOutcome run;
+  // The plan's responses outlive the outcome (only Lock replaces them, in a negotiated cycle), so
+  // the outcome points to them without holding them: no reference count moves per tensor.
   if (bucket.done_count == 0) {
-    run.owned = bucket.responses;
     run.entries = bucket.slots;
     std::fill(bucket.slots.begin(), bucket.slots.end(), nullptr);
+    run.responses.reserve(bucket.responses.size());
+    for (const ResponsePtr& r : bucket.responses) run.responses.push_back(r.get());
   } else {
     for (size_t i = 0; i < bucket.responses.size(); ++i) {
       if (bucket.done[i]) continue;
-      run.owned.push_back(bucket.responses[i]);
+      run.responses.push_back(bucket.responses[i].get());
       run.entries.push_back(std::exchange(bucket.slots[i], nullptr));
     }
   }
-  run.responses.reserve(run.owned.size());
-  for (const ResponsePtr& r : run.owned) run.responses.push_back(r.get());
   held_ -= bucket.filled;
   bucket.filled = 0;
   EndFirstStep(&bucket);

@@ -62,7 +62,9 @@ struct LockSettings {
 // What a locked cycle gives back to run.
 struct LockedCycle {
   // Buckets every rank agreed on, to run in this order; each outcome's responses are one planned
-  // bucket (owned by the outcome) and its entries this rank's, slot by slot.
+  // bucket and its entries this rank's, slot by slot. The responses are the plan's, not the
+  // outcome's (its `owned` is empty): valid until the schedule next locks, which no locked cycle
+  // does, so for as long as the cycle that ran them.
   std::vector<CycleOutcome> buckets;
   // The set left the lock in this cycle, after `buckets`: what this rank held goes back to
   // negotiation (in plan order from the bucket it left at, then what did not fit the plan).
