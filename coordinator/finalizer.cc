@@ -90,10 +90,8 @@ class Finalizer::Wakeup : public CompletionListener {
 };
 
 Finalizer::Finalizer(CompleteFn complete, Timeline* timeline)
-    : complete_(std::move(complete)),
-      timeline_(timeline),
-      wakeup_(std::make_shared<Wakeup>()),
-      spin_(kSpinWindow, kLongestSpinWindow, kCoreWanted) {}
+    : Finalizer(std::move(complete), timeline,
+                SpinWindow(kSpinWindow, kLongestSpinWindow, kCoreWanted)) {}
 
 Finalizer::Finalizer(CompleteFn complete, Timeline* timeline, const SpinWindow& spin)
     : complete_(std::move(complete)),
