@@ -249,6 +249,10 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
   GRADSYNC_RETURN_IF_ERROR(CheckStallOrder(c));
   GRADSYNC_RETURN_IF_ERROR(ParseLogLevelVar(getenv, "GRADSYNC_LOG_LEVEL", &c.log_level));
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kNcclTimeout, &c.nccl_timeout_seconds));
+  if (std::string_view text = Lookup(getenv, "GRADSYNC_DEVICE_COPY_TABLES"); !text.empty()) {
+    GRADSYNC_RETURN_IF_ERROR(
+        ParseSwitch("GRADSYNC_DEVICE_COPY_TABLES", text, &c.device_copy_tables));
+  }
   if (std::string_view backend = Lookup(getenv, "GRADSYNC_GPU_BACKEND"); !backend.empty()) {
     GRADSYNC_RETURN_IF_ERROR(ParseGpuBackend("GRADSYNC_GPU_BACKEND", backend, &c.gpu_backend));
   }
@@ -300,6 +304,7 @@ std::string Config::ToString() const {
          " GRADSYNC_STALL_WARNING_SECONDS=" + FormatDouble(stall_warning_seconds) +
          " GRADSYNC_STALL_SHUTDOWN_SECONDS=" + FormatDouble(stall_shutdown_seconds) +
          " GRADSYNC_LOG_LEVEL=" + LogLevelName(log_level) +
+         " GRADSYNC_DEVICE_COPY_TABLES=" + (device_copy_tables ? "1" : "0") +
          " GRADSYNC_GPU_BACKEND=" + GpuBackendName(gpu_backend) +
          " GRADSYNC_NCCL_TIMEOUT_SECONDS=" + FormatDouble(nccl_timeout_seconds) +
          " GRADSYNC_GPU_DEVICE=" +

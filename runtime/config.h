@@ -90,6 +90,10 @@ struct Config {
   double stall_shutdown_seconds = 300.0;
   // GRADSYNC_LOG_LEVEL: trace, debug, info, warning, error, off.
   LogLevel log_level = LogLevel::kWarn;
+  // GRADSYNC_DEVICE_COPY_TABLES: a device batched copy that repeats (a locked bucket's, step
+  // after step) keeps its descriptors in device memory and passes the kernel their address
+  // (ops/device/copy_table_cache.h); off, every launch passes them anew.
+  bool device_copy_tables = true;
   // GRADSYNC_GPU_BACKEND: auto, nccl or mpi.
   GpuBackend gpu_backend = GpuBackend::kAuto;
   // GRADSYNC_NCCL_TIMEOUT_SECONDS: launched device work that has not finished after this long

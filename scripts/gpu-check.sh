@@ -230,6 +230,10 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
       echo "gpu-check: overlap with GRADSYNC_CALLER_LAUNCH=0"
       GRADSYNC_CALLER_LAUNCH=0 "$bench" "${iters[@]}" --max-bytes 4 | grep -A2 '^# overlap' ||
         true
+      # Every copy's descriptors passed anew at each launch: what the tables save, same sitting.
+      echo "gpu-check: overlap with GRADSYNC_DEVICE_COPY_TABLES=0"
+      GRADSYNC_DEVICE_COPY_TABLES=0 "$bench" "${iters[@]}" --max-bytes 4 |
+        grep -A2 '^# overlap' || true
       GRADSYNC_GPU_BACKEND=mpi mpirun -np 2 --oversubscribe "$bench" "${iters[@]}" \
         --max-bytes 16384 | grep -A8 '^# allreduce of one' || true
       host_mpi_scale

@@ -4,6 +4,8 @@
 //      again, against cudaMemcpyAsync moving the same bytes as one block (the device's copy
 //      bandwidth) and tensor by tensor, interleaved in one run. "of memcpy" is the block copy's
 //      time over the batched copy's: the fraction of memcpy bandwidth the batched copy reaches.
+//      Then the host's time to launch one batched copy (copy_launch.h), by segment count, with
+//      its descriptors in the parameter and from a table, on a free stream and behind a kernel.
 //   2. Overlap: a synthetic backward on a compute stream (one busy kernel per gradient of
 //      ResNet-50, last layer first, calibrated so that compute alone takes as long as the
 //      reductions alone), each gradient enqueued as its kernel is launched with the compute
@@ -38,6 +40,7 @@
 #include <vector>
 
 #include "busy_kernel.h"
+#include "copy_launch.h"
 #include "cuda_check.h"
 #include "gradient_set.h"
 #include "ops/cuda/cuda_batched_copy.h"
@@ -132,7 +135,7 @@ void FusionCopy(const Options& options, const std::string& set_name, int device)
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::unique_ptr<gradsync::CudaBatchedCopier> made;
-  if (!gradsync::CudaBatchedCopier::Create(device, &made).ok()) std::abort();
+  if (!gradsync::CudaBatchedCopier::Create(device, false, &made).ok()) std::abort();
   gradsync::CudaBatchedCopier& copier = *made;
   std::vector<double> batched_in, batched_out, scaled_in, block, per_tensor;
   std::vector<gradsync::CopySegment> scaled = in;
@@ -168,6 +171,7 @@ void FusionCopy(const Options& options, const std::string& set_name, int device)
               Median(batched_out), Median(scaled_in), block_ms, Median(per_tensor),
               block_ms / Median(batched_in), block_ms / Median(batched_out),
               block_ms / Median(scaled_in), 2 * gb / (block_ms / 1e3));
+  made.reset();  // before its stream
   for (void* p : tensors) cudaFree(p);
   cudaFree(fusion);
   cudaFree(block_src);
@@ -445,6 +449,7 @@ int main(int argc, char** argv) {
                 "in_ms", "out_ms", "in_x0.5", "block_ms", "pertns_ms", "in/mcpy", "out/mcpy",
                 "sc/mcpy", "mcpyGB/s");
     for (const char* set : {"resnet50", "bert_base"}) FusionCopy(options, set, device);
+    gradsync_bench::CopyLaunchCost(device, options.iters);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   Overlap(options, device);

@@ -5,22 +5,30 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "ops/cuda/batched_copy_kernel.h"
 #include "ops/cuda/cuda_status.h"
 
 namespace gradsync {
 
-Status CudaBatchedCopier::Create(int device, std::unique_ptr<CudaBatchedCopier>* copier) {
+Status CudaBatchedCopier::Create(int device, bool tables,
+                                 std::unique_ptr<CudaBatchedCopier>* copier) {
   const Status loaded = LoadBatchedCopyKernels();
   if (!loaded.ok()) {
     return Status(loaded.code(), "device " + std::to_string(device) + ": " + loaded.message());
   }
-  copier->reset(new CudaBatchedCopier(device));
+  copier->reset(new CudaBatchedCopier(device, tables));
   return Status::OK();
 }
 
 CudaBatchedCopier::~CudaBatchedCopier() {
+  // A table's readers are every launch that found it: recording now, on its stream, follows them.
+  for (TableBlock& table : table_blocks_) {
+    cudaEventRecord(static_cast<cudaEvent_t>(table.block->read),
+                    static_cast<cudaStream_t>(table.stream));
+    in_flight_.push_back(std::move(table.block));
+  }
   auto release = [](Staging& block) {
     if (block.read != nullptr) {
       cudaEventSynchronize(static_cast<cudaEvent_t>(block.read));
@@ -36,7 +44,7 @@ CudaBatchedCopier::~CudaBatchedCopier() {
 Status CudaBatchedCopier::Reclaim() {
   while (!in_flight_.empty()) {
     const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(in_flight_.front()->read));
-    if (state == cudaErrorNotReady) return Status::OK();  // nor are the ones launched after it
+    if (state == cudaErrorNotReady) return Status::OK();  // nor are the ones recorded after it
     GRADSYNC_RETURN_IF_ERROR(CudaResult(state, "cudaEventQuery", device_));
     free_.push_back(std::move(in_flight_.front()));
     in_flight_.pop_front();
@@ -44,14 +52,13 @@ Status CudaBatchedCopier::Reclaim() {
   return Status::OK();
 }
 
-Status CudaBatchedCopier::Acquire(size_t bytes, Staging** staging) {
+Status CudaBatchedCopier::Take(size_t bytes, std::unique_ptr<Staging>* taken) {
   GRADSYNC_RETURN_IF_ERROR(Reclaim());
   for (size_t i = 0; i < free_.size(); ++i) {
     if (free_[i]->capacity < bytes) continue;
-    in_flight_.push_back(std::move(free_[i]));
+    *taken = std::move(free_[i]);
     free_[i] = std::move(free_.back());
     free_.pop_back();
-    *staging = in_flight_.back().get();
     return Status::OK();
   }
   auto block = std::make_unique<Staging>();
@@ -76,44 +83,108 @@ Status CudaBatchedCopier::Acquire(size_t bytes, Staging** staging) {
     discard(block.get());
     return made;
   }
-  in_flight_.push_back(std::move(block));
-  *staging = in_flight_.back().get();
+  *taken = std::move(block);
   return Status::OK();
+}
+
+Status CudaBatchedCopier::Upload(const std::vector<CopySegment>& segments,
+                                 const std::vector<int64_t>& first_chunk, Staging* block,
+                                 void* stream) {
+  const size_t segment_bytes = segments.size() * sizeof(CopySegment);
+  const size_t plan_bytes = first_chunk.size() * sizeof(int64_t);
+  std::memcpy(block->host, segments.data(), segment_bytes);
+  std::memcpy(static_cast<char*>(block->host) + segment_bytes, first_chunk.data(), plan_bytes);
+  GRADSYNC_CUDA_CALL(cudaMemcpyAsync(block->device, block->host, segment_bytes + plan_bytes,
+                                     cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)),
+                     device_);
+  return Status::OK();
+}
+
+Status CudaBatchedCopier::LaunchFromDevice(const Staging& block, int num_segments,
+                                           int64_t total_chunks, DataType dtype, void* stream) {
+  const auto* device_segments = static_cast<const CopySegment*>(block.device);
+  const auto* device_plan = reinterpret_cast<const int64_t*>(
+      static_cast<const char*>(block.device) + num_segments * sizeof(CopySegment));
+  return LaunchBatchedCopy(device_segments, device_plan, num_segments, total_chunks, dtype, stream);
+}
+
+Status CudaBatchedCopier::Retire(std::unique_ptr<Staging> block, void* stream) {
+  GRADSYNC_CUDA_CALL(
+      cudaEventRecord(static_cast<cudaEvent_t>(block->read), static_cast<cudaStream_t>(stream)),
+      device_);
+  in_flight_.push_back(std::move(block));
+  return Status::OK();
+}
+
+Status CudaBatchedCopier::LaunchNewTable(const CopyTableCache::Lookup& lookup,
+                                         const std::vector<CopySegment>& segments, DataType dtype,
+                                         std::vector<int64_t> first_chunk, void* stream) {
+  const int num_segments = static_cast<int>(segments.size());
+  const int64_t total_chunks = first_chunk.back();
+  std::unique_ptr<Staging> block;
+  GRADSYNC_RETURN_IF_ERROR(
+      Take(segments.size() * sizeof(CopySegment) + first_chunk.size() * sizeof(int64_t), &block));
+  const Status uploaded = Upload(segments, first_chunk, block.get(), stream);
+  if (!uploaded.ok()) {
+    free_.push_back(std::move(block));  // nothing queued reads it
+    return uploaded;
+  }
+  Staging* table_memory = block.get();
+  table_blocks_.push_back({std::move(block), stream});
+  void* retired = nullptr;
+  table_cache_.Insert(lookup, segments, DataTypeSize(dtype), stream, std::move(first_chunk),
+                      table_memory, &retired);
+  if (retired != nullptr) {
+    const auto held = std::find_if(table_blocks_.begin(), table_blocks_.end(),
+                                   [&](const TableBlock& t) { return t.block.get() == retired; });
+    std::unique_ptr<Staging> old = std::move(held->block);
+    void* old_stream = held->stream;
+    *held = std::move(table_blocks_.back());
+    table_blocks_.pop_back();
+    GRADSYNC_RETURN_IF_ERROR(Retire(std::move(old), old_stream));
+  }
+  return LaunchFromDevice(*table_memory, num_segments, total_chunks, dtype, stream);
 }
 
 Status CudaBatchedCopier::Launch(const std::vector<CopySegment>& segments, DataType dtype,
                                  void* stream) {
   if (segments.empty()) return Status::OK();
-  const std::vector<int64_t> first_chunk =
-      PlanCopyChunks(segments.data(), static_cast<int>(segments.size()), DataTypeSize(dtype));
+  const int num_segments = static_cast<int>(segments.size());
+  CopyTableCache::Lookup lookup;
+  if (num_segments > kInlineOnly) {
+    lookup = table_cache_.Find(segments, DataTypeSize(dtype), stream);
+    if (lookup.table != nullptr) {
+      // The copy launched before: its descriptors are on the device already.
+      const int64_t total_chunks = lookup.table->first_chunk.back();
+      if (total_chunks == 0) return Status::OK();
+      return LaunchFromDevice(*static_cast<const Staging*>(lookup.table->memory), num_segments,
+                              total_chunks, dtype, stream);
+    }
+  }
+  std::vector<int64_t> first_chunk =
+      PlanCopyChunks(segments.data(), num_segments, DataTypeSize(dtype));
   if (first_chunk.back() == 0) return Status::OK();
-  if (segments.size() <= static_cast<size_t>(InlineCopyPlan::kMaxSegments)) {
-    // Most buckets: the plan goes as the kernel's parameter, with no staging and no copy.
+  if (lookup.worth_a_table) {
+    return LaunchNewTable(lookup, segments, dtype, std::move(first_chunk), stream);
+  }
+  if (num_segments <= InlineCopyPlan::kMaxSegments) {
+    // The plan goes as the kernel's parameter, with no staging and no copy.
     InlineCopyPlan plan;
-    plan.num_segments = static_cast<int>(segments.size());
+    plan.num_segments = num_segments;
     std::copy(segments.begin(), segments.end(), plan.segments);
     std::copy(first_chunk.begin(), first_chunk.end(), plan.first_chunk);
     return LaunchInlineBatchedCopy(plan, dtype, stream);
   }
-  const size_t segment_bytes = segments.size() * sizeof(CopySegment);
-  const size_t plan_bytes = first_chunk.size() * sizeof(int64_t);
-  Staging* staging = nullptr;
-  GRADSYNC_RETURN_IF_ERROR(Acquire(segment_bytes + plan_bytes, &staging));
-  std::memcpy(staging->host, segments.data(), segment_bytes);
-  std::memcpy(static_cast<char*>(staging->host) + segment_bytes, first_chunk.data(), plan_bytes);
-  const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  GRADSYNC_CUDA_CALL(cudaMemcpyAsync(staging->device, staging->host, segment_bytes + plan_bytes,
-                                     cudaMemcpyHostToDevice, cuda_stream),
-                     device_);
-  const auto* device_segments = static_cast<const CopySegment*>(staging->device);
-  const auto* device_plan =
-      reinterpret_cast<const int64_t*>(static_cast<const char*>(staging->device) + segment_bytes);
-  GRADSYNC_RETURN_IF_ERROR(LaunchBatchedCopy(device_segments, device_plan,
-                                             static_cast<int>(segments.size()), first_chunk.back(),
-                                             dtype, stream));
-  GRADSYNC_CUDA_CALL(cudaEventRecord(static_cast<cudaEvent_t>(staging->read), cuda_stream),
-                     device_);
-  return Status::OK();
+  std::unique_ptr<Staging> staging;
+  GRADSYNC_RETURN_IF_ERROR(
+      Take(segments.size() * sizeof(CopySegment) + first_chunk.size() * sizeof(int64_t), &staging));
+  Status launched = Upload(segments, first_chunk, staging.get(), stream);
+  if (launched.ok()) {
+    launched = LaunchFromDevice(*staging, num_segments, first_chunk.back(), dtype, stream);
+  }
+  // Recorded even after a failed launch: the upload may have been queued.
+  const Status retired = Retire(std::move(staging), stream);
+  return launched.ok() ? retired : launched;
 }
 
 }  // namespace gradsync

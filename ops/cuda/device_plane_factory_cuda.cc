@@ -162,12 +162,12 @@ Status MakeDevicePlane(const Config& config, MPI_Comm comm, const Device& device
   Status created;
   if (backend == GpuBackend::kNccl) {
     std::unique_ptr<NcclBackend> nccl;
-    created = NcclBackend::Create(comm, device.index, &nccl);
+    created = NcclBackend::Create(comm, device.index, config.device_copy_tables, &nccl);
     made = std::move(nccl);
   } else {
     std::unique_ptr<MpiStagedBackend> staged;
-    created =
-        MpiStagedBackend::Create(comm, device.index, DeviceCompletionTimeout(config), &staged);
+    created = MpiStagedBackend::Create(comm, device.index, DeviceCompletionTimeout(config),
+                                       config.device_copy_tables, &staged);
     if (created.ok()) {
       Log().info("device tensors on {} go through MPI, {}", DeviceName(device),
                  staged->cuda_aware() ? "directly from device memory (CUDA-aware MPI)"

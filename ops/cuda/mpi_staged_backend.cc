@@ -19,7 +19,7 @@ bool MpiIsCudaAware() {
 }
 
 Status MpiStagedBackend::Create(MPI_Comm comm, int device, std::chrono::nanoseconds stuck_limit,
-                                std::unique_ptr<MpiStagedBackend>* backend) {
+                                bool copy_tables, std::unique_ptr<MpiStagedBackend>* backend) {
   std::unique_ptr<MpiStagedBackend> created(new MpiStagedBackend(device, MpiIsCudaAware()));
   GRADSYNC_RETURN_IF_ERROR(HostDeviceBackend::Create(comm, &created->host_, stuck_limit));
   // The stream's thread looks at producers' events before it first copies: with no device
@@ -30,7 +30,7 @@ Status MpiStagedBackend::Create(MPI_Comm comm, int device, std::chrono::nanoseco
   cudaStream_t stream = nullptr;
   GRADSYNC_CUDA_CALL(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), device);
   created->cuda_stream_ = stream;
-  GRADSYNC_RETURN_IF_ERROR(CudaBatchedCopier::Create(device, &created->copier_));
+  GRADSYNC_RETURN_IF_ERROR(CudaBatchedCopier::Create(device, copy_tables, &created->copier_));
   *backend = std::move(created);
   return Status::OK();
 }

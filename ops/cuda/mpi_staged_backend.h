@@ -27,9 +27,10 @@ namespace gradsync {
 
 class MpiStagedBackend : public DeviceBackend {
  public:
-  // Collective over `comm`. `stuck_limit`: as HostDeviceBackend::Create's.
+  // Collective over `comm`. `stuck_limit`: as HostDeviceBackend::Create's. `copy_tables`: as
+  // CudaBatchedCopier::Create's `tables`.
   static Status Create(MPI_Comm comm, int device, std::chrono::nanoseconds stuck_limit,
-                       std::unique_ptr<MpiStagedBackend>* backend);
+                       bool copy_tables, std::unique_ptr<MpiStagedBackend>* backend);
   ~MpiStagedBackend() override;
 
   const char* name() const override { return "mpi"; }

@@ -56,7 +56,8 @@ int NcclRedOpOf(ReduceOp op) {
   return ncclSum;
 }
 
-Status NcclBackend::Create(MPI_Comm comm, int device, std::unique_ptr<NcclBackend>* backend) {
+Status NcclBackend::Create(MPI_Comm comm, int device, bool copy_tables,
+                           std::unique_ptr<NcclBackend>* backend) {
   int rank = 0;
   int size = 1;
   GRADSYNC_MPI_CALL(MPI_Comm_rank(comm, &rank));
@@ -79,7 +80,7 @@ Status NcclBackend::Create(MPI_Comm comm, int device, std::unique_ptr<NcclBacken
   ncclComm_t nccl_comm = nullptr;
   GRADSYNC_NCCL_CALL(ncclCommInitRank(&nccl_comm, size, id, rank), device);
   created->comm_ = nccl_comm;
-  GRADSYNC_RETURN_IF_ERROR(CudaBatchedCopier::Create(device, &created->copier_));
+  GRADSYNC_RETURN_IF_ERROR(CudaBatchedCopier::Create(device, copy_tables, &created->copier_));
   *backend = std::move(created);
   return Status::OK();
 }

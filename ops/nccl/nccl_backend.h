@@ -26,8 +26,9 @@ namespace gradsync {
 class NcclBackend : public DeviceBackend {
  public:
   // Collective over `comm`: rank 0 makes the NCCL unique id, MPI broadcasts it, every rank joins
-  // the communicator on `device`.
-  static Status Create(MPI_Comm comm, int device, std::unique_ptr<NcclBackend>* backend);
+  // the communicator on `device`. `copy_tables`: as CudaBatchedCopier::Create's `tables`.
+  static Status Create(MPI_Comm comm, int device, bool copy_tables,
+                       std::unique_ptr<NcclBackend>* backend);
   ~NcclBackend() override;
 
   const char* name() const override { return "nccl"; }

@@ -1,7 +1,7 @@
 // The batched copy kernel on a device gives the bits of the host executor, which the unit tests
 // check against the host kernels: every data type, scaled and not, aligned and not, many tensors
 // in one launch. CudaBatchedCopier keeps each launch's staged descriptors until its copy has run,
-// however many launches wait behind a stalled stream.
+// however many launches wait behind a stalled stream, and so does it a repeated copy's table.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -17,6 +17,7 @@
 #include "ops/cuda/batched_copy_kernel.h"
 #include "ops/cuda/cuda_batched_copy.h"
 #include "ops/device/batched_copy.h"
+#include "ops/device/copy_table_cache.h"
 #include "test/gpu/gpu_test_kernels.h"
 
 namespace gradsync {
@@ -175,7 +176,7 @@ TEST(CudaBatchedCopierGpuTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStr
   ASSERT_CUDA(cudaMalloc(&destinations, kLaunches * kCount * sizeof(float)));
   std::vector<float> values(static_cast<size_t>(kLaunches * kCount));
   std::unique_ptr<CudaBatchedCopier> made;
-  ASSERT_TRUE(CudaBatchedCopier::Create(0, &made).ok());
+  ASSERT_TRUE(CudaBatchedCopier::Create(0, /*tables=*/false, &made).ok());
   CudaBatchedCopier& copier = *made;
   // Rounds 0 and 1 launch plans that go inline as the kernel's parameter, 2 and 3 plans that go
   // through staging; the first of each behind a stalled stream. Round 0 is the first launch of
@@ -229,6 +230,84 @@ TEST(CudaBatchedCopierGpuTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStr
       ASSERT_EQ(values[k], copied[k]) << "round " << round << ", element " << k;
     }
   }
+  cudaFree(destinations);
+  cudaFree(sources);
+  cudaFree(blocker);
+  cudaFreeHost(release);
+  cudaStreamDestroy(stream);
+}
+
+// Repeated copies read their descriptors from tables. Every table here is uploaded behind a
+// stalled stream, and more tables are made than the copier keeps, so that tables are retired
+// while their uploads and the launches that read them still wait: a table's memory reused before
+// then would carry another copy's descriptors, and some destination would not receive its values.
+// Each copy's first launch runs before the stall and its destination is cleared after it, so that
+// only launches through tables fill the destinations.
+TEST(CudaBatchedCopierGpuTest, TablesOfRepeatedCopiesOutliveLaunchesQueuedBehindAStalledStream) {
+  constexpr int kCopies = 40;  // twice: more than the copier keeps, fewer than it remembers
+  constexpr int kSegments = 24;
+  constexpr int64_t kCount = 300;
+  static_assert(2 * kCopies > static_cast<int>(CudaBatchedCopier::kTableCapacity), "none retired");
+  static_assert(kCopies <= static_cast<int>(CopyTableCache::kRecentLists), "forgotten");
+  constexpr int64_t kPerCopy = kSegments * kCount;
+  constexpr size_t kBytes = 2 * kCopies * kPerCopy * sizeof(float);
+  cudaStream_t stream = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  int* release = nullptr;
+  ASSERT_CUDA(cudaHostAlloc(&release, sizeof(int), cudaHostAllocMapped));
+  float* blocker = nullptr;
+  float* sources = nullptr;
+  float* destinations = nullptr;
+  ASSERT_CUDA(cudaMalloc(&blocker, sizeof(float)));
+  ASSERT_CUDA(cudaMalloc(&sources, kBytes));
+  ASSERT_CUDA(cudaMalloc(&destinations, kBytes));
+  std::vector<float> values(kBytes / sizeof(float));
+  for (size_t k = 0; k < values.size(); ++k) values[k] = static_cast<float>(k % 100003);
+  ASSERT_CUDA(cudaMemcpy(sources, values.data(), kBytes, cudaMemcpyHostToDevice));
+  std::unique_ptr<CudaBatchedCopier> copier;
+  ASSERT_TRUE(CudaBatchedCopier::Create(0, /*tables=*/true, &copier).ok());
+  // Copy c moves kSegments pieces of its share of `sources` to the same place in `destinations`.
+  auto copy = [&](int c) {
+    std::vector<CopySegment> segments;
+    for (int p = 0; p < kSegments; ++p) {
+      const int64_t at = c * kPerCopy + p * kCount;
+      segments.push_back({sources + at, destinations + at, kCount, 1.0});
+    }
+    return segments;
+  };
+  // The first half's first launches, inline, run before the stall; their destinations are
+  // cleared after them.
+  for (int c = 0; c < kCopies; ++c) {
+    ASSERT_TRUE(copier->Launch(copy(c), DataType::kFloat32, stream).ok());
+  }
+  ASSERT_EQ(copier->tables(), 0u);
+  ASSERT_CUDA(cudaStreamSynchronize(stream));
+  ASSERT_CUDA(cudaMemset(destinations, 0, kBytes));
+  *release = 0;
+  testing::LaunchSlowFill(stream, release, blocker, 1, 0.0f, 10'000'000'000LL);
+  // Behind the stall: the first half earn their tables and find them; the second half launch
+  // once inline, then earn theirs and find them, retiring the first half's oldest tables.
+  for (int round = 0; round < 2; ++round) {
+    for (int c = 0; c < kCopies; ++c) {
+      ASSERT_TRUE(copier->Launch(copy(c), DataType::kFloat32, stream).ok());
+    }
+  }
+  EXPECT_EQ(copier->tables(), static_cast<size_t>(kCopies));
+  for (int round = 0; round < 2; ++round) {
+    for (int c = kCopies; c < 2 * kCopies; ++c) {
+      ASSERT_TRUE(copier->Launch(copy(c), DataType::kFloat32, stream).ok());
+    }
+  }
+  EXPECT_EQ(copier->tables(), CudaBatchedCopier::kTableCapacity);
+  EXPECT_EQ(cudaErrorNotReady, cudaStreamQuery(stream)) << "the producer should still spin";
+  *reinterpret_cast<volatile int*>(release) = 1;
+  ASSERT_CUDA(cudaStreamSynchronize(stream));
+  std::vector<float> copied(values.size());
+  ASSERT_CUDA(cudaMemcpy(copied.data(), destinations, kBytes, cudaMemcpyDeviceToHost));
+  for (size_t k = 0; k < copied.size(); ++k) {
+    ASSERT_EQ(values[k], copied[k]) << "copy " << k / kPerCopy << ", element " << k % kPerCopy;
+  }
+  copier.reset();  // before its stream: it records on it
   cudaFree(destinations);
   cudaFree(sources);
   cudaFree(blocker);

@@ -150,6 +150,9 @@ TEST(ConfigTest, LockedScheduleKnobs) {
   EXPECT_TRUE(defaults.caller_launch);
   EXPECT_FALSE(ParseOk({{"GRADSYNC_CALLER_LAUNCH", "0"}}).caller_launch);
   ExpectRejected("GRADSYNC_CALLER_LAUNCH", "sometimes");
+  EXPECT_TRUE(defaults.device_copy_tables);
+  EXPECT_FALSE(ParseOk({{"GRADSYNC_DEVICE_COPY_TABLES", "no"}}).device_copy_tables);
+  ExpectRejected("GRADSYNC_DEVICE_COPY_TABLES", "2");
   EXPECT_EQ(ParseOk({{"GRADSYNC_LOCK_AFTER_STEPS", "1"}}).lock_after_steps, 1);
   EXPECT_DOUBLE_EQ(ParseOk({{"GRADSYNC_LOCK_WAIT_MS", "0.5"}}).lock_wait_ms, 0.5);
   for (const char* bad : {"maybe", "2"}) ExpectRejected("GRADSYNC_LOCKED_SCHEDULE", bad);
@@ -363,6 +366,7 @@ TEST(ConfigTest, ToStringListsEveryKnob) {
                            {"GRADSYNC_STALL_WARNING_SECONDS", "1.5"},
                            {"GRADSYNC_STALL_SHUTDOWN_SECONDS", "1000000"},
                            {"GRADSYNC_LOG_LEVEL", "debug"},
+                           {"GRADSYNC_DEVICE_COPY_TABLES", "off"},
                            {"GRADSYNC_GPU_BACKEND", "MPI"},
                            {"GRADSYNC_NCCL_TIMEOUT_SECONDS", "2.5"},
                            {"GRADSYNC_GPU_DEVICE", "3"},
@@ -379,7 +383,8 @@ TEST(ConfigTest, ToStringListsEveryKnob) {
       "GRADSYNC_CALLER_LAUNCH=0 GRADSYNC_LOCK_WAIT_MS=250 GRADSYNC_CYCLE_TIME_MS=0.05 "
       "GRADSYNC_CACHE_CAPACITY=0 "
       "GRADSYNC_STALL_WARNING_SECONDS=1.5 GRADSYNC_STALL_SHUTDOWN_SECONDS=1000000 "
-      "GRADSYNC_LOG_LEVEL=debug GRADSYNC_GPU_BACKEND=mpi GRADSYNC_NCCL_TIMEOUT_SECONDS=2.5 "
+      "GRADSYNC_LOG_LEVEL=debug GRADSYNC_DEVICE_COPY_TABLES=0 GRADSYNC_GPU_BACKEND=mpi "
+      "GRADSYNC_NCCL_TIMEOUT_SECONDS=2.5 "
       "GRADSYNC_GPU_DEVICE=3 GRADSYNC_THREAD_AFFINITY=4,5 GRADSYNC_BIND_PROCESS=1 "
       "GRADSYNC_TIMELINE=trace.json");
   EXPECT_NE(Config().ToString().find("GRADSYNC_TIMELINE=(off)"), std::string::npos);
