@@ -72,6 +72,7 @@ void BackgroundLoop::Run() {
   }
   std::lock_guard<std::mutex> lock(cycle_mu_);
   caller_cycles_ = false;
+  all_locked_ = false;
   running_ = false;
 }
 
@@ -168,6 +169,7 @@ bool BackgroundLoop::RunCycle(bool on_caller, std::chrono::steady_clock::time_po
     set->SetPatient(patient);
     if (!RunSetCycle(set, on_caller, &productive)) {
       caller_cycles_ = false;
+      all_locked_ = false;
       return false;
     }
     set = sets_.Next(id);
@@ -182,7 +184,8 @@ bool BackgroundLoop::RunCycle(bool on_caller, std::chrono::steady_clock::time_po
   // thread is woken by the push that can fill the next one.
   wake_after_ = LockedWakeAfter();
   queue_->SetWakeAfter(wake_after_);
-  caller_cycles_ = config_.caller_launch && wake_after_ > 0 && AllSetsLocked();
+  all_locked_ = wake_after_ > 0 && AllSetsLocked();
+  caller_cycles_ = config_.caller_launch && all_locked_;
   if (!on_caller && queue_->HasPending() && wake_after_ == 0) {
     *pause_until = started + CycleTime();
   }

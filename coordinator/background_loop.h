@@ -64,6 +64,11 @@ class BackgroundLoop {
   // Whether a caller that pushes a device tensor should ask for RunCycleForCaller (cheap, any
   // thread): the loop's sets are all locked and GRADSYNC_CALLER_LAUNCH is on.
   bool RunsCallerCycles() const { return caller_cycles_.load(std::memory_order_relaxed); }
+  // Whether a caller that pushes a device tensor may leave its producer's readiness to the locked
+  // cycle that takes it (cheap, any thread): the loop's sets are all locked, so that the cycle
+  // comes when the tensor's bucket is full, on the caller's thread or on the loop's (see
+  // ops/device/producer_readiness.h).
+  bool DefersReadiness() const { return all_locked_.load(std::memory_order_relaxed); }
   // Called by a caller whose push the queue reported due (TensorQueue::Push): runs the loop's
   // cycle on the calling thread, so that a locked bucket the push filled is launched at once
   // instead of after a hand-off to the background thread. Wakes the background thread instead
@@ -178,6 +183,7 @@ class BackgroundLoop {
   std::atomic<bool> running_{false};
   std::mutex cycle_mu_;                     // one cycle at a time, on whichever thread
   std::atomic<bool> caller_cycles_{false};  // RunsCallerCycles()
+  std::atomic<bool> all_locked_{false};     // DefersReadiness()
   bool stop_ = false;                       // a caller's cycle ended the loop; under cycle_mu_
   std::thread thread_;
   // Last: destroyed first, completing what it still holds while the rest is intact.

@@ -3,11 +3,12 @@
 //
 // A bucket's gradients mostly come from one stream, and the plane waits only for the latest event
 // of each stream anyway (DevicePlane::WaitForInputs). So while a process set is locked, an enqueue
-// records nothing: the cycle that takes the entries from the queue, run by the push that fills
-// their bucket, records one event on each of their streams. That event follows everything the
-// producers queued before the bucket filled, and also whatever the caller queued on the stream in
-// between, which is waited for too, never skipped. Unlocked, negotiation takes entries later, so
-// each enqueue (a group: once per stream) records its event at once.
+// records nothing: the cycle that takes the entries from the queue when their bucket is full
+// records one event on each of their streams. The push that fills the bucket runs that cycle
+// (GRADSYNC_CALLER_LAUNCH), or wakes the loop's thread to run it; the event follows everything the
+// producers queued before, and also whatever the caller queued on the stream in between (on the
+// loop's thread, until it wakes), which is waited for too, never skipped. Unlocked, negotiation
+// takes entries later, so each enqueue (a group: once per stream) records its event at once.
 //
 // Thread safety: any thread, for entries that thread alone holds. The testing hook is set before
 // init() and cleared after shutdown().
@@ -33,9 +34,9 @@ inline Status RecordProducerReadiness(const std::vector<TensorEntry*>& entries) 
 
 // Whether an entry given the producer stream `ready_stream` has its readiness recorded by its
 // enqueue, on the enqueuing thread, or may leave it to the locked cycle that takes it
-// (`deferrable`: that cycle is run by the push that fills the entry's bucket, or by the background
-// thread). The thread's own default stream (cudaStreamPerThread) is recorded at once: on the thread
-// that runs the cycle, the same handle names another stream.
+// (`deferrable`: that cycle is run when the entry's bucket is full, by the push that fills it or
+// by the background thread). The thread's own default stream (cudaStreamPerThread) is recorded at
+// once: on the thread that runs the cycle, the same handle names another stream.
 bool RecordAtEnqueue(void* ready_stream, bool deferrable);
 
 // For tests without a GPU: while set, `recorder` records the events instead of CUDA (a host
