@@ -93,7 +93,6 @@ Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry, bool* due) {
     }
     raw->in_flight = true;
     pending_.push_back(raw);
-    always_waking_pending_ = always_waking_pending_ || WakesAlways(raw->op);
     const bool wakes = pending_.size() >= wake_after_ || WakesAlways(raw->op);
     if (due != nullptr) {
       *due = wakes;
@@ -137,11 +136,10 @@ Status TensorQueue::PushAll(std::vector<std::unique_ptr<TensorEntry>> entries) {
       raw->in_flight = true;
       pending_.push_back(raw);
     }
-    always_waking_pending_ =
-        always_waking_pending_ ||
+    const bool wakes =
+        pending_.size() >= wake_after_ ||
         std::any_of(pending_.end() - static_cast<std::ptrdiff_t>(entries.size()), pending_.end(),
                     [](const TensorEntry* e) { return WakesAlways(e->op); });
-    const bool wakes = pending_.size() >= wake_after_ || always_waking_pending_;
     notify = !entries.empty() && wakes && std::exchange(waiter_sleeping_, false);
   }
   if (notify) cv_.notify_one();
@@ -152,10 +150,7 @@ void TensorQueue::WaitForWork(std::chrono::nanoseconds max_wait,
                               std::chrono::nanoseconds settle_for,
                               std::chrono::nanoseconds poll_for) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto has_work = [this] {
-    return pending_.size() >= wake_after_ || always_waking_pending_ || closed_flag_ ||
-           wake_requested_;
-  };
+  auto has_work = [this] { return !pending_.empty() || closed_flag_ || wake_requested_; };
   if (!has_work() && poll_for.count() > 0) {
     const auto start = std::chrono::steady_clock::now();
     YieldUntil(&lock, start + std::min(poll_for, max_wait), has_work);
@@ -234,7 +229,6 @@ std::vector<TensorEntry*> TensorQueue::Drain() {
   std::vector<TensorEntry*> drained;
   std::lock_guard<std::mutex> lock(mu_);
   drained.swap(pending_);
-  always_waking_pending_ = false;
   // The next burst is likely as large as this one: one allocation instead of regrowing.
   pending_.reserve(drained.size());
   return drained;

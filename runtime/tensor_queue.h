@@ -46,20 +46,19 @@ class TensorQueue {
   // Pushes several entries atomically: all are accepted or none is.
   Status PushAll(std::vector<std::unique_ptr<TensorEntry>> entries);
 
-  // Returns once enough entries are waiting (see SetWakeAfter), the queue is closed, a wake-up
-  // was requested, or `max_wait` has passed. It looks between yields for the first `poll_for` of
-  // the wait (at most `max_wait`), and sleeps for the rest. With entries waiting, it first lets a
-  // burst of pushes finish: it yields while the number waiting still grows from one look to the
-  // next, for at most `settle_for`.
+  // Returns once entries are waiting, the queue is closed, a wake-up was requested, or `max_wait`
+  // has passed. It looks between yields for the first `poll_for` of the wait (at most
+  // `max_wait`), and sleeps for the rest. With entries waiting, it first lets a burst of pushes
+  // finish: it yields while the number waiting still grows from one look to the next, for at most
+  // `settle_for`.
   void WaitForWork(std::chrono::nanoseconds max_wait,
                    std::chrono::nanoseconds settle_for = std::chrono::nanoseconds(0),
                    std::chrono::nanoseconds poll_for = std::chrono::nanoseconds(0));
-  // WaitForWork returns for pushes only once at least `entries` wait (at least 1), or once
-  // anything but an allreduce or broadcast was pushed: a locked schedule needs its thread only
-  // when a bucket can be full or the lock must be left. A wake-up per tensor would cost the
-  // pushing thread a system call and both threads a core, and a cycle per tensor of a thread that
-  // polls would take the bucket in pieces (each recording its own producer readiness, each taking
-  // CUDA's locks the caller's launches need). The wait's own time limit and Wake are unaffected.
+  // A waiter asleep in WaitForWork is woken by pushes only once at least `entries` wait (at least
+  // 1), or by a push of anything but an allreduce or broadcast: a locked schedule needs its thread
+  // only when a bucket can be full or the lock must be left, and a wake-up per tensor costs the
+  // pushing thread a system call and both threads a core. The wait's own time limit and Wake are
+  // unaffected.
   void SetWakeAfter(size_t entries);
   // Wakes a WaitForWork or PauseUntil early (used for shutdown requests).
   void Wake();
@@ -114,9 +113,8 @@ class TensorQueue {
   bool wake_requested_ = false;
   bool waiter_sleeping_ = false;
   size_t wake_after_ = 1;
-  bool always_waking_pending_ = false;  // a pending entry's op wakes the waiter whatever the count
-  bool pausing_ = false;                // a PauseUntil is waiting
-  bool pause_ended_ = false;            // by EndPause, until a PauseUntil consumes it
+  bool pausing_ = false;      // a PauseUntil is waiting
+  bool pause_ended_ = false;  // by EndPause, until a PauseUntil consumes it
 };
 
 }  // namespace gradsync

@@ -15,7 +15,6 @@ namespace gradsync {
 namespace {
 
 using std::chrono::milliseconds;
-using std::chrono::nanoseconds;
 using std::chrono::steady_clock;
 
 std::unique_ptr<TensorEntry> Entry(const std::string& name) {
@@ -376,30 +375,6 @@ TEST(TensorQueueTest, ASleepingWaiterWakesOnlyOnceEnoughEntriesWait) {
   ASSERT_TRUE(queue.Push(Entry("c")).ok());
   again.join();
   EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
-}
-
-// A waiter that finds fewer entries than its threshold keeps waiting, polling or asleep: a locked
-// bucket is taken whole, not in pieces as a polling thread would otherwise take it.
-TEST(TensorQueueTest, AWaiterThatFindsTooFewEntriesWaitsForMore) {
-  TensorQueue queue;
-  queue.SetWakeAfter(3);
-  ASSERT_TRUE(queue.Push(Entry("a")).ok());
-  auto start = steady_clock::now();
-  queue.WaitForWork(milliseconds(30), nanoseconds(0), /*poll_for=*/milliseconds(30));
-  EXPECT_GE(steady_clock::now() - start, milliseconds(25)) << "polling";
-  start = steady_clock::now();
-  queue.WaitForWork(milliseconds(30));
-  EXPECT_GE(steady_clock::now() - start, milliseconds(25)) << "asleep";
-  std::thread pusher([&] {
-    std::this_thread::sleep_for(milliseconds(20));
-    ASSERT_TRUE(queue.Push(Entry("b")).ok());
-    ASSERT_TRUE(queue.Push(Entry("c")).ok());
-  });
-  start = steady_clock::now();
-  queue.WaitForWork(kLongWait, nanoseconds(0), /*poll_for=*/kLongWait);
-  pusher.join();
-  EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
-  EXPECT_EQ(queue.Drain().size(), 3u);
 }
 
 // A push given `due` says whether it would have woken the waiter and leaves it asleep: the
