@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -25,10 +26,13 @@ Status CudaBatchedCopier::Create(int device, bool tables,
 CudaBatchedCopier::~CudaBatchedCopier() {
   // A table's readers are every launch that found it: recording now, on its stream, follows them.
   for (TableBlock& table : table_blocks_) {
-    cudaEventRecord(static_cast<cudaEvent_t>(table.block->read),
-                    static_cast<cudaStream_t>(table.stream));
+    const auto stream = static_cast<cudaStream_t>(table.stream);
+    if (cudaEventRecord(static_cast<cudaEvent_t>(table.block->read), stream) != cudaSuccess) {
+      cudaStreamSynchronize(stream);
+    }
     in_flight_.push_back(std::move(table.block));
   }
+  for (auto& block : stranded_) in_flight_.push_back(std::move(block));
   auto release = [](Staging& block) {
     if (block.read != nullptr) {
       cudaEventSynchronize(static_cast<cudaEvent_t>(block.read));
@@ -109,21 +113,24 @@ Status CudaBatchedCopier::LaunchFromDevice(const Staging& block, int num_segment
 }
 
 Status CudaBatchedCopier::Retire(std::unique_ptr<Staging> block, void* stream) {
-  GRADSYNC_CUDA_CALL(
+  const Status recorded = CudaResult(
       cudaEventRecord(static_cast<cudaEvent_t>(block->read), static_cast<cudaStream_t>(stream)),
-      device_);
+      "cudaEventRecord", device_);
+  if (!recorded.ok()) {
+    // Its last readers are unknown: kept until the copier goes.
+    stranded_.push_back(std::move(block));
+    return recorded;
+  }
   in_flight_.push_back(std::move(block));
   return Status::OK();
 }
 
 Status CudaBatchedCopier::LaunchNewTable(const CopyTableCache::Lookup& lookup,
                                          const std::vector<CopySegment>& segments, DataType dtype,
-                                         std::vector<int64_t> first_chunk, void* stream) {
+                                         std::vector<int64_t> first_chunk,
+                                         std::unique_ptr<Staging> block, void* stream) {
   const int num_segments = static_cast<int>(segments.size());
   const int64_t total_chunks = first_chunk.back();
-  std::unique_ptr<Staging> block;
-  GRADSYNC_RETURN_IF_ERROR(
-      Take(segments.size() * sizeof(CopySegment) + first_chunk.size() * sizeof(int64_t), &block));
   const Status uploaded = Upload(segments, first_chunk, block.get(), stream);
   if (!uploaded.ok()) {
     free_.push_back(std::move(block));  // nothing queued reads it
@@ -134,16 +141,20 @@ Status CudaBatchedCopier::LaunchNewTable(const CopyTableCache::Lookup& lookup,
   void* retired = nullptr;
   table_cache_.Insert(lookup, segments, DataTypeSize(dtype), stream, std::move(first_chunk),
                       table_memory, &retired);
+  Status retiring = Status::OK();
   if (retired != nullptr) {
     const auto held = std::find_if(table_blocks_.begin(), table_blocks_.end(),
                                    [&](const TableBlock& t) { return t.block.get() == retired; });
+    assert(held != table_blocks_.end());  // every table's block is held here
     std::unique_ptr<Staging> old = std::move(held->block);
     void* old_stream = held->stream;
     *held = std::move(table_blocks_.back());
     table_blocks_.pop_back();
-    GRADSYNC_RETURN_IF_ERROR(Retire(std::move(old), old_stream));
+    retiring = Retire(std::move(old), old_stream);
   }
-  return LaunchFromDevice(*table_memory, num_segments, total_chunks, dtype, stream);
+  const Status launched =
+      LaunchFromDevice(*table_memory, num_segments, total_chunks, dtype, stream);
+  return launched.ok() ? retiring : launched;
 }
 
 Status CudaBatchedCopier::Launch(const std::vector<CopySegment>& segments, DataType dtype,
@@ -164,8 +175,15 @@ Status CudaBatchedCopier::Launch(const std::vector<CopySegment>& segments, DataT
   std::vector<int64_t> first_chunk =
       PlanCopyChunks(segments.data(), num_segments, DataTypeSize(dtype));
   if (first_chunk.back() == 0) return Status::OK();
+  const size_t descriptor_bytes =
+      segments.size() * sizeof(CopySegment) + first_chunk.size() * sizeof(int64_t);
   if (lookup.worth_a_table) {
-    return LaunchNewTable(lookup, segments, dtype, std::move(first_chunk), stream);
+    std::unique_ptr<Staging> block;
+    if (Take(descriptor_bytes, &block).ok()) {
+      return LaunchNewTable(lookup, segments, dtype, std::move(first_chunk), std::move(block),
+                            stream);
+    }
+    // No memory for a table: launched as a copy without one.
   }
   if (num_segments <= InlineCopyPlan::kMaxSegments) {
     // The plan goes as the kernel's parameter, with no staging and no copy.
@@ -176,8 +194,7 @@ Status CudaBatchedCopier::Launch(const std::vector<CopySegment>& segments, DataT
     return LaunchInlineBatchedCopy(plan, dtype, stream);
   }
   std::unique_ptr<Staging> staging;
-  GRADSYNC_RETURN_IF_ERROR(
-      Take(segments.size() * sizeof(CopySegment) + first_chunk.size() * sizeof(int64_t), &staging));
+  GRADSYNC_RETURN_IF_ERROR(Take(descriptor_bytes, &staging));
   Status launched = Upload(segments, first_chunk, staging.get(), stream);
   if (launched.ok()) {
     launched = LaunchFromDevice(*staging, num_segments, first_chunk.back(), dtype, stream);

@@ -72,10 +72,11 @@ class CudaBatchedCopier {
                           DataType dtype, void* stream);
   // Gives a block whose readers are all queued on `stream` to in_flight_, after them.
   Status Retire(std::unique_ptr<Staging> block, void* stream);
-  // Launches a copy that earned a table (see CopyTableCache).
+  // Launches a copy that earned a table (see CopyTableCache), whose descriptors go to `block`.
   Status LaunchNewTable(const CopyTableCache::Lookup& lookup,
                         const std::vector<CopySegment>& segments, DataType dtype,
-                        std::vector<int64_t> first_chunk, void* stream);
+                        std::vector<int64_t> first_chunk, std::unique_ptr<Staging> block,
+                        void* stream);
 
   CudaBatchedCopier(int device, bool tables)
       : device_(device), table_cache_(tables ? kTableCapacity : 0) {}
@@ -90,6 +91,8 @@ class CudaBatchedCopier {
     void* stream;
   };
   std::vector<TableBlock> table_blocks_;
+  // Blocks whose readers could not be recorded (a failed cudaEventRecord): freed with the copier.
+  std::vector<std::unique_ptr<Staging>> stranded_;
 };
 
 }  // namespace gradsync

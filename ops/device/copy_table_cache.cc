@@ -40,6 +40,7 @@ uint64_t CopyTableCache::Signature(const std::vector<CopySegment>& segments, siz
 CopyTableCache::Lookup CopyTableCache::Find(const std::vector<CopySegment>& segments,
                                             size_t element_size, const void* stream) {
   Lookup lookup;
+  if (capacity_ == 0) return lookup;  // tables off: not even a hash
   lookup.signature = Signature(segments, element_size, stream);
   for (Table& table : tables_) {
     if (table.signature == lookup.signature && table.stream == stream &&
@@ -49,7 +50,6 @@ CopyTableCache::Lookup CopyTableCache::Find(const std::vector<CopySegment>& segm
       return lookup;
     }
   }
-  if (capacity_ == 0) return lookup;
   for (uint64_t& recent : recent_) {
     if (recent == lookup.signature) {
       recent = 0;

@@ -190,7 +190,8 @@ TEST(CudaBatchedCopierGpuTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStr
     }
     ASSERT_CUDA(
         cudaMemcpy(sources, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
-    ASSERT_CUDA(cudaMemset(destinations, 0, values.size() * sizeof(float)));
+    // On the stream: the copies, on a non-blocking stream, would not wait for the legacy one.
+    ASSERT_CUDA(cudaMemsetAsync(destinations, 0, values.size() * sizeof(float), stream));
     *release = 0;
     const bool stalled = round % 2 == 0;
     if (stalled) testing::LaunchSlowFill(stream, release, blocker, 1, 0.0f, 10'000'000'000LL);
@@ -241,8 +242,11 @@ TEST(CudaBatchedCopierGpuTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStr
 // stalled stream, and more tables are made than the copier keeps, so that tables are retired
 // while their uploads and the launches that read them still wait: a table's memory reused before
 // then would carry another copy's descriptors, and some destination would not receive its values.
-// Each copy's first launch runs before the stall and its destination is cleared after it, so that
-// only launches through tables fill the destinations.
+// The first half's first launches run before the stall and their destinations are cleared after
+// them, so that only launches through tables fill those: theirs are the tables retired. (The
+// second half's first launches, behind the stall, pass their descriptors inline, which fills
+// their destinations whatever their tables hold: the copier remembers 64 copies, too few to
+// launch all 80 once before the stall.)
 TEST(CudaBatchedCopierGpuTest, TablesOfRepeatedCopiesOutliveLaunchesQueuedBehindAStalledStream) {
   constexpr int kCopies = 40;  // twice: more than the copier keeps, fewer than it remembers
   constexpr int kSegments = 24;
@@ -281,8 +285,8 @@ TEST(CudaBatchedCopierGpuTest, TablesOfRepeatedCopiesOutliveLaunchesQueuedBehind
     ASSERT_TRUE(copier->Launch(copy(c), DataType::kFloat32, stream).ok());
   }
   ASSERT_EQ(copier->tables(), 0u);
+  ASSERT_CUDA(cudaMemsetAsync(destinations, 0, kBytes, stream));
   ASSERT_CUDA(cudaStreamSynchronize(stream));
-  ASSERT_CUDA(cudaMemset(destinations, 0, kBytes));
   *release = 0;
   testing::LaunchSlowFill(stream, release, blocker, 1, 0.0f, 10'000'000'000LL);
   // Behind the stall: the first half earn their tables and find them; the second half launch
