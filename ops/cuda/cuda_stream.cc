@@ -66,24 +66,30 @@ class EventPool {
   std::vector<std::pair<int, cudaEvent_t>> free_;
 };
 
-EventPool& Pool() {
-  static auto* pool = new EventPool;  // outlives every event
-  return *pool;
+EventPool& Pool(bool timed) {
+  static auto* untimed_pool = new EventPool;  // outlive every event
+  static auto* timed_pool = new EventPool;
+  return timed ? *timed_pool : *untimed_pool;
 }
 
-// A stream's completion event, back to the pool when its last holder lets go.
+// A stream's event, back to its pool when its last holder lets go.
 class PooledEvent : public CudaEvent {
  public:
-  PooledEvent(cudaEvent_t event, int device, std::shared_ptr<CudaStreamFailure> failure)
-      : CudaEvent(event, device, std::move(failure), /*owned=*/false) {}
-  ~PooledEvent() override { GivePooledEvent(device(), native()); }
+  PooledEvent(cudaEvent_t event, int device, std::shared_ptr<CudaStreamFailure> failure, bool timed,
+              std::shared_ptr<const CudaClockAnchor> anchor)
+      : CudaEvent(event, device, std::move(failure), /*owned=*/false, std::move(anchor)),
+        timed_(timed) {}
+  ~PooledEvent() override { GivePooledEvent(device(), native(), timed_); }
+
+ private:
+  bool timed_;
 };
 
 }  // namespace
 
-Status TakePooledEvent(int device, void** event) {
+Status TakePooledEvent(int device, void** event, bool timed) {
   cudaEvent_t taken = nullptr;
-  if (!Pool().Take(device, &taken)) {
+  if (!Pool(timed).Take(device, &taken)) {
     // An event belongs to the device current at its creation, and the taker may be on another
     // (the background thread recording a caller's readiness for a second GPU).
     int current = -1;
@@ -92,7 +98,7 @@ Status TakePooledEvent(int device, void** event) {
     if (current != device && (error = cudaSetDevice(device)) != cudaSuccess) {
       return CudaFailure("cudaSetDevice", device, error);
     }
-    error = cudaEventCreateWithFlags(&taken, cudaEventDisableTiming);
+    error = cudaEventCreateWithFlags(&taken, timed ? 0 : cudaEventDisableTiming);
     const cudaError_t restored = current != device ? cudaSetDevice(current) : cudaSuccess;
     if (error != cudaSuccess) return CudaFailure("cudaEventCreateWithFlags", device, error);
     if (restored != cudaSuccess) {
@@ -104,8 +110,8 @@ Status TakePooledEvent(int device, void** event) {
   return Status::OK();
 }
 
-void GivePooledEvent(int device, void* event) {
-  if (!Pool().Give(device, static_cast<cudaEvent_t>(event))) {
+void GivePooledEvent(int device, void* event, bool timed) {
+  if (!Pool(timed).Give(device, static_cast<cudaEvent_t>(event))) {
     cudaEventDestroy(static_cast<cudaEvent_t>(event));
   }
 }
@@ -210,22 +216,12 @@ std::shared_ptr<StreamEvent> CudaStream::RecordEvent(
     bool timed, std::shared_ptr<const CudaClockAnchor> anchor) {
   Status failed = FailureOf(failure_.get());
   if (!failed.ok()) return std::make_shared<FailedEvent>(failed);
-  cudaEvent_t event = nullptr;
-  std::shared_ptr<CudaEvent> recorded;
-  if (timed) {
-    const cudaError_t error = cudaEventCreateWithFlags(&event, 0);
-    if (error != cudaSuccess) {
-      return std::make_shared<FailedEvent>(CudaFailure("cudaEventCreateWithFlags", device_, error));
-    }
-    recorded =
-        std::make_shared<CudaEvent>(event, device_, failure_, /*owned=*/true, std::move(anchor));
-  } else {
-    void* pooled = nullptr;
-    const Status taken = TakePooledEvent(device_, &pooled);
-    if (!taken.ok()) return std::make_shared<FailedEvent>(taken);
-    event = static_cast<cudaEvent_t>(pooled);
-    recorded = std::make_shared<PooledEvent>(event, device_, failure_);
-  }
+  void* pooled = nullptr;
+  const Status taken = TakePooledEvent(device_, &pooled, timed);
+  if (!taken.ok()) return std::make_shared<FailedEvent>(taken);
+  const auto event = static_cast<cudaEvent_t>(pooled);
+  std::shared_ptr<CudaEvent> recorded =
+      std::make_shared<PooledEvent>(event, device_, failure_, timed, std::move(anchor));
   const cudaError_t error = cudaEventRecord(event, static_cast<cudaStream_t>(stream_));
   if (error != cudaSuccess) {
     return std::make_shared<FailedEvent>(CudaFailure("cudaEventRecord", device_, error));

@@ -19,13 +19,14 @@
 
 namespace gradsync {
 
-// Untimed events (cudaEventDisableTiming) for reuse: readiness events, made for every device
-// tensor enqueued, and the completion event of every bucket launched. cudaEventCreate and
-// cudaEventDestroy take the driver's locks, which the trainer's own launches wait for. An event
+// Events for reuse: untimed ones (cudaEventDisableTiming) for readiness and for every bucket's
+// completion, timed ones for the timeline's device phases (CudaStream::RecordTimed).
+// cudaEventCreate and cudaEventDestroy take the driver's locks, which the trainer's own launches
+// wait for, and a launch that made its phases' events would time its own making of them. An event
 // given back may still be pending; recording it again is safe, as a stream that waits for it
 // captured its earlier record. Any thread.
-Status TakePooledEvent(int device, void** event);
-void GivePooledEvent(int device, void* event);
+Status TakePooledEvent(int device, void** event, bool timed = false);
+void GivePooledEvent(int device, void* event, bool timed = false);
 
 // The abort state one stream shares with its events.
 struct CudaStreamFailure {
