@@ -323,11 +323,20 @@ std::vector<TensorEntry*> BackgroundLoop::TakeFreshEntries() {
 }
 
 void BackgroundLoop::Distribute(const std::vector<TensorEntry*>& entries) {
-  // Entries a locked enqueue left unrecorded: one event per producer stream for all of them.
-  const Status recorded = RecordProducerReadiness(entries);
+  // Entries a locked enqueue left unrecorded. A locked set's are recorded by the launch of their
+  // bucket, one event per producer stream for the whole bucket however many cycles took it
+  // (DevicePlane::WaitForInputs); the others' now, one event per stream for all of them, since
+  // negotiation may take them much later, when their producer's stream may be gone.
+  unrecorded_.clear();
+  for (TensorEntry* entry : entries) {
+    if (entry->ready_stream == nullptr) continue;
+    ProcessSetRuntime* set = sets_.Find(entry->process_set);
+    if (set == nullptr || !set->lock().locked()) unrecorded_.push_back(entry);
+  }
+  const Status recorded = RecordProducerReadiness(unrecorded_);
   for (TensorEntry* entry : entries) {
     ProcessSetRuntime* set = sets_.Find(entry->process_set);
-    if (set != nullptr && entry->ready_stream == nullptr) {
+    if (set != nullptr && (entry->ready_stream == nullptr || set->lock().locked())) {
       set->fresh().push_back(entry);
       continue;
     }

@@ -169,6 +169,7 @@ class BackgroundLoop {
   std::mutex completion_mu_;                  // one Complete at a time
   std::vector<TensorEntry*> releasing_;       // Complete's scratch, under completion_mu_
   std::vector<TensorEntry*> members_;         // Execute's scratch
+  std::vector<TensorEntry*> unrecorded_;      // Distribute's scratch
   std::vector<LocalFailure> local_failures_;  // ExecuteBucket's, for the bucket being run
   std::vector<std::unique_ptr<StandInEntry>> stand_ins_;
   size_t stand_ins_used_ = 0;

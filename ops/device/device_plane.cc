@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "ops/device/producer_readiness.h"
 #include "ops/mpi/mpi_types.h"
 #include "runtime/fusion_buffer.h"
 #include "runtime/mpi_context.h"
@@ -71,12 +72,16 @@ Status DevicePlane::InContext(const Status& status, const std::string& collectiv
 
 // One wait per producer stream, not per tensor: a bucket's gradients mostly come from one stream,
 // whose latest event implies the others.
-void DevicePlane::WaitForInputs(const std::vector<TensorEntry*>& entries) {
+Status DevicePlane::WaitForInputs(const std::vector<TensorEntry*>& entries) {
+  const Status recorded = RecordProducerReadiness(entries);
+  if (!recorded.ok()) {
+    return Status(recorded.code(), "recording the producer's readiness: " + recorded.message());
+  }
   ready_scratch_.clear();
   for (TensorEntry* entry : entries) {
     if (entry->ready != nullptr) ready_scratch_.push_back(entry->ready.get());
   }
-  if (ready_scratch_.empty()) return;
+  if (ready_scratch_.empty()) return Status::OK();
   for (StreamEvent* latest : LatestPerSource(ready_scratch_)) {
     for (TensorEntry* entry : entries) {
       if (entry->ready.get() == latest) {
@@ -85,6 +90,7 @@ void DevicePlane::WaitForInputs(const std::vector<TensorEntry*>& entries) {
       }
     }
   }
+  return Status::OK();
 }
 
 void DevicePlane::MarkPhase(const char* ended) {
@@ -146,7 +152,7 @@ Status DevicePlane::Allreduce(const std::vector<TensorEntry*>& entries, const Re
     }
   }
   phases_.clear();
-  WaitForInputs(entries);
+  GRADSYNC_LAUNCH(WaitForInputs(entries), "allreduce", entries);
   MarkPhase("DEVICE_QUEUE");
   segments_.clear();
   if (entries.size() == 1) {
@@ -221,7 +227,7 @@ Status DevicePlane::Allgather(TensorEntry* entry, const std::vector<int64_t>& fi
     entry->state->output_shape = shape;
   }
   phases_.clear();
-  WaitForInputs(entries);
+  GRADSYNC_LAUNCH(WaitForInputs(entries), "allgather", entries);
   MarkPhase("DEVICE_QUEUE");
   GRADSYNC_LAUNCH(backend_->Allgatherv(entry->input.data, output, counts, entry->input.dtype),
                   "allgather", entries);
@@ -233,7 +239,7 @@ Status DevicePlane::Broadcast(TensorEntry* entry, int root) {
   GRADSYNC_RETURN_IF_ERROR(Failed());
   const std::vector<TensorEntry*> entries{entry};
   phases_.clear();
-  WaitForInputs(entries);
+  GRADSYNC_LAUNCH(WaitForInputs(entries), "broadcast", entries);
   MarkPhase("DEVICE_QUEUE");
   const int64_t count = entry->input.num_elements();
   if (count > 0) {
@@ -273,7 +279,7 @@ Status DevicePlane::Alltoall(TensorEntry* entry) {
     entry->state->received_splits = received;
   }
   phases_.clear();
-  WaitForInputs(entries);
+  GRADSYNC_LAUNCH(WaitForInputs(entries), "alltoall", entries);
   MarkPhase("DEVICE_QUEUE");
   GRADSYNC_LAUNCH(backend_->Alltoallv(entry->input.data, Scaled(splits, row), output,
                                       Scaled(received, row), entry->input.dtype),
@@ -324,7 +330,7 @@ Status DevicePlane::Reducescatter(const std::vector<TensorEntry*>& entries, cons
     entry->state->output_shape = shape;
   }
   phases_.clear();
-  WaitForInputs(entries);
+  GRADSYNC_LAUNCH(WaitForInputs(entries), "reducescatter", entries);
   MarkPhase("DEVICE_QUEUE");
   segments_.clear();
   if (entries.size() == 1 && spec.prescale == 1.0 && allocated[0]) {

@@ -3,7 +3,8 @@
 // a GPU, over host threads and MPI.
 //
 // Each call returns once its work is queued on the backend's communication stream, in this order:
-// waits for the inputs' producers (each entry's `ready` event; the stream waits, not the caller),
+// waits for the inputs' producers (each entry's `ready` event, recorded now for a locked
+// bucket's entries; the stream waits, not the caller),
 // the batched copy into the fusion buffer with the prescale folded in, one collective, the batched
 // copy out with the postscale (and an average's division) folded in, and a recorded event that
 // TakeCompletion() hands to the finalizer. A bucket of one tensor skips the copies and is reduced
@@ -56,8 +57,11 @@ class DevicePlane : public DataPlane {
  private:
   // OK, or the abort's status once aborted.
   Status Failed() const;
-  // Every entry's input has its producer's readiness waited for on the stream.
-  void WaitForInputs(const std::vector<TensorEntry*>& entries);
+  // Every entry's input has its producer's readiness waited for on the stream. Entries whose
+  // producer stream is not yet recorded on (a locked bucket's, ops/device/producer_readiness.h)
+  // get one event per stream for all of them first. A failure to record aborts the plane, as a
+  // failed launch does: the other ranks go on into the collective.
+  Status WaitForInputs(const std::vector<TensorEntry*>& entries);
   // While phases are recorded: a timed event ending the phase `ended` (the stream's work so far).
   void MarkPhase(const char* ended);
   // Records the launch's completion event, which ends the phase `last` (timed while phases are

@@ -3,12 +3,15 @@
 //
 // A bucket's gradients mostly come from one stream, and the plane waits only for the latest event
 // of each stream anyway (DevicePlane::WaitForInputs). So while a process set is locked, an enqueue
-// records nothing: the cycle that takes the entries from the queue when their bucket is full
-// records one event on each of their streams. The push that fills the bucket runs that cycle
-// (GRADSYNC_CALLER_LAUNCH), or wakes the loop's thread to run it; the event follows everything the
-// producers queued before, and also whatever the caller queued on the stream in between (on the
-// loop's thread, until it wakes), which is waited for too, never skipped. Unlocked, negotiation
-// takes entries later, so each enqueue (a group: once per stream) records its event at once.
+// records nothing: the launch of the entries' bucket records one event on each of their streams
+// (DevicePlane::WaitForInputs), on whichever thread launches it, the caller's whose push filled
+// the bucket (GRADSYNC_CALLER_LAUNCH) or the loop's, however many cycles took the bucket's
+// entries. That event follows everything the producers queued before the bucket filled, and also
+// whatever the caller queued on the stream since (on the loop's thread, the layers launched while
+// the thread woke), which is waited for too, never skipped. Unlocked, negotiation takes entries
+// later, when the producer's stream may be gone, so each enqueue (a group: once per stream)
+// records its event at once; so does the cycle that takes an entry a locked enqueue left
+// unrecorded into a set that is no longer locked.
 //
 // Thread safety: any thread, for entries that thread alone holds. The testing hook is set before
 // init() and cleared after shutdown().

@@ -145,7 +145,7 @@ using CompletionCallback = std::function<void(const Status&)>;
 // Device tensors whose producer is still running: gradsync's communication stream waits for the
 // producer on the device, so neither the caller nor gradsync's threads block on it. Give the
 // producer's stream (a cudaStream_t: gradsync records an event on it at enqueue, or, while the
-// process set is locked, once per bucket when the bucket fills; it must stay valid until the
+// process set is locked, once per bucket when the bucket is launched; it must stay valid until the
 // operation is launched), or an event (a cudaEvent_t the caller recorded after the producing
 // work, and does not record again until the operation is launched, which wait() or
 // synchronize_stream() assure). Opaque handles, so that this header needs no CUDA headers. Both
