@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -157,27 +158,65 @@ TEST_P(BatchedCopyGpuTest, MatchesTheHostExecutor) {
   }
 }
 
+// A stream that a producer kernel can stall until it is released (or for about 5 s), and device
+// buffers, all freed after the test; a test's copier, a local, goes first, as it must.
+class StalledStreamCopyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ASSERT_CUDA(cudaHostAlloc(&release_, sizeof(int), cudaHostAllocMapped));
+    ASSERT_CUDA(cudaMalloc(&blocker_, sizeof(float)));
+  }
+  void TearDown() override {
+    for (float* buffer : buffers_) cudaFree(buffer);
+    cudaFree(blocker_);
+    cudaFreeHost(release_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  // `count` floats of device memory; null (and the test failed) when there is none.
+  float* DeviceFloats(size_t count) {
+    float* buffer = nullptr;
+    const cudaError_t error = cudaMalloc(&buffer, count * sizeof(float));
+    EXPECT_EQ(cudaSuccess, error) << "cudaMalloc: " << cudaGetErrorString(error);
+    if (error != cudaSuccess) return nullptr;
+    buffers_.push_back(buffer);
+    return buffer;
+  }
+  void Stall() {
+    *release_ = 0;
+    testing::LaunchSlowFill(stream_, release_, blocker_, 1, 0.0f, 10'000'000'000LL);
+  }
+  void Release() { *reinterpret_cast<volatile int*>(release_) = 1; }
+  // Once the stream has run everything: `device` holds `expected`; `what` names a mismatch.
+  void ExpectHolds(const float* device, const std::vector<float>& expected,
+                   const std::function<std::string(size_t)>& what) {
+    ASSERT_CUDA(cudaStreamSynchronize(stream_));
+    std::vector<float> held(expected.size());
+    ASSERT_CUDA(
+        cudaMemcpy(held.data(), device, held.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    for (size_t k = 0; k < held.size(); ++k) ASSERT_EQ(expected[k], held[k]) << what(k);
+  }
+
+  cudaStream_t stream_ = nullptr;
+  int* release_ = nullptr;
+  float* blocker_ = nullptr;
+  std::vector<float*> buffers_;
+};
+
 // Launches queued behind a producer that has not finished each take staging of their own: were a
 // block reused before its copy ran, a later launch's descriptors would replace an earlier one's,
 // and some destination would receive another's values. Then the same again with the stream free,
 // so that finished blocks are reused.
-TEST(CudaBatchedCopierGpuTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStream) {
+TEST_F(StalledStreamCopyTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStream) {
   constexpr int kLaunches = 200;
   constexpr int64_t kCount = 1000;
-  cudaStream_t stream = nullptr;
-  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  int* release = nullptr;
-  ASSERT_CUDA(cudaHostAlloc(&release, sizeof(int), cudaHostAllocMapped));
-  float* blocker = nullptr;
-  float* sources = nullptr;
-  float* destinations = nullptr;
-  ASSERT_CUDA(cudaMalloc(&blocker, sizeof(float)));
-  ASSERT_CUDA(cudaMalloc(&sources, kLaunches * kCount * sizeof(float)));
-  ASSERT_CUDA(cudaMalloc(&destinations, kLaunches * kCount * sizeof(float)));
+  float* sources = DeviceFloats(kLaunches * kCount);
+  float* destinations = DeviceFloats(kLaunches * kCount);
+  ASSERT_TRUE(sources != nullptr && destinations != nullptr);
   std::vector<float> values(static_cast<size_t>(kLaunches * kCount));
-  std::unique_ptr<CudaBatchedCopier> made;
-  ASSERT_TRUE(CudaBatchedCopier::Create(0, /*tables=*/false, &made).ok());
-  CudaBatchedCopier& copier = *made;
+  std::unique_ptr<CudaBatchedCopier> copier;
+  ASSERT_TRUE(CudaBatchedCopier::Create(0, /*tables=*/false, &copier).ok());
   // Rounds 0 and 1 launch plans that go inline as the kernel's parameter, 2 and 3 plans that go
   // through staging; the first of each behind a stalled stream. Round 0 is the first launch of
   // the copy kernels in this process: with CUDA's lazy loading, a kernel not loaded when the
@@ -191,10 +230,9 @@ TEST(CudaBatchedCopierGpuTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStr
     ASSERT_CUDA(
         cudaMemcpy(sources, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
     // On the stream: the copies, on a non-blocking stream, would not wait for the legacy one.
-    ASSERT_CUDA(cudaMemsetAsync(destinations, 0, values.size() * sizeof(float), stream));
-    *release = 0;
+    ASSERT_CUDA(cudaMemsetAsync(destinations, 0, values.size() * sizeof(float), stream_));
     const bool stalled = round % 2 == 0;
-    if (stalled) testing::LaunchSlowFill(stream, release, blocker, 1, 0.0f, 10'000'000'000LL);
+    if (stalled) Stall();
     const auto launches_began = std::chrono::steady_clock::now();
     for (int i = 0; i < kLaunches; ++i) {
       // One to three segments more or less from launch to launch, so that staged launches ask
@@ -209,7 +247,7 @@ TEST(CudaBatchedCopierGpuTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStr
         segments.push_back(
             {sources + i * kCount + begin, destinations + i * kCount + begin, end - begin, 1.0});
       }
-      ASSERT_TRUE(copier.Launch(segments, DataType::kFloat32, stream).ok());
+      ASSERT_TRUE(copier->Launch(segments, DataType::kFloat32, stream_).ok());
     }
     if (stalled) {
       // The producer gives up after about 5 s: launches that blocked the host that long show here.
@@ -218,24 +256,15 @@ TEST(CudaBatchedCopierGpuTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStr
                                    .count();
       std::printf("round %d: %d launches behind the stalled producer took %.1f ms\n", round,
                   kLaunches, launch_ms);
-      EXPECT_EQ(cudaErrorNotReady, cudaStreamQuery(stream))
+      EXPECT_EQ(cudaErrorNotReady, cudaStreamQuery(stream_))
           << "the producer should still spin; round " << round << "'s " << kLaunches
           << " launches took " << launch_ms << " ms";
-      *reinterpret_cast<volatile int*>(release) = 1;
+      Release();
     }
-    ASSERT_CUDA(cudaStreamSynchronize(stream));
-    std::vector<float> copied(values.size());
-    ASSERT_CUDA(cudaMemcpy(copied.data(), destinations, copied.size() * sizeof(float),
-                           cudaMemcpyDeviceToHost));
-    for (size_t k = 0; k < copied.size(); ++k) {
-      ASSERT_EQ(values[k], copied[k]) << "round " << round << ", element " << k;
-    }
+    ExpectHolds(destinations, values, [&](size_t k) {
+      return "round " + std::to_string(round) + ", element " + std::to_string(k);
+    });
   }
-  cudaFree(destinations);
-  cudaFree(sources);
-  cudaFree(blocker);
-  cudaFreeHost(release);
-  cudaStreamDestroy(stream);
 }
 
 // Repeated copies read their descriptors from tables. Every table here is uploaded behind a
@@ -247,27 +276,20 @@ TEST(CudaBatchedCopierGpuTest, DescriptorsOutliveLaunchesQueuedBehindAStalledStr
 // second half's first launches, behind the stall, pass their descriptors inline, which fills
 // their destinations whatever their tables hold: the copier remembers 64 copies, too few to
 // launch all 80 once before the stall.)
-TEST(CudaBatchedCopierGpuTest, TablesOfRepeatedCopiesOutliveLaunchesQueuedBehindAStalledStream) {
+TEST_F(StalledStreamCopyTest, TablesOfRepeatedCopiesOutliveLaunchesQueuedBehindAStalledStream) {
   constexpr int kCopies = 40;  // twice: more than the copier keeps, fewer than it remembers
   constexpr int kSegments = 24;
   constexpr int64_t kCount = 300;
   static_assert(2 * kCopies > static_cast<int>(CudaBatchedCopier::kTableCapacity), "none retired");
   static_assert(kCopies <= static_cast<int>(CopyTableCache::kRecentLists), "forgotten");
   constexpr int64_t kPerCopy = kSegments * kCount;
-  constexpr size_t kBytes = 2 * kCopies * kPerCopy * sizeof(float);
-  cudaStream_t stream = nullptr;
-  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  int* release = nullptr;
-  ASSERT_CUDA(cudaHostAlloc(&release, sizeof(int), cudaHostAllocMapped));
-  float* blocker = nullptr;
-  float* sources = nullptr;
-  float* destinations = nullptr;
-  ASSERT_CUDA(cudaMalloc(&blocker, sizeof(float)));
-  ASSERT_CUDA(cudaMalloc(&sources, kBytes));
-  ASSERT_CUDA(cudaMalloc(&destinations, kBytes));
-  std::vector<float> values(kBytes / sizeof(float));
+  constexpr size_t kFloats = 2 * kCopies * kPerCopy;
+  float* sources = DeviceFloats(kFloats);
+  float* destinations = DeviceFloats(kFloats);
+  ASSERT_TRUE(sources != nullptr && destinations != nullptr);
+  std::vector<float> values(kFloats);
   for (size_t k = 0; k < values.size(); ++k) values[k] = static_cast<float>(k % 100003);
-  ASSERT_CUDA(cudaMemcpy(sources, values.data(), kBytes, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(sources, values.data(), kFloats * sizeof(float), cudaMemcpyHostToDevice));
   std::unique_ptr<CudaBatchedCopier> copier;
   ASSERT_TRUE(CudaBatchedCopier::Create(0, /*tables=*/true, &copier).ok());
   // Copy c moves kSegments pieces of its share of `sources` to the same place in `destinations`.
@@ -282,41 +304,31 @@ TEST(CudaBatchedCopierGpuTest, TablesOfRepeatedCopiesOutliveLaunchesQueuedBehind
   // The first half's first launches, inline, run before the stall; their destinations are
   // cleared after them.
   for (int c = 0; c < kCopies; ++c) {
-    ASSERT_TRUE(copier->Launch(copy(c), DataType::kFloat32, stream).ok());
+    ASSERT_TRUE(copier->Launch(copy(c), DataType::kFloat32, stream_).ok());
   }
   ASSERT_EQ(copier->tables(), 0u);
-  ASSERT_CUDA(cudaMemsetAsync(destinations, 0, kBytes, stream));
-  ASSERT_CUDA(cudaStreamSynchronize(stream));
-  *release = 0;
-  testing::LaunchSlowFill(stream, release, blocker, 1, 0.0f, 10'000'000'000LL);
+  ASSERT_CUDA(cudaMemsetAsync(destinations, 0, kFloats * sizeof(float), stream_));
+  ASSERT_CUDA(cudaStreamSynchronize(stream_));
+  Stall();
   // Behind the stall: the first half earn their tables and find them; the second half launch
   // once inline, then earn theirs and find them, retiring the first half's oldest tables.
   for (int round = 0; round < 2; ++round) {
     for (int c = 0; c < kCopies; ++c) {
-      ASSERT_TRUE(copier->Launch(copy(c), DataType::kFloat32, stream).ok());
+      ASSERT_TRUE(copier->Launch(copy(c), DataType::kFloat32, stream_).ok());
     }
   }
   EXPECT_EQ(copier->tables(), static_cast<size_t>(kCopies));
   for (int round = 0; round < 2; ++round) {
     for (int c = kCopies; c < 2 * kCopies; ++c) {
-      ASSERT_TRUE(copier->Launch(copy(c), DataType::kFloat32, stream).ok());
+      ASSERT_TRUE(copier->Launch(copy(c), DataType::kFloat32, stream_).ok());
     }
   }
   EXPECT_EQ(copier->tables(), CudaBatchedCopier::kTableCapacity);
-  EXPECT_EQ(cudaErrorNotReady, cudaStreamQuery(stream)) << "the producer should still spin";
-  *reinterpret_cast<volatile int*>(release) = 1;
-  ASSERT_CUDA(cudaStreamSynchronize(stream));
-  std::vector<float> copied(values.size());
-  ASSERT_CUDA(cudaMemcpy(copied.data(), destinations, kBytes, cudaMemcpyDeviceToHost));
-  for (size_t k = 0; k < copied.size(); ++k) {
-    ASSERT_EQ(values[k], copied[k]) << "copy " << k / kPerCopy << ", element " << k % kPerCopy;
-  }
-  copier.reset();  // before its stream: it records on it
-  cudaFree(destinations);
-  cudaFree(sources);
-  cudaFree(blocker);
-  cudaFreeHost(release);
-  cudaStreamDestroy(stream);
+  EXPECT_EQ(cudaErrorNotReady, cudaStreamQuery(stream_)) << "the producer should still spin";
+  Release();
+  ExpectHolds(destinations, values, [&](size_t k) {
+    return "copy " + std::to_string(k / kPerCopy) + ", element " + std::to_string(k % kPerCopy);
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, BatchedCopyGpuTest, ::testing::ValuesIn(kAllTypes),
