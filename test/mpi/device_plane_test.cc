@@ -17,6 +17,7 @@
 #include "coordinator/finalizer.h"
 #include "ops/device/device_plane.h"
 #include "ops/device/host_device_backend.h"
+#include "ops/device/producer_readiness.h"
 #include "runtime/fusion_buffer.h"
 #include "runtime/host_stream.h"
 #include "test/mpi/multi_rank_test.h"
@@ -188,6 +189,75 @@ TEST_F(DevicePlaneTest, WaitsOnTheStreamForASlowProducer) {
   EXPECT_FALSE(op.entry.ready->Query());
   ASSERT_TRUE(Finish().ok());
   EXPECT_TRUE(Reduced(op.input, ReduceOp::kSum, DataType::kFloat32, size_));
+}
+
+// Readiness recorded on a host stream whose address stands in for a cudaStream_t, counted; or
+// failing, while `fail_records` is set.
+std::atomic<int> records{0};
+std::atomic<bool> fail_records{false};
+Status RecordOnHostStream(void* stream, int, std::shared_ptr<StreamEvent>* ready) {
+  if (fail_records) return Status(StatusCode::kCudaError, "the recorder fails");
+  records.fetch_add(1);
+  *ready = static_cast<HostStream*>(stream)->Record();
+  return Status::OK();
+}
+
+// A locked bucket's entries come to the plane with their producer's stream still unrecorded: the
+// launch records one event per stream for all of them, the stream waits for it, the host does not.
+TEST_F(DevicePlaneTest, ALaunchRecordsItsEntriesProducersOncePerStream) {
+  SetReadinessRecorderForTesting(&RecordOnHostStream);
+  HostStream first_producer, second_producer;
+  std::vector<std::unique_ptr<Op>> ops;
+  for (int i = 0; i < 4; ++i) {
+    ops.push_back(std::make_unique<Op>("unrecorded." + std::to_string(i), DataType::kFloat32,
+                                       std::vector<int64_t>{1000 + i}));
+    for (int64_t k = 0; k < ops.back()->input.size(); ++k) ops.back()->input.Set(k, -1000);
+    ops.back()->entry.ready_stream = i < 3 ? &first_producer : &second_producer;
+  }
+  // The first producer writes the first three inputs, the second the last, after a while.
+  for (HostStream* producer : {&first_producer, &second_producer}) {
+    const int begin = producer == &first_producer ? 0 : 3;
+    const int end = producer == &first_producer ? 3 : 4;
+    producer->Enqueue([&ops, begin, end, this] {
+      std::this_thread::sleep_for(milliseconds(300));
+      for (int i = begin; i < end; ++i) Fill(&ops[i]->input, ReduceOp::kSum, rank_);
+    });
+  }
+  records = 0;
+  std::vector<TensorEntry*> entries;
+  for (auto& op : ops) entries.push_back(&op->entry);
+  const Status launched = plane_->Allreduce(entries, {DataType::kFloat32, ReduceOp::kSum});
+  SetReadinessRecorderForTesting(nullptr);
+  ASSERT_TRUE(launched.ok()) << launched.ToString();
+  EXPECT_EQ(records.load(), 2) << "one record per producer stream";
+  for (auto& op : ops) {
+    EXPECT_EQ(op->entry.ready_stream, nullptr) << op->entry.name;
+    ASSERT_NE(op->entry.ready, nullptr) << op->entry.name;
+    EXPECT_FALSE(op->entry.ready->Query()) << "the launch waited for " << op->entry.name;
+  }
+  ASSERT_TRUE(Finish().ok());
+  for (auto& op : ops) EXPECT_TRUE(Reduced(op->input, ReduceOp::kSum, DataType::kFloat32, size_));
+}
+
+// A producer's stream that cannot be recorded on fails the launch and aborts the plane, as a
+// failed launch does: the other ranks go on into the collective, and must see this rank's failure.
+TEST_F(DevicePlaneTest, AProducerThatCannotBeRecordedOnAbortsThePlane) {
+  if (size_ > 1) GTEST_SKIP() << "one rank alone fails; the others would wait in the collective";
+  SetReadinessRecorderForTesting(&RecordOnHostStream);
+  fail_records = true;
+  HostStream producer;
+  Op op("unrecordable", DataType::kFloat32, {64});
+  op.entry.ready_stream = &producer;
+  const Status launched = plane_->Allreduce({&op.entry}, {DataType::kFloat32, ReduceOp::kSum});
+  fail_records = false;
+  SetReadinessRecorderForTesting(nullptr);
+  ASSERT_FALSE(launched.ok());
+  EXPECT_NE(launched.message().find("recording the producer's readiness"), std::string::npos)
+      << launched.ToString();
+  EXPECT_NE(launched.message().find("unrecordable"), std::string::npos) << launched.ToString();
+  Op later("later", DataType::kFloat32, {64});
+  EXPECT_FALSE(plane_->Allreduce({&later.entry}, {DataType::kFloat32, ReduceOp::kSum}).ok())
+      << "the plane should be aborted";
 }
 
 TEST_F(DevicePlaneTest, StreamOrderedCompletionOrdersAConsumerAfterTheReduction) {
