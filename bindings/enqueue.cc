@@ -237,12 +237,12 @@ Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& val
   // asynchronous); a host tensor's bucket runs on the background thread, which does not block
   // the caller for the reduction; and gradsync's own threads (a callback that enqueues) launch
   // nothing, since a cycle there could wait for the completions that thread is running.
-  const bool may_launch = state->on_device && rt.loop->RunsCallerCycles() && !OnBackgroundThread();
-  // Locked, the cycle that takes this entry when its bucket is full (run by the push that fills
-  // it, or by the loop's thread) records one event for the bucket's whole stream; otherwise the
-  // entry waits for negotiation, and its event must mark the producer's work now. Before naming,
-  // as for any refusal.
-  const bool deferrable = state->on_device && rt.loop->DefersReadiness() && !OnBackgroundThread();
+  const bool callers_device_push = state->on_device && !OnBackgroundThread();
+  const bool may_launch = callers_device_push && rt.loop->RunsCallerCycles();
+  // Locked, the launch of this entry's bucket (by the push that fills it, or by the loop's thread)
+  // records one event for the bucket's whole stream; otherwise the entry waits for negotiation,
+  // and its event must mark the producer's work now. Before naming, as for any refusal.
+  const bool deferrable = callers_device_push && rt.loop->DefersReadiness();
   if (entry->ready_stream != nullptr && RecordAtEnqueue(entry->ready_stream, deferrable)) {
     TensorEntry* unrecorded = entry.get();
     ThrowIfUnrecorded(rt, entry.get(), RecordProducerReadiness(&unrecorded, 1));

@@ -71,7 +71,6 @@ void BackgroundLoop::Run() {
     cycles_run_.fetch_add(1, std::memory_order_release);
   }
   std::lock_guard<std::mutex> lock(cycle_mu_);
-  caller_cycles_ = false;
   all_locked_ = false;
   running_ = false;
 }
@@ -107,7 +106,7 @@ bool BackgroundLoop::RunOneCycle() {
     // Locked, a burst is not waited out: the bucket it fills starts at once.
     settle = wake_after_ > 0 ? std::chrono::nanoseconds(0) : CycleTime();
     // Callers launch locked buckets themselves: this thread has nothing to look out for.
-    poll = caller_cycles_ ? std::chrono::nanoseconds(0) : PollWindow();
+    poll = RunsCallerCycles() ? std::chrono::nanoseconds(0) : PollWindow();
   }
   queue_->WaitForWork(wait, settle, poll);
   std::chrono::steady_clock::time_point pause_until;
@@ -134,13 +133,13 @@ void BackgroundLoop::RunCycleForCaller() {
   bool wake = true;
   {
     std::unique_lock<std::mutex> lock(cycle_mu_, std::try_to_lock);
-    if (lock.owns_lock() && caller_cycles_ && !stop_) {
+    if (lock.owns_lock() && RunsCallerCycles() && !stop_) {
       CallerDeviceScope keep_callers_device;
       BackgroundWorkScope callbacks_may_not_block;
       std::chrono::steady_clock::time_point unused;
       stop_ = !RunCycle(/*on_caller=*/true, &unused);
       cycles_run_.fetch_add(1, std::memory_order_release);
-      wake = stop_ || !caller_cycles_ || lock_exchanging_;
+      wake = stop_ || !RunsCallerCycles() || lock_exchanging_;
     }
   }
   // The loop's thread is in a cycle (it drains this push next), or it has work now.
@@ -168,7 +167,6 @@ bool BackgroundLoop::RunCycle(bool on_caller, std::chrono::steady_clock::time_po
     const int32_t id = set->id();
     set->SetPatient(patient);
     if (!RunSetCycle(set, on_caller, &productive)) {
-      caller_cycles_ = false;
       all_locked_ = false;
       return false;
     }
@@ -185,7 +183,6 @@ bool BackgroundLoop::RunCycle(bool on_caller, std::chrono::steady_clock::time_po
   wake_after_ = LockedWakeAfter();
   queue_->SetWakeAfter(wake_after_);
   all_locked_ = wake_after_ > 0 && AllSetsLocked();
-  caller_cycles_ = config_.caller_launch && all_locked_;
   if (!on_caller && queue_->HasPending() && wake_after_ == 0) {
     *pause_until = started + CycleTime();
   }

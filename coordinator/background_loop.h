@@ -63,10 +63,10 @@ class BackgroundLoop {
 
   // Whether a caller that pushes a device tensor should ask for RunCycleForCaller (cheap, any
   // thread): the loop's sets are all locked and GRADSYNC_CALLER_LAUNCH is on.
-  bool RunsCallerCycles() const { return caller_cycles_.load(std::memory_order_relaxed); }
-  // Whether a caller that pushes a device tensor may leave its producer's readiness to the locked
-  // cycle that takes it (cheap, any thread): the loop's sets are all locked, so that the cycle
-  // comes when the tensor's bucket is full, on the caller's thread or on the loop's (see
+  bool RunsCallerCycles() const { return config_.caller_launch && DefersReadiness(); }
+  // Whether a caller that pushes a device tensor may leave its producer's readiness to the launch
+  // of its bucket (cheap, any thread): the loop's sets are all locked, so that the bucket is
+  // launched once it is full, on the caller's thread or on the loop's (see
   // ops/device/producer_readiness.h).
   bool DefersReadiness() const { return all_locked_.load(std::memory_order_relaxed); }
   // Called by a caller whose push the queue reported due (TensorQueue::Push): runs the loop's
@@ -182,10 +182,9 @@ class BackgroundLoop {
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<uint64_t> cycles_run_{0};
   std::atomic<bool> running_{false};
-  std::mutex cycle_mu_;                     // one cycle at a time, on whichever thread
-  std::atomic<bool> caller_cycles_{false};  // RunsCallerCycles()
-  std::atomic<bool> all_locked_{false};     // DefersReadiness()
-  bool stop_ = false;                       // a caller's cycle ended the loop; under cycle_mu_
+  std::mutex cycle_mu_;                  // one cycle at a time, on whichever thread
+  std::atomic<bool> all_locked_{false};  // DefersReadiness()
+  bool stop_ = false;                    // a caller's cycle ended the loop; under cycle_mu_
   std::thread thread_;
   // Last: destroyed first, completing what it still holds while the rest is intact.
   Finalizer finalizer_;

@@ -62,11 +62,9 @@ CopyTableCache::Lookup CopyTableCache::Find(const std::vector<CopySegment>& segm
   return lookup;
 }
 
-const CopyTableCache::Table* CopyTableCache::Insert(const Lookup& lookup,
-                                                    const std::vector<CopySegment>& segments,
-                                                    size_t element_size, const void* stream,
-                                                    std::vector<int64_t> first_chunk, void* memory,
-                                                    void** retired) {
+void CopyTableCache::Insert(const Lookup& lookup, const std::vector<CopySegment>& segments,
+                            size_t element_size, const void* stream,
+                            std::vector<int64_t> first_chunk, void* memory, void** retired) {
   *retired = nullptr;
   if (tables_.size() >= capacity_ && !tables_.empty()) {
     size_t oldest = 0;
@@ -86,13 +84,6 @@ const CopyTableCache::Table* CopyTableCache::Insert(const Lookup& lookup,
   table.memory = memory;
   table.last_used = ++clock_;
   tables_.push_back(std::move(table));
-  return &tables_.back();
-}
-
-std::vector<CopyTableCache::Table> CopyTableCache::TakeAll() {
-  std::vector<Table> all = std::move(tables_);
-  tables_.clear();
-  return all;
 }
 
 }  // namespace gradsync

@@ -54,14 +54,9 @@ class CopyTableCache {
 
   // Adds the table Find said was worth one (`lookup`), whose descriptors the caller has put at
   // `memory`. When that passes the capacity, *retired is the least recently used table's memory
-  // (it leaves the cache), else null. A table returned by Find or Insert stays valid until the
-  // next Insert or TakeAll.
-  const Table* Insert(const Lookup& lookup, const std::vector<CopySegment>& segments,
-                      size_t element_size, const void* stream, std::vector<int64_t> first_chunk,
-                      void* memory, void** retired);
-
-  // Every table, emptying the cache: for the owner's teardown.
-  std::vector<Table> TakeAll();
+  // (it leaves the cache), else null. A table Find returns stays valid until the next Insert.
+  void Insert(const Lookup& lookup, const std::vector<CopySegment>& segments, size_t element_size,
+              const void* stream, std::vector<int64_t> first_chunk, void* memory, void** retired);
 
   size_t size() const { return tables_.size(); }
 

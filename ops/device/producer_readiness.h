@@ -36,10 +36,10 @@ inline Status RecordProducerReadiness(const std::vector<TensorEntry*>& entries) 
 }
 
 // Whether an entry given the producer stream `ready_stream` has its readiness recorded by its
-// enqueue, on the enqueuing thread, or may leave it to the locked cycle that takes it
-// (`deferrable`: that cycle is run when the entry's bucket is full, by the push that fills it or
-// by the background thread). The thread's own default stream (cudaStreamPerThread) is recorded at
-// once: on the thread that runs the cycle, the same handle names another stream.
+// enqueue, on the enqueuing thread, or may leave it to the launch of its locked bucket
+// (`deferrable`: the bucket is launched once full, by the push that fills it or by the background
+// thread). The thread's own default stream (cudaStreamPerThread) is recorded at once: on the
+// thread that launches, the same handle names another stream.
 bool RecordAtEnqueue(void* ready_stream, bool deferrable);
 
 // For tests without a GPU: while set, `recorder` records the events instead of CUDA (a host

@@ -124,17 +124,6 @@ TEST(CopyTableCacheTest, ACopyForgottenAmongManyOthersStartsAgain) {
   EXPECT_EQ(cache.size(), 0u);
 }
 
-TEST(CopyTableCacheTest, TakeAllEmptiesTheCache) {
-  CopyTableCache cache(8);
-  char handles[3];
-  void* retired = nullptr;
-  for (int t = 0; t < 3; ++t) Earn(&cache, Segments(6, t), handles + t, &retired);
-  const std::vector<CopyTableCache::Table> all = cache.TakeAll();
-  ASSERT_EQ(all.size(), 3u);
-  EXPECT_EQ(cache.size(), 0u);
-  EXPECT_EQ(cache.Find(Segments(6, 0), 4, kStream).table, nullptr);
-}
-
 TEST(CopyTableCacheTest, SignaturesOfEqualListsAreEqualAndNeverZero) {
   EXPECT_EQ(CopyTableCache::Signature(Segments(10), 4, kStream),
             CopyTableCache::Signature(Segments(10), 4, kStream));
