@@ -16,7 +16,9 @@ PLACED = re.compile(r"placement rank=(\d+) gpu=(-?\d+) process=(\S+) thread=(\S+
 
 
 def cpus(text):
-    """The set of CPUs of a Linux cpulist ("0-3,8")."""
+    """The set of CPUs of a Linux cpulist ("0-3,8"); None where the probe could not read one."""
+    if not re.fullmatch(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*", text):
+        return None
     result = set()
     for part in text.split(","):
         first, _, last = part.partition("-")
@@ -64,7 +66,9 @@ def placement_cases(t, ncpu):
         trainers = placed[0][1] | placed[1][1]
         for rank, (gpu, process, thread) in placed.items():
             t.expect("rank %d without a GPU reports -1" % rank, gpu == -1)
-            if ncpu > len(trainers):
+            if thread is None:
+                t.expect("rank %d's thread affinity was read" % rank, False, out)
+            elif ncpu > len(trainers):
                 t.expect("rank %d's thread avoids the trainers' cores" % rank,
                          not thread & trainers, "thread %s, trainers %s" % (thread, trainers))
             else:

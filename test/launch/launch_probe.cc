@@ -27,6 +27,9 @@ std::string AllowedCpus(const std::string& status_path) {
   return "?";
 }
 
+// The affinity of the thread called `name`. Threads started by that thread inherit its name, and
+// a short-lived one may exit between reading its name and its status; such a task is skipped
+// rather than reported as unreadable, and the first readable one wins.
 std::string ThreadCpus(const std::string& name) {
   DIR* tasks = opendir("/proc/self/task");
   if (tasks == nullptr) return "?";
@@ -35,8 +38,11 @@ std::string ThreadCpus(const std::string& name) {
     const std::string dir = std::string("/proc/self/task/") + entry->d_name;
     std::ifstream comm(dir + "/comm");
     std::string thread_name;
-    if (std::getline(comm, thread_name) && thread_name == name) {
-      found = AllowedCpus(dir + "/status");
+    if (!std::getline(comm, thread_name) || thread_name != name) continue;
+    const std::string cpus = AllowedCpus(dir + "/status");
+    if (cpus != "?") {
+      found = cpus;
+      break;
     }
   }
   closedir(tasks);
