@@ -50,8 +50,10 @@ Status MpiStagedBackend::Allocate(size_t bytes, void** ptr) {
 }
 
 void MpiStagedBackend::FreeAfterWork(void* ptr) {
-  const int device = device_;
-  host_->Enqueue([ptr, device] { return CudaResult(cudaFree(ptr), "cudaFree", device); });
+  host_->Enqueue([this, ptr] {
+    GRADSYNC_RETURN_IF_ERROR(SettleNow());
+    return CudaResult(cudaFree(ptr), "cudaFree", device_);
+  });
 }
 
 Status MpiStagedBackend::Upload(const void* host, void* dst, size_t bytes) {
@@ -65,9 +67,10 @@ Status MpiStagedBackend::Staging(size_t bytes, char** pinned) {
     GRADSYNC_CUDA_CALL(cudaMallocHost(&fresh, bytes + bytes / 2), device_);
     if (staging_ != nullptr) {
       char* old = staging_;
-      const int device = device_;
-      host_->Enqueue(
-          [old, device] { return CudaResult(cudaFreeHost(old), "cudaFreeHost", device); });
+      host_->Enqueue([this, old] {
+        GRADSYNC_RETURN_IF_ERROR(SettleNow());  // a copy from it may still be queued
+        return CudaResult(cudaFreeHost(old), "cudaFreeHost", device_);
+      });
     }
     staging_ = static_cast<char*>(fresh);
     staging_capacity_ = bytes + bytes / 2;
@@ -78,24 +81,51 @@ Status MpiStagedBackend::Staging(size_t bytes, char** pinned) {
 
 void MpiStagedBackend::Copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
-  const int device = device_;
-  const auto stream = static_cast<cudaStream_t>(cuda_stream_);
-  host_->Enqueue([=] {
-    GRADSYNC_CUDA_CALL(cudaSetDevice(device), device);
-    GRADSYNC_CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), device);
-    GRADSYNC_CUDA_CALL(cudaStreamSynchronize(stream), device);
+  host_->Enqueue([this, dst, src, bytes] {
+    GRADSYNC_CUDA_CALL(cudaSetDevice(device_), device_);
+    GRADSYNC_CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
+                                       static_cast<cudaStream_t>(cuda_stream_)),
+                       device_);
+    unsettled_ = true;
     return Status::OK();
   });
 }
 
+void MpiStagedBackend::Settle() {
+  host_->Enqueue([this] { return SettleNow(); });
+}
+
+Status MpiStagedBackend::SettleNow() {
+  if (!unsettled_) return Status::OK();
+  unsettled_ = false;
+  GRADSYNC_CUDA_CALL(cudaStreamSynchronize(static_cast<cudaStream_t>(cuda_stream_)), device_);
+  return Status::OK();
+}
+
+std::shared_ptr<StreamEvent> MpiStagedBackend::SettledStream::Record() {
+  backend_->Settle();
+  return backend_->host_->stream()->Record();
+}
+
+std::shared_ptr<StreamEvent> MpiStagedBackend::SettledStream::RecordTimed() {
+  backend_->Settle();
+  return backend_->host_->stream()->RecordTimed();
+}
+
+// Device work queued after the wait starts after it, since the thread queues it only then.
+void MpiStagedBackend::SettledStream::WaitFor(std::shared_ptr<StreamEvent> event) {
+  backend_->host_->stream()->WaitFor(std::move(event));
+}
+
+void MpiStagedBackend::SettledStream::Abort(const Status& status) {
+  backend_->host_->stream()->Abort(status);
+}
+
 Status MpiStagedBackend::BatchedCopy(const std::vector<CopySegment>& segments, DataType dtype) {
-  const int device = device_;
-  void* stream = cuda_stream_;
-  CudaBatchedCopier* copier = copier_.get();
-  host_->Enqueue([=] {
-    GRADSYNC_CUDA_CALL(cudaSetDevice(device), device);
-    GRADSYNC_RETURN_IF_ERROR(copier->Launch(segments, dtype, stream));
-    GRADSYNC_CUDA_CALL(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), device);
+  host_->Enqueue([this, segments, dtype] {
+    GRADSYNC_CUDA_CALL(cudaSetDevice(device_), device_);
+    GRADSYNC_RETURN_IF_ERROR(copier_->Launch(segments, dtype, cuda_stream_));
+    unsettled_ = true;
     return Status::OK();
   });
   return Status::OK();
@@ -103,11 +133,15 @@ Status MpiStagedBackend::BatchedCopy(const std::vector<CopySegment>& segments, D
 
 Status MpiStagedBackend::Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
                                    ReduceOp op) {
-  if (cuda_aware_) return host_->Allreduce(send, recv, count, dtype, op);
+  if (cuda_aware_) {
+    Settle();  // MPI reads what the copies before wrote
+    return host_->Allreduce(send, recv, count, dtype, op);
+  }
   const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
   char* pinned = nullptr;
   GRADSYNC_RETURN_IF_ERROR(Staging(bytes, &pinned));
   Copy(pinned, send, bytes);
+  Settle();
   GRADSYNC_RETURN_IF_ERROR(host_->Allreduce(pinned, pinned, count, dtype, op));
   Copy(recv, pinned, bytes);
   return Status::OK();
@@ -115,7 +149,10 @@ Status MpiStagedBackend::Allreduce(const void* send, void* recv, int64_t count, 
 
 Status MpiStagedBackend::Allgatherv(const void* send, void* recv,
                                     const std::vector<int64_t>& counts, DataType dtype) {
-  if (cuda_aware_) return host_->Allgatherv(send, recv, counts, dtype);
+  if (cuda_aware_) {
+    Settle();  // MPI reads what the copies before wrote
+    return host_->Allgatherv(send, recv, counts, dtype);
+  }
   const size_t element = DataTypeSize(dtype);
   int64_t total = 0;
   for (int64_t c : counts) total += c;
@@ -123,17 +160,22 @@ Status MpiStagedBackend::Allgatherv(const void* send, void* recv,
   char* pinned = nullptr;
   GRADSYNC_RETURN_IF_ERROR(Staging(mine + static_cast<size_t>(total) * element, &pinned));
   Copy(pinned, send, mine);
+  Settle();
   GRADSYNC_RETURN_IF_ERROR(host_->Allgatherv(pinned, pinned + mine, counts, dtype));
   Copy(recv, pinned + mine, static_cast<size_t>(total) * element);
   return Status::OK();
 }
 
 Status MpiStagedBackend::Broadcast(void* buffer, int64_t count, DataType dtype, int root) {
-  if (cuda_aware_) return host_->Broadcast(buffer, count, dtype, root);
+  if (cuda_aware_) {
+    Settle();  // MPI reads what the copies before wrote
+    return host_->Broadcast(buffer, count, dtype, root);
+  }
   const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
   char* pinned = nullptr;
   GRADSYNC_RETURN_IF_ERROR(Staging(bytes, &pinned));
   if (rank() == root) Copy(pinned, buffer, bytes);
+  Settle();
   GRADSYNC_RETURN_IF_ERROR(host_->Broadcast(pinned, count, dtype, root));
   if (rank() != root) Copy(buffer, pinned, bytes);
   return Status::OK();
@@ -142,7 +184,10 @@ Status MpiStagedBackend::Broadcast(void* buffer, int64_t count, DataType dtype, 
 Status MpiStagedBackend::Alltoallv(const void* send, const std::vector<int64_t>& send_counts,
                                    void* recv, const std::vector<int64_t>& recv_counts,
                                    DataType dtype) {
-  if (cuda_aware_) return host_->Alltoallv(send, send_counts, recv, recv_counts, dtype);
+  if (cuda_aware_) {
+    Settle();  // MPI reads what the copies before wrote
+    return host_->Alltoallv(send, send_counts, recv, recv_counts, dtype);
+  }
   const size_t element = DataTypeSize(dtype);
   int64_t sent = 0;
   int64_t received = 0;
@@ -153,6 +198,7 @@ Status MpiStagedBackend::Alltoallv(const void* send, const std::vector<int64_t>&
   char* pinned = nullptr;
   GRADSYNC_RETURN_IF_ERROR(Staging(send_bytes + recv_bytes, &pinned));
   Copy(pinned, send, send_bytes);
+  Settle();
   GRADSYNC_RETURN_IF_ERROR(
       host_->Alltoallv(pinned, send_counts, pinned + send_bytes, recv_counts, dtype));
   Copy(recv, pinned + send_bytes, recv_bytes);
@@ -162,7 +208,10 @@ Status MpiStagedBackend::Alltoallv(const void* send, const std::vector<int64_t>&
 Status MpiStagedBackend::ReduceScatterv(const void* send, void* recv,
                                         const std::vector<int64_t>& counts, DataType dtype,
                                         ReduceOp op) {
-  if (cuda_aware_) return host_->ReduceScatterv(send, recv, counts, dtype, op);
+  if (cuda_aware_) {
+    Settle();  // MPI reads what the copies before wrote
+    return host_->ReduceScatterv(send, recv, counts, dtype, op);
+  }
   const size_t element = DataTypeSize(dtype);
   int64_t total = 0;
   for (int64_t c : counts) total += c;
@@ -171,6 +220,7 @@ Status MpiStagedBackend::ReduceScatterv(const void* send, void* recv,
   char* pinned = nullptr;
   GRADSYNC_RETURN_IF_ERROR(Staging(send_bytes + mine, &pinned));
   Copy(pinned, send, send_bytes);
+  Settle();
   GRADSYNC_RETURN_IF_ERROR(host_->ReduceScatterv(pinned, pinned + send_bytes, counts, dtype, op));
   Copy(recv, pinned + send_bytes, mine);
   return Status::OK();

@@ -6,10 +6,15 @@
 // before, host to device after); with one (detected at creation), MPI reads and writes device
 // memory directly.
 //
-// What it costs: one host thread per process set and device, and a host wait per step on that
-// thread (never on the caller's or the background thread). What it gives: a fallback where NCCL
-// is absent, and ranks that share one GPU, which NCCL refuses. Its completion events are host
-// events, so stream-ordered completion waits on the host (docs/user_guide.md says so).
+// What it costs: one host thread per process set and device, and host waits on that thread
+// (never on the caller's or the background thread). The thread queues device work (batched copies,
+// staging copies) on its CUDA stream without waiting for it, and synchronizes that stream only
+// where the host needs the device's results: before an MPI call reads or writes staged or device
+// memory, and before an event of the stream completes. A fused bucket thus costs two device round
+// trips (copy in and stage out; stage in and copy out), as staging one tensor by hand does. What it
+// gives: a fallback where NCCL is absent, and ranks that share one GPU, which NCCL refuses. Its
+// completion events are host events, so stream-ordered completion waits on the host
+// (docs/user_guide.md says so).
 //
 // Thread safety: as DeviceBackend.
 #pragma once
@@ -36,7 +41,7 @@ class MpiStagedBackend : public DeviceBackend {
   const char* name() const override { return "mpi"; }
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
-  Stream* stream() override { return host_->stream(); }
+  Stream* stream() override { return &stream_; }
   bool cuda_aware() const { return cuda_aware_; }
 
   Status Allocate(size_t bytes, void** ptr) override;
@@ -56,11 +61,33 @@ class MpiStagedBackend : public DeviceBackend {
   void Abort(const Status& status) override { host_->Abort(status); }
 
  private:
-  MpiStagedBackend(int device, bool cuda_aware) : device_(device), cuda_aware_(cuda_aware) {}
+  // The host stream, with each event recorded only after the device work queued before it has
+  // finished: the plane's completion and phase events, and the waits of other streams, mean
+  // what they say.
+  class SettledStream : public Stream {
+   public:
+    explicit SettledStream(MpiStagedBackend* backend) : backend_(backend) {}
+    std::shared_ptr<StreamEvent> Record() override;
+    std::shared_ptr<StreamEvent> RecordTimed() override;
+    void WaitFor(std::shared_ptr<StreamEvent> event) override;
+    void Abort(const Status& status) override;
+
+   private:
+    MpiStagedBackend* backend_;
+  };
+
+  MpiStagedBackend(int device, bool cuda_aware)
+      : device_(device), cuda_aware_(cuda_aware), stream_(this) {}
   // Pinned host memory of at least `bytes`, valid for work enqueued from now on.
   Status Staging(size_t bytes, char** pinned);
-  // Enqueues a copy between host and device memory, finished before the next step starts.
+  // Enqueues a copy between host and device memory on the CUDA stream, not waited for.
   void Copy(void* dst, const void* src, size_t bytes);
+  // Enqueues a step that waits for the device work queued so far, where there is any: before
+  // the host reads or writes what that work touches.
+  void Settle();
+  // On the stream's thread: waits for the CUDA stream if device work was queued since the last
+  // wait.
+  Status SettleNow();
 
   int device_;
   bool cuda_aware_;
@@ -68,6 +95,8 @@ class MpiStagedBackend : public DeviceBackend {
   std::unique_ptr<CudaBatchedCopier> copier_;
   char* staging_ = nullptr;
   size_t staging_capacity_ = 0;
+  bool unsettled_ = false;  // device work queued since the last wait; the stream's thread's own
+  SettledStream stream_;
   std::unique_ptr<HostDeviceBackend> host_;  // last: its thread stops first
 };
 

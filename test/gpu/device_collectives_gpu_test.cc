@@ -125,6 +125,38 @@ TEST_F(DeviceCollectivesTest, AllreduceFusedAndAloneWithEveryOp) {
   }
 }
 
+// A handle that completes says the results are in device memory: read at once on another stream,
+// with nothing ordering that read after gradsync's stream, a fused bucket's outputs hold the
+// reduced and scaled values, not what the copy out had yet to overwrite. The bucket is big (24 MiB
+// in 64 tensors) so that its copy out takes a while; ranks sharing the GPU take turns on it, which
+// makes the copy out later still. The MPI backend queues that copy without waiting for it and
+// waits only before its completion event: a completion recorded without that wait fails here.
+TEST_F(DeviceCollectivesTest, AHandleCompletesOnlyOnceItsFusedOutputsAreOnTheDevice) {
+  if (NcclSharingOneGpu()) GTEST_SKIP();
+  constexpr size_t kTensors = 64;
+  constexpr size_t kElements = 96 * 1024;
+  std::vector<std::unique_ptr<DeviceFloats>> tensors;
+  for (size_t i = 0; i < kTensors; ++i)
+    tensors.push_back(std::make_unique<DeviceFloats>(kElements));
+  const float expected = 3.0f * static_cast<float>(size_ * (size_ + 1) / 2);
+  for (int step = 0; step < 4; ++step) {
+    for (auto& t : tensors) t->Set(std::vector<float>(kElements, static_cast<float>(rank_ + 1)));
+    std::vector<Handle> handles;
+    for (size_t i = 0; i < kTensors; ++i) {
+      AllreduceOptions options;
+      options.name = "settled." + std::to_string(i);
+      options.postscale = 3.0;
+      handles.push_back(allreduce(tensors[i]->view(), options));
+    }
+    for (Handle& h : handles) ASSERT_TRUE(h.wait_for(kLimit));
+    for (size_t i = 0; i < kTensors; ++i) {
+      const std::vector<float> values = tensors[i]->Get();
+      ASSERT_EQ(values.front(), expected) << "tensor " << i << ", step " << step;
+      ASSERT_EQ(values.back(), expected) << "tensor " << i << ", step " << step;
+    }
+  }
+}
+
 TEST_F(DeviceCollectivesTest, HalfPrecisionWithScales) {
   if (NcclSharingOneGpu()) GTEST_SKIP();
   for (DataType dtype : {DataType::kFloat16, DataType::kBFloat16}) {
