@@ -58,7 +58,7 @@ void MpiStagedBackend::FreeAfterWork(void* ptr) {
 
 Status MpiStagedBackend::Upload(const void* host, void* dst, size_t bytes) {
   Copy(dst, host, bytes);
-  return host_->stream()->Record()->Wait(kWaitForever);
+  return stream_.Record()->Wait(kWaitForever);  // the copy done, not only queued
 }
 
 Status MpiStagedBackend::Staging(size_t bytes, char** pinned) {
