@@ -40,8 +40,10 @@ TEST_F(StallTest, MissingRankFailsEveryPendingHandleWithoutSpinning) {
   EXPECT_TRUE(FailsWith(h, StatusCode::kStalled, "missing on rank"));
   const double cpu = ProcessCpuSeconds() - cpu0, wall = WallSeconds() - wall0;
   EXPECT_GT(wall, 1.0) << "the stall shutdown fired too early";
-  // Waiting on a stalled peer must not burn a core (spinning would be ~1.0).
-  EXPECT_LT(cpu / wall, 0.2) << cpu << " s of CPU in " << wall << " s of waiting";
+  // Waiting on a stalled peer must not burn a core: spinning would be ~1.0. The rounds that go on
+  // meanwhile, one a cycle time apart, each a few wake-ups of the background thread, cost about a
+  // tenth of a core at 4 ranks on 2 cores, and a fifth under AddressSanitizer on a slow machine.
+  EXPECT_LT(cpu / wall, 0.35) << cpu << " s of CPU in " << wall << " s of waiting";
   if (rank_ == 0) {
     std::string message;
     try {
@@ -94,7 +96,9 @@ TEST_F(StallTest, IdleProcessBarelyUsesTheCpu) {
   const double cpu0 = ProcessCpuSeconds(), wall0 = WallSeconds();
   std::this_thread::sleep_for(std::chrono::seconds(1));
   const double cpu = ProcessCpuSeconds() - cpu0, wall = WallSeconds() - wall0;
-  EXPECT_LT(cpu / wall, 0.2) << cpu << " s of CPU in " << wall << " s idle";
+  // Spinning would be ~1.0; the background thread's rounds, one a cycle time apart, cost as much
+  // as in the stall case above, and the same bound holds them.
+  EXPECT_LT(cpu / wall, 0.35) << cpu << " s of CPU in " << wall << " s idle";
 }
 
 }  // namespace
