@@ -175,7 +175,9 @@ class BackgroundLoop {
   size_t stand_ins_used_ = 0;
   // Entries drained from the queue and not yet completed.
   std::atomic<size_t> held_{0};
-  int unproductive_cycles_ = 0;   // consecutive cycles that executed nothing
+  int unproductive_cycles_ = 0;  // consecutive cycles that executed nothing
+  // When the loop's thread last found nothing held (max while something is).
+  std::chrono::steady_clock::time_point idle_since_ = std::chrono::steady_clock::time_point::max();
   bool lock_exchanging_ = false;  // a locked set ended the cycle with an exchange in flight
   size_t wake_after_ = 0;         // LockedWakeAfter() at the end of the last cycle
   std::chrono::steady_clock::time_point device_launched_at_;  // the last device bucket's launch
