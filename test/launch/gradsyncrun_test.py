@@ -96,6 +96,21 @@ class CommandTest(unittest.TestCase):
         self.assertEqual(cmd[:3], ["mpirun", "-np", "4"])
         self.assertIn("n1:2,n2:2", cmd)
 
+    def test_srun_ranks_yield_where_the_allocation_oversubscribes(self):
+        def srun_env(extra):
+            env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
+                   "SLURM_TASKS_PER_NODE": "4(x2)"}
+            env.update(extra)
+            return run.build_command(run.parse(["./t"], env), env, True)[1]
+
+        for extra in ({"SLURM_OVERCOMMIT": "1"}, {"SLURM_JOB_CPUS_PER_NODE": "4,2"}):
+            self.assertEqual(srun_env(extra).get("OMPI_MCA_mpi_yield_when_idle"), "1", extra)
+        for extra in ({}, {"SLURM_JOB_CPUS_PER_NODE": "4(x2)"}, {"SLURM_JOB_CPUS_PER_NODE": "8,?"}):
+            self.assertNotIn("OMPI_MCA_mpi_yield_when_idle", srun_env(extra), extra)
+        # The user's own setting stands.
+        env = srun_env({"SLURM_OVERCOMMIT": "1", "OMPI_MCA_mpi_yield_when_idle": "0"})
+        self.assertEqual(env["OMPI_MCA_mpi_yield_when_idle"], "0")
+
     def test_bad_flags(self):
         for argv, message in ((["-np", "2", "--bogus", "./t"], "unknown flag"),
                               (["-np", "2"], "no program"),

@@ -46,6 +46,10 @@ SchedulerType=sched/builtin
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
+# Completed jobs are purged after 3 s, not 300. `sbatch --wait` polls its job 2 s after submitting
+# it and, where MinJobAge is above 4, stretches the polls to 8 and then 32 s: a 12-second job took
+# 42. Here it polls every 2 s, which still sees the job before its record goes.
+MinJobAge=3
 MpiDefault=none
 NodeName=$host CPUs=$cpus State=UNKNOWN
 PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
