@@ -15,6 +15,7 @@
 #include "ops/mpi/caller_allreduce.h"
 #include "runtime/caller_lanes.h"
 #include "runtime/logging.h"
+#include "runtime/steady_seconds.h"
 
 namespace gradsync {
 
@@ -201,7 +202,7 @@ void AllreduceBatch::Impl::ReduceOnLane(Bucket* bucket, std::optional<Error>* fi
   bool flagged = false;
   const bool traced = rt.timeline.active();
   if (traced) rt.timeline.ActivityStart(bucket->options.name, "CALLER_ALLREDUCE");
-  lane.entered_seconds.store(LaneClockSeconds(), std::memory_order_relaxed);
+  lane.entered_seconds.store(SteadySeconds(), std::memory_order_relaxed);
   const Status status = AllreduceOnLane(
       bucket->pieces.data(), bucket->pieces.size(), reduction, /*flag=*/false,
       lane.comm.load(std::memory_order_relaxed), lane.piece_bytes,

@@ -4,6 +4,7 @@
 
 #include "runtime/logging.h"
 #include "runtime/mpi_context.h"
+#include "runtime/steady_seconds.h"
 
 namespace gradsync {
 
@@ -53,7 +54,7 @@ Status LaneKeeper::GrantAfterRun(int32_t set_id, MPI_Comm data_comm, int64_t pie
 
 void LaneKeeper::Watch() {
   if (lanes_->empty()) return;
-  const double now = LaneClockSeconds();
+  const double now = SteadySeconds();
   if (now < next_look_) return;
   next_look_ = now + 1.0;
   bool abort = false;

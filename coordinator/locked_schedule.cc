@@ -8,6 +8,7 @@
 #include "runtime/cpu_relax.h"
 #include "runtime/logging.h"
 #include "runtime/name_key.h"
+#include "runtime/steady_seconds.h"
 
 namespace gradsync {
 
@@ -25,10 +26,6 @@ constexpr uint64_t kCutHere = 0x6375742068657265ull;
 constexpr double kPollSeconds = 200e-6;
 // A microsecond or so of pauses between looks at the exchange.
 constexpr int kPausesPerPoll = 64;
-
-double SteadySeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 uint64_t Mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);

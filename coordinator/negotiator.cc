@@ -10,14 +10,11 @@
 
 #include "coordinator/wire_format.h"
 #include "runtime/logging.h"
+#include "runtime/steady_seconds.h"
 
 namespace gradsync {
 
 namespace {
-
-double SteadySeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 size_t BitWords(size_t bits) { return (bits + 63) / 64; }
 bool TestBit(const std::vector<uint64_t>& words, size_t base, size_t bit) {

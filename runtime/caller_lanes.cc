@@ -1,7 +1,6 @@
 #include "runtime/caller_lanes.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "runtime/mpi_context.h"
 
@@ -10,12 +9,6 @@ namespace gradsync {
 void ReleaseLaneComm(CallerLane* lane) {
   MPI_Comm comm = lane->comm.exchange(MPI_COMM_NULL);
   if (comm != MPI_COMM_NULL && MpiUsable()) MPI_Comm_free(&comm);
-}
-
-double LaneClockSeconds() {
-  using Seconds = std::chrono::duration<double>;
-  return std::chrono::duration_cast<Seconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 void CallerLaneTable::Close() {

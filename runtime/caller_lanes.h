@@ -43,8 +43,9 @@ struct CallerLane {
   // collectives on the lane are issued in the same pieces.
   int64_t piece_bytes = 0;
   std::atomic<bool> failed{false};  // a collective on it failed: never asked for again
-  // Steady-clock seconds at which the caller entered the lane's collective; 0 outside it. Joined
-  // ranks taking part leave it at 0: waiting for the others is not a stall there.
+  // SteadySeconds() (runtime/steady_seconds.h) at which the caller entered the lane's collective; 0
+  // outside it. Joined ranks taking part leave it at 0: waiting for the others is not a stall
+  // there.
   std::atomic<double> entered_seconds{0.0};
 };
 
@@ -75,8 +76,5 @@ class CallerLaneTable {
 
 // Frees a granted lane communicator and sets it null.
 void ReleaseLaneComm(CallerLane* lane);
-
-// The clock of CallerLane::entered_seconds: steady-clock seconds, never 0 once running.
-double LaneClockSeconds();
 
 }  // namespace gradsync
