@@ -25,7 +25,7 @@ namespace {
 // its batches in the same order, as the names require anyway.
 std::atomic<uint64_t> unnamed_batches{0};
 
-Status Invalid(const std::string& what) {
+Status InvalidBatch(const std::string& what) {
   return Status::InvalidArgument("AllreduceBatch: " + what);
 }
 
@@ -324,8 +324,8 @@ AllreduceBatch::AllreduceBatch(const std::vector<TensorView>& tensors,
                                const AllreduceBatchOptions& options)
     : impl_(std::make_unique<Impl>()) {
   if (!options.names.empty() && options.names.size() != tensors.size()) {
-    Throw(Invalid(std::to_string(tensors.size()) + " tensors but " +
-                  std::to_string(options.names.size()) + " names"));
+    Throw(InvalidBatch(std::to_string(tensors.size()) + " tensors but " +
+                       std::to_string(options.names.size()) + " names"));
   }
   const uint64_t batch = options.names.empty() ? unnamed_batches++ : 0;
   AllreduceOptions reduction;
@@ -341,13 +341,13 @@ AllreduceBatch::AllreduceBatch(const std::vector<TensorView>& tensors,
     slot.view = tensors[i];
     slot.view.data = nullptr;
     const int64_t bytes = slot.view.num_bytes();
-    if (bytes < 0) Throw(Invalid("tensor " + std::to_string(i) + " has an invalid shape"));
+    if (bytes < 0) Throw(InvalidBatch("tensor " + std::to_string(i) + " has an invalid shape"));
     slot.bytes = static_cast<size_t>(bytes);
     std::string name = options.names.empty()
                            ? "batch" + std::to_string(batch) + "." + std::to_string(i)
                            : options.names[i];
-    if (name.empty()) Throw(Invalid("tensor " + std::to_string(i) + " has an empty name"));
-    if (!seen.insert(name).second) Throw(Invalid("the name '" + name + "' is listed twice"));
+    if (name.empty()) Throw(InvalidBatch("tensor " + std::to_string(i) + " has an empty name"));
+    if (!seen.insert(name).second) Throw(InvalidBatch("the name '" + name + "' is listed twice"));
     slot.options = reduction;
     slot.options.name = std::move(name);
     slot.options.ready = options.ready;
@@ -403,12 +403,12 @@ void AllreduceBatch::start(size_t index, void* data, const DeviceReadiness& read
 
 void AllreduceBatch::Impl::Start(size_t index, void* data, const DeviceReadiness* ready) {
   if (index >= slots.size()) {
-    Throw(Invalid("no tensor " + std::to_string(index) + " in a batch of " +
-                  std::to_string(slots.size())));
+    Throw(InvalidBatch("no tensor " + std::to_string(index) + " in a batch of " +
+                       std::to_string(slots.size())));
   }
   Impl::SlotState& state = states[index];
   if (state.started)
-    Throw(Invalid("tensor '" + slots[index].options.name + "' started twice before wait()"));
+    Throw(InvalidBatch("tensor '" + slots[index].options.name + "' started twice before wait()"));
   if (started.empty()) RegisterLane(ActiveRuntime("AllreduceBatch::start"));
   if (state.bucket < 0) {
     Impl::Slot& slot = slots[index];

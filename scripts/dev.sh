@@ -71,7 +71,9 @@ demo_build() {
 # The library and every test under sanitizers (docs/sanitizers.md), with clang where it is
 # installed (the test command installs it): the ordinary build is the default compiler's (gcc on
 # Debian), so the two builds check both compilers. Benchmarks and the demo are left out: their
-# timings mean nothing there, and the tests drive the same code.
+# timings mean nothing there, and the tests drive the same code. It is a unity build (sources
+# compiled in batches, 271 s against 349 s on 2 cores), which also keeps the tree buildable that
+# way; the ordinary build compiles each source alone, which keeps every file's includes whole.
 sanitized_build() {
   local cc cxx cached
   if command -v clang >/dev/null && command -v clang++ >/dev/null; then
@@ -90,7 +92,7 @@ sanitized_build() {
   cmake -S "$repo_root" -B "$sanitized_dir" -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DGRADSYNC_SANITIZE="$sanitizers" -DGRADSYNC_BUILD_BENCHMARKS=OFF \
-    -DGRADSYNC_BUILD_EXAMPLES=OFF
+    -DGRADSYNC_BUILD_EXAMPLES=OFF -DCMAKE_UNITY_BUILD=ON
   cmake --build "$sanitized_dir" -j "$jobs"
 }
 

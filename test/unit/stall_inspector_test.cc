@@ -5,7 +5,7 @@
 namespace gradsync {
 namespace {
 
-Request From(const std::string& name, int rank) {
+Request RequestFrom(const std::string& name, int rank) {
   Request r;
   r.name = name;
   r.rank = rank;
@@ -14,8 +14,8 @@ Request From(const std::string& name, int rank) {
 
 TEST(StallInspectorTest, WarnsAfterTheWarningTimeNamingMissingRanks) {
   ReadinessTable table(4);
-  table.Add(From("grad", 0), 0.0);
-  table.Add(From("grad", 2), 0.0);
+  table.Add(RequestFrom("grad", 0), 0.0);
+  table.Add(RequestFrom("grad", 2), 0.0);
   StallInspector inspector(10.0, 60.0);
   std::string warning;
   EXPECT_TRUE(inspector.Inspect(table, 5.0, &warning).ok());
@@ -27,7 +27,7 @@ TEST(StallInspectorTest, WarnsAfterTheWarningTimeNamingMissingRanks) {
 
 TEST(StallInspectorTest, RepeatsTheWarningOncePerWarningPeriod) {
   ReadinessTable table(2);
-  table.Add(From("w", 0), 0.0);
+  table.Add(RequestFrom("w", 0), 0.0);
   StallInspector inspector(10.0, 0.0);
   std::string warning;
   inspector.Inspect(table, 10.0, &warning);
@@ -40,7 +40,7 @@ TEST(StallInspectorTest, RepeatsTheWarningOncePerWarningPeriod) {
 
 TEST(StallInspectorTest, ShutsDownAfterTheShutdownTime) {
   ReadinessTable table(3);
-  table.Add(From("a", 1), 0.0);
+  table.Add(RequestFrom("a", 1), 0.0);
   StallInspector inspector(1.0, 5.0);
   EXPECT_TRUE(inspector.Inspect(table, 4.9).ok());
   const Status s = inspector.Inspect(table, 5.0);
@@ -50,9 +50,10 @@ TEST(StallInspectorTest, ShutsDownAfterTheShutdownTime) {
 
 TEST(StallInspectorTest, ShutdownNamesEveryTensorPastTheWarningTime) {
   ReadinessTable table(3);
-  table.Add(From("first", 1), 0.0);
-  table.Add(From("later", 1), 0.2);  // a cycle later: short of the shutdown time, still stuck
-  table.Add(From("fresh", 1), 0.9);  // not yet past the warning time
+  table.Add(RequestFrom("first", 1), 0.0);
+  table.Add(RequestFrom("later", 1),
+            0.2);  // a cycle later: short of the shutdown time, still stuck
+  table.Add(RequestFrom("fresh", 1), 0.9);  // not yet past the warning time
   StallInspector inspector(0.5, 1.0);
   const Status s = inspector.Inspect(table, 1.0);
   ASSERT_EQ(s.code(), StatusCode::kStalled);
@@ -63,14 +64,14 @@ TEST(StallInspectorTest, ShutdownNamesEveryTensorPastTheWarningTime) {
 
 TEST(StallInspectorTest, ZeroShutdownTimeNeverShutsDown) {
   ReadinessTable table(2);
-  table.Add(From("a", 0), 0.0);
+  table.Add(RequestFrom("a", 0), 0.0);
   StallInspector inspector(1.0, 0.0);
   EXPECT_TRUE(inspector.Inspect(table, 1e6).ok());
 }
 
 TEST(StallInspectorTest, WaitedSecondsBackdateTheFirstSighting) {
   ReadinessTable table(2);
-  Request r = From("late", 0);
+  Request r = RequestFrom("late", 0);
   r.waited_seconds = 8.0;
   table.Add(r, 10.0);
   StallInspector inspector(5.0, 0.0);
@@ -83,7 +84,7 @@ TEST(StallInspectorTest, InspectionIsDueOnlyWithWaitingNames) {
   ReadinessTable table(2);
   StallInspector inspector(4.0, 0.0);
   EXPECT_FALSE(inspector.InspectionDue(table, 100.0));
-  table.Add(From("x", 0), 100.0);
+  table.Add(RequestFrom("x", 0), 100.0);
   EXPECT_TRUE(inspector.InspectionDue(table, 100.0));
   inspector.Inspect(table, 100.0);
   EXPECT_FALSE(inspector.InspectionDue(table, 100.5));
@@ -92,7 +93,7 @@ TEST(StallInspectorTest, InspectionIsDueOnlyWithWaitingNames) {
 
 TEST(StallInspectorTest, LongListsAreCapped) {
   ReadinessTable table(2);
-  for (int i = 0; i < 25; ++i) table.Add(From("t" + std::to_string(i), 0), 0.0);
+  for (int i = 0; i < 25; ++i) table.Add(RequestFrom("t" + std::to_string(i), 0), 0.0);
   const std::string text = DescribeStalled(table.WaitingNames(), 100.0, 1.0);
   EXPECT_NE(text.find("and 15 more"), std::string::npos) << text;
 }
