@@ -138,6 +138,12 @@ class LockedScheduleTest : public MultiRankTest {
     return value == nullptr || std::strcmp(value, "0") != 0;
   }
 
+  // GRADSYNC_LOCK_WAIT_MS as the runs set it (whole milliseconds), or its default.
+  static std::chrono::milliseconds LockWait() {
+    const char* value = std::getenv("GRADSYNC_LOCK_WAIT_MS");
+    return std::chrono::milliseconds(value == nullptr ? 1000 : std::atoi(value));
+  }
+
   std::string Name(size_t i) const { return "lock.g" + std::to_string(i); }
 
   std::unique_ptr<HostTensor> Filled(int64_t n, int64_t offset, int rank) {
@@ -414,7 +420,7 @@ TEST_F(LockedScheduleTest, AnotherShapeOnOneRankFailsThatTensorOnEveryRank) {
 TEST_F(LockedScheduleTest, ATensorLateOnOneRankUnlocksAfterTheWaitAndStaysRight) {
   if (!LockingOn() || size_ < 2) GTEST_SKIP() << "needs locking and two ranks";
   for (int step = 0; step < 6; ++step) RunStep(step);
-  // The last rank produces lock.g0 long after the rest (GRADSYNC_LOCK_WAIT_MS is 200 here).
+  // The last rank produces lock.g0 long after the rest: three lock waits.
   std::vector<std::unique_ptr<HostTensor>> tensors(kSizes.size());
   std::vector<Handle> handles(kSizes.size());
   auto enqueue = [&](size_t t) {
@@ -422,7 +428,7 @@ TEST_F(LockedScheduleTest, ATensorLateOnOneRankUnlocksAfterTheWaitAndStaysRight)
     handles[t] = allreduce(View(*tensors[t]), Named(Name(t)));
   };
   for (size_t t = 1; t < kSizes.size(); ++t) enqueue(t);
-  if (rank_ == size_ - 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  if (rank_ == size_ - 1) std::this_thread::sleep_for(3 * LockWait());
   enqueue(0);
   for (size_t t = 0; t < kSizes.size(); ++t) {
     ASSERT_TRUE(Succeeds(handles[t]));
