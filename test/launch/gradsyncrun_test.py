@@ -105,7 +105,8 @@ class CommandTest(unittest.TestCase):
 
         for extra in ({"SLURM_OVERCOMMIT": "1"}, {"SLURM_JOB_CPUS_PER_NODE": "4,2"}):
             self.assertEqual(srun_env(extra).get("OMPI_MCA_mpi_yield_when_idle"), "1", extra)
-        for extra in ({}, {"SLURM_JOB_CPUS_PER_NODE": "4(x2)"}, {"SLURM_JOB_CPUS_PER_NODE": "8,?"}):
+        for extra in ({}, {"SLURM_JOB_CPUS_PER_NODE": "4(x2)"}, {"SLURM_JOB_CPUS_PER_NODE": "8,?"},
+                      {"SLURM_JOB_CPUS_PER_NODE": "2"}):
             self.assertNotIn("OMPI_MCA_mpi_yield_when_idle", srun_env(extra), extra)
         # The user's own setting stands.
         env = srun_env({"SLURM_OVERCOMMIT": "1", "OMPI_MCA_mpi_yield_when_idle": "0"})
