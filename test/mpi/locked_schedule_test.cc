@@ -25,6 +25,7 @@
 #include "ops/device/device_plane_factory.h"
 #include "ops/device/host_device_backend.h"
 #include "ops/device/producer_readiness.h"
+#include "runtime/config.h"
 #include "runtime/host_stream.h"
 #include "test/mpi/multi_rank_test.h"
 #include "test/trace_reader.h"
@@ -138,10 +139,11 @@ class LockedScheduleTest : public MultiRankTest {
     return value == nullptr || std::strcmp(value, "0") != 0;
   }
 
-  // GRADSYNC_LOCK_WAIT_MS as the runs set it (whole milliseconds), or its default.
+  // The lock wait the library reads from this run's GRADSYNC_LOCK_WAIT_MS.
   static std::chrono::milliseconds LockWait() {
-    const char* value = std::getenv("GRADSYNC_LOCK_WAIT_MS");
-    return std::chrono::milliseconds(value == nullptr ? 1000 : std::atoi(value));
+    Config config;
+    EXPECT_TRUE(Config::FromEnvironment(&config).ok());
+    return std::chrono::milliseconds(static_cast<int64_t>(config.lock_wait_ms));
   }
 
   std::string Name(size_t i) const { return "lock.g" + std::to_string(i); }
