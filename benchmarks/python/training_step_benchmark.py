@@ -61,6 +61,10 @@ def parse_args():
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps-per-round", type=int, default=5)
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--zero-grad", choices=("default", "none", "zeros"), default="default",
+                        help="how each step clears the gradients: zero_grad() with this "
+                        "PyTorch's default (set_to_none=True from PyTorch 2), or set to None, "
+                        "or zeroed in place")
     parser.add_argument("--json", help="append one JSON line per mode to this file")
     args = parser.parse_args()
     args.modes = [m for m in args.modes.split(",") if m]
@@ -119,8 +123,10 @@ class Workload:
 class Mode:
     """One way of training: its module (the one called) and its optimizer."""
 
-    def __init__(self, name, workload, ddp_device_ids):
+    def __init__(self, name, workload, ddp_device_ids, zero_grad):
         self.name = name
+        self.zero_grad_args = {"none": {"set_to_none": True},
+                               "zeros": {"set_to_none": False}}.get(zero_grad, {})
         self.workload = workload
         model = workload.model()
         self.params = model  # the module whose parameters are checked
@@ -143,7 +149,7 @@ class Mode:
     def step(self, timed):
         synchronize_device(self.workload.device)
         start = time.perf_counter()
-        self.optimizer.zero_grad()
+        self.optimizer.zero_grad(**self.zero_grad_args)
         self.workload.loss(self.module).backward()
         self.optimizer.step()
         synchronize_device(self.workload.device)
@@ -197,7 +203,7 @@ def main():
     backend = init_torch_distributed(device, ranks_per_gpu) if torch_ddp else "-"
     workload = Workload(args.model, args.batch, device)
     ddp_device_ids = [device.index] if device.type == "cuda" else None
-    modes = [Mode(name, workload, ddp_device_ids) for name in args.modes]
+    modes = [Mode(name, workload, ddp_device_ids, args.zero_grad) for name in args.modes]
 
     for mode in modes:
         for _ in range(args.warmup):
@@ -226,9 +232,9 @@ def report(args, workload, device, backend, results):
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     gpu_backend = os.environ.get("GRADSYNC_GPU_BACKEND", "nccl") if device.type == "cuda" else "-"
     print("# %s, batch %d per rank, %d rank(s), %s; DDP on %s, gradsync's GPU backend %s; "
-          "torch %s; %d timed steps per mode" % (
+          "torch %s; zero_grad %s; %d timed steps per mode" % (
               args.model, workload.batch, hvd.size(), gpu, backend, gpu_backend,
-              torch.__version__, args.rounds * args.steps_per_round))
+              torch.__version__, args.zero_grad, args.rounds * args.steps_per_round))
     none = results.get("none", (None,))[0]
     ddp = results.get("ddp", (None,))[0]
     ddp_checksum = results["ddp"][3] if "ddp" in results else None
@@ -252,6 +258,7 @@ def report(args, workload, device, backend, results):
                 f.write(json.dumps({
                     "model": args.model, "batch": workload.batch, "ranks": hvd.size(),
                     "device": gpu, "ddp_backend": backend, "gpu_backend": gpu_backend,
+                    "zero_grad": args.zero_grad,
                     "mode": name, "median_ms": round(median, 3), "min_ms": round(fastest, 3),
                     "over_none_ms": None if none is None else round(median - none, 3),
                     "vs_ddp": None if not ddp else round(median / ddp, 4),

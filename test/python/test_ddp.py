@@ -128,13 +128,14 @@ def test_ddp_state_dict_and_module(rank):
     assert all(k.startswith("module.") for k in model.state_dict())
 
 
+@pytest.mark.parametrize("set_to_none", [False, True])
 @pytest.mark.parametrize("views", [False, True])
-def test_ddp_no_sync_accumulates_locally(views, rank, size):
+def test_ddp_no_sync_accumulates_locally(views, set_to_none, rank, size):
     model = hvd.DistributedDataParallel(perturbed_model(rank), gradient_as_bucket_view=views)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     steps = 3
     for step in range(steps):
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=set_to_none)
         x, y = batch(step, rank)
         with model.no_sync():
             (loss_of(model, x[:2], y[:2]) / 2).backward()

@@ -40,6 +40,46 @@ def test_gradients_are_views_into_the_buckets(set_to_none, rank, size):
     assert torch.allclose(flat(params), want, atol=TOLERANCE, rtol=0)
 
 
+def test_a_synchronized_forward_makes_none_gradients_their_zeroed_views(rank, size):
+    """After zero_grad(set_to_none=True) a synchronized forward gives every gradient its view,
+    zeroed, so that backward accumulates into the bucket and the hooks copy nothing; the
+    gradients then are those objects, averaged. A forward under no_sync() leaves them None."""
+    model = hvd.DistributedDataParallel(perturbed_model(rank), gradient_as_bucket_view=True)
+    params = list(model.parameters())
+    loss_of(model, *batch(0, rank)).backward()
+    views = [p.grad for p in params]
+    model.zero_grad(set_to_none=True)
+    with model.no_sync():
+        model(batch(1, rank)[0])
+    assert all(p.grad is None for p in params)
+    loss = loss_of(model, *batch(1, rank))
+    assert all(p.grad is v for p, v in zip(params, views))
+    assert all(torch.count_nonzero(p.grad) == 0 for p in params)
+    loss.backward()
+    assert all(p.grad is v for p, v in zip(params, views))
+    want = make_model()
+    sum(loss_of(want, *batch(1, r)) for r in range(size)).div(size).backward()
+    assert torch.allclose(flat(p.grad for p in params), flat(p.grad for p in want.parameters()),
+                          atol=TOLERANCE, rtol=0)
+
+
+def test_a_bucket_with_one_none_gradient_zeroes_that_view_alone(rank, size):
+    """The gradients a user left in place keep accumulating; the one set to None starts from
+    zero."""
+    model = hvd.DistributedDataParallel(make_model(), gradient_as_bucket_view=True)
+    params = list(model.parameters())
+    loss_of(model, *batch(0, rank)).backward()
+    first = [p.grad.clone() for p in params]
+    params[0].grad = None
+    loss_of(model, *batch(1, rank)).backward()
+    want = make_model()
+    sum(loss_of(want, *batch(1, r)) for r in range(size)).div(size).backward()
+    second = [p.grad for p in want.parameters()]
+    assert torch.allclose(params[0].grad, second[0], atol=TOLERANCE, rtol=0)
+    for p, old, new in zip(params[1:], first[1:], second[1:]):
+        assert torch.allclose(p.grad, old + new, atol=TOLERANCE, rtol=0)
+
+
 class MixedDtypes(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -1,10 +1,15 @@
 """BucketViews: DDP's buckets as flat tensors whose slices are the parameters' gradients, for
 ``DistributedDataParallel(gradient_as_bucket_view=True)``.
 
-A gradient lives in its bucket once backward has produced it: the hook copies it there the first
-time (and after ``zero_grad(set_to_none=True)``, which drops the view, so then at every step, as
-under DDP) and makes ``p.grad`` the view, so later backward passes accumulate into the bucket
-itself. A bucket is reduced in place, as one tensor, as soon as its last gradient is there: one
+A gradient lives in its bucket: before a synchronized backward, each ``p.grad`` that is None (as
+``zero_grad()`` leaves them in PyTorch 2, whose default is ``set_to_none=True``) becomes its view,
+zeroed with the rest of its bucket, so that autograd accumulates into the bucket itself. A
+gradient that still arrives elsewhere (made inside ``no_sync()``, or under ``create_graph``) is
+copied into its view by the hook, which makes ``p.grad`` the view, as DDP's hook does with every
+gradient after such a ``zero_grad()``. (Done so at every step, that copy and assignment in Python
+made the wrapper's step 1.09-1.16 of DDP's on the host: docs/benchmarks.md.)
+
+A bucket is reduced in place, as one tensor, as soon as its last gradient is there: one
 crossing into the runtime a bucket instead of one a gradient, and (for a bucket of 64 KiB or more,
 which the runtime reduces where it is) no copy into a fusion buffer and back. A parameter that a
 backward did not produce contributes zeros through its slice.
@@ -23,6 +28,8 @@ class BucketViews:
 
     def __init__(self, buckets, prefix, process_set_id):
         self._flats = []
+        self._params = [bucket.params for bucket in buckets]
+        self._filled = set()  # ids of the parameters whose None gradient prefill() replaced
         self._slot = {}  # id(p): (bucket index, offset, its view, the view's data_ptr())
         for k, bucket in enumerate(buckets):
             first = bucket.params[0]
@@ -64,16 +71,14 @@ class BucketViews:
     def ready(self, p, grad):
         """Takes ``p``'s dense gradient ``grad`` (its ``p.grad``) into its bucket, which starts
         once all its gradients are there. Each parameter once a backward."""
-        k, offset, view, address = self._slot[id(p)]
+        k, _, view, address = self._slot[id(p)]
         # The memory, not only the object: ``p.grad.data = ...`` moves the view's object.
         if grad is not view or grad.data_ptr() != address:
             if grad.shape != view.shape:
                 raise ValueError("a gradient of shape %s for a parameter of shape %s: a parameter "
                                  "replaced by one of another shape needs a new wrapper"
                                  % (tuple(grad.shape), tuple(view.shape)))
-            if view.data_ptr() != address:
-                view = self._view(self._flats[k], offset, p)
-                self._slot[id(p)] = (k, offset, view, address)
+            view = self._current_view(p)
             with torch.no_grad():  # under create_graph the gradient has a graph of its own
                 view.copy_(grad)
             p.grad = view
@@ -83,6 +88,32 @@ class BucketViews:
         self._ready[k] += 1
         if self._ready[k] == self._sizes[k]:
             self._start(k)
+
+    def _current_view(self, p):
+        """``p``'s view, made again where something replaced the object that was."""
+        k, offset, view, address = self._slot[id(p)]
+        if view.data_ptr() != address:
+            view = self._view(self._flats[k], offset, p)
+            self._slot[id(p)] = (k, offset, view, address)
+        return view
+
+    def prefill(self):
+        """Before a synchronized backward: makes each gradient that is None its view, zeroed, so
+        that backward accumulates into its bucket with no copy. A bucket whose gradients are
+        all None is zeroed as one tensor."""
+        for k, params in enumerate(self._params):
+            missing = [p for p in params if p.grad is None]
+            if not missing:
+                continue
+            whole = len(missing) == len(params)
+            if whole:
+                self._flats[k].zero_()
+            for p in missing:
+                view = self._current_view(p)
+                if not whole:
+                    view.zero_()
+                p.grad = view
+                self._filled.add(id(p))
 
     def _start(self, k):
         flat = self._flats[k]
@@ -99,18 +130,20 @@ class BucketViews:
         every bucket. Returns ``(p, reduced)`` for the parameters backward did not produce here,
         whose reduced gradient the wrapper writes where it must. With ``keep_their_gradients``
         (``find_unused_parameters``) such a parameter whose gradient is its view gets a copy of
-        it first, so that it keeps its value if no rank used it."""
+        it first, so that it keeps its value if no rank used it, or None where ``prefill()`` gave
+        it the view."""
         try:
             for p in locally_unused:
                 view = self._slot[id(p)][2]
                 if keep_their_gradients and p.grad is view:
-                    p.grad = view.clone()
+                    p.grad = None if id(p) in self._filled else view.clone()
                 view.zero_()
             for k in range(len(self._flats)):
                 if self._ready[k] < self._sizes[k]:
                     self._start(k)
             self._batch.finish()
         finally:
+            self._filled.clear()
             self._ready = [0] * len(self._flats)
             for streams in self._streams:
                 if streams is not None:

@@ -49,8 +49,7 @@ class _JoinState:
 
 
 def _first_rank(process_set):
-    """The global rank of the set's first member, which plays DDP's rank 0 (roots of broadcasts
-    are global ranks)."""
+    """The global rank of the set's first member, DDP's rank 0 (broadcasts name global roots)."""
     return min(_core.process_set_ranks(process_set._require_id()))
 
 
@@ -111,9 +110,9 @@ class DistributedDataParallel(torch.nn.Module):
     threshold, 25 MiB on a GPU, plays ``bucket_cap_mb``'s part), and the gradients are reduced in
     place. With ``gradient_as_bucket_view=True``, as in DDP, the gradients become views into
     flat buckets of ``bucket_cap_mb`` (``gradsync.torch.bucket_views``), each reduced in place as
-    one tensor once complete: one operation a bucket, and no copies while ``zero_grad()`` zeroes
-    in place. With ``compression`` and inside ``join()`` gradients go instead in DDP's buckets,
-    each one grouped allreduce.
+    one tensor once complete: one operation a bucket, and no copies (a gradient that
+    ``zero_grad()`` set to None is its view again before backward). With ``compression`` and
+    inside ``join()`` gradients go instead in DDP's buckets, each one grouped allreduce.
 
     Parameters that took no part in this backward never hang it: every gradient is reduced in
     every synchronized backward, the missing ones counting as zeros. With
@@ -187,6 +186,8 @@ class DistributedDataParallel(torch.nn.Module):
         if will_sync and self.broadcast_buffers and self._buffers_to_sync:
             self._sync_buffers()
         self._sync_next_backward = will_sync
+        if will_sync and self._views is not None and self._join is None:
+            self._views.prefill()  # backward then accumulates into the buckets
         output = self.module(*inputs, **kwargs)
         if will_sync:
             # The output's gradient is the backward's first: a hook there queues the step's end on
@@ -341,8 +342,7 @@ class DistributedDataParallel(torch.nn.Module):
         grads = []
         ready = bucket.ready
         for p in bucket.params:
-            # Read once: each read of a parameter's .grad goes through PyTorch's attribute
-            # machinery, and this runs for every gradient of every step.
+            # Read once: each read of .grad goes through PyTorch's attribute machinery.
             grad = p.grad if id(p) in ready else None
             if grad is None:
                 grads.append(torch.zeros_like(p, memory_format=torch.contiguous_format))
