@@ -47,7 +47,9 @@ def assert_replicas_equal(params):
     (torch.optim.Adam, {"lr": 0.01}),
 ])
 @pytest.mark.parametrize("passes", [1, 2])
-def test_distributed_optimizer_matches_full_batch(optimizer_class, kwargs, passes, rank, size):
+@pytest.mark.parametrize("set_to_none", [False, True])  # True: PyTorch 2's zero_grad() default
+def test_distributed_optimizer_matches_full_batch(optimizer_class, kwargs, passes, set_to_none,
+                                                  rank, size):
     steps = 5
     model = make_model()
     # Rank 0's weights win; perturb the others' first to prove the broadcast.
@@ -63,7 +65,7 @@ def test_distributed_optimizer_matches_full_batch(optimizer_class, kwargs, passe
     for step in range(steps):
         x, y = full_batch(step, size)
         mine = slice(rank * 4, rank * 4 + 4)
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=set_to_none)
         # The local batch is split into `passes` parts whose gradients accumulate; the loss is
         # scaled so the sum over parts and the average over ranks give the full-batch mean.
         for part in torch.chunk(torch.arange(4), passes):
