@@ -149,17 +149,29 @@ def test_the_writer_releases_what_it_wrote_or_dropped(tmp_path, monkeypatch):
     assert released == [2, 1, 3]
 
 
-def _momentum_model():
+class _KeepingSGD(torch.optim.SGD):
+    """SGD whose load_state_dict keeps the tensors it is given, as PyTorch 2's optimizers do
+    where dtype and device fit (1.13's copied them)."""
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        params = [p for group in self.param_groups for p in group["params"]]
+        for index, values in state_dict["state"].items():
+            self.state[params[index]].update(values)
+
+
+def _momentum_model(optimizer_class=torch.optim.SGD):
     model = torch.nn.Linear(64, 8).double()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer = optimizer_class(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.ones(2, 64, dtype=torch.float64)).sum().backward()
     optimizer.step()  # momentum buffers exist
     return model, optimizer
 
 
-def test_commits_reuse_snapshots_nothing_reads_and_restore_the_last(monkeypatch):
+@pytest.mark.parametrize("optimizer_class", [torch.optim.SGD, _KeepingSGD])
+def test_commits_reuse_snapshots_nothing_reads_and_restore_the_last(optimizer_class, monkeypatch):
     monkeypatch.delenv("GRADSYNC_ELASTIC_CHECKPOINT_DIR", raising=False)
-    model, optimizer = _momentum_model()
+    model, optimizer = _momentum_model(optimizer_class)
     state = hvd.elastic.TorchState(model, optimizer, step=0)
     copies = []
     for step in range(1, 5):
@@ -180,6 +192,27 @@ def test_commits_reuse_snapshots_nothing_reads_and_restore_the_last(monkeypatch)
     restored = optimizer.state[model.weight]["momentum_buffer"]
     assert restored.max().item() < 100.0
     assert restored.data_ptr() != state._saved["optimizer"]["state"][0]["momentum_buffer"].data_ptr()
+
+
+@pytest.mark.parametrize("optimizer_class", [torch.optim.SGD, _KeepingSGD])
+def test_training_after_a_restore_leaves_the_commit_as_it_was(optimizer_class, monkeypatch):
+    """Steps after a restore, then a failure before the next commit: the second restore gives the
+    committed momentum again, not the one those steps left, whether or not the optimizer's
+    load_state_dict copies what it is given."""
+    monkeypatch.delenv("GRADSYNC_ELASTIC_CHECKPOINT_DIR", raising=False)
+    model, optimizer = _momentum_model(optimizer_class)
+    state = hvd.elastic.TorchState(model, optimizer)
+    state.commit()
+    committed = optimizer.state[model.weight]["momentum_buffer"].clone()
+    for _ in range(2):
+        state.restore()
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.ones(2, 64, dtype=torch.float64)).sum().backward()
+            optimizer.step()
+        assert not torch.equal(optimizer.state[model.weight]["momentum_buffer"], committed)
+    state.restore()
+    assert torch.equal(optimizer.state[model.weight]["momentum_buffer"], committed)
 
 
 def test_a_snapshot_the_writer_still_reads_is_never_reused(tmp_path, monkeypatch):

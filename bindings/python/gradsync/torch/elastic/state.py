@@ -168,7 +168,7 @@ class TorchState(ObjectState):
 
     def restore(self):
         for name, value in self._stateful.items():
-            value.load_state_dict(self._saved[name])
+            _load(value, self._saved[name])
         super().restore()
 
     def sync(self, root_rank=0):
@@ -194,8 +194,7 @@ class TorchState(ObjectState):
         for name, value in self._stateful.items():
             _gather_local_indices(name, value)
             state = value.state_dict()
-            # A module's and an optimizer's load_state_dict copy what they are given, so live
-            # state never shares a tensor with a snapshot, which may then be reused.
+            # Live state never shares a tensor with a snapshot (_load), which may then be reused.
             if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):
                 snapshot[name] = _copy_into(snapshot.get(name), state)
             else:
@@ -218,7 +217,7 @@ class TorchState(ObjectState):
         self._saved = dict(payload["state_dicts"])
         for name, value in self._stateful.items():
             if name in self._saved:
-                value.load_state_dict(self._saved[name])
+                _load(value, self._saved[name])
         super()._load_payload(payload)
 
 
@@ -256,6 +255,17 @@ class _SnapshotPool:
                 snapshot.readers -= 1
                 if snapshot.readers == 0 and len(self._free) < 2:
                     self._free.append(snapshot)
+
+
+def _load(value, saved):
+    """``value.load_state_dict(saved)``, leaving ``saved`` as it was committed. A module copies a
+    state dict into its own tensors. An optimizer copied it up to PyTorch 1.13, but from PyTorch 2
+    keeps the tensors it is given where their dtype and device fit, and then steps them in place
+    (momentum, Adam's moments and step counts): the snapshot would change under the training that
+    follows, and a second restore would load that, and a snapshot reused by a later commit would
+    be copied into live state while live state is stepped in it. So every object but a module gets
+    a copy."""
+    value.load_state_dict(saved if isinstance(value, torch.nn.Module) else copy.deepcopy(saved))
 
 
 def _copy_into(reused, state):
