@@ -8,6 +8,12 @@ from gradsync.torch.handles import _register
 from gradsync.torch.process_sets import global_process_set
 from gradsync.torch.wire import Average, Sum, _name, _output_tensor
 
+# The gathered indices come from valid tensors of one size, so they need no check. PyTorch 2 warns
+# at a process's first sparse tensor made without saying whether to check; 1.13 takes no such
+# argument.
+_UNCHECKED = ({"check_invariants": False}
+              if hasattr(torch.sparse, "check_sparse_tensor_invariants") else {})
+
 
 def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
     """Starts reducing a sparse COO ``tensor`` over the set's ranks; returns a handle.
@@ -38,6 +44,6 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_pro
         if op == Average:
             gathered_values = gathered_values / process_set.size()
         return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, size,
-                                       device=tensor.device)
+                                       device=tensor.device, **_UNCHECKED)
 
     return _register([h_indices, h_values], (tensor, wire_indices, wire_values), finish)
