@@ -171,6 +171,12 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
         PYTHONPATH=$work/build/python GRADSYNC_GPU_BACKEND=mpi timeout 300 mpirun -np 2 \
           --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND "${pytest[@]}" || failed=1
       fi
+      # The package's other tests under this machine's PyTorch (2, where the build's own is
+      # Debian's 1.13), at 2 ranks; GPU tensors there go through the MPI backend.
+      PYTHONPATH=$work/build/python GRADSYNC_GPU_BACKEND=mpi timeout 300 mpirun -np 2 \
+        --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND python3 -m pytest -q \
+        -p no:cacheprovider --color=no --ignore="$repo_root/test/python/test_cuda.py" \
+        "$repo_root/test/python" || failed=1
       [ "$failed" -eq 0 ]
     } 2>&1 | tee "$out/python-tests.log" || status=1
   else
