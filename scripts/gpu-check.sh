@@ -161,8 +161,9 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
   # gradsync.torch on CUDA tensors: one rank through NCCL, two sharing the GPU through MPI (the
   # quick run: one rank, which still runs both wrappers' hooks on the GPU).
   if [ ${#python_targets[@]} -gt 0 ]; then
-    local pytest=(python3 -m pytest -q -p no:cacheprovider --color=no
-                  "$repo_root/test/python/test_cuda.py")
+    local pytest_run=(python3 -m pytest -q -p no:cacheprovider --color=no)
+    local test_cuda=$repo_root/test/python/test_cuda.py
+    local pytest=("${pytest_run[@]}" "$test_cuda")
     {
       local failed=0
       PYTHONPATH=$work/build/python timeout 300 mpirun -np 1 -x PYTHONPATH "${pytest[@]}" ||
@@ -174,9 +175,8 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
       # The package's other tests under this machine's PyTorch (2, where the build's own is
       # Debian's 1.13), at 2 ranks; GPU tensors there go through the MPI backend.
       PYTHONPATH=$work/build/python GRADSYNC_GPU_BACKEND=mpi timeout 300 mpirun -np 2 \
-        --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND python3 -m pytest -q \
-        -p no:cacheprovider --color=no --ignore="$repo_root/test/python/test_cuda.py" \
-        "$repo_root/test/python" || failed=1
+        --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND "${pytest_run[@]}" \
+        --ignore="$test_cuda" "$repo_root/test/python" || failed=1
       [ "$failed" -eq 0 ]
     } 2>&1 | tee "$out/python-tests.log" || status=1
   else

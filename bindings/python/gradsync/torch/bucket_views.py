@@ -41,7 +41,6 @@ class BucketViews:
                 self._slot[id(p)] = (k, offset, view, view.data_ptr())
                 offset += p.numel()
             self._flats.append(flat)
-        self._sizes = [len(bucket.params) for bucket in buckets]
         self._ready = [0] * len(buckets)  # gradients there in this backward, per bucket
         # Per CUDA bucket, the streams its gradients were made on in this backward.
         self._streams = [[] if flat.is_cuda else None for flat in self._flats]
@@ -86,7 +85,7 @@ class BucketViews:
         if streams is not None:
             _note_producer(streams, view.device)
         self._ready[k] += 1
-        if self._ready[k] == self._sizes[k]:
+        if self._ready[k] == len(self._params[k]):
             self._start(k)
 
     def _current_view(self, p):
@@ -139,7 +138,7 @@ class BucketViews:
                     p.grad = None if id(p) in self._filled else view.clone()
                 view.zero_()
             for k in range(len(self._flats)):
-                if self._ready[k] < self._sizes[k]:
+                if self._ready[k] < len(self._params[k]):
                     self._start(k)
             self._batch.finish()
         finally:
