@@ -90,22 +90,27 @@ def test_ddp_matches_full_batch(bucket_cap_mb, joined, views, rank, size):
 
 
 class CheckpointedTail(torch.nn.Module):
-    """make_model()'s layers, the last one under a reentrant checkpoint: its backward runs a
-    backward of its own, which produces the step's first gradients."""
+    """make_model()'s layers, the last one under a checkpoint. A reentrant one runs a backward of
+    its own in the step's, which produces the step's first gradients; the other kind recomputes
+    the layer inside the step's backward."""
 
-    def __init__(self):
+    def __init__(self, reentrant):
         super().__init__()
         self.body = make_model()
+        self.reentrant = reentrant
 
     def forward(self, x):
         hidden = self.body[1](self.body[0](x))
-        return torch.utils.checkpoint.checkpoint(self.body[2], hidden, use_reentrant=True)
+        return torch.utils.checkpoint.checkpoint(self.body[2], hidden,
+                                                 use_reentrant=self.reentrant)
 
 
-def test_ddp_reentrant_checkpoint_of_the_last_layer(rank, size):
-    """The step ends with the outermost backward, not with the checkpoint's inner one: every
+@pytest.mark.parametrize("views", [False, True])
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_ddp_checkpoint_of_the_last_layer(reentrant, views, rank, size):
+    """The step ends with the outermost backward, not with a checkpoint's inner one: every
     gradient is averaged, none left as this rank computed it."""
-    model = hvd.DistributedDataParallel(CheckpointedTail())
+    model = hvd.DistributedDataParallel(CheckpointedTail(reentrant), gradient_as_bucket_view=views)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     steps = 3
     with warnings.catch_warnings(record=True) as caught:
