@@ -448,29 +448,6 @@ def test_ddp_buckets_leave_during_backward(monkeypatch):
     assert at_finish == [buckets]  # every bucket was complete, and enqueued, before the end
 
 
-@pytest.mark.parametrize("bucket_cap_mb", [25, 0.0001])
-def test_ddp_compressed_buckets_average_gradients(bucket_cap_mb, rank, size):
-    """The bucket path (compression) gives every replica the average within fp16's precision."""
-    model = hvd.DistributedDataParallel(perturbed_model(rank).float(),
-                                        bucket_cap_mb=bucket_cap_mb,
-                                        compression=hvd.Compression.fp16)
-    plain = make_model().float()
-    for step in range(2):
-        model.zero_grad()
-        plain.zero_grad()
-        x, y = batch(step, rank)
-        loss_of(model, x.float(), y.float()).backward()
-        got = flat(p.grad for p in model.parameters())
-        assert_replicas_equal(got)
-        with torch.no_grad():
-            for mine, theirs in zip(plain.parameters(), model.parameters()):
-                mine.copy_(theirs)
-        total = sum(loss_of(plain, *(t.float() for t in batch(step, r))) for r in range(size))
-        (total / size).backward()
-        want = flat(p.grad for p in plain.parameters())
-        assert torch.allclose(got, want, atol=2e-3, rtol=2e-3)
-
-
 def test_ddp_hooks_do_not_keep_the_wrapper_alive(rank, size):
     """Autograd keeps the gradient hooks: they must hold the wrapper weakly, or a wrapper dropped
     on every rank would live on until the garbage collector ran, at another moment on each."""

@@ -12,7 +12,8 @@ from gradsync import _core
 from gradsync.torch.allreduce import allreduce, allreduce_async_, grouped_allreduce_async_
 from gradsync.torch.broadcast import broadcast_async_
 from gradsync.torch.bucket_views import BucketViews
-from gradsync.torch.compression import Compression
+from gradsync.torch.compression import Compression, compression_of_comm_hook
+from gradsync.torch.ddp_buckets import buckets_of
 from gradsync.torch.functions import broadcast_parameters
 from gradsync.torch.grad_hooks import _weakly, queue_end_of_backward, register_grad_ready_hook
 from gradsync.torch.gradient_batch import GradientBatch
@@ -20,22 +21,6 @@ from gradsync.torch.handles import _results_in_turn, _synchronize_all, synchroni
 from gradsync.torch.process_sets import _collective_prefix, _id_of, global_process_set
 from gradsync.torch.wire import (_CORE_OPS, Average, Sum, _note_producer, _release_after_consumer,
                                  _wait_for_streams)
-
-# PyTorch DDP starts with a small bucket so that the first allreduce leaves early in backward.
-_FIRST_BUCKET_BYTES = 1024 * 1024
-
-
-class _Bucket:
-    """Parameters whose gradients are reduced as one grouped allreduce."""
-
-    __slots__ = ("index", "params", "ready", "streams", "launched")
-
-    def __init__(self, index, params):
-        self.index = index
-        self.params = params
-        self.ready = set()  # ids of the parameters whose gradient this backward produced
-        self.streams = []  # the CUDA streams that produced them (from _stream_of)
-        self.launched = None  # (handle, [(param, reduced, context)], stream it was launched on)
 
 
 class _JoinState:
@@ -75,22 +60,6 @@ def _tensors_in(output):
     elif isinstance(output, dict):
         for item in output.values():
             yield from _tensors_in(item)
-
-
-def _buckets_of(params, bucket_cap_bytes):
-    """Parameters in reverse order of registration (backward's order, roughly), cut into buckets
-    as PyTorch DDP first assigns them: a 1 MiB first bucket, then ``bucket_cap_bytes`` each."""
-    buckets, current, current_bytes = [], [], 0
-    cap = min(_FIRST_BUCKET_BYTES, bucket_cap_bytes)
-    for p in reversed(params):
-        current.append(p)
-        current_bytes += p.numel() * p.element_size()
-        if current_bytes >= cap:
-            buckets.append(_Bucket(len(buckets), current))
-            current, current_bytes, cap = [], 0, bucket_cap_bytes
-    if current:
-        buckets.append(_Bucket(len(buckets), current))
-    return buckets
 
 
 class DistributedDataParallel(torch.nn.Module):
@@ -152,7 +121,7 @@ class DistributedDataParallel(torch.nn.Module):
         # Parameters shared between submodules appear once in parameters().
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._buffers_to_sync = list(module.named_buffers())
-        self._buckets = _buckets_of(self._params, int(bucket_cap_mb * 1024 * 1024))
+        self._buckets = buckets_of(self._params, int(bucket_cap_mb * 1024 * 1024))
         self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
         self._param_index = {id(p): i for i, p in enumerate(self._params)}
         self._sync_next_backward = False
@@ -160,6 +129,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._batched_backward = False  # this backward's gradients go through self._gradients
         self._started = set()  # ids of the parameters started in the batch in this backward
         self._join = None
+        self._comm_hook = None
         self._warned_unused = set()
         self._views = self._make_views() if gradient_as_bucket_view else None
         self._gradients = self._make_batch() if self._views is None else None
@@ -442,6 +412,25 @@ class DistributedDataParallel(torch.nn.Module):
                       "backward on this rank and were reduced as zeros: %s. Pass "
                       "find_unused_parameters=True to leave the gradients of parameters that "
                       "no rank used untouched." % ", ".join(new))
+
+    def register_comm_hook(self, state, hook):
+        """DDP's built-in hooks, as ``compression``: ``allreduce_hook`` (none),
+        ``fp16_compress_hook`` and ``bf16_compress_hook`` (gradients travel in that dtype); any
+        other hook raises ValueError. ``state`` (DDP's process group) is unused: the wrapper's
+        ``process_set`` plays its part. As under DDP, every rank registers the same, once."""
+        del state
+        if self._comm_hook is not None:
+            raise RuntimeError("register_comm_hook can only be called once")
+        if self._in_backward:
+            raise RuntimeError("register_comm_hook was called during a backward pass")
+        compression = compression_of_comm_hook(hook)
+        self._comm_hook = hook
+        if compression is self.compression:
+            return
+        self.compression = compression
+        if self._views is not None:
+            self._views = self._make_views()  # None, with the warning that says why
+        self._gradients = self._make_batch() if self._views is None else None
 
     # ------------------------------------------------------------------------------------------
     # no_sync and join

@@ -1,0 +1,37 @@
+"""DDP's buckets: the parameters cut as PyTorch DDP first assigns them, for the wrapper's grouped
+allreduces (with compression and inside ``join()``) and its bucket views.
+
+Thread safety: one wrapper's, on its training loop's thread.
+"""
+
+# PyTorch DDP starts with a small bucket so that the first allreduce leaves early in backward.
+_FIRST_BUCKET_BYTES = 1024 * 1024
+
+
+class Bucket:
+    """Parameters whose gradients are reduced as one grouped allreduce."""
+
+    __slots__ = ("index", "params", "ready", "streams", "launched")
+
+    def __init__(self, index, params):
+        self.index = index
+        self.params = params
+        self.ready = set()  # ids of the parameters whose gradient this backward produced
+        self.streams = []  # the CUDA streams that produced them (from _stream_of)
+        self.launched = None  # (handle, [(param, reduced, context)], stream it was launched on)
+
+
+def buckets_of(params, bucket_cap_bytes):
+    """Parameters in reverse order of registration (backward's order, roughly), cut into buckets
+    as PyTorch DDP first assigns them: a 1 MiB first bucket, then ``bucket_cap_bytes`` each."""
+    buckets, current, current_bytes = [], [], 0
+    cap = min(_FIRST_BUCKET_BYTES, bucket_cap_bytes)
+    for p in reversed(params):
+        current.append(p)
+        current_bytes += p.numel() * p.element_size()
+        if current_bytes >= cap:
+            buckets.append(Bucket(len(buckets), current))
+            current, current_bytes, cap = [], 0, bucket_cap_bytes
+    if current:
+        buckets.append(Bucket(len(buckets), current))
+    return buckets
