@@ -163,7 +163,8 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
   if [ ${#python_targets[@]} -gt 0 ]; then
     local pytest_run=(python3 -m pytest -q -p no:cacheprovider --color=no)
     local test_cuda=$repo_root/test/python/test_cuda.py
-    local pytest=("${pytest_run[@]}" "$test_cuda")
+    # Mixed precision's CUDA cases (autocast and the loss scaler) through NCCL as well.
+    local pytest=("${pytest_run[@]}" "$test_cuda" "$repo_root/test/python/test_amp.py")
     {
       local failed=0
       PYTHONPATH=$work/build/python timeout 300 mpirun -np 1 -x PYTHONPATH "${pytest[@]}" ||
