@@ -16,13 +16,12 @@ import pytest
 import torch
 
 import gradsync.torch as hvd
+# float64 training; compiled kernels may sum in another order, within the same tolerance.
+from test_ddp import TOLERANCE, assert_replicas_equal, batch, flat, loss_of, make_model, reference
 
-TOLERANCE = 1e-10  # float64; compiled kernels may sum in another order
 STEPS = 3
-PER_RANK = 4
 
 pytestmark = pytest.mark.skipif(not hasattr(torch, "compile"), reason="no torch.compile")
-
 
 
 def _builds_cpu_kernels():
@@ -38,48 +37,18 @@ BACKENDS = ["aot_eager",
                 not _builds_cpu_kernels(), reason="inductor needs a C++ compiler and Python.h"))]
 
 
-def make_model():
-    torch.manual_seed(1234)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 4)).double()
-
-
-def batch(step, rank):
-    gen = torch.Generator().manual_seed(1000 * step + rank)
-    return (torch.randn(PER_RANK, 8, generator=gen, dtype=torch.float64),
-            torch.randn(PER_RANK, 4, generator=gen, dtype=torch.float64))
-
-
-def flat(tensors):
-    return torch.cat([t.detach().flatten() for t in tensors])
-
-
-def eager_reference(size):
-    """One process, eagerly: each step's gradient is the mean of the ranks' mean losses'."""
-    model = make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    for step in range(STEPS):
-        optimizer.zero_grad()
-        loss = sum(torch.nn.functional.mse_loss(model(x), y)
-                   for x, y in (batch(step, r) for r in range(size)))
-        (loss / size).backward()
-        optimizer.step()
-    return flat(model.parameters())
-
-
 def train(model, optimizer, rank):
     for step in range(STEPS):
         optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(batch(step, rank)[0]), batch(step, rank)[1]).backward()
+        loss_of(model, *batch(step, rank)).backward()
         optimizer.step()
 
 
-def assert_trained_as_eagerly(inner, size, name):
+def assert_trained_as_eagerly(inner, size):
     params = flat(inner.parameters())
-    gathered = hvd.allgather(params.unsqueeze(0), name="compile.replicas." + name)
-    for row in gathered:
-        assert torch.equal(row, gathered[0])
-    assert torch.allclose(params, eager_reference(size), atol=TOLERANCE, rtol=0)
+    assert_replicas_equal(params)
+    want = reference(size, STEPS, lambda s: range(size), lambda s, n: size)
+    assert torch.allclose(params, want, atol=TOLERANCE, rtol=0)
 
 
 @pytest.fixture(autouse=True)
@@ -99,7 +68,7 @@ def test_optimizer_with_a_compiled_model(backend, rank, size):
         named_parameters=inner.named_parameters())
     hvd.broadcast_parameters(inner.state_dict(), root_rank=0)
     train(model, optimizer, rank)
-    assert_trained_as_eagerly(inner, size, "optimizer." + backend)
+    assert_trained_as_eagerly(inner, size)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -117,4 +86,4 @@ def test_ddp_wrapper_with_compile(compiled, views, backend, rank, size):
     train(model, optimizer, rank)
     if views:
         assert all(p.grad._base is not None for p in inner.parameters())
-    assert_trained_as_eagerly(inner, size, "ddp.%s.%s.%s" % (compiled, views, backend))
+    assert_trained_as_eagerly(inner, size)
