@@ -126,6 +126,23 @@ def test_ddp_checkpoint_of_the_last_layer(reentrant, views, rank, size):
     assert torch.allclose(params, want, atol=TOLERANCE, rtol=0)
 
 
+@pytest.mark.parametrize("layer", ["torch", "gradsync"])
+def test_ddp_warns_of_torch_sync_batch_norm(layer, size):
+    """torch.nn.SyncBatchNorm without torch.distributed's process group normalizes each rank's
+    batch alone: the wrapper names such layers and the fix, and is quiet about gradsync's own."""
+    norm = torch.nn.SyncBatchNorm(16) if layer == "torch" else hvd.SyncBatchNorm(16)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), norm).double()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hvd.DistributedDataParallel(module)
+    named = [str(w.message) for w in caught if "SyncBatchNorm" in str(w.message)]
+    if layer == "torch" and size > 1:
+        assert len(named) == 1 and "1 is torch.nn.SyncBatchNorm" in named[0]
+        assert "convert_sync_batchnorm" in named[0]
+    else:
+        assert not named
+
+
 def test_ddp_state_dict_and_module(rank):
     inner = make_model()
     model = hvd.DistributedDataParallel(inner)

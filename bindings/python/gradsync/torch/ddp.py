@@ -19,6 +19,7 @@ from gradsync.torch.grad_hooks import _weakly, queue_end_of_backward, register_g
 from gradsync.torch.gradient_batch import GradientBatch
 from gradsync.torch.handles import _results_in_turn, _synchronize_all, synchronize
 from gradsync.torch.process_sets import _collective_prefix, _id_of, global_process_set
+from gradsync.torch.sync_batch_norm import warn_of_torch_sync_batch_norm
 from gradsync.torch.wire import (_CORE_OPS, Average, Sum, _note_producer, _release_after_consumer,
                                  _wait_for_streams)
 
@@ -139,6 +140,7 @@ class DistributedDataParallel(torch.nn.Module):
                              process_set=process_set)
         self._hook_handles = [register_grad_ready_hook(p, self._on_grad_ready)
                               for p in self._params]
+        warn_of_torch_sync_batch_norm(module, process_set)
 
     # ------------------------------------------------------------------------------------------
     # forward

@@ -7,6 +7,8 @@ included. A training forward costs one allreduce and its backward one more; eval
 batch normalization and does not communicate.
 """
 
+import warnings
+
 import torch
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -173,3 +175,20 @@ class SyncBatchNorm(_BatchNorm):
             converted.add_module(child_name, cls.convert_sync_batchnorm(child, process_set))
         return converted
 
+
+def warn_of_torch_sync_batch_norm(module, process_set):
+    """Warns where ``module`` holds torch.nn.SyncBatchNorm layers that cannot synchronize: they
+    go through torch.distributed, and without its process group they normalize each rank's batch
+    alone (PyTorch 2) or raise in training (1.13), which a DDP script moved to gradsync's
+    DistributedDataParallel would not expect. The warning names the layers and the fix."""
+    if process_set.size() < 2 or (torch.distributed.is_available()
+                                  and torch.distributed.is_initialized()):
+        return
+    layers = [name or "the module" for name, m in module.named_modules()
+              if isinstance(m, torch.nn.SyncBatchNorm)]
+    if layers:
+        warnings.warn("DistributedDataParallel: %s %s torch.nn.SyncBatchNorm, which "
+                      "synchronizes through torch.distributed, not initialized here: each rank "
+                      "would normalize its own batch. Convert them with "
+                      "gradsync.torch.SyncBatchNorm.convert_sync_batchnorm(model)."
+                      % (", ".join(layers), "is" if len(layers) == 1 else "are"))
