@@ -87,3 +87,27 @@ def test_ddp_wrapper_with_compile(compiled, views, backend, rank, size):
     if views:
         assert all(p.grad._base is not None for p in inner.parameters())
     assert_trained_as_eagerly(inner, size)
+
+
+@pytest.mark.parametrize("views", [False, True])
+def test_ddp_wrapper_compiled_around_with_no_sync(views, rank):
+    """``no_sync()`` flips what the wrapper's forward does; compiled around it, TorchDynamo must
+    follow the flip: each step's accumulated gradients end as they do eagerly."""
+
+    def accumulating_steps(compiled):
+        torch._dynamo.reset()
+        inner = make_model()
+        wrapped = hvd.DistributedDataParallel(inner, gradient_as_bucket_view=views)
+        model = torch.compile(wrapped, backend="aot_eager") if compiled else wrapped
+        optimizer = torch.optim.SGD(inner.parameters(), lr=0.1, momentum=0.9)
+        for step in range(STEPS):
+            optimizer.zero_grad()
+            x, y = batch(step, rank)
+            with wrapped.no_sync():
+                loss_of(model, x[:2], y[:2]).backward()
+            loss_of(model, x[2:], y[2:]).backward()
+            optimizer.step()
+        return flat(inner.parameters())
+
+    assert torch.allclose(accumulating_steps(True), accumulating_steps(False), atol=TOLERANCE,
+                          rtol=0)
