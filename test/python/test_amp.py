@@ -20,9 +20,10 @@ import pytest
 import torch
 
 import gradsync.torch as hvd
+import test_ddp
+from test_ddp import flat
 
 STEPS = 4
-PER_RANK = 4
 OVERFLOW_STEP = 2  # the step at which rank 0's loss overflows in the overflow tests
 CLIP = 0.5
 
@@ -64,9 +65,8 @@ def autocast(where):
 
 
 def make_model(where):
-    torch.manual_seed(1234)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
-    return model.double() if where == "cpu" else model.to(device_of(where))
+    model = test_ddp.make_model()
+    return model if where == "cpu" else model.float().to(device_of(where))
 
 
 def make_scaler(where):
@@ -75,22 +75,19 @@ def make_scaler(where):
 
 
 def batch(step, rank, overflow, where):
-    gen = torch.Generator().manual_seed(1000 * step + rank)
-    dtype = torch.float64 if where == "cpu" else torch.float32
-    x = torch.randn(PER_RANK, 8, generator=gen, dtype=dtype)
-    y = torch.randn(PER_RANK, 4, generator=gen, dtype=dtype)
+    """test_ddp's batch, in float32 on the GPU, with an infinity in rank 0's at OVERFLOW_STEP."""
+    x, y = test_ddp.batch(step, rank)
+    if where == "cuda":
+        device = device_of(where)
+        x, y = x.float().to(device), y.float().to(device)
     if overflow and step == OVERFLOW_STEP and rank == 0:
         x[0, 0] = float("inf")
-    return x.to(device_of(where)), y.to(device_of(where))
+    return x, y
 
 
 def loss_of(model, x, y, where):
     with autocast(where):
         return torch.nn.functional.mse_loss(model(x), y)
-
-
-def flat(tensors):
-    return torch.cat([t.detach().flatten() for t in tensors])
 
 
 def reference(size, overflow, where):
