@@ -95,9 +95,11 @@ void LockedSchedule::Observe(const CycleOutcome& outcome) {
     }
     const TensorEntry* entry = outcome.entries[i];
     const uint64_t waits = entry != nullptr ? entry->waits_before : 0;
-    // A wait between this tensor and the one before it cuts the plan there: part of the step.
+    // A wait between this tensor and the one before it cuts the plan there. Where this rank's
+    // caller waits is its own (another rank may poll instead), so it is kept beside the
+    // fingerprint, which every rank must compute alike.
     if (current_.count > 0 && current_.waits_before[current_.count - 1] != waits) {
-      current_.fingerprint += Mix(name_hash, kCutHere);
+      current_.cuts += Mix(name_hash, kCutHere);
     }
     current_.waits_before[current_.count] = waits;
     current_.names[current_.count++] = r.name;  // assigning keeps the string's storage
@@ -115,16 +117,20 @@ void LockedSchedule::CloseStep() {
   const bool same = previous_.lockable && current_.count == previous_.count &&
                     current_.fingerprint == previous_.fingerprint;
   streak_ = !current_.lockable ? 0 : same ? streak_ + 1 : 1;
+  cut_streak_ = same && current_.cuts == previous_.cuts ? cut_streak_ + 1 : 1;
   std::swap(previous_, current_);
   current_.count = 0;
   current_.name_hashes.clear();
   current_.fingerprint = 0;
+  current_.cuts = 0;
   current_.lockable = true;
 }
 
 bool LockedSchedule::ready() const {
   return settings_.enabled && !locked_ && streak_ >= settings_.after_steps;
 }
+
+bool LockedSchedule::WantsToLock() const { return ready() && cut_streak_ >= settings_.after_steps; }
 
 Status LockedSchedule::Lock(const FusionSettings& fusion, const CachedResponse& cached) {
   std::vector<ResponsePtr> order;
@@ -401,9 +407,11 @@ std::vector<TensorEntry*> LockedSchedule::TakeAllHeld() {
   leave_reason_.clear();
   locked_ = false;
   streak_ = 0;
+  cut_streak_ = 0;
   current_.count = 0;
   current_.name_hashes.clear();
   current_.fingerprint = 0;
+  current_.cuts = 0;
   current_.lockable = true;
   return held;
 }

@@ -4,15 +4,17 @@
 // steps: a step ends where a name comes back, or as soon as it holds exactly the names of the step
 // before. Once GRADSYNC_LOCK_AFTER_STEPS steps in a row held the same allreduces and broadcasts
 // with the same parameters, the schedule is ready. The negotiator then asks, in its next round,
-// whether every rank is ready and holds nothing that needs the full round; when all are, and the
-// round's responses leave the schedule ready (none, or exactly one whole step), every rank calls
-// Lock() after running them, and the last step, in the order it ran, fused into runs of
-// consecutive tensors (PlanFusion's consecutive plan), becomes the plan. No bucket holds tensors
-// the caller enqueued on either side of a blocking wait (TensorEntry::waits_before): a caller that
-// waits for one result before it enqueues the next tensor (a synchronized batch norm's statistics,
-// a metric) would otherwise wait for a bucket that only its next enqueue can fill. Those waits
-// follow the program's order, so every rank that runs the same program cuts alike; where ranks
-// do cut differently, their plans' fingerprints differ and the first exchange leaves the lock.
+// whether every rank is ready, has seen its caller wait at the same points in those steps, and
+// holds nothing that needs the full round; when all are, and the round's responses leave the
+// schedule ready (none, or exactly one whole step: judged from the responses alone, so alike on
+// every rank), every rank calls Lock() after running them, and the last step, in the order it ran,
+// fused into runs of consecutive tensors (PlanFusion's consecutive plan), becomes the plan. No
+// bucket holds tensors the caller enqueued on either side of a blocking wait
+// (TensorEntry::waits_before): a caller that waits for one result before it enqueues the next
+// tensor (a synchronized batch norm's statistics, a metric) would otherwise wait for a bucket that
+// only its next enqueue can fill. Those waits follow the program's order, so every rank that runs
+// the same program cuts alike; where ranks do cut differently, their plans' fingerprints differ and
+// the first exchange leaves the lock.
 //
 // Locked, RunCycle() takes the set's fresh entries in place of the negotiator. Each goes to its
 // slot in the plan, checked against the plan's parameters. When the next bucket in plan order is
@@ -84,8 +86,14 @@ class LockedSchedule {
 
   // Negotiated: the responses a cycle ran, in order; the same on every rank.
   void Observe(const CycleOutcome& outcome);
-  // Whether enough identical steps have run.
+  // Whether enough identical steps have run, judged by what every rank sees alike (the responses'
+  // names and parameters), so that after a round in which every rank offered to lock, every rank
+  // decides alike whether the cycle's responses left the schedule ready.
   bool ready() const;
+  // Whether this rank offers to lock: ready(), and its caller's waits cut the last steps alike
+  // (a plan cut where the caller no longer waits, or not cut where it now does, would not fit).
+  // Where ranks cut differently, their plans' fingerprints differ and the first exchange leaves.
+  bool WantsToLock() const;
   // On every rank at the same point (after the round that agreed): takes the last whole step as
   // the plan, each response as `cached` holds it, fused by `fusion`; what the step under way has
   // run already is left out of this step's turn of its buckets. Stays unlocked, on every rank
@@ -129,13 +137,15 @@ class LockedSchedule {
     uint32_t bucket = 0;
     uint32_t index = 0;
   };
-  // The observed step being cut: names (kept, storage reused) and an order-free fingerprint.
+  // The observed step being cut: names (kept, storage reused), an order-free fingerprint of
+  // their responses (the same on every rank), and where this rank's caller waited among them.
   struct Step {
     std::vector<std::string> names;
     std::vector<uint64_t> waits_before;  // each name's entry's TensorEntry::waits_before
     size_t count = 0;
     std::unordered_set<uint64_t> name_hashes;
     uint64_t fingerprint = 0;
+    uint64_t cuts = 0;  // this rank's own: a sum over the names that follow a wait
     bool lockable = true;
   };
 
@@ -173,7 +183,8 @@ class LockedSchedule {
   // Negotiated.
   Step current_;
   Step previous_;
-  int64_t streak_ = 0;
+  int64_t streak_ = 0;      // identical steps in a row
+  int64_t cut_streak_ = 0;  // of those, the last ones cut alike by this rank's waits
 
   // Locked.
   bool locked_ = false;

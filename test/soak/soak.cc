@@ -63,6 +63,8 @@ void PrintHeader(const Options& options, int size, const std::vector<std::vector
                      std::to_string(options.pool) + ", max ops " + std::to_string(options.max_ops);
   if (options.repeat_every > 0)
     text += ", plans repeat every " + std::to_string(options.repeat_every);
+  if (options.steady_steps > 0)
+    text += ", steady stretches of " + std::to_string(options.steady_steps) + " steps";
   text += ", init sets";
   for (const std::vector<int>& s : sets) {
     text += " {";
@@ -71,7 +73,8 @@ void PrintHeader(const Options& options, int size, const std::vector<std::vector
   }
   for (const char* knob :
        {"GRADSYNC_FUSION_THRESHOLD", "GRADSYNC_INPLACE_THRESHOLD", "GRADSYNC_SHM_THRESHOLD",
-        "GRADSYNC_CACHE_CAPACITY", "GRADSYNC_CYCLE_TIME_MS", "GRADSYNC_STALL_SHUTDOWN_SECONDS"}) {
+        "GRADSYNC_CACHE_CAPACITY", "GRADSYNC_CYCLE_TIME_MS", "GRADSYNC_STALL_SHUTDOWN_SECONDS",
+        "GRADSYNC_LOCK_AFTER_STEPS", "GRADSYNC_LOCK_WAIT_MS"}) {
     if (const char* v = std::getenv(knob)) text += std::string(", ") + knob + "=" + v;
   }
   std::printf("%s\n", text.c_str());
@@ -81,7 +84,8 @@ void PrintHeader(const Options& options, int size, const std::vector<std::vector
 int Run(const Options& options, int rank, int size) {
   Report report(rank, size, options);
   Watchdog watchdog(options.hang_seconds);
-  const std::vector<std::vector<int>> init_sets = InitSets(size);
+  const std::vector<std::vector<int>> init_sets =
+      options.steady_steps > 0 ? std::vector<std::vector<int>>() : InitSets(size);
 
   // The timeline: the whole run into one file (GRADSYNC_TIMELINE, as a user would set it), or
   // windows of steps, each started and stopped at run time, checked, and deleted.
@@ -117,6 +121,7 @@ int Run(const Options& options, int rank, int size) {
   config.join_chance = options.join_chance;
   config.added_set_chance = options.added_set_chance;
   config.unnamed_chance = options.unnamed_chance;
+  config.steady_steps = static_cast<int>(options.steady_steps);
   const Planner planner(config, set_lists);
   StepRunner runner(planner, process_sets(), options.seed,
                     std::chrono::milliseconds(static_cast<int64_t>(options.wait_seconds * 1000)));

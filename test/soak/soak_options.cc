@@ -21,6 +21,10 @@ const char* const kUsage =
     "  --unnamed-chance P   chance of a step also running operations with generated names (0.2)\n"
     "  --repeat-every N     step s reruns the plan of step s % N: a leak check with no new\n"
     "                       high-water marks after the first N steps (0: off)\n"
+    "  --steady-steps S     stretches of S identical steps of allreduces and broadcasts, each\n"
+    "                       followed by a step that deviates from it and a random one, without\n"
+    "                       the process sets made at init, so that the schedule locks and\n"
+    "                       unlocks; the timeline must show it ran locked (0: off)\n"
     "  --wait-seconds W     a step's handles must all complete within W s (60)\n"
     "  --hang-seconds H     abort the job when a blocking call takes longer (2 W + 30)\n"
     "  --rss-bound-mib B    allowed growth of resident memory outside node shared memory after\n"
@@ -74,6 +78,7 @@ bool ParseOptions(int argc, char** argv, Options* o, std::string* error) {
          return ParseDouble(v, 0, &o->unnamed_chance) && o->unnamed_chance <= 1;
        }},
       {"--repeat-every", [&](const char* v) { return ParseInt(v, 0, &o->repeat_every); }},
+      {"--steady-steps", [&](const char* v) { return ParseInt(v, 0, &o->steady_steps); }},
       {"--wait-seconds", [&](const char* v) { return ParseDouble(v, 0.001, &o->wait_seconds); }},
       {"--hang-seconds", [&](const char* v) { return ParseDouble(v, 1, &o->hang_seconds); }},
       {"--rss-bound-mib", [&](const char* v) { return ParseDouble(v, 0, &o->rss_bound_mib); }},
@@ -116,6 +121,15 @@ bool ParseOptions(int argc, char** argv, Options* o, std::string* error) {
       return false;
     }
     ++i;
+  }
+  if (o->steady_steps > 0 && o->repeat_every > 0) {
+    *error = "--steady-steps and --repeat-every do not go together";
+    return false;
+  }
+  if (o->steady_steps > 0 && o->timeline != TimelineMode::kWhole) {
+    *error =
+        "--steady-steps needs --timeline whole: the timeline shows whether the steps ran locked";
+    return false;
   }
   if (o->window > o->window_every) {
     *error = "--window must not exceed --window-every";

@@ -25,6 +25,9 @@ struct Options {
   // Non-zero: step s runs the plan of step s % repeat_every, so every size the run will see has
   // been seen once the first round is done, and growth after that is not a high-water mark.
   int64_t repeat_every = 0;
+  // Non-zero: the steady mode (soak_plan.h), stretches of this many identical steps, without the
+  // process sets created at init (the global set locks only while it is the only set).
+  int64_t steady_steps = 0;
   double wait_seconds = 60;  // per step, for all its handles
   double hang_seconds =
       0;  // a blocking call (join, shutdown, ...) longer than this aborts; 0: auto

@@ -11,6 +11,9 @@ namespace soak {
 namespace {
 
 constexpr double kFreshParametersChance = 0.15;
+// A late rank's delay, at most: several GRADSYNC_LOCK_WAIT_MS of the soak's locking test, so that
+// some delays outlast the wait and take the set out of the lock and others do not.
+constexpr int64_t kLateMsMax = 150;
 
 const std::vector<DataType> kDtypes = {DataType::kUInt8,   DataType::kInt8,    DataType::kInt32,
                                        DataType::kInt64,   DataType::kFloat16, DataType::kBFloat16,
@@ -90,6 +93,26 @@ std::string KindName(Kind kind) {
       return "alltoall";
     case Kind::kBarrier:
       return "barrier";
+  }
+  return "?";
+}
+
+std::string DeviationName(Deviation deviation) {
+  switch (deviation) {
+    case Deviation::kNone:
+      return "none";
+    case Deviation::kOtherParameters:
+      return "other parameters";
+    case Deviation::kMissing:
+      return "a tensor missing";
+    case Deviation::kExtraName:
+      return "a new name";
+    case Deviation::kLateRank:
+      return "a late rank";
+    case Deviation::kJoin:
+      return "join";
+    case Deviation::kAddedSet:
+      return "a process set added";
   }
   return "?";
 }
@@ -208,7 +231,109 @@ std::vector<int> Planner::RandomNewSet(Rng* rng) const {
   return {};
 }
 
+int64_t Planner::steady_period() const {
+  // The stretch, the step that deviates, and one random step.
+  return config_.steady_steps > 0 ? config_.steady_steps + 2 : 0;
+}
+
 StepPlan Planner::MakeStep(int64_t step) const {
+  const int64_t period = steady_period();
+  if (period > 0 && step % period < config_.steady_steps) return SteadyStep(step / period, step);
+  if (period > 0 && step % period == config_.steady_steps) {
+    return DeviationStep(step / period, step);
+  }
+  return RandomStep(step);
+}
+
+void Planner::SteadyOps(int64_t stretch, std::vector<OpPlan>* ops,
+                        std::vector<size_t>* spare) const {
+  // The collectives a locked plan holds, on the global set.
+  std::vector<size_t> eligible;
+  for (size_t i = 0; i < templates_.size(); ++i) {
+    const OpPlan& home = templates_[i].home;
+    if (home.set == 0 && (home.kind == Kind::kAllreduce || home.kind == Kind::kBroadcast)) {
+      eligible.push_back(i);
+    }
+  }
+  Rng rng(Mix(seed_ ^ 0x57eadull, static_cast<uint64_t>(stretch)));
+  rng.Shuffle(&eligible);
+  const size_t count =
+      std::min(eligible.size(), static_cast<size_t>(rng.Uniform(2, std::max(2, config_.max_ops))));
+  ops->clear();
+  for (size_t i = 0; i < count; ++i) ops->push_back(templates_[eligible[i]].home);
+  spare->assign(eligible.begin() + static_cast<std::ptrdiff_t>(count), eligible.end());
+}
+
+StepPlan Planner::SteadyStep(int64_t stretch, int64_t step) const {
+  StepPlan plan;
+  plan.step = step;
+  plan.steady = true;
+  std::vector<size_t> spare;
+  SteadyOps(stretch, &plan.ops, &spare);
+  Rng rng(Mix(seed_, static_cast<uint64_t>(step) + 1));
+  for (OpPlan& op : plan.ops) Refresh(&rng, sets_[0], step, &op);  // fresh data every step
+  return plan;
+}
+
+StepPlan Planner::DeviationStep(int64_t stretch, int64_t step) const {
+  StepPlan plan;
+  plan.step = step;
+  plan.after_stretch = true;
+  std::vector<size_t> spare;
+  SteadyOps(stretch, &plan.ops, &spare);
+  Rng rng(Mix(seed_, static_cast<uint64_t>(step) + 1));
+  plan.deviation = static_cast<Deviation>(rng.Uniform(0, kDeviations - 1));
+  // Where this world or stretch cannot deviate so, the step changes one operation's parameters.
+  if ((plan.deviation == Deviation::kJoin && size_ < 2) ||
+      (plan.deviation == Deviation::kMissing && plan.ops.size() < 2) ||
+      ((plan.deviation == Deviation::kExtraName || plan.deviation == Deviation::kAddedSet) &&
+       spare.empty())) {
+    plan.deviation = Deviation::kOtherParameters;
+  }
+  if (plan.deviation == Deviation::kAddedSet) {
+    plan.added_set = RandomNewSet(&rng);
+    if (plan.added_set.empty()) plan.deviation = Deviation::kOtherParameters;
+  }
+  const size_t pick =
+      static_cast<size_t>(rng.Uniform(0, static_cast<int64_t>(plan.ops.size()) - 1));
+  switch (plan.deviation) {
+    case Deviation::kNone:
+      plan.steady = true;
+      break;
+    case Deviation::kOtherParameters: {
+      std::vector<std::string> names;
+      for (const TensorPlan& t : plan.ops[pick].tensors) names.push_back(t.name);
+      plan.ops[pick] = RandomOp(&rng, names, sets_[0], 0);
+      break;
+    }
+    case Deviation::kMissing:
+      plan.ops.erase(plan.ops.begin() + static_cast<std::ptrdiff_t>(pick));
+      break;
+    case Deviation::kExtraName:
+      plan.ops.insert(plan.ops.begin() + static_cast<std::ptrdiff_t>(pick),
+                      templates_[spare.front()].home);
+      break;
+    case Deviation::kLateRank:
+      plan.late_rank = static_cast<int>(rng.Uniform(0, size_ - 1));
+      plan.late_ms = static_cast<int>(rng.Uniform(0, kLateMsMax));
+      break;
+    case Deviation::kJoin:
+      plan.ops.clear();
+      MakeJoinStep(&rng, &plan);
+      return plan;
+    case Deviation::kAddedSet:
+      // Its first operations, on names the stretch leaves out.
+      for (size_t i = 0; i < spare.size() && i < 3; ++i) {
+        plan.ops.insert(plan.ops.begin(), RandomOp(&rng, templates_[spare[i]].names, plan.added_set,
+                                                   static_cast<int>(sets_.size())));
+      }
+      break;
+  }
+  for (OpPlan& op : plan.ops) Refresh(&rng, Members(op.set, plan), step, &op);
+  return plan;
+}
+
+StepPlan Planner::RandomStep(int64_t step) const {
   Rng rng(Mix(seed_, static_cast<uint64_t>(step) + 1));
   StepPlan plan;
   plan.step = step;

@@ -9,6 +9,12 @@
 // pool it also sees evictions. Occasional steps instead run a join (ranks running out of work at
 // different rounds) or add a process set, use it, and remove it.
 //
+// In the steady mode (PlannerConfig::steady_steps) the steps come in stretches, as a training
+// loop's do: the same allreduces and broadcasts step after step, long enough for the global set
+// to lock its schedule, then one step that deviates the way a program may once locked (another
+// shape or dtype, a tensor missing on every rank, a new name, one rank late, a join, a process
+// set added), then one random step as above.
+//
 // Thread safety: a Planner is immutable after construction; MakeStep may be called from any
 // thread.
 #pragma once
@@ -46,6 +52,19 @@ class Rng {
 
 enum class Kind { kAllreduce, kAllgather, kBroadcast, kReducescatter, kAlltoall, kBarrier };
 std::string KindName(Kind kind);
+
+// How the step after a steady stretch differs from the stretch's steps.
+enum class Deviation {
+  kNone,             // it does not: one more steady step
+  kOtherParameters,  // one operation with fresh parameters (shape, dtype, op, scales, kind)
+  kMissing,          // one operation left out, on every rank
+  kExtraName,        // one operation more, under a name the stretch does not use
+  kLateRank,         // one rank submits its last tensor late
+  kJoin,             // a join step instead
+  kAddedSet,         // a process set added (and used, and removed) beside the steady operations
+};
+constexpr int kDeviations = 7;
+std::string DeviationName(Deviation deviation);
 
 // One tensor of an operation. Shapes are per kind: allreduce, broadcast and reducescatter use
 // `shape` on every member; allgather and alltoall use `rows[m]` (set member m's first dimension)
@@ -86,6 +105,13 @@ struct StepPlan {
   std::vector<std::vector<OpPlan>> join_ops;
   // Non-empty: add this process set before the ops and remove it after them.
   std::vector<int> added_set;
+  // The steady mode: a step of a stretch, or the step after one and how it deviates. A late
+  // rank submits its last tensor late_ms after its others.
+  bool steady = false;
+  bool after_stretch = false;
+  Deviation deviation = Deviation::kNone;
+  int late_rank = -1;
+  int late_ms = 0;
 };
 
 struct PlannerConfig {
@@ -95,6 +121,9 @@ struct PlannerConfig {
   double join_chance = 0.02;       // of a step being a join step
   double added_set_chance = 0.01;  // of a step adding (and removing) a process set
   double unnamed_chance = 0.2;     // of a step ending with operations left unnamed
+  // > 0: the steady mode, stretches of this many identical steps (the global set must be the
+  // only set for it to lock).
+  int steady_steps = 0;
 };
 
 class Planner {
@@ -103,6 +132,8 @@ class Planner {
   Planner(const PlannerConfig& config, std::vector<std::vector<int>> sets);
   StepPlan MakeStep(int64_t step) const;
   const std::vector<std::vector<int>>& sets() const { return sets_; }
+  // The steady mode's stretches begin every this many steps (0: off).
+  int64_t steady_period() const;
 
  private:
   struct Template {
@@ -111,6 +142,12 @@ class Planner {
   };
   OpPlan RandomOp(Rng* rng, const std::vector<std::string>& names, const std::vector<int>& members,
                   int set) const;
+  StepPlan RandomStep(int64_t step) const;
+  // A stretch's operations (its salts not yet drawn) and templates it leaves out that it could
+  // have held.
+  void SteadyOps(int64_t stretch, std::vector<OpPlan>* ops, std::vector<size_t>* spare) const;
+  StepPlan SteadyStep(int64_t stretch, int64_t step) const;
+  StepPlan DeviationStep(int64_t stretch, int64_t step) const;
   // Per-step parts: data salts, allgather rows, alltoall splits.
   void Refresh(Rng* rng, const std::vector<int>& members, int64_t step, OpPlan* op) const;
   void MakeJoinStep(Rng* rng, StepPlan* plan) const;

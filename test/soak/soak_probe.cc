@@ -61,6 +61,9 @@ class JsonStream {
   }
   int64_t events() const { return events_; }
   int64_t cycles() const { return cycles_; }
+  int64_t locks() const { return locks_; }
+  int64_t unlocks() const { return unlocks_; }
+  int64_t locked_tensors() const { return locked_tensors_; }
   bool dropped() const { return dropped_; }
 
  private:
@@ -115,6 +118,9 @@ class JsonStream {
     } else if (c == '"') {
       in_string_ = false;
       if (text_ == "CYCLE_START") ++cycles_;
+      if (text_.compare(0, 9, "LOCK set ") == 0) ++locks_;
+      if (text_.compare(0, 11, "UNLOCK set ") == 0) ++unlocks_;
+      if (text_.compare(0, 7, "LOCKED_") == 0) ++locked_tensors_;
       if (text_ == "TIMELINE_DROPPED_EVENTS") dropped_ = true;
       return;
     } else if (c < 0x20) {
@@ -127,7 +133,7 @@ class JsonStream {
   bool started_ = false, closed_ = false, in_string_ = false, escaped_ = false;
   int hex_left_ = 0;
   std::string text_;  // the start of the current string
-  int64_t offset_ = 0, events_ = 0, cycles_ = 0;
+  int64_t offset_ = 0, events_ = 0, cycles_ = 0, locks_ = 0, unlocks_ = 0, locked_tensors_ = 0;
   bool dropped_ = false;
   std::string why_;
 };
@@ -170,6 +176,9 @@ TimelineReport CheckTimeline(const std::string& path) {
   report.why = json.Finish();
   report.events = json.events();
   report.cycles = json.cycles();
+  report.locks = json.locks();
+  report.unlocks = json.unlocks();
+  report.locked_tensors = json.locked_tensors();
   report.dropped = json.dropped();
   if (report.why.empty() && report.events == 0) report.why = "no trace events";
   report.ok = report.why.empty();

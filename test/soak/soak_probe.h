@@ -36,9 +36,12 @@ struct TimelineReport {
   bool ok = false;
   std::string why;  // what is wrong when !ok
   int64_t bytes = 0;
-  int64_t events = 0;    // objects in the traceEvents array
-  int64_t cycles = 0;    // CYCLE_START markers
-  bool dropped = false;  // the writer recorded TIMELINE_DROPPED_EVENTS
+  int64_t events = 0;  // objects in the traceEvents array
+  int64_t cycles = 0;  // CYCLE_START markers
+  int64_t locks = 0;   // LOCK and UNLOCK marks: the locked schedule's
+  int64_t unlocks = 0;
+  int64_t locked_tensors = 0;  // tensors that waited for a locked bucket (LOCKED_ phases)
+  bool dropped = false;        // the writer recorded TIMELINE_DROPPED_EVENTS
 };
 
 // Checks that `path` holds one complete JSON object (strings terminated, escapes well formed,

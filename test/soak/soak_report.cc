@@ -178,6 +178,14 @@ std::string Report::SummaryLine(const Tally* tally) const {
     line << "steps " << tally->steps << ", ops " << tally->ops << ", bytes " << tally->bytes
          << ", callbacks " << tally->callbacks << ", join steps " << tally->joins << ", added sets "
          << tally->added_sets << ", ";
+    if (options_.steady_steps > 0) {
+      line << "steady steps " << tally->steady_steps << ", steps after a stretch:";
+      for (int d = 0; d < kDeviations; ++d) {
+        line << (d ? ", " : " ") << DeviationName(static_cast<Deviation>(d)) << " "
+             << tally->deviations[d];
+      }
+      line << ", ";
+    }
   }
   line << "errors " << (failed_ ? "YES" : "0");
   if (!mine_.empty()) {
@@ -211,8 +219,15 @@ int Report::Finish(const Tally* tally, const std::string& timeline_file, const s
     if (!t.ok) Fail("timeline " + timeline_file + ": " + t.why);
     timeline_line = "soak timeline (whole run): " + std::to_string(t.bytes) + " bytes, " +
                     std::to_string(t.events) + " events, " + std::to_string(t.cycles) +
-                    " cycle markers, " + (t.dropped ? "events DROPPED" : "none dropped") +
+                    " cycle markers, " + std::to_string(t.locks) + " locks, " +
+                    std::to_string(t.unlocks) + " unlocks, " + std::to_string(t.locked_tensors) +
+                    " tensors run locked, " + (t.dropped ? "events DROPPED" : "none dropped") +
                     (t.ok ? ", complete JSON" : ", INVALID");
+    // Rank 0 traces every set its rank is in: the global set's locks are all here.
+    if (t.ok && options_.steady_steps > 0 && (t.locks == 0 || t.locked_tensors == 0)) {
+      Fail("the steady mode's stretches never ran locked (" + std::to_string(t.locks) + " locks, " +
+           std::to_string(t.locked_tensors) + " tensors run locked)");
+    }
   } else if (rank_ == 0 && windows_ > 0) {
     timeline_line = "soak timeline (windows of " + std::to_string(options_.window) +
                     " steps every " + std::to_string(options_.window_every) +

@@ -62,6 +62,8 @@ std::string StepRunner::Describe(const Live& live, size_t tensor) const {
 int StepRunner::Run(const StepPlan& plan, Tally* tally, Failures* failures) {
   step_ = plan.step;
   ++tally->steps;
+  if (plan.steady) ++tally->steady_steps;
+  if (plan.after_stretch) ++tally->deviations[static_cast<int>(plan.deviation)];
   if (plan.join) {
     ++tally->joins;
     const int mine = plan.join_rounds[static_cast<size_t>(rank_)];
@@ -138,7 +140,13 @@ bool StepRunner::RunOps(const StepPlan& plan, const std::vector<OpPlan>& ops,
   local.Shuffle(&named);
   const bool two_threads = local.Chance(0.25);
   const bool poll = local.Chance(0.3);
-  if (two_threads) {
+  if (plan.late_rank == rank_ && !named.empty()) {
+    // Locked, the bucket that needs the last tensor waits for it on every rank; past
+    // GRADSYNC_LOCK_WAIT_MS the set leaves the lock, and negotiation runs what is left.
+    for (size_t i = 0; i + 1 < named.size(); ++i) TryEnqueue(named[i], added);
+    std::this_thread::sleep_for(std::chrono::milliseconds(plan.late_ms));
+    TryEnqueue(named.back(), added);
+  } else if (two_threads) {
     std::thread helper([&] {
       for (size_t i = 1; i < named.size(); i += 2) TryEnqueue(named[i], added);
     });

@@ -1,7 +1,7 @@
 // Runs one soak step on this rank: fills the inputs, enqueues the step's operations in a
-// rank-specific shuffled order, waits for every handle with one bounded deadline, and checks
-// every result exactly. Join steps run their rounds and then join(); steps with an added process
-// set add it first and remove it last.
+// rank-specific shuffled order (a late rank's last one after a pause), waits for every handle
+// with one bounded deadline, and checks every result exactly. Join steps run their rounds and then
+// join(); steps with an added process set add it first and remove it last.
 //
 // Anything wrong (an enqueue or wait that throws, a handle not done by the deadline, a wrong
 // shape, split, element or callback count) is a failure: counted, and the first few printed with
@@ -35,6 +35,8 @@ struct Tally {
   int64_t joins = 0;  // join steps
   int64_t added_sets = 0;
   int64_t callbacks = 0;
+  int64_t steady_steps = 0;              // the steady mode's steps of a stretch
+  int64_t deviations[kDeviations] = {};  // its steps after one, by how they deviate
 };
 
 // Counts failures and prints the first `print_limit` of them to stderr, with the rank.

@@ -223,17 +223,42 @@ TEST(LockedScheduleTest, NoBucketHoldsTensorsFromBothSidesOfAWait) {
   EXPECT_EQ(out.buckets[0].entries, std::vector<TensorEntry*>{forward.get()});
 }
 
-// Where the caller waits is part of a step: a step cut elsewhere is another step.
+// Where the caller waits decides whether this rank offers to lock: a step cut elsewhere starts
+// that count again. The steps are the same steps all the same, as they are on the other ranks.
 TEST(LockedScheduleTest, AStepWaitedOnElsewhereStartsTheCountAgain) {
   InProcessLockHub hub(1);
   LockedSchedule schedule(hub.Channel(0), FastSettings(2), 0);
   Observed waited(Names(4), {0, 1, 1, 1});
   Observed streamed(Names(4), {5, 5, 5, 5});
   schedule.Observe(waited.Outcome());
-  schedule.Observe(streamed.Outcome());  // ends the first step, which differs from this one
-  EXPECT_FALSE(schedule.ready());
-  schedule.Observe(streamed.Outcome());
+  schedule.Observe(streamed.Outcome());  // ends the first step, whose cuts differ from this one's
   EXPECT_TRUE(schedule.ready());
+  EXPECT_FALSE(schedule.WantsToLock());
+  schedule.Observe(streamed.Outcome());
+  EXPECT_TRUE(schedule.WantsToLock());
+}
+
+// After a round in which every rank offered to lock, each decides from ready() whether the cycle's
+// responses left the steps identical, and locks or not: every rank must decide alike, or some lock
+// while the others negotiate, and both wait for ever. Here one rank's caller sometimes waits on a
+// result between two enqueues of an observed step and sometimes polls for it, while the other's
+// never waits there: their cuts differ, their responses do not.
+TEST(LockedScheduleTest, RanksThatWaitDifferentlyJudgeTheStepsAlike) {
+  InProcessLockHub hub(2);
+  LockedSchedule varying(hub.Channel(0), FastSettings(3), 0);
+  LockedSchedule steady(hub.Channel(1), FastSettings(3), 0);
+  Observed polled(Names(4), {7, 7, 7, 7});
+  for (int step = 0; step < 12; ++step) {
+    const uint64_t w = static_cast<uint64_t>(step) * 2;
+    Observed mine(Names(4), step % 3 == 0 ? std::vector<uint64_t>{w, w, w, w}
+                                          : std::vector<uint64_t>{w, w, w + 1, w + 1});
+    varying.Observe(mine.Outcome());
+    steady.Observe(polled.Outcome());
+    EXPECT_EQ(varying.ready(), steady.ready()) << "after step " << step;
+  }
+  EXPECT_TRUE(steady.ready());
+  EXPECT_TRUE(steady.WantsToLock());
+  EXPECT_FALSE(varying.WantsToLock());  // its next step may be cut where its plan is not
 }
 
 TEST(LockedScheduleTest, TakeAllHeldReturnsEverythingAndUnlocks) {
