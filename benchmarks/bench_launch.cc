@@ -44,7 +44,6 @@
 #include "gradsync/gradsync.h"
 #include "ops/device/device_plane.h"
 #include "ops/device/device_plane_factory.h"
-#include "ops/device/host_device_backend.h"
 
 namespace gradsync_bench {
 namespace {
@@ -62,16 +61,6 @@ struct Settings {
   int64_t gap_us = 20;     // busy work before each tensor of the backward rows
   int64_t one_bytes = 16;  // each one-op row's allreduce
 };
-
-gradsync::Status HostBackedPlane(const gradsync::Config& config, MPI_Comm comm,
-                                 const gradsync::Device&,
-                                 std::unique_ptr<gradsync::DataPlane>* plane) {
-  std::unique_ptr<gradsync::HostDeviceBackend> backend;
-  GRADSYNC_RETURN_IF_ERROR(gradsync::HostDeviceBackend::Create(comm, &backend));
-  *plane = std::make_unique<gradsync::DevicePlane>(std::move(backend), comm,
-                                                   gradsync::DeviceCompletionTimeout(config));
-  return gradsync::Status::OK();
-}
 
 // A device backend whose work is done the moment it is enqueued: the device rows then time
 // gradsync's own host path (the API, the cycle, the plane's bookkeeping, the finalizer and the
@@ -302,7 +291,8 @@ std::vector<Row> RunPhase(bool locked, const Settings& settings, int rank) {
     const bool device = w > 0;
     const std::string where = wheres[w];
     const std::string tag = std::to_string(w);
-    gradsync::SetDevicePlaneFactoryForTesting(w == 2 ? &NoOpPlane : &HostBackedPlane);
+    gradsync::SetDevicePlaneFactoryForTesting(w == 2 ? &NoOpPlane
+                                                     : &gradsync::MakeHostBackedDevicePlane);
     gradsync::init(MPI_COMM_WORLD);
     Workload one("one." + tag, 1, one_floats, device, rank);
     rows.push_back(Measure(

@@ -1,7 +1,11 @@
 // What both builds' factories share: the completion timeout and the test override.
-#include <atomic>
-
 #include "ops/device/device_plane_factory.h"
+
+#include <atomic>
+#include <utility>
+
+#include "ops/device/device_plane.h"
+#include "ops/device/host_device_backend.h"
 
 namespace gradsync {
 namespace {
@@ -21,5 +25,13 @@ void SetDevicePlaneFactoryForTesting(DevicePlaneFactory factory) {
 }
 
 DevicePlaneFactory DevicePlaneFactoryForTesting() { return g_factory_for_testing.load(); }
+
+Status MakeHostBackedDevicePlane(const Config& config, MPI_Comm comm, const Device&,
+                                 std::unique_ptr<DataPlane>* plane) {
+  std::unique_ptr<HostDeviceBackend> backend;
+  GRADSYNC_RETURN_IF_ERROR(HostDeviceBackend::Create(comm, &backend));
+  *plane = std::make_unique<DevicePlane>(std::move(backend), comm, DeviceCompletionTimeout(config));
+  return Status::OK();
+}
 
 }  // namespace gradsync

@@ -34,6 +34,9 @@ using DevicePlaneFactory = Status (*)(const Config& config, MPI_Comm comm, const
                                       std::unique_ptr<DataPlane>* plane);
 void SetDevicePlaneFactoryForTesting(DevicePlaneFactory factory);
 DevicePlaneFactory DevicePlaneFactoryForTesting();
+// The factory to give it for that: a DevicePlane over HostDeviceBackend, in any build.
+Status MakeHostBackedDevicePlane(const Config& config, MPI_Comm comm, const Device& device,
+                                 std::unique_ptr<DataPlane>* plane);
 
 // True when this build reduces device tensors (it was built with CUDA).
 bool BuiltWithCuda();

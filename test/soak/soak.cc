@@ -17,6 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "ops/device/device_plane_factory.h"
+#include "ops/device/producer_readiness.h"
+#include "runtime/host_stream.h"
 #include "test/soak/soak_options.h"
 #include "test/soak/soak_plan.h"
 #include "test/soak/soak_probe.h"
@@ -35,6 +38,13 @@ std::vector<std::vector<int>> InitSets(int size) {
     if (s.back() < size && static_cast<int>(s.size()) < size) sets.push_back(s);
   }
   return sets;
+}
+
+// --device-tensors: a producer stream is the StepRunner's HostStream, handed over as if it were a
+// cudaStream_t.
+Status RecordOnHostStream(void* stream, int, std::shared_ptr<StreamEvent>* ready) {
+  *ready = static_cast<HostStream*>(stream)->Record();
+  return Status::OK();
 }
 
 std::string BroadcastString(std::string value) {
@@ -65,6 +75,7 @@ void PrintHeader(const Options& options, int size, const std::vector<std::vector
     text += ", plans repeat every " + std::to_string(options.repeat_every);
   if (options.steady_steps > 0)
     text += ", steady stretches of " + std::to_string(options.steady_steps) + " steps";
+  if (options.device_tensors) text += ", device tensors over the host backend";
   text += ", init sets";
   for (const std::vector<int>& s : sets) {
     text += " {";
@@ -100,6 +111,10 @@ int Run(const Options& options, int rank, int size) {
     }
   }
 
+  if (options.device_tensors) {
+    SetDevicePlaneFactoryForTesting(&MakeHostBackedDevicePlane);
+    SetReadinessRecorderForTesting(&RecordOnHostStream);
+  }
   InitOptions init_options;
   init_options.process_sets = init_sets;
   watchdog.Enter("init", -1);
@@ -124,7 +139,8 @@ int Run(const Options& options, int rank, int size) {
   config.steady_steps = static_cast<int>(options.steady_steps);
   const Planner planner(config, set_lists);
   StepRunner runner(planner, process_sets(), options.seed,
-                    std::chrono::milliseconds(static_cast<int64_t>(options.wait_seconds * 1000)));
+                    std::chrono::milliseconds(static_cast<int64_t>(options.wait_seconds * 1000)),
+                    options.device_tensors);
   Failures failures(rank, 20);
   Tally tally;
 
@@ -170,6 +186,8 @@ int Run(const Options& options, int rank, int size) {
   } catch (const Error& e) {
     report.Fail(std::string("shutdown() threw ") + e.what());
   }
+  SetDevicePlaneFactoryForTesting(nullptr);
+  SetReadinessRecorderForTesting(nullptr);
   watchdog.Leave();
   if (failures.count() > 0) report.Fail(std::to_string(failures.count()) + " failed checks");
   return report.Finish(&tally, timeline_file, timeline_dir, options.keep_timeline);

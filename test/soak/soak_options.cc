@@ -25,6 +25,9 @@ const char* const kUsage =
     "                       followed by a step that deviates from it and a random one, without\n"
     "                       the process sets made at init, so that the schedule locks and\n"
     "                       unlocks; the timeline must show it ran locked (0: off)\n"
+    "  --device-tensors     every tensor a device tensor (cuda:0 in host memory) through the\n"
+    "                       device plane over the host backend, the path a GPU's tensors take;\n"
+    "                       half of them written by a producer stream after their enqueue\n"
     "  --wait-seconds W     a step's handles must all complete within W s (60)\n"
     "  --hang-seconds H     abort the job when a blocking call takes longer (2 W + 30)\n"
     "  --rss-bound-mib B    allowed growth of resident memory outside node shared memory after\n"
@@ -105,6 +108,10 @@ bool ParseOptions(int argc, char** argv, Options* o, std::string* error) {
     const std::string flag = argv[i];
     if (flag == "--keep-timeline") {
       o->keep_timeline = true;
+      continue;
+    }
+    if (flag == "--device-tensors") {
+      o->device_tensors = true;
       continue;
     }
     if (flag == "--no-memory-bounds") {

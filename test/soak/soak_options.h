@@ -28,6 +28,9 @@ struct Options {
   // Non-zero: the steady mode (soak_plan.h), stretches of this many identical steps, without the
   // process sets created at init (the global set locks only while it is the only set).
   int64_t steady_steps = 0;
+  // Every tensor labelled cuda:0 and reduced through the device plane over the host backend (no
+  // GPU needed), half of them written by a producer stream after their enqueue.
+  bool device_tensors = false;
   double wait_seconds = 60;  // per step, for all its handles
   double hang_seconds =
       0;  // a blocking call (join, shutdown, ...) longer than this aborts; 0: auto

@@ -2,7 +2,9 @@
 #include "test/soak/soak_run.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -29,11 +31,12 @@ void Failures::Add(const std::string& what) {
 }
 
 StepRunner::StepRunner(const Planner& planner, std::vector<ProcessSet> sets, uint64_t seed,
-                       std::chrono::milliseconds wait_limit)
+                       std::chrono::milliseconds wait_limit, bool device_tensors)
     : planner_(planner),
       sets_(std::move(sets)),
       seed_(seed),
       wait_limit_(wait_limit),
+      device_tensors_(device_tensors),
       rank_(gradsync::rank()),
       size_(gradsync::size()) {}
 
@@ -57,6 +60,31 @@ std::string StepRunner::Describe(const Live& live, size_t tensor) const {
   for (int r : *live.members) out << ' ' << r;
   out << ")";
   return out.str();
+}
+
+TensorView StepRunner::View(Buffer* buffer) const {
+  TensorView view = buffer->view();
+  if (device_tensors_) view.device = Device::Cuda(0);
+  return view;
+}
+
+void StepRunner::ProduceLater(Live* live, Buffer* input) {
+  // The values move to a copy, the input holds a pattern no result can come from, and the
+  // producer writes the values back a little later: a collective that read the input before the
+  // producer's event would reduce or move the pattern.
+  auto values = std::make_unique<Buffer>(input->dtype(), input->shape());
+  const size_t bytes = static_cast<size_t>(input->bytes());
+  if (bytes > 0) std::memcpy(values->data(), input->data(), bytes);
+  if (bytes > 0) std::memset(input->data(), 0xA5, bytes);
+  const auto delay =
+      std::chrono::microseconds(Mix(seed_, reinterpret_cast<uintptr_t>(input)) % 200);
+  void* to = input->data();
+  const void* from = values->data();
+  producer_.Enqueue([to, from, bytes, delay] {
+    std::this_thread::sleep_for(delay);
+    if (bytes > 0) std::memcpy(to, from, bytes);
+  });
+  live->produced.push_back(std::move(values));
 }
 
 int StepRunner::Run(const StepPlan& plan, Tally* tally, Failures* failures) {
@@ -177,6 +205,9 @@ bool StepRunner::RunOps(const StepPlan& plan, const std::vector<OpPlan>& ops,
   if (!all_done) {
     for (auto& live : lives) abandoned_.push_back(std::move(live));
   }
+  // The producer's writes that no completed operation waited for (an operation that failed
+  // first) land before their buffers go.
+  if (device_tensors_) producer_.Record()->Wait(kWaitForever);
   lives.clear();
   // Abandoned buffers may still be written by gradsync, so their arena is never recycled.
   if (abandoned_.empty()) StepArena::Get().Reset();
@@ -229,6 +260,7 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
   // Local choices that other ranks cannot see: out-of-place outputs and callbacks.
   live->out_of_place = op.kind == Kind::kAllreduce && !op.grouped && local_choice % 3 == 0;
   live->callback = !op.grouped && op.kind != Kind::kBarrier && (local_choice >> 8) % 2 == 0;
+  const bool produced_later = device_tensors_ && (local_choice >> 24) % 2 == 0;
   live->outputs.resize(count);
   std::vector<TensorView> views;
   std::vector<Allocator> allocators;
@@ -274,10 +306,13 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
       case Kind::kBarrier:
         break;
     }
-    views.push_back(in->view());
+    if (produced_later) ProduceLater(live, in.get());
+    views.push_back(View(in.get()));
     allocators.push_back(Into(&live->outputs[t]));
     live->inputs.push_back(std::move(in));
   }
+  DeviceReadiness ready;
+  if (produced_later) ready.cuda_stream = &producer_;
   CompletionCallback callback;
   if (live->callback) {
     callback = [live](const Status& s) {
@@ -294,6 +329,8 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
         o.prescale = op.prescale;
         o.postscale = op.postscale;
         o.process_set = set;
+        o.ready = ready;
+        o.ready = ready;
         live->handles = grouped_allreduce(views, o);
         break;
       }
@@ -304,9 +341,10 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
       o.postscale = op.postscale;
       o.on_complete = callback;
       o.process_set = set;
+      o.ready = ready;
       if (live->out_of_place) {
         live->outputs[0] = std::make_unique<Buffer>(op.tensors[0].dtype, live->inputs[0]->shape());
-        live->handles = {allreduce(views[0], live->outputs[0]->view(), o)};
+        live->handles = {allreduce(views[0], View(live->outputs[0].get()), o)};
       } else {
         // Half of the in-place ones pass the same view as input and output.
         live->handles = {(local_choice >> 16) % 2 ? allreduce(views[0], views[0], o)
@@ -319,6 +357,8 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
         GroupedAllgatherOptions o;
         o.names = names;
         o.process_set = set;
+        o.ready = ready;
+        o.ready = ready;
         live->handles = grouped_allgather(views, allocators, o);
         break;
       }
@@ -326,6 +366,7 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
       o.name = names[0];
       o.on_complete = callback;
       o.process_set = set;
+      o.ready = ready;
       live->handles = {allgather(views[0], allocators[0], o)};
       break;
     }
@@ -334,6 +375,7 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
       o.name = names[0];
       o.on_complete = callback;
       o.process_set = set;
+      o.ready = ready;
       // The plan's root is a rank within the set; the call takes its global rank.
       live->handles = {broadcast(views[0], set.ranks()[static_cast<size_t>(op.root)], o)};
       break;
@@ -346,6 +388,8 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
         o.prescale = op.prescale;
         o.postscale = op.postscale;
         o.process_set = set;
+        o.ready = ready;
+        o.ready = ready;
         live->handles = grouped_reducescatter(views, allocators, o);
         break;
       }
@@ -356,6 +400,7 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
       o.postscale = op.postscale;
       o.on_complete = callback;
       o.process_set = set;
+      o.ready = ready;
       live->handles = {reducescatter(views[0], allocators[0], o)};
       break;
     }
@@ -365,6 +410,7 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
       if (!op.even_splits) o.splits = op.tensors[0].splits[static_cast<size_t>(me)];
       o.on_complete = callback;
       o.process_set = set;
+      o.ready = ready;
       live->handles = {alltoall(views[0], allocators[0], o)};
       break;
     }

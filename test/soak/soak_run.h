@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/host_stream.h"
 #include "test/soak/soak_plan.h"
 #include "test/soak/soak_values.h"
 
@@ -55,8 +56,11 @@ class Failures {
 class StepRunner {
  public:
   // `sets[i]` is the ProcessSet of planner.sets()[i].
+  // `device_tensors`: every tensor labelled cuda:0, for a device plane over the host backend;
+  // half of the operations then name a producer stream (a HostStream standing in for a
+  // cudaStream_t: give SetReadinessRecorderForTesting a recorder that records on it).
   StepRunner(const Planner& planner, std::vector<ProcessSet> sets, uint64_t seed,
-             std::chrono::milliseconds wait_limit);
+             std::chrono::milliseconds wait_limit, bool device_tensors = false);
   ~StepRunner();
   // Runs `plan` on this rank. Returns what join() returned on a join step, -1 otherwise.
   int Run(const StepPlan& plan, Tally* tally, Failures* failures);
@@ -76,11 +80,17 @@ class StepRunner {
             Failures* failures);
   void Check(Live* live, const std::vector<int>& contributors, int divisor, Failures* failures);
   std::string Describe(const Live& live, size_t tensor) const;
+  // The buffer as the operation is given it: on the host, or labelled cuda:0.
+  TensorView View(Buffer* buffer) const;
+  // Hands the writing of `input`'s values to the producer stream.
+  void ProduceLater(Live* live, Buffer* input);
 
   const Planner& planner_;
   std::vector<ProcessSet> sets_;
   uint64_t seed_;
   std::chrono::milliseconds wait_limit_;
+  bool device_tensors_;
+  HostStream producer_;  // writes the inputs of operations given it as their producer
   int rank_;
   int size_;
   int64_t step_ = 0;
@@ -100,7 +110,8 @@ struct StepRunner::Live {
   uint64_t choice = 0;        // this rank's local choices for the operation
   std::string enqueue_error;  // what the enqueue threw, if it did
   std::vector<std::unique_ptr<Buffer>> inputs;
-  std::vector<std::unique_ptr<Buffer>> outputs;  // out-of-place results and allocator memory
+  std::vector<std::unique_ptr<Buffer>> outputs;   // out-of-place results and allocator memory
+  std::vector<std::unique_ptr<Buffer>> produced;  // values the producer stream writes in
   std::vector<Handle> handles;
   std::atomic<int> callbacks{0};
   std::atomic<int> failed_callbacks{0};
