@@ -2,8 +2,11 @@
 
 #include <chrono>
 #include <climits>
+#include <string>
 #include <thread>
+#include <utility>
 
+#include "runtime/logging.h"
 #include "runtime/mpi_context.h"
 
 namespace gradsync {
@@ -26,16 +29,29 @@ Status CheckMessageSize(size_t bytes, const char* what) {
 
 }  // namespace
 
-Status WaitWithBackoff(MPI_Request* request, const char* call, FirstLooks first_looks) {
+Status WaitWithBackoff(MPI_Request* request, const char* call, FirstLooks first_looks,
+                       const LongWaitWarning* long_wait) {
   const auto start = std::chrono::steady_clock::now();
+  const bool warns = long_wait != nullptr && long_wait->every_seconds > 0;
+  const auto warn_every = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(warns ? long_wait->every_seconds : 0));
+  auto next_warning = start + warn_every;
   auto sleep = kFirstSleep;
   for (;;) {
     int done = 0;
     GRADSYNC_RETURN_IF_ERROR(MpiResult(MPI_Test(request, &done, MPI_STATUS_IGNORE), call));
     if (done) return Status::OK();
-    if (first_looks != FirstLooks::kNone && std::chrono::steady_clock::now() - start < kPollFor) {
+    const auto now = std::chrono::steady_clock::now();
+    if (first_looks != FirstLooks::kNone && now - start < kPollFor) {
       if (first_looks == FirstLooks::kYield) std::this_thread::yield();
       continue;
+    }
+    if (warns && now >= next_warning) {
+      Log().warn(
+          "{}: {} has waited {:.0f} s for the other ranks; a rank whose background thread does "
+          "not take part in negotiation (blocked, or in another part of the protocol) holds it",
+          long_wait->what, call, std::chrono::duration<double>(now - start).count());
+      next_warning += warn_every;
     }
     std::this_thread::sleep_for(sleep);
     sleep =
@@ -43,8 +59,8 @@ Status WaitWithBackoff(MPI_Request* request, const char* call, FirstLooks first_
   }
 }
 
-MpiControlChannel::MpiControlChannel(MPI_Comm comm, bool spin_first)
-    : comm_(comm), spin_first_(spin_first) {
+MpiControlChannel::MpiControlChannel(MPI_Comm comm, bool spin_first, LongWaitWarning long_wait)
+    : comm_(comm), spin_first_(spin_first), long_wait_(std::move(long_wait)) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
 }
@@ -52,7 +68,7 @@ MpiControlChannel::MpiControlChannel(MPI_Comm comm, bool spin_first)
 Status MpiControlChannel::Wait(MPI_Request* request, const char* call) const {
   const FirstLooks first_looks =
       patient_ ? FirstLooks::kNone : (spin_first_ ? FirstLooks::kSpin : FirstLooks::kYield);
-  return WaitWithBackoff(request, call, first_looks);
+  return WaitWithBackoff(request, call, first_looks, &long_wait_);
 }
 
 Status MpiControlChannel::AllreduceAnd(std::vector<uint64_t>* words) {

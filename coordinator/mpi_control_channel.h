@@ -10,19 +10,33 @@
 // cost a lone small collective hundreds of microseconds. A patient channel (SetPatient) skips the
 // polling and sleeps from the first look.
 //
+// A round completes only once every rank's background thread has joined it. One that waits longer
+// than GRADSYNC_STALL_WARNING_SECONDS means a peer's thread is not negotiating (it is stuck, or
+// in another part of the protocol): the channel says so in a warning, again each such period,
+// so that such a wait is never silent.
+//
 // Used by the background thread only.
 #pragma once
 
 #include <mpi.h>
 
+#include <string>
+
 #include "coordinator/control_channel.h"
 
 namespace gradsync {
 
+// Where a wait that lasts says so: a warning naming `what` each `every_seconds` it has waited
+// (0: never).
+struct LongWaitWarning {
+  double every_seconds = 0;
+  std::string what;
+};
+
 class MpiControlChannel : public ControlChannel {
  public:
   // `spin_first`: poll without yielding for the first 200 microseconds.
-  MpiControlChannel(MPI_Comm comm, bool spin_first);
+  MpiControlChannel(MPI_Comm comm, bool spin_first, LongWaitWarning long_wait = {});
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -37,6 +51,7 @@ class MpiControlChannel : public ControlChannel {
 
   MPI_Comm comm_;
   bool spin_first_;
+  LongWaitWarning long_wait_;
   bool patient_ = false;
   int rank_ = 0;
   int size_ = 1;
@@ -45,7 +60,9 @@ class MpiControlChannel : public ControlChannel {
 // How WaitWithBackoff spends the first 200 microseconds, before it sleeps in growing steps.
 enum class FirstLooks { kSpin, kYield, kNone };
 
-// Completes `request` by MPI_Test with backoff (see above). `call` names the operation in errors.
-Status WaitWithBackoff(MPI_Request* request, const char* call, FirstLooks first_looks);
+// Completes `request` by MPI_Test with backoff (see above). `call` names the operation in errors
+// and warnings; `long_wait`, when given, warns of a long wait.
+Status WaitWithBackoff(MPI_Request* request, const char* call, FirstLooks first_looks,
+                       const LongWaitWarning* long_wait = nullptr);
 
 }  // namespace gradsync

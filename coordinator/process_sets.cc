@@ -46,7 +46,10 @@ ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Com
     : id_(id),
       ranks_(std::move(ranks)),
       owned_comms_(std::move(owned)),
-      channel_(std::make_unique<MpiControlChannel>(control, spin_first)),
+      channel_(std::make_unique<MpiControlChannel>(
+          control, spin_first,
+          LongWaitWarning{config.stall_warning_seconds,
+                          "process set " + std::to_string(id) + "'s negotiation"})),
       // The global set's ranks are their own labels; a subset's messages name global ranks.
       negotiator_(std::make_unique<Negotiator>(channel_.get(), config, nullptr, timeline,
                                                id_ == 0 ? std::vector<int>() : ranks_)),
