@@ -74,8 +74,10 @@ void StepRunner::ProduceLater(Live* live, Buffer* input) {
   // producer's event would reduce or move the pattern.
   auto values = std::make_unique<Buffer>(input->dtype(), input->shape());
   const size_t bytes = static_cast<size_t>(input->bytes());
-  if (bytes > 0) std::memcpy(values->data(), input->data(), bytes);
-  if (bytes > 0) std::memset(input->data(), 0xA5, bytes);
+  if (bytes > 0) {
+    std::memcpy(values->data(), input->data(), bytes);
+    std::memset(input->data(), 0xA5, bytes);
+  }
   const auto delay =
       std::chrono::microseconds(Mix(seed_, reinterpret_cast<uintptr_t>(input)) % 200);
   void* to = input->data();
@@ -330,7 +332,6 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
         o.postscale = op.postscale;
         o.process_set = set;
         o.ready = ready;
-        o.ready = ready;
         live->handles = grouped_allreduce(views, o);
         break;
       }
@@ -357,7 +358,6 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
         GroupedAllgatherOptions o;
         o.names = names;
         o.process_set = set;
-        o.ready = ready;
         o.ready = ready;
         live->handles = grouped_allgather(views, allocators, o);
         break;
@@ -388,7 +388,6 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
         o.prescale = op.prescale;
         o.postscale = op.postscale;
         o.process_set = set;
-        o.ready = ready;
         o.ready = ready;
         live->handles = grouped_reducescatter(views, allocators, o);
         break;
