@@ -73,6 +73,7 @@ LockSettings LockSettings::From(const Config& config) {
   s.wait_seconds = std::min(config.lock_wait_ms / 1e3, config.stall_warning_seconds / 2);
   s.stall_warning_seconds = config.stall_warning_seconds;
   s.stall_shutdown_seconds = config.stall_shutdown_seconds;
+  s.longest_step = static_cast<size_t>(std::max<int64_t>(config.cache_capacity, 1));
   return s;
 }
 
@@ -106,7 +107,10 @@ void LockedSchedule::Observe(const CycleOutcome& outcome) {
     current_.name_hashes.insert(name_hash);
     current_.fingerprint += Mix(name_hash, ParameterHash(r));  // a sum: free of order
     current_.lockable &= Lockable(r.type) && outcome.entries[i] != nullptr && !outcome.joined;
-    if (current_.count == previous_.count && current_.fingerprint == previous_.fingerprint) {
+    if (current_.count > settings_.longest_step) {
+      current_.lockable = false;  // the same on every rank: the count follows the responses
+      CloseStep();
+    } else if (current_.count == previous_.count && current_.fingerprint == previous_.fingerprint) {
       CloseStep();
     }
   }

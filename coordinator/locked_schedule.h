@@ -57,6 +57,11 @@ struct LockSettings {
   double wait_seconds = 1.0;  // GRADSYNC_LOCK_WAIT_MS
   double stall_warning_seconds = 60.0;
   double stall_shutdown_seconds = 300.0;  // 0: never
+  // The most names a step may hold and still count; a longer one is cut there and never locks.
+  // It could not lock anyway (Lock() finds every name in the response cache, which holds
+  // GRADSYNC_CACHE_CAPACITY), and names that never come back (unnamed operations, each named
+  // after its call) would otherwise grow the step without end.
+  size_t longest_step = 1024;
 
   static LockSettings From(const Config& config);
 };
@@ -120,6 +125,8 @@ class LockedSchedule {
 
   // Diagnostics.
   size_t planned_buckets() const { return buckets_.size(); }
+  // The names the observed steps keep storage for: two steps of at most longest_step + 1.
+  size_t observed_names_kept() const { return current_.names.size() + previous_.names.size(); }
 
  private:
   struct PlannedBucket {

@@ -150,7 +150,6 @@ Status ProcessSets::Remove(int32_t id, std::vector<TensorEntry*>* orphaned) {
     sets_.erase(it);  // frees the set's communicators on every member at the same point
   }
   registry_->Remove(id);
-  removed_.insert(id);
   Log().debug("process set {} removed", id);
   return Status::OK();
 }
@@ -176,7 +175,8 @@ ProcessSetRuntime* ProcessSets::Find(int32_t id) {
 }
 
 Status ProcessSets::Unavailable(int32_t id) const {
-  if (removed_.count(id) != 0) {
+  ProcessSetInfo info;
+  if (id > 0 && id < next_id_ && !registry_->Find(id, &info)) {
     return Status::Shutdown("process set " + std::to_string(id) +
                             " was removed while this operation was pending");
   }

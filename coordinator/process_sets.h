@@ -20,7 +20,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -165,8 +164,8 @@ class ProcessSets {
   Timeline* timeline_;
   ProcessSetRegistry* registry_;
   std::map<int32_t, std::unique_ptr<ProcessSetRuntime>> sets_;
+  // Ids are never reused: one below this that the registry no longer holds was removed.
   int32_t next_id_ = 1;
-  std::set<int32_t> removed_;
 };
 
 // Fails unless every rank of `comm` passed the same `values`; the Mismatch says what each rank

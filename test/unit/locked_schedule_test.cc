@@ -33,6 +33,40 @@ TEST(LockedScheduleTest, ReadyAfterTheConfiguredIdenticalSteps) {
   EXPECT_TRUE(schedule.ready());
 }
 
+// Unnamed operations are each named after their call, so no name comes back to end a step: the
+// step is cut at the longest a lock could take, and what it keeps stays bounded.
+TEST(LockedScheduleTest, NamesThatNeverComeBackKeepTheStepBounded) {
+  InProcessLockHub hub(1);
+  LockSettings settings = FastSettings(2);
+  settings.longest_step = 8;
+  LockedSchedule schedule(hub.Channel(0), settings, 0);
+  for (int i = 0; i < 1000; ++i) {
+    Observed call({"gradsync.allreduce." + std::to_string(i)});
+    schedule.Observe(call.Outcome());
+  }
+  EXPECT_LE(schedule.observed_names_kept(), 2 * (settings.longest_step + 1));
+  EXPECT_FALSE(schedule.ready());
+  // A loop of that many tensors settles into whole steps again and locks.
+  Observed step(Names(8));
+  for (int i = 0; i < 4; ++i) schedule.Observe(step.Outcome());
+  EXPECT_TRUE(schedule.ready());
+}
+
+TEST(LockedScheduleTest, AStepLongerThanTheLongestNeverLocks) {
+  InProcessLockHub hub(1);
+  LockSettings settings = FastSettings(2);
+  settings.longest_step = 8;
+  LockedSchedule fits(hub.Channel(0), settings, 0);
+  Observed eight(Names(8));
+  for (int i = 0; i < 2; ++i) fits.Observe(eight.Outcome());
+  EXPECT_TRUE(fits.ready());
+  InProcessLockHub other_hub(1);
+  LockedSchedule too_long(other_hub.Channel(0), settings, 0);
+  Observed nine(Names(9));
+  for (int i = 0; i < 6; ++i) too_long.Observe(nine.Outcome());
+  EXPECT_FALSE(too_long.ready());
+}
+
 TEST(LockedScheduleTest, LockingMidStepRunsOnlyWhatTheStepHasLeft) {
   InProcessLockHub hub(1);
   LockedSchedule schedule(hub.Channel(0), FastSettings(2), 0);
