@@ -12,6 +12,7 @@
 
 #include "ops/device/device_events.h"
 #include "ops/device/producer_readiness.h"
+#include "runtime/generated_name.h"
 #include "runtime/op_state.h"
 #include "runtime/thread_role.h"
 
@@ -72,17 +73,14 @@ void ThrowIfUnrecorded(const Runtime& rt, const TensorEntry* entry, const Status
 void NameIfUnnamed(Runtime& rt, TensorEntry* entry) {
   if (!entry->name.empty()) return;
   const auto op = static_cast<int>(entry->op);
-  if (entry->process_set == 0) {
-    entry->name = OpTypeName(entry->op) + ".noname." + std::to_string(rt.unnamed_counters[op]++);
-    return;
-  }
   uint64_t n = 0;
-  {
+  if (entry->process_set == 0) {
+    n = rt.unnamed_counters[op]++;
+  } else {
     std::lock_guard<std::mutex> lock(rt.unnamed_in_sets_mu);
     n = rt.unnamed_in_sets[{op, entry->process_set}]++;
   }
-  entry->name = OpTypeName(entry->op) + ".set" + std::to_string(entry->process_set) + ".noname." +
-                std::to_string(n);
+  entry->name = GeneratedName(OpTypeName(entry->op), entry->process_set, n);
 }
 
 }  // namespace

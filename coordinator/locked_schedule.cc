@@ -88,8 +88,9 @@ void LockedSchedule::Observe(const CycleOutcome& outcome) {
   if (!settings_.enabled) return;
   for (size_t i = 0; i < outcome.responses.size(); ++i) {
     const Response& r = *outcome.responses[i];
-    const uint64_t name_hash = HashName(r.name);
-    if (current_.name_hashes.count(name_hash) != 0) CloseStep();
+    bool generated = false;
+    const uint64_t name_hash = StepKey(r.name, &generated);
+    if (!generated && current_.name_hashes.count(name_hash) != 0) CloseStep();
     if (current_.count == current_.names.size()) {
       current_.names.emplace_back();
       current_.waits_before.emplace_back();
@@ -104,7 +105,7 @@ void LockedSchedule::Observe(const CycleOutcome& outcome) {
     }
     current_.waits_before[current_.count] = waits;
     current_.names[current_.count++] = r.name;  // assigning keeps the string's storage
-    current_.name_hashes.insert(name_hash);
+    if (!generated) current_.name_hashes.insert(name_hash);
     current_.fingerprint += Mix(name_hash, ParameterHash(r));  // a sum: free of order
     current_.lockable &= Lockable(r.type) && outcome.entries[i] != nullptr && !outcome.joined;
     if (current_.count > settings_.longest_step) {
@@ -123,11 +124,7 @@ void LockedSchedule::CloseStep() {
   streak_ = !current_.lockable ? 0 : same ? streak_ + 1 : 1;
   cut_streak_ = same && current_.cuts == previous_.cuts ? cut_streak_ + 1 : 1;
   std::swap(previous_, current_);
-  current_.count = 0;
-  current_.name_hashes.clear();
-  current_.fingerprint = 0;
-  current_.cuts = 0;
-  current_.lockable = true;
+  current_.Restart();
 }
 
 bool LockedSchedule::ready() const {
@@ -148,16 +145,27 @@ Status LockedSchedule::Lock(const FusionSettings& fusion, const CachedResponse& 
     }
     order.push_back(std::move(response));
   }
+  // Generated names whose numbers leave gaps were not one loop's: on every rank alike.
+  if (!unnamed_.Build(previous_.names, previous_.count)) {
+    streak_ = 0;
+    return Status::OK();
+  }
   buckets_.clear();
   positions_ = NameTable<Position>();
+  step_positions_.assign(order.size(), Position());
   plan_fingerprint_ = Mix(static_cast<uint64_t>(set_id_), order.size());
   for (const std::vector<size_t>& planned : PlanBuckets(order, fusion)) {
     PlannedBucket bucket;
     for (size_t i : planned) {
       const Response& r = *order[i];
-      positions_.Insert(NameKey(r.name), Position{static_cast<uint32_t>(buckets_.size()),
-                                                  static_cast<uint32_t>(bucket.responses.size())});
-      plan_fingerprint_ = Mix(Mix(plan_fingerprint_, HashName(r.name)), ParameterHash(r));
+      const Position position{static_cast<uint32_t>(buckets_.size()),
+                              static_cast<uint32_t>(bucket.responses.size())};
+      step_positions_[i] = position;
+      int64_t unused;
+      if (unnamed_.empty() || !unnamed_.Find(r.name, &unused)) {
+        positions_.Insert(NameKey(r.name), position);
+      }
+      plan_fingerprint_ = Mix(Mix(plan_fingerprint_, unnamed_.KeyOf(r.name)), ParameterHash(r));
       bucket.responses.push_back(order[i]);
     }
     bucket.slots.assign(bucket.responses.size(), nullptr);
@@ -167,7 +175,7 @@ Status LockedSchedule::Lock(const FusionSettings& fusion, const CachedResponse& 
   }
   // The step under way (the same on every rank) goes on from where negotiation left it.
   for (size_t i = 0; i < current_.count; ++i) {
-    const Position* position = positions_.Find(NameKey(current_.names[i]));
+    const Position* position = FindPosition(NameKey(current_.names[i]));
     if (position == nullptr) {
       streak_ = 0;
       return Status::OK();
@@ -222,9 +230,34 @@ Status LockedSchedule::RunCycle(const std::vector<TensorEntry*>& fresh, bool rel
   return Advance(out, poll_peers);
 }
 
+const LockedSchedule::Position* LockedSchedule::FindPosition(const NameKey& key) const {
+  int64_t slot = -1;
+  if (!unnamed_.empty() && unnamed_.Find(key.name, &slot)) {
+    return slot < 0 ? nullptr : &step_positions_[static_cast<size_t>(slot)];
+  }
+  return positions_.Find(key);
+}
+
+bool LockedSchedule::AheadOfPlan(const Position& position) const {
+  for (size_t b = cursor_; b != position.bucket; b = (b + 1) % buckets_.size()) {
+    if (!buckets_[b].full()) return true;
+  }
+  const PlannedBucket& bucket = buckets_[position.bucket];
+  for (size_t i = 0; i < position.index; ++i) {
+    if (bucket.slots[i] == nullptr && !bucket.done[i]) return true;
+  }
+  return false;
+}
+
 void LockedSchedule::Place(TensorEntry* entry, double now) {
-  const Position* position = positions_.Find(entry->key());
-  if (position != nullptr) {
+  const Position* position = FindPosition(entry->key());
+  int64_t unused;
+  // An unnamed operation goes where its number puts it, which is where it belongs only if this
+  // rank has submitted what comes before it (one more than the steps have would take the next
+  // step's place, and wait there for that step's tensors).
+  const bool ahead = position != nullptr && !unnamed_.empty() &&
+                     unnamed_.Find(entry->name, &unused) && AheadOfPlan(*position);
+  if (position != nullptr && !ahead) {
     PlannedBucket& bucket = buckets_[position->bucket];
     const Response& planned = *bucket.responses[position->index];
     TensorEntry*& slot = bucket.slots[position->index];
@@ -243,6 +276,10 @@ void LockedSchedule::Place(TensorEntry* entry, double now) {
     leave_reason_ = "this rank called join()";
   } else if (position == nullptr) {
     leave_reason_ = "this rank submitted " + what + ", which is not in the locked plan";
+  } else if (ahead) {
+    leave_reason_ = "this rank submitted " + what +
+                    " before the tensors the locked plan puts ahead of it (unnamed operations "
+                    "are placed by their order)";
   } else {
     leave_reason_ = "this rank submitted " + what + " with other parameters than the locked plan's";
   }
@@ -412,11 +449,7 @@ std::vector<TensorEntry*> LockedSchedule::TakeAllHeld() {
   locked_ = false;
   streak_ = 0;
   cut_streak_ = 0;
-  current_.count = 0;
-  current_.name_hashes.clear();
-  current_.fingerprint = 0;
-  current_.cuts = 0;
-  current_.lockable = true;
+  current_.Restart();
   return held;
 }
 

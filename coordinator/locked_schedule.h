@@ -46,6 +46,7 @@
 #include "coordinator/lock_channel.h"
 #include "coordinator/message.h"
 #include "coordinator/negotiator.h"
+#include "coordinator/unnamed_plan.h"
 #include "runtime/config.h"
 #include "runtime/name_table.h"
 
@@ -150,10 +151,19 @@ class LockedSchedule {
     std::vector<std::string> names;
     std::vector<uint64_t> waits_before;  // each name's entry's TensorEntry::waits_before
     size_t count = 0;
-    std::unordered_set<uint64_t> name_hashes;
+    std::unordered_set<uint64_t> name_hashes;  // of its named tensors
     uint64_t fingerprint = 0;
     uint64_t cuts = 0;  // this rank's own: a sum over the names that follow a wait
     bool lockable = true;
+
+    // Empty again, keeping the names' storage.
+    void Restart() {
+      count = 0;
+      name_hashes.clear();
+      fingerprint = 0;
+      cuts = 0;
+      lockable = true;
+    }
   };
 
   void CloseStep();
@@ -166,6 +176,12 @@ class LockedSchedule {
   void AdvanceCursor();
   // Ends the first step's exceptions for `bucket`: its slots all belong to this turn again.
   static void EndFirstStep(PlannedBucket* bucket);
+  // Where the plan puts the tensor named `key`: by name, or for a generated name (unnamed_) by its
+  // number. Null when the plan has no place for it.
+  const Position* FindPosition(const NameKey& key) const;
+  // Whether this rank has not yet submitted all the plan puts before `position`, from the cursor
+  // on: an unnamed operation placed by number there would be one the steps do not have.
+  bool AheadOfPlan(const Position& position) const;
   void Place(TensorEntry* entry, double now);
   // Exchanges and emits until nothing more can happen without waiting.
   Status Advance(LockedCycle* out, bool poll_peers);
@@ -197,7 +213,9 @@ class LockedSchedule {
   bool locked_ = false;
   uint64_t plan_fingerprint_ = 0;
   std::vector<PlannedBucket> buckets_;
-  NameTable<Position> positions_;
+  NameTable<Position> positions_;         // the plan's named tensors
+  UnnamedPlan unnamed_;                   // and its generated names, by number
+  std::vector<Position> step_positions_;  // by index in the plan's step
   size_t cursor_ = 0;                     // the next bucket to exchange
   size_t held_ = 0;                       // entries in slots
   std::vector<TensorEntry*> deviations_;  // entries that do not fit the plan

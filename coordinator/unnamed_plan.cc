@@ -1,0 +1,87 @@
+#include "coordinator/unnamed_plan.h"
+
+#include <algorithm>
+
+#include "runtime/generated_name.h"
+#include "runtime/name_key.h"
+
+namespace gradsync {
+
+uint64_t StemKey(std::string_view stem, uint64_t place) {
+  uint64_t h = HashName(stem) ^ (place + 0x9E3779B97F4A7C15ull);
+  h *= 0xFF51AFD7ED558CCDull;
+  return h ^ (h >> 32);
+}
+
+uint64_t StepKey(std::string_view name, bool* generated) {
+  std::string_view stem;
+  uint64_t n = 0;
+  *generated = ParseGeneratedName(name, &stem, &n);
+  return HashName(*generated ? stem : name);
+}
+
+bool UnnamedPlan::Build(const std::vector<std::string>& names, size_t count) {
+  stems_.clear();
+  struct Seen {
+    size_t stem;
+    uint64_t n;
+    size_t index;
+  };
+  std::vector<Seen> seen;
+  for (size_t i = 0; i < count; ++i) {
+    std::string_view stem;
+    uint64_t n = 0;
+    if (!ParseGeneratedName(names[i], &stem, &n)) continue;
+    const Stem* known = FindStem(stem);
+    if (known == nullptr) {
+      stems_.push_back(Stem{std::string(stem), n, {}});
+      known = &stems_.back();
+    }
+    seen.push_back({static_cast<size_t>(known - stems_.data()), n, i});
+    stems_[seen.back().stem].first = std::min(known->first, n);
+  }
+  for (Stem& s : stems_) {
+    const size_t in_step = static_cast<size_t>(std::count_if(
+        seen.begin(), seen.end(), [&](const Seen& x) { return &stems_[x.stem] == &s; }));
+    s.step_index.assign(in_step, count);
+  }
+  for (const Seen& x : seen) {
+    Stem& s = stems_[x.stem];
+    const uint64_t offset = x.n - s.first;
+    if (offset >= s.step_index.size() || s.step_index[offset] != count) {
+      stems_.clear();  // a gap or a repeat: not one loop's numbering
+      return false;
+    }
+    s.step_index[offset] = x.index;
+  }
+  return true;
+}
+
+const UnnamedPlan::Stem* UnnamedPlan::FindStem(std::string_view stem) const {
+  for (const Stem& s : stems_) {
+    if (s.stem == stem) return &s;
+  }
+  return nullptr;
+}
+
+bool UnnamedPlan::Find(std::string_view name, int64_t* slot) const {
+  std::string_view stem;
+  uint64_t n = 0;
+  if (!ParseGeneratedName(name, &stem, &n)) return false;
+  const Stem* s = FindStem(stem);
+  *slot = s == nullptr || n < s->first
+              ? -1
+              : static_cast<int64_t>(s->step_index[(n - s->first) % s->step_index.size()]);
+  return true;
+}
+
+uint64_t UnnamedPlan::KeyOf(std::string_view name) const {
+  std::string_view stem;
+  uint64_t n = 0;
+  if (!ParseGeneratedName(name, &stem, &n)) return HashName(name);
+  const Stem* s = FindStem(stem);
+  if (s == nullptr || n < s->first) return HashName(name);
+  return StemKey(stem, (n - s->first) % s->step_index.size());
+}
+
+}  // namespace gradsync
