@@ -263,9 +263,11 @@ void Planner::SteadyOps(int64_t stretch, std::vector<OpPlan>* ops,
   for (size_t i = 0; i < count; ++i) ops->push_back(templates_[eligible[i]].home);
   spare->assign(eligible.begin() + static_cast<std::ptrdiff_t>(count), eligible.end());
   // Some stretches end every step with unnamed operations, as a loop that averages its loss does:
-  // their generated names are new at every call, and the lock places them by their order.
-  if (rng.Chance(config_.unnamed_chance)) {
-    for (int64_t i = rng.Uniform(1, 2); i > 0 && !spare->empty(); --i) {
+  // their generated names are new at every call, and the lock places them by their order. Drawn
+  // apart, so that the rest of the plan is the same with or without them.
+  Rng unnamed(Mix(seed_ ^ 0x6e6f6e616d65ull, static_cast<uint64_t>(stretch)));
+  if (unnamed.Chance(config_.unnamed_chance)) {
+    for (int64_t i = unnamed.Uniform(1, 2); i > 0 && !spare->empty(); --i) {
       OpPlan op = templates_[spare->back()].home;
       spare->pop_back();
       if (op.grouped) continue;

@@ -92,26 +92,37 @@ std::vector<std::string> StepWithUnnamed(int step) {
   return {"grad.0", "grad.1", "allreduce.noname." + std::to_string(step)};
 }
 
-TEST(LockedUnnamedScheduleTest, LocksAndRunsTheNextStepsUnnamedOperation) {
-  InProcessLockHub hub(1);
-  LockedSchedule schedule(hub.Channel(0), FastSettings(3), 0);
-  std::vector<std::unique_ptr<Observed>> steps;
-  for (int s = 0; s < 3; ++s) {
-    steps.push_back(std::make_unique<Observed>(StepWithUnnamed(s)));
-    schedule.Observe(steps.back()->Outcome());
-  }
-  ASSERT_TRUE(schedule.ready());
-  ASSERT_TRUE(schedule.Lock({}, steps.back()->Cache()).ok());
-  ASSERT_TRUE(schedule.locked());
-  for (int s = 3; s < 6; ++s) {
-    std::vector<std::unique_ptr<TensorEntry>> entries;
-    std::vector<TensorEntry*> fresh;
-    for (const std::string& name : StepWithUnnamed(s)) {
-      entries.push_back(EntryFor(name));
-      fresh.push_back(entries.back().get());
+// A schedule locked on three such steps, and the entries of later ones.
+class LockedUnnamedScheduleTest : public ::testing::Test {
+ protected:
+  LockedUnnamedScheduleTest() : schedule_(hub_.Channel(0), FastSettings(3), 0) {
+    for (int s = 0; s < 3; ++s) {
+      steps_.push_back(std::make_unique<Observed>(StepWithUnnamed(s)));
+      schedule_.Observe(steps_.back()->Outcome());
     }
+  }
+  std::vector<TensorEntry*> Entries(const std::vector<std::string>& names) {
+    std::vector<TensorEntry*> fresh;
+    for (const std::string& name : names) {
+      entries_.push_back(EntryFor(name));
+      fresh.push_back(entries_.back().get());
+    }
+    return fresh;
+  }
+
+  InProcessLockHub hub_{1};
+  LockedSchedule schedule_;
+  std::vector<std::unique_ptr<Observed>> steps_;
+  std::vector<std::unique_ptr<TensorEntry>> entries_;
+};
+
+TEST_F(LockedUnnamedScheduleTest, LocksAndRunsTheNextStepsUnnamedOperation) {
+  ASSERT_TRUE(schedule_.ready());
+  ASSERT_TRUE(schedule_.Lock({}, steps_.back()->Cache()).ok());
+  ASSERT_TRUE(schedule_.locked());
+  for (int s = 3; s < 6; ++s) {
     LockedCycle out;
-    ASSERT_TRUE(schedule.RunCycle(fresh, false, "", &out).ok());
+    ASSERT_TRUE(schedule_.RunCycle(Entries(StepWithUnnamed(s)), false, "", &out).ok());
     ASSERT_FALSE(out.unlocked) << out.reason;
     std::vector<std::string> ran;
     for (const CycleOutcome& bucket : out.buckets) {
@@ -121,32 +132,18 @@ TEST(LockedUnnamedScheduleTest, LocksAndRunsTheNextStepsUnnamedOperation) {
   }
 }
 
-TEST(LockedUnnamedScheduleTest, AnUnnamedOperationAheadOfItsStepLeaves) {
-  InProcessLockHub hub(1);
-  LockedSchedule schedule(hub.Channel(0), FastSettings(3), 0);
-  std::vector<std::unique_ptr<Observed>> steps;
-  for (int s = 0; s < 3; ++s) {
-    steps.push_back(std::make_unique<Observed>(StepWithUnnamed(s)));
-    schedule.Observe(steps.back()->Outcome());
-  }
-  ASSERT_TRUE(schedule.Lock({}, steps.back()->Cache()).ok());
-  // The fourth step's unnamed allreduce, then one more: the fifth step's place, ahead of its
-  // gradients.
-  std::vector<std::unique_ptr<TensorEntry>> entries;
-  std::vector<TensorEntry*> fresh;
-  for (const std::string& name : StepWithUnnamed(3)) {
-    entries.push_back(EntryFor(name));
-    fresh.push_back(entries.back().get());
-  }
+TEST_F(LockedUnnamedScheduleTest, AnUnnamedOperationAheadOfItsStepLeaves) {
+  ASSERT_TRUE(schedule_.Lock({}, steps_.back()->Cache()).ok());
   LockedCycle out;
-  ASSERT_TRUE(schedule.RunCycle(fresh, false, "", &out).ok());
+  ASSERT_TRUE(schedule_.RunCycle(Entries(StepWithUnnamed(3)), false, "", &out).ok());
   ASSERT_FALSE(out.unlocked);
-  auto extra = EntryFor("allreduce.noname.4");
+  // One more unnamed allreduce: the fifth step's place, ahead of that step's gradients.
+  const std::vector<TensorEntry*> extra = Entries({"allreduce.noname.4"});
   LockedCycle left;
-  ASSERT_TRUE(schedule.RunCycle({extra.get()}, false, "", &left).ok());
+  ASSERT_TRUE(schedule_.RunCycle(extra, false, "", &left).ok());
   ASSERT_TRUE(left.unlocked);
   EXPECT_NE(left.reason.find("placed by their order"), std::string::npos) << left.reason;
-  EXPECT_EQ(left.returned, std::vector<TensorEntry*>{extra.get()});
+  EXPECT_EQ(left.returned, extra);
 }
 
 }  // namespace
