@@ -22,6 +22,9 @@
 //   backward the step's tensors one at a time, each after G us of busy work, as a backward pass
 //            hands them over. Raw: the same work, each bucket reduced as above once its last
 //            tensor is there, on the caller's thread.
+//   step + unnamed  the step, then one allreduce of --one-bytes enqueued without a name and
+//            waited on, as a loop averages its loss: its generated name is new every step. Raw:
+//            the step's, then one MPI_Allreduce.
 // Before each phase's timing, a warm-up with the timeline on tells whether the schedule locked.
 #include <mpi.h>
 
@@ -167,6 +170,15 @@ class Workload {
     for (Handle& h : handles_) h.wait();
   }
 
+  // The step, then an unnamed allreduce of the first tensor's first `metric_floats` floats,
+  // waited on.
+  void StepWithUnnamed(int64_t metric_floats) {
+    Step();
+    TensorView metric = views_.front();
+    metric.shape = {metric_floats};
+    gradsync::allreduce(metric, gradsync::AllreduceOptions()).wait();
+  }
+
   // One tensor enqueued, its handle stream-ordered (as PyTorch's hooks consume device results)
   // rather than waited for: the host blocks only until the work is launched. The device planes
   // here record host events, on which the order is a host wait. Calls take the tensors in turn:
@@ -310,6 +322,14 @@ std::vector<Row> RunPhase(bool locked, const Settings& settings, int rank) {
     rows.push_back(Measure(
         "backward, " + where, [&] { raw_buckets.Step(gap); }, [&] { backward.Step(gap); }, settings,
         rank));
+    Workload unnamed("unnamed." + tag, settings.tensors, floats, device, rank);
+    rows.push_back(Measure(
+        "step + unnamed, " + where,
+        [&] {
+          raw_buckets.Step();
+          raw_one();
+        },
+        [&] { unnamed.StepWithUnnamed(std::min(one_floats, floats)); }, settings, rank));
     gradsync::shutdown();
   }
   MPI_Comm_free(&raw_comm);

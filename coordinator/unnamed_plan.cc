@@ -23,28 +23,27 @@ uint64_t StepKey(std::string_view name, bool* generated) {
 bool UnnamedPlan::Build(const std::vector<std::string>& names, size_t count) {
   stems_.clear();
   struct Seen {
-    size_t stem;
+    size_t stem;  // index into stems_
     uint64_t n;
-    size_t index;
+    size_t index;  // into names
   };
   std::vector<Seen> seen;
+  std::vector<size_t> per_stem;
   for (size_t i = 0; i < count; ++i) {
     std::string_view stem;
     uint64_t n = 0;
     if (!ParseGeneratedName(names[i], &stem, &n)) continue;
     const Stem* known = FindStem(stem);
+    const size_t k = known == nullptr ? stems_.size() : static_cast<size_t>(known - stems_.data());
     if (known == nullptr) {
       stems_.push_back(Stem{std::string(stem), n, {}});
-      known = &stems_.back();
+      per_stem.push_back(0);
     }
-    seen.push_back({static_cast<size_t>(known - stems_.data()), n, i});
-    stems_[seen.back().stem].first = std::min(known->first, n);
+    stems_[k].first = std::min(stems_[k].first, n);
+    ++per_stem[k];
+    seen.push_back({k, n, i});
   }
-  for (Stem& s : stems_) {
-    const size_t in_step = static_cast<size_t>(std::count_if(
-        seen.begin(), seen.end(), [&](const Seen& x) { return &stems_[x.stem] == &s; }));
-    s.step_index.assign(in_step, count);
-  }
+  for (size_t k = 0; k < stems_.size(); ++k) stems_[k].step_index.assign(per_stem[k], count);
   for (const Seen& x : seen) {
     Stem& s = stems_[x.stem];
     const uint64_t offset = x.n - s.first;

@@ -26,12 +26,8 @@ bool ParseGeneratedName(std::string_view name, std::string_view* stem, uint64_t*
   if (head.size() <= kMarker.size() || head.substr(head.size() - kMarker.size()) != kMarker) {
     return false;
   }
-  uint64_t value = 0;
-  for (char c : name.substr(head.size())) {
-    const uint64_t next = value * 10 + static_cast<uint64_t>(c - '0');
-    if (next / 10 != value) return false;  // past uint64_t
-    value = next;
-  }
+  uint64_t value = 0;  // at most 19 digits: within uint64_t
+  for (char c : name.substr(head.size())) value = value * 10 + static_cast<uint64_t>(c - '0');
   *stem = head;
   *n = value;
   return true;
