@@ -230,11 +230,12 @@ Status LockedSchedule::RunCycle(const std::vector<TensorEntry*>& fresh, bool rel
   return Advance(out, poll_peers);
 }
 
-const LockedSchedule::Position* LockedSchedule::FindPosition(const NameKey& key) const {
+const LockedSchedule::Position* LockedSchedule::FindPosition(const NameKey& key,
+                                                             bool* generated) const {
   int64_t slot = -1;
-  if (!unnamed_.empty() && unnamed_.Find(key.name, &slot)) {
-    return slot < 0 ? nullptr : &step_positions_[static_cast<size_t>(slot)];
-  }
+  const bool by_number = !unnamed_.empty() && unnamed_.Find(key.name, &slot);
+  if (generated != nullptr) *generated = by_number;
+  if (by_number) return slot < 0 ? nullptr : &step_positions_[static_cast<size_t>(slot)];
   return positions_.Find(key);
 }
 
@@ -250,13 +251,12 @@ bool LockedSchedule::AheadOfPlan(const Position& position) const {
 }
 
 void LockedSchedule::Place(TensorEntry* entry, double now) {
-  const Position* position = FindPosition(entry->key());
-  int64_t unused;
+  bool generated = false;
+  const Position* position = FindPosition(entry->key(), &generated);
   // An unnamed operation goes where its number puts it, which is where it belongs only if this
   // rank has submitted what comes before it (one more than the steps have would take the next
   // step's place, and wait there for that step's tensors).
-  const bool ahead = position != nullptr && !unnamed_.empty() &&
-                     unnamed_.Find(entry->name, &unused) && AheadOfPlan(*position);
+  const bool ahead = generated && position != nullptr && AheadOfPlan(*position);
   if (position != nullptr && !ahead) {
     PlannedBucket& bucket = buckets_[position->bucket];
     const Response& planned = *bucket.responses[position->index];

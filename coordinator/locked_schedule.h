@@ -177,8 +177,8 @@ class LockedSchedule {
   // Ends the first step's exceptions for `bucket`: its slots all belong to this turn again.
   static void EndFirstStep(PlannedBucket* bucket);
   // Where the plan puts the tensor named `key`: by name, or for a generated name (unnamed_) by its
-  // number. Null when the plan has no place for it.
-  const Position* FindPosition(const NameKey& key) const;
+  // number, which sets `*generated`. Null when the plan has no place for it.
+  const Position* FindPosition(const NameKey& key, bool* generated = nullptr) const;
   // Whether this rank has not yet submitted all the plan puts before `position`, from the cursor
   // on: an unnamed operation placed by number there would be one the steps do not have.
   bool AheadOfPlan(const Position& position) const;
