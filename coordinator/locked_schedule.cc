@@ -48,7 +48,7 @@ uint64_t ParameterHash(const Response& r) {
   h = Mix(Mix(h, static_cast<uint64_t>(r.root)), static_cast<uint64_t>(r.group_size));
   for (int64_t d : r.shape) h = Mix(h, static_cast<uint64_t>(d));
   for (int64_t d : r.first_dims) h = Mix(h, static_cast<uint64_t>(d));
-  return Mix(h, HashName(r.group));
+  return Mix(h, GroupKey(r.group, r.name));
 }
 
 // The collectives a plan may hold: those whose every rank's parameters a response states whole.
@@ -261,7 +261,13 @@ void LockedSchedule::Place(TensorEntry* entry, double now) {
     PlannedBucket& bucket = buckets_[position->bucket];
     const Response& planned = *bucket.responses[position->index];
     TensorEntry*& slot = bucket.slots[position->index];
-    if (slot == nullptr && ParametersMatch(planned, FieldsOf(*entry, channel_->rank()))) {
+    RequestFields fields = FieldsOf(*entry, channel_->rank());
+    // An unnamed group is known by its first member's name, new at every call as the members'.
+    if (generated && entry->group_size != 0 &&
+        GroupKey(entry->group, entry->name) == GroupKey(planned.group, planned.name)) {
+      fields.group = planned.group;
+    }
+    if (slot == nullptr && ParametersMatch(planned, fields)) {
       slot = entry;
       if (!bucket.done[position->index]) ++bucket.filled;
       ++held_;

@@ -20,6 +20,16 @@ uint64_t StepKey(std::string_view name, bool* generated) {
   return HashName(*generated ? stem : name);
 }
 
+uint64_t GroupKey(std::string_view group, std::string_view name) {
+  std::string_view group_stem, stem;
+  uint64_t first = 0, n = 0;
+  if (!ParseGeneratedName(group, &group_stem, &first) || !ParseGeneratedName(name, &stem, &n) ||
+      stem != group_stem || n < first) {
+    return HashName(group);
+  }
+  return StemKey(stem, n - first);
+}
+
 bool UnnamedPlan::Build(const std::vector<std::string>& names, size_t count) {
   stems_.clear();
   struct Seen {

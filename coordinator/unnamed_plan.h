@@ -32,6 +32,11 @@ uint64_t StemKey(std::string_view stem, uint64_t place);
 // they go in a plan is decided by their numbers, which follow the program's order.
 uint64_t StepKey(std::string_view name, bool* generated);
 
+// What a step and a plan take for the group of the tensor named `name`: the group's hash, or for
+// a group of unnamed operations, which is known by its first member's generated name and so is
+// new at every call as they are, the member's distance from that first member, which repeats.
+uint64_t GroupKey(std::string_view group, std::string_view name);
+
 class UnnamedPlan {
  public:
   // From the plan's step, `names[0..count)` in the order they ran. False when a stem's numbers in

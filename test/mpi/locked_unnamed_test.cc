@@ -1,9 +1,10 @@
 // Unnamed operations in a locked loop. gradsync names each one after its call
 // ("allreduce.noname.<n>"), so a loop that averages an unnamed loss every step never repeated a
 // step, and never locked. The lock now places them by their order in the step: such a loop locks
-// and stays right, an unnamed operation more than the steps have leaves the lock at once (not
-// after GRADSYNC_LOCK_WAIT_MS), and one fewer leaves it, as a missing tensor does, with every
-// result right. Built into locked_schedule_test's binary, under its settings.
+// and stays right (an unnamed group, known by its first member's name, too), an unnamed operation
+// more than the steps have leaves the lock at once (not after GRADSYNC_LOCK_WAIT_MS), and one fewer
+// leaves it, as a missing tensor does, with every result right. Built into locked_schedule_test's
+// binary, under its settings.
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,18 @@ class LockedUnnamedTest : public LockedScheduleTest {
     RunStep(step);
     for (int m = 0; m < metrics; ++m) UnnamedMetric(step);
   }
+
+  // Two metrics of different sizes in one unnamed grouped allreduce, waited on and checked. The
+  // group is known by its first member's generated name, so it too is new at every call.
+  void UnnamedGroup(int step) {
+    auto loss = Filled(1, 200 + step, rank_);
+    auto accuracy = Filled(3, 300 + step, rank_);
+    const std::vector<Handle> handles = grouped_allreduce({View(*loss), View(*accuracy)});
+    ASSERT_EQ(handles.size(), 2u);
+    for (const Handle& h : handles) ASSERT_TRUE(Succeeds(h)) << "step " << step;
+    ExpectSums(*loss, 200 + step, 0, size_);
+    ExpectSums(*accuracy, 300 + step, 0, size_);
+  }
 };
 
 TEST_F(LockedUnnamedTest, AnUnnamedAllreduceEachStepLocksAndStaysRight) {
@@ -39,6 +52,20 @@ TEST_F(LockedUnnamedTest, AnUnnamedAllreduceEachStepLocksAndStaysRight) {
   ASSERT_EQ(locks.size(), 1u);
   EXPECT_TRUE(unlocks.empty()) << unlocks.front();
   EXPECT_GE(LockedWaits(), 3 * (kSizes.size() + 1));
+}
+
+TEST_F(LockedUnnamedTest, AnUnnamedGroupEachStepLocksAndStaysRight) {
+  for (int step = 0; step < 12; ++step) {
+    RunStep(step);
+    UnnamedGroup(step);
+    UnnamedMetric(step);
+  }
+  const std::vector<std::string> locks = Marks("LOCK set 0");
+  const std::vector<std::string> unlocks = Marks("UNLOCK");
+  if (rank_ != 0 || !LockingOn()) return;
+  ASSERT_EQ(locks.size(), 1u);
+  EXPECT_TRUE(unlocks.empty()) << unlocks.front();
+  EXPECT_GE(LockedWaits(), 3 * (kSizes.size() + 3));
 }
 
 TEST_F(LockedUnnamedTest, OneMoreUnnamedOperationLeavesTheLockAtOnce) {

@@ -1,6 +1,6 @@
 // Generated names and how the locked schedule places them: the names' form, the keys a loop's
-// steps repeat, the plan's slots by number, and a locked schedule running a step with unnamed
-// operations, or one too many of them.
+// steps repeat (of names and of unnamed groups), the plan's slots by number, and a locked schedule
+// running a step with unnamed operations, or one too many of them.
 #include "coordinator/unnamed_plan.h"
 
 #include <gtest/gtest.h>
@@ -52,6 +52,21 @@ TEST(StepKeyTest, AGeneratedNameCountsAsItsStem) {
   EXPECT_EQ(StepKey("allreduce.noname.6", &generated), first);
   EXPECT_NE(StepKey("broadcast.noname.6", &generated), first);
   EXPECT_NE(StepKey("allreduce.set1.noname.6", &generated), first);
+}
+
+TEST(GroupKeyTest, AnUnnamedGroupCountsAsEachMembersPlaceInIt) {
+  // Two steps of one unnamed group of three: numbers 4-6, then 7-9.
+  EXPECT_EQ(GroupKey("allreduce.noname.4", "allreduce.noname.4"),
+            GroupKey("allreduce.noname.7", "allreduce.noname.7"));
+  EXPECT_EQ(GroupKey("allreduce.noname.4", "allreduce.noname.6"),
+            GroupKey("allreduce.noname.7", "allreduce.noname.9"));
+  EXPECT_NE(GroupKey("allreduce.noname.4", "allreduce.noname.5"),
+            GroupKey("allreduce.noname.7", "allreduce.noname.9"));
+  // Named groups, and the empty group of an ungrouped tensor, are their names.
+  EXPECT_EQ(GroupKey("layer1.weight", "layer1.bias"), HashName("layer1.weight"));
+  EXPECT_EQ(GroupKey("", "allreduce.noname.4"), HashName(""));
+  EXPECT_NE(GroupKey("allreduce.noname.4", "allreduce.noname.5"),
+            GroupKey("broadcast.noname.4", "broadcast.noname.5"));
 }
 
 TEST(UnnamedPlanTest, PlacesNamesByTheirNumber) {
