@@ -270,8 +270,7 @@ void Planner::SteadyOps(int64_t stretch, std::vector<OpPlan>* ops,
     for (int64_t i = unnamed.Uniform(1, 2); i > 0 && !spare->empty(); --i) {
       OpPlan op = templates_[spare->back()].home;
       spare->pop_back();
-      if (op.grouped) continue;
-      op.unnamed = true;
+      op.unnamed = true;  // a group too: known by its first member's generated name
       for (TensorPlan& tensor : op.tensors) tensor.name.clear();
       ops->push_back(std::move(op));
     }
