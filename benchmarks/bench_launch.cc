@@ -25,6 +25,9 @@
 //   step + unnamed  the step, then one allreduce of --one-bytes enqueued without a name and
 //            waited on, as a loop averages its loss: its generated name is new every step. Raw:
 //            the step's, then one MPI_Allreduce.
+//   step + unnamed group  the step, then two metrics of --one-bytes in one grouped allreduce
+//            without names, waited on: the group is known by its first member's generated name.
+//            Raw: the step's, then one MPI_Allreduce of both metrics packed together.
 // Before each phase's timing, a warm-up with the timeline on tells whether the schedule locked.
 #include <mpi.h>
 
@@ -179,6 +182,15 @@ class Workload {
     gradsync::allreduce(metric, gradsync::AllreduceOptions()).wait();
   }
 
+  // The step, then the first two tensors' first `metric_floats` floats each in one unnamed
+  // group, waited on.
+  void StepWithUnnamedGroup(int64_t metric_floats) {
+    Step();
+    std::vector<TensorView> metrics(views_.begin(), views_.begin() + 2);
+    for (TensorView& metric : metrics) metric.shape = {metric_floats};
+    for (Handle& h : gradsync::grouped_allreduce(metrics)) h.wait();
+  }
+
   // One tensor enqueued, its handle stream-ordered (as PyTorch's hooks consume device results)
   // rather than waited for: the host blocks only until the work is launched. The device planes
   // here record host events, on which the order is a host wait. Calls take the tensors in turn:
@@ -330,6 +342,17 @@ std::vector<Row> RunPhase(bool locked, const Settings& settings, int rank) {
           raw_one();
         },
         [&] { unnamed.StepWithUnnamed(std::min(one_floats, floats)); }, settings, rank));
+    if (settings.tensors >= 2) {
+      std::vector<float> two_raw(2 * one_floats, 1.0f);
+      Workload grouped("grouped." + tag, settings.tensors, floats, device, rank);
+      rows.push_back(Measure(
+          "step + unnamed group, " + where,
+          [&] {
+            raw_buckets.Step();
+            AllreduceFloats(two_raw.data(), 2 * one_floats, raw_comm);
+          },
+          [&] { grouped.StepWithUnnamedGroup(std::min(one_floats, floats)); }, settings, rank));
+    }
     gradsync::shutdown();
   }
   MPI_Comm_free(&raw_comm);
@@ -364,7 +387,7 @@ int Run(int argc, char** argv) {
         static_cast<long long>(settings.tensor_bytes),
         static_cast<long long>(settings.bucket_bytes), static_cast<long long>(buckets),
         static_cast<long long>(settings.one_bytes), settings.iters);
-    std::printf("%-6s %-10s %-38s %10s %12s %9s %12s  %s\n", "phase", "schedule", "row", "raw_us",
+    std::printf("%-6s %-10s %-44s %10s %12s %9s %12s  %s\n", "phase", "schedule", "row", "raw_us",
                 "gradsync_us", "gs/raw", "per_bucket", "state");
   }
   std::vector<std::string> names;
@@ -380,7 +403,7 @@ int Run(int argc, char** argv) {
       ratios[locked][r].push_back(rows[r].gradsync / (rows[r].raw > 0 ? rows[r].raw : 1));
       if (rank != 0) continue;
       const bool is_step = rows[r].name.rfind("one op", 0) != 0;
-      std::printf("%-6d %-10s %-38s %10.1f %12.1f %9.2f %12.1f  %s\n", phase,
+      std::printf("%-6d %-10s %-44s %10.1f %12.1f %9.2f %12.1f  %s\n", phase,
                   locked ? "locked" : "negotiated", rows[r].name.c_str(), rows[r].raw * 1e6,
                   rows[r].gradsync * 1e6, rows[r].gradsync / rows[r].raw,
                   rows[r].gradsync * 1e6 / (is_step ? buckets : 1), rows[r].state.c_str());
@@ -391,7 +414,7 @@ int Run(int argc, char** argv) {
     for (size_t r = 0; r < names.size(); ++r) {
       const double l = Median(ratios[1][r]);
       const double n = Median(ratios[0][r]);
-      std::printf("# %-38s %6.2f %6.2f %6.2f\n", names[r].c_str(), l, n, l / n);
+      std::printf("# %-44s %6.2f %6.2f %6.2f\n", names[r].c_str(), l, n, l / n);
     }
   }
   return 0;

@@ -159,13 +159,25 @@ std::vector<Handle> SubmitGroup(Runtime& rt, std::vector<std::unique_ptr<TensorE
                                 const std::vector<Status>& validations) {
   for (size_t i = 0; i < entries.size(); ++i) ThrowIfRefused(rt, entries[i].get(), validations[i]);
   if (entries.empty()) return {};
+  // As Submit does for one entry: a group of device tensors that completes a locked bucket is
+  // launched on this thread, and that launch records the producers' readiness.
+  bool on_device = true;
+  for (auto& entry : entries) {
+    entry->state->on_device = entry->input.device.kind != DeviceKind::kCpu;
+    on_device &= entry->state->on_device;
+  }
+  const bool callers_device_push = on_device && !OnBackgroundThread();
+  const bool may_launch = callers_device_push && rt.loop->RunsCallerCycles();
+  const bool deferrable = callers_device_push && rt.loop->DefersReadiness();
   // Pushed together, so one event per producer stream serves the whole group.
-  if (std::any_of(entries.begin(), entries.end(),
-                  [](const auto& entry) { return entry->ready_stream != nullptr; })) {
-    std::vector<TensorEntry*> members;
-    members.reserve(entries.size());
-    for (auto& entry : entries) members.push_back(entry.get());
-    ThrowIfUnrecorded(rt, members.front(), RecordProducerReadiness(members));
+  std::vector<TensorEntry*> unrecorded;
+  for (auto& entry : entries) {
+    if (entry->ready_stream != nullptr && RecordAtEnqueue(entry->ready_stream, deferrable)) {
+      unrecorded.push_back(entry.get());
+    }
+  }
+  if (!unrecorded.empty()) {
+    ThrowIfUnrecorded(rt, unrecorded.front(), RecordProducerReadiness(unrecorded));
   }
   const uint64_t waits = rt.caller_waits.load(std::memory_order_relaxed);
   for (auto& entry : entries) {
@@ -187,11 +199,13 @@ std::vector<Handle> SubmitGroup(Runtime& rt, std::vector<std::unique_ptr<TensorE
       rt.timeline.ActivityStart(entry->name, "QUEUE");
     }
   }
-  const Status pushed = rt.queue.PushAll(std::move(entries));
+  bool due = false;
+  const Status pushed = rt.queue.PushAll(std::move(entries), may_launch ? &due : nullptr);
   if (!pushed.ok()) {
     for (const std::string& name : traced_names) rt.timeline.ActivityEnd(name);
     Throw(pushed);
   }
+  if (due) rt.loop->RunCycleForCaller();
   return handles;
 }
 

@@ -106,7 +106,7 @@ Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry, bool* due) {
 }
 
 // Checks the whole batch before inserting anything, so a rejected batch leaves no name in flight.
-Status TensorQueue::PushAll(std::vector<std::unique_ptr<TensorEntry>> entries) {
+Status TensorQueue::PushAll(std::vector<std::unique_ptr<TensorEntry>> entries, bool* due) {
   for (const auto& entry : entries) {
     if (!entry) return Status::InvalidArgument("TensorQueue::PushAll: null entry");
     entry->name_hash = HashName(entry->name);
@@ -140,7 +140,11 @@ Status TensorQueue::PushAll(std::vector<std::unique_ptr<TensorEntry>> entries) {
         pending_.size() >= wake_after_ ||
         std::any_of(pending_.end() - static_cast<std::ptrdiff_t>(entries.size()), pending_.end(),
                     [](const TensorEntry* e) { return WakesAlways(e->op); });
-    notify = !entries.empty() && wakes && std::exchange(waiter_sleeping_, false);
+    if (due != nullptr) {
+      *due = !entries.empty() && wakes;
+    } else {
+      notify = !entries.empty() && wakes && std::exchange(waiter_sleeping_, false);
+    }
   }
   if (notify) cv_.notify_one();
   return Status::OK();

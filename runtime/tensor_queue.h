@@ -43,8 +43,8 @@ class TensorQueue {
   // waiter (see SetWakeAfter) leaves that to its caller and says so in *due: the caller then does
   // the waiter's work itself or calls Wake().
   Status Push(std::unique_ptr<TensorEntry> entry, bool* due = nullptr);
-  // Pushes several entries atomically: all are accepted or none is.
-  Status PushAll(std::vector<std::unique_ptr<TensorEntry>> entries);
+  // Pushes several entries atomically: all are accepted or none is. `due` as for Push.
+  Status PushAll(std::vector<std::unique_ptr<TensorEntry>> entries, bool* due = nullptr);
 
   // Returns once entries are waiting, the queue is closed, a wake-up was requested, or `max_wait`
   // has passed. It looks between yields for the first `poll_for` of the wait (at most

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -105,9 +106,10 @@ class LockedScheduleTest : public MultiRankTest {
       launch_threads.clear();
     }
     MultiRankTest::SetUp();
+    std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(test.begin(), test.end(), '/', '_');  // a parameterized test's name has one
     trace_path_ = fs::temp_directory_path() /
-                  ("gradsync_locked_" + std::to_string(getpid()) + "_" +
-                   ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".json");
+                  ("gradsync_locked_" + std::to_string(getpid()) + "_" + test + ".json");
     start_timeline(trace_path_.string());
   }
   void TearDown() override {
@@ -152,14 +154,23 @@ class LockedScheduleTest : public MultiRankTest {
 
   // One training step: every tensor enqueued (before any is waited on), then all waited on and
   // checked. The sums hold the values of ranks from `first_contributor` on (the ones before it
-  // have joined and add zeros).
-  void RunStep(int step, int first_contributor = 0) {
+  // have joined and add zeros). `grouped`: the tensors in one grouped allreduce, under the same
+  // names.
+  void RunStep(int step, int first_contributor = 0, bool grouped = false) {
     std::vector<std::unique_ptr<HostTensor>> tensors;
     std::vector<Handle> handles;
+    GroupedAllreduceOptions group;
+    std::vector<TensorView> views;
     for (size_t t = 0; t < kSizes.size(); ++t) {
       tensors.push_back(Filled(kSizes[t], step + static_cast<int64_t>(t), rank_));
-      handles.push_back(allreduce(View(*tensors.back()), Named(Name(t))));
+      if (grouped) {
+        views.push_back(View(*tensors.back()));
+        group.names.push_back(Name(t));
+      } else {
+        handles.push_back(allreduce(View(*tensors.back()), Named(Name(t))));
+      }
     }
+    if (grouped) handles = grouped_allreduce(views, group);
     for (size_t t = 0; t < kSizes.size(); ++t) {
       ASSERT_TRUE(Succeeds(handles[t])) << "step " << step << " " << Name(t);
       ExpectSums(*tensors[t], step + static_cast<int64_t>(t), first_contributor, size_);

@@ -35,17 +35,21 @@ TEST_F(LockedScheduleTest, ASteadyLoopLocksOnceAndStaysRight) {
 }
 
 // Alone, a locked bucket needs nobody else: the push that fills it launches it on the caller's
-// thread (unless the background thread is in a cycle just then), and GRADSYNC_CALLER_LAUNCH=0
-// leaves every launch to the background thread.
-TEST_F(LockedScheduleTest, LockedDeviceBucketsLaunchOnTheCallersThread) {
+// thread (unless the background thread is in a cycle just then), whether it pushed one tensor or
+// a group of them, and GRADSYNC_CALLER_LAUNCH=0 leaves every launch to the background thread.
+class LockedLaunchTest : public LockedScheduleTest,
+                         public ::testing::WithParamInterface<bool /*grouped*/> {};
+
+TEST_P(LockedLaunchTest, LockedDeviceBucketsLaunchOnTheCallersThread) {
   if (!DeviceTensors()) GTEST_SKIP() << "host tensors: buckets run on the background thread";
-  for (int step = 0; step < 6; ++step) RunStep(step);  // locked by now
+  const bool grouped = GetParam();
+  for (int step = 0; step < 6; ++step) RunStep(step, 0, grouped);  // locked by now
   size_t before = 0;
   {
     std::lock_guard<std::mutex> lock(launches_mu);
     before = launch_threads.size();
   }
-  for (int step = 6; step < 14; ++step) RunStep(step);
+  for (int step = 6; step < 14; ++step) RunStep(step, 0, grouped);
   std::lock_guard<std::mutex> lock(launches_mu);
   size_t on_caller = 0;
   for (size_t i = before; i < launch_threads.size(); ++i) {
@@ -59,6 +63,11 @@ TEST_F(LockedScheduleTest, LockedDeviceBucketsLaunchOnTheCallersThread) {
     EXPECT_GE(2 * on_caller, launched) << on_caller << " of " << launched << " on the caller";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Pushes, LockedLaunchTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "Grouped" : "Single");
+                         });
 
 // Tensors given with their producer's stream, which writes them only after a while: the host runs
 // ahead and every result is right. Unlocked, each enqueue records its own event; locked, the

@@ -398,6 +398,30 @@ TEST(TensorQueueTest, APushThatReportsDueLeavesTheWaiterToItsCaller) {
   EXPECT_EQ(queue.Drain().size(), 2u);
 }
 
+// The same for a group pushed at once (a grouped allreduce that fills a locked bucket).
+TEST(TensorQueueTest, AGroupPushThatReportsDueLeavesTheWaiterToItsCaller) {
+  TensorQueue queue;
+  queue.SetWakeAfter(3);
+  std::atomic<bool> returned{false};
+  std::thread waiter = SleepingWaiter(&queue, &returned);
+  auto group = [](const char* first, const char* second) {
+    std::vector<std::unique_ptr<TensorEntry>> entries;
+    entries.push_back(Entry(first));
+    entries.push_back(Entry(second));
+    return entries;
+  };
+  bool due = true;
+  ASSERT_TRUE(queue.PushAll(group("a", "b"), &due).ok());
+  EXPECT_FALSE(due) << "two entries of the three the waiter waits for";
+  ASSERT_TRUE(queue.PushAll(group("c", "d"), &due).ok());
+  EXPECT_TRUE(due);
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_FALSE(returned.load()) << "a due push woke the waiter";
+  queue.Wake();
+  waiter.join();
+  EXPECT_EQ(queue.Drain().size(), 4u);
+}
+
 // A join (or any collective a locked plan cannot hold) wakes the waiter at once.
 TEST(TensorQueueTest, AJoinWakesTheWaiterWhateverTheThreshold) {
   TensorQueue queue;
