@@ -14,6 +14,8 @@
 //   one op   one allreduce of --one-bytes (16), enqueued and waited on: what a caller that waits
 //            on each result pays. Raw: MPI_Allreduce of the same bytes. With larger sizes an
 //            operation stays in flight long enough for the finalizer to sleep before it completes.
+//   one group  two allreduces of --one-bytes in one grouped call, waited on (a compressed DDP
+//            bucket's path). Raw: one MPI_Allreduce of both packed together.
 //   one op ordered  (device rows) the same, stream-ordered with Handle::synchronize_stream, as
 //            gradsync.torch's hooks consume device results: its wait for the launch.
 //   step     T tensors of B bytes enqueued in a burst and then waited on, fused into buckets of
@@ -182,6 +184,14 @@ class Workload {
     gradsync::allreduce(metric, gradsync::AllreduceOptions()).wait();
   }
 
+  // Every tensor in one grouped allreduce under the workload's names, then all waited on.
+  void Group() {
+    if (group_.names.empty()) {
+      for (const auto& o : options_) group_.names.push_back(o.name);
+    }
+    for (Handle& h : gradsync::grouped_allreduce(views_, group_)) h.wait();
+  }
+
   // The step, then the first two tensors' first `metric_floats` floats each in one unnamed
   // group, waited on.
   void StepWithUnnamedGroup(int64_t metric_floats) {
@@ -208,6 +218,7 @@ class Workload {
   std::vector<std::vector<float>> data_;
   std::vector<TensorView> views_;
   std::vector<gradsync::AllreduceOptions> options_;
+  gradsync::GroupedAllreduceOptions group_;
   std::vector<Handle> handles_;
 };
 
@@ -321,6 +332,11 @@ std::vector<Row> RunPhase(bool locked, const Settings& settings, int rank) {
     Workload one("one." + tag, 1, one_floats, device, rank);
     rows.push_back(Measure(
         "one op, " + where, raw_one, [&] { one.Step(); }, settings, rank));
+    std::vector<float> two_raw(2 * one_floats, 1.0f);
+    auto raw_two = [&] { AllreduceFloats(two_raw.data(), 2 * one_floats, raw_comm); };
+    Workload pair("pair." + tag, 2, one_floats, device, rank);
+    rows.push_back(Measure(
+        "one group, " + where, raw_two, [&] { pair.Group(); }, settings, rank));
     if (device) {
       Workload ordered("ordered." + tag, 4, one_floats, device, rank);
       rows.push_back(Measure(
@@ -343,13 +359,12 @@ std::vector<Row> RunPhase(bool locked, const Settings& settings, int rank) {
         },
         [&] { unnamed.StepWithUnnamed(std::min(one_floats, floats)); }, settings, rank));
     if (settings.tensors >= 2) {
-      std::vector<float> two_raw(2 * one_floats, 1.0f);
       Workload grouped("grouped." + tag, settings.tensors, floats, device, rank);
       rows.push_back(Measure(
           "step + unnamed group, " + where,
           [&] {
             raw_buckets.Step();
-            AllreduceFloats(two_raw.data(), 2 * one_floats, raw_comm);
+            raw_two();
           },
           [&] { grouped.StepWithUnnamedGroup(std::min(one_floats, floats)); }, settings, rank));
     }
@@ -402,7 +417,7 @@ int Run(int argc, char** argv) {
       names[r] = rows[r].name;
       ratios[locked][r].push_back(rows[r].gradsync / (rows[r].raw > 0 ? rows[r].raw : 1));
       if (rank != 0) continue;
-      const bool is_step = rows[r].name.rfind("one op", 0) != 0;
+      const bool is_step = rows[r].name.rfind("one ", 0) != 0;
       std::printf("%-6d %-10s %-44s %10.1f %12.1f %9.2f %12.1f  %s\n", phase,
                   locked ? "locked" : "negotiated", rows[r].name.c_str(), rows[r].raw * 1e6,
                   rows[r].gradsync * 1e6, rows[r].gradsync / rows[r].raw,
