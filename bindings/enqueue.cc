@@ -68,6 +68,26 @@ void ThrowIfUnrecorded(const Runtime& rt, const TensorEntry* entry, const Status
                                     ": recording the producer's readiness: " + recorded.message()));
 }
 
+// Who launches a push of tensors, all of them on a device (`on_device`) or not, and when their
+// producers' readiness is recorded.
+struct PushRoute {
+  // A device push that completes a locked bucket launches it on the caller's thread (the launch
+  // is asynchronous); a host tensor's bucket runs on the background thread, which does not block
+  // the caller for the reduction; and gradsync's own threads (a callback that enqueues) launch
+  // nothing, since a cycle there could wait for the completions that thread is running.
+  bool may_launch = false;
+  // Locked, the launch of a bucket (by the push that fills it, or by the loop's thread) records
+  // one event for each producer stream of its tensors; otherwise a tensor waits for negotiation,
+  // and its event must mark the producer's work at its enqueue.
+  bool deferrable = false;
+};
+
+PushRoute RouteOf(const Runtime& rt, bool on_device) {
+  const bool callers_device_push = on_device && !OnBackgroundThread();
+  return {callers_device_push && rt.loop->RunsCallerCycles(),
+          callers_device_push && rt.loop->DefersReadiness()};
+}
+
 // Called only for accepted operations, so every rank's counter stays in step even when one rank's
 // enqueue is refused.
 void NameIfUnnamed(Runtime& rt, TensorEntry* entry) {
@@ -159,20 +179,16 @@ std::vector<Handle> SubmitGroup(Runtime& rt, std::vector<std::unique_ptr<TensorE
                                 const std::vector<Status>& validations) {
   for (size_t i = 0; i < entries.size(); ++i) ThrowIfRefused(rt, entries[i].get(), validations[i]);
   if (entries.empty()) return {};
-  // As Submit does for one entry: a group of device tensors that completes a locked bucket is
-  // launched on this thread, and that launch records the producers' readiness.
   bool on_device = true;
   for (auto& entry : entries) {
     entry->state->on_device = entry->input.device.kind != DeviceKind::kCpu;
     on_device &= entry->state->on_device;
   }
-  const bool callers_device_push = on_device && !OnBackgroundThread();
-  const bool may_launch = callers_device_push && rt.loop->RunsCallerCycles();
-  const bool deferrable = callers_device_push && rt.loop->DefersReadiness();
+  const PushRoute route = RouteOf(rt, on_device);
   // Pushed together, so one event per producer stream serves the whole group.
   std::vector<TensorEntry*> unrecorded;
   for (auto& entry : entries) {
-    if (entry->ready_stream != nullptr && RecordAtEnqueue(entry->ready_stream, deferrable)) {
+    if (entry->ready_stream != nullptr && RecordAtEnqueue(entry->ready_stream, route.deferrable)) {
       unrecorded.push_back(entry.get());
     }
   }
@@ -200,7 +216,7 @@ std::vector<Handle> SubmitGroup(Runtime& rt, std::vector<std::unique_ptr<TensorE
     }
   }
   bool due = false;
-  const Status pushed = rt.queue.PushAll(std::move(entries), may_launch ? &due : nullptr);
+  const Status pushed = rt.queue.PushAll(std::move(entries), route.may_launch ? &due : nullptr);
   if (!pushed.ok()) {
     for (const std::string& name : traced_names) rt.timeline.ActivityEnd(name);
     Throw(pushed);
@@ -245,17 +261,9 @@ Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& val
   ThrowIfRefused(rt, entry.get(), validation);
   std::shared_ptr<OpState> state = entry->state;
   state->on_device = entry->input.device.kind != DeviceKind::kCpu;
-  // A device tensor that completes a locked bucket is launched on this thread (the launch is
-  // asynchronous); a host tensor's bucket runs on the background thread, which does not block
-  // the caller for the reduction; and gradsync's own threads (a callback that enqueues) launch
-  // nothing, since a cycle there could wait for the completions that thread is running.
-  const bool callers_device_push = state->on_device && !OnBackgroundThread();
-  const bool may_launch = callers_device_push && rt.loop->RunsCallerCycles();
-  // Locked, the launch of this entry's bucket (by the push that fills it, or by the loop's thread)
-  // records one event for the bucket's whole stream; otherwise the entry waits for negotiation,
-  // and its event must mark the producer's work now. Before naming, as for any refusal.
-  const bool deferrable = callers_device_push && rt.loop->DefersReadiness();
-  if (entry->ready_stream != nullptr && RecordAtEnqueue(entry->ready_stream, deferrable)) {
+  const PushRoute route = RouteOf(rt, state->on_device);
+  // Before naming, as for any refusal.
+  if (entry->ready_stream != nullptr && RecordAtEnqueue(entry->ready_stream, route.deferrable)) {
     TensorEntry* unrecorded = entry.get();
     ThrowIfUnrecorded(rt, entry.get(), RecordProducerReadiness(&unrecorded, 1));
   }
@@ -267,7 +275,7 @@ Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& val
   std::string refused_name;
   if (traced) refused_name = entry->name;
   bool due = false;
-  const Status pushed = rt.queue.Push(std::move(entry), may_launch ? &due : nullptr);
+  const Status pushed = rt.queue.Push(std::move(entry), route.may_launch ? &due : nullptr);
   if (!pushed.ok()) {
     if (traced) rt.timeline.ActivityEnd(refused_name);
     Throw(pushed);
