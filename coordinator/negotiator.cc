@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "coordinator/wire_format.h"
+#include "runtime/generated_name.h"
 #include "runtime/logging.h"
 #include "runtime/steady_seconds.h"
 
@@ -66,9 +67,9 @@ Status Negotiator::RunCycle(const std::vector<TensorEntry*>& fresh, bool want_sh
   out->joined = joins_pending_ > 0;
   const bool has_uncached = RefreshCachedState(now, &invalid);
 
-  // Cached entries are this rank's alone (no rank has been told of them), so a lock may take them
-  // over; entries of the full round may be in rank 0's table, so none may be pending.
-  const bool lockable = want_lock && pending_.empty() && invalid.empty();
+  // Cached entries, and entries not yet sent through a full round, are this rank's alone (no rank
+  // has been told of them), so a lock may take them over; a sent entry may be in rank 0's table.
+  const bool lockable = want_lock && invalid.empty() && joins_pending_ == 0 && LockMayTakePending();
   std::vector<uint64_t> words = BuildBitVector(want_shutdown, lockable, has_uncached, invalid, now);
   GRADSYNC_RETURN_IF_ERROR(channel_->AllreduceAnd(&words));
 
@@ -84,12 +85,32 @@ Status Negotiator::RunCycle(const std::vector<TensorEntry*>& fresh, bool want_sh
       if (cached_[bit].entry != nullptr) Demote(bit);
     }
   }
-  if ((flags & (kFlagUncached | kFlagInspect | kFlagJoined)) != 0 || any_invalid) {
+  // Agreed, the entries no rank has sent stay unsent: the lock takes them over (TakeAllPending),
+  // or, should the steps not allow it after all, the next cycle's full round sends them.
+  out->lock_agreed =
+      (flags & (kFlagNoLock | kFlagShutdown | kFlagInspect | kFlagJoined)) == 0 && !any_invalid;
+  if (!out->lock_agreed &&
+      ((flags & (kFlagUncached | kFlagInspect | kFlagJoined)) != 0 || any_invalid)) {
     out->full_round = true;
     GRADSYNC_RETURN_IF_ERROR(FullRound(now, out));
   }
-  out->lock_agreed = (flags & kFlagNoLock) == 0 && !out->shutdown && !out->full_round;
   return Status::OK();
+}
+
+// A plan places an unnamed operation by its number, so one handed over in the same burst as the
+// step's cached tensors (a loss averaged with its gradients) may pass to the lock; such a step
+// holds one in every cycle, and never locked while any pending entry kept a rank from offering.
+bool Negotiator::LockMayTakePending() const {
+  for (const auto& [name, p] : pending_) {
+    std::string_view stem;
+    uint64_t n = 0;
+    if (p.state != PendingState::kUncached ||
+        (p.entry->op != OpType::kAllreduce && p.entry->op != OpType::kBroadcast) ||
+        !ParseGeneratedName(p.entry->name, &stem, &n)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 ResponsePtr Negotiator::CachedResponse(const std::string& name) const {
@@ -358,12 +379,20 @@ void Negotiator::Forget(const TensorEntry& entry) {
 }
 
 std::vector<TensorEntry*> Negotiator::TakeAllPending() {
-  std::vector<TensorEntry*> entries;
-  for (const auto& [name, p] : pending_) entries.push_back(p.entry);
-  for (TensorEntry* entry : entries) Retire(entry->key());
+  // In the order this rank submitted them: a lock places an unnamed operation only after what its
+  // plan puts ahead of it.
+  std::vector<std::pair<uint64_t, TensorEntry*>> held;
+  for (const auto& [name, p] : pending_) held.emplace_back(p.sequence, p.entry);
+  for (const auto& [sequence, entry] : held) Retire(entry->key());
   for (uint32_t bit = 0; bit < cached_.size(); ++bit) {
-    if (TensorEntry* entry = RetireCached(bit)) entries.push_back(entry);
+    const uint64_t sequence = cached_[bit].sequence;
+    if (TensorEntry* entry = RetireCached(bit)) held.emplace_back(sequence, entry);
   }
+  std::sort(held.begin(), held.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<TensorEntry*> entries;
+  entries.reserve(held.size());
+  for (const auto& [sequence, entry] : held) entries.push_back(entry);
   return entries;
 }
 

@@ -41,10 +41,12 @@ struct CycleOutcome {
   // This rank had joined by the time it negotiated: allreduces and barriers it never submitted may
   // be among the responses (with a null entry), and it takes part in them without data of its own.
   bool joined = false;
-  // Every rank asked to lock its schedule in this cycle's round and none holds anything for the
-  // full round (coordinator/locked_schedule.h). If the responses leave the schedule ready (none,
-  // or exactly a whole step), every rank locks after running them, at the same point, and hands
-  // the lock what it still holds (TakeAllPending: entries in the cache only).
+  // Every rank asked to lock its schedule in this cycle's round, and none holds anything sent
+  // through a full round or anything but unnamed allreduces and broadcasts to send
+  // (coordinator/locked_schedule.h); no full round ran. If the responses leave the schedule ready
+  // (none, or exactly a whole step), every rank locks after running them, at the same point, and
+  // hands the lock what it still holds (TakeAllPending: entries in the cache, and unnamed ones
+  // not yet sent). Otherwise those unsent entries go in the next cycle's full round.
   bool lock_agreed = false;
   // Diagnostics for tests and the timeline.
   int cache_hits = 0;
@@ -65,14 +67,15 @@ class Negotiator {
   // non-OK Status means this rank's control plane failed (an MPI error, or a response list that
   // does not parse): the caller fails what this negotiator holds (the entries already in *out, and
   // TakeAllPending) and does not run it again.
-  // `want_lock`: this rank's locked schedule is ready to lock; it counts only when nothing this
-  // rank holds after taking `fresh` needs the full round.
+  // `want_lock`: this rank's locked schedule is ready to lock; it counts only when what this rank
+  // holds after taking `fresh` could pass to the lock (LockMayTakePending).
   Status RunCycle(const std::vector<TensorEntry*>& fresh, bool want_shutdown, CycleOutcome* out,
                   bool want_lock = false);
   // The response the cache holds for `name`, the same on every rank; null if none.
   ResponsePtr CachedResponse(const std::string& name) const;
-  // Forgets every pending entry and returns them, for a caller that fails them (its process set
-  // was removed or failed). The negotiator must not run again.
+  // Forgets every pending entry and returns them in the order they were submitted: for a lock
+  // (after an outcome with lock_agreed), or for a caller that fails them (its process set was
+  // removed or failed), after which the negotiator must not run again.
   std::vector<TensorEntry*> TakeAllPending();
 
  private:
@@ -109,6 +112,9 @@ class Negotiator {
   // Demotes cached requests that were evicted or have waited past the stall warning; returns
   // whether any pending request now needs the full round.
   bool RefreshCachedState(double now, std::vector<uint32_t>* invalid);
+  // Whether every pending entry is one a lock could take over: not yet sent, and an unnamed
+  // allreduce or broadcast.
+  bool LockMayTakePending() const;
   std::vector<uint64_t> BuildBitVector(bool want_shutdown, bool want_lock, bool has_uncached,
                                        const std::vector<uint32_t>& invalid, double now) const;
   void ApplyInvalidBits(const std::vector<uint64_t>& words);
