@@ -49,6 +49,17 @@ class LockedUnnamedTest : public LockedScheduleTest {
     ExpectSums(*metric, 100 + step, 0, size_);
   }
 
+  // Rank 0's timeline: one lock, never left, and at least three steps of `per_step` tensors
+  // that waited for their locked buckets.
+  void ExpectLockedOnce(size_t per_step) {
+    const std::vector<std::string> locks = Marks("LOCK set 0");
+    const std::vector<std::string> unlocks = Marks("UNLOCK");
+    if (rank_ != 0 || !LockingOn()) return;
+    ASSERT_EQ(locks.size(), 1u);
+    EXPECT_TRUE(unlocks.empty()) << unlocks.front();
+    EXPECT_GE(LockedWaits(), 3 * per_step);
+  }
+
   // Two metrics of different sizes in one unnamed grouped allreduce, waited on and checked. The
   // group is known by its first member's generated name, so it too is new at every call.
   void UnnamedGroup(int step) {
@@ -64,12 +75,7 @@ class LockedUnnamedTest : public LockedScheduleTest {
 
 TEST_F(LockedUnnamedTest, AnUnnamedAllreduceEachStepLocksAndStaysRight) {
   for (int step = 0; step < 12; ++step) Step(step);
-  const std::vector<std::string> locks = Marks("LOCK set 0");
-  const std::vector<std::string> unlocks = Marks("UNLOCK");
-  if (rank_ != 0 || !LockingOn()) return;
-  ASSERT_EQ(locks.size(), 1u);
-  EXPECT_TRUE(unlocks.empty()) << unlocks.front();
-  EXPECT_GE(LockedWaits(), 3 * (kSizes.size() + 1));
+  ExpectLockedOnce(kSizes.size() + 1);
 }
 
 TEST_F(LockedUnnamedTest, AnUnnamedGroupEachStepLocksAndStaysRight) {
@@ -78,12 +84,7 @@ TEST_F(LockedUnnamedTest, AnUnnamedGroupEachStepLocksAndStaysRight) {
     UnnamedGroup(step);
     UnnamedMetric(step);
   }
-  const std::vector<std::string> locks = Marks("LOCK set 0");
-  const std::vector<std::string> unlocks = Marks("UNLOCK");
-  if (rank_ != 0 || !LockingOn()) return;
-  ASSERT_EQ(locks.size(), 1u);
-  EXPECT_TRUE(unlocks.empty()) << unlocks.front();
-  EXPECT_GE(LockedWaits(), 3 * (kSizes.size() + 3));
+  ExpectLockedOnce(kSizes.size() + 3);
 }
 
 // Locking waits for a cycle in which nothing has gone to a full round: a metric handed over in
@@ -92,12 +93,7 @@ TEST_F(LockedUnnamedTest, AnUnnamedGroupEachStepLocksAndStaysRight) {
 // steps). Not yet sent, it passes to the lock with the cached tensors.
 TEST_F(LockedUnnamedTest, AnUnnamedAllreduceInTheStepsBurstLocks) {
   for (int step = 0; step < 12; ++step) BurstStep(step);
-  const std::vector<std::string> locks = Marks("LOCK set 0");
-  const std::vector<std::string> unlocks = Marks("UNLOCK");
-  if (rank_ != 0 || !LockingOn()) return;
-  ASSERT_EQ(locks.size(), 1u);
-  EXPECT_TRUE(unlocks.empty()) << unlocks.front();
-  EXPECT_GE(LockedWaits(), 3 * (kSizes.size() + 1));
+  ExpectLockedOnce(kSizes.size() + 1);
 }
 
 TEST_F(LockedUnnamedTest, OneMoreUnnamedOperationLeavesTheLockAtOnce) {
