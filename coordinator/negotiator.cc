@@ -69,7 +69,7 @@ Status Negotiator::RunCycle(const std::vector<TensorEntry*>& fresh, bool want_sh
 
   // Cached entries, and entries not yet sent through a full round, are this rank's alone (no rank
   // has been told of them), so a lock may take them over; a sent entry may be in rank 0's table.
-  const bool lockable = want_lock && invalid.empty() && joins_pending_ == 0 && LockMayTakePending();
+  const bool lockable = want_lock && invalid.empty() && LockMayTakePending();
   std::vector<uint64_t> words = BuildBitVector(want_shutdown, lockable, has_uncached, invalid, now);
   GRADSYNC_RETURN_IF_ERROR(channel_->AllreduceAnd(&words));
 
