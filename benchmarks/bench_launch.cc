@@ -161,6 +161,7 @@ class Workload {
       views_.push_back(view);
       options_.emplace_back();
       options_.back().name = prefix + "." + std::to_string(t);
+      group_.names.push_back(options_.back().name);
     }
     handles_.resize(tensors);
   }
@@ -186,9 +187,6 @@ class Workload {
 
   // Every tensor in one grouped allreduce under the workload's names, then all waited on.
   void Group() {
-    if (group_.names.empty()) {
-      for (const auto& o : options_) group_.names.push_back(o.name);
-    }
     for (Handle& h : gradsync::grouped_allreduce(views_, group_)) h.wait();
   }
 
