@@ -1,5 +1,7 @@
 #include "ops/device/host_device_backend.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
@@ -45,6 +47,15 @@ std::atomic<HostDeviceBackend::StuckCollectiveHandler> g_stuck_handler{&LogAndAb
 // How often the destructor says again that it waits, where no limit ends the wait.
 constexpr std::chrono::seconds kStuckReminder(60);
 
+std::atomic<int64_t> g_device_bytes_held{0};
+
+// Frees what Allocate handed out, and counts it out of the device bytes held.
+void FreeDeviceBytes(void* ptr) {
+  g_device_bytes_held.fetch_sub(static_cast<int64_t>(malloc_usable_size(ptr)),
+                                std::memory_order_relaxed);
+  std::free(ptr);
+}
+
 }  // namespace
 
 HostDeviceBackend::HostDeviceBackend(MPI_Comm comm, std::chrono::nanoseconds stuck_limit)
@@ -72,7 +83,7 @@ HostDeviceBackend::~HostDeviceBackend() {
   if (!drained.ok()) AwaitStuckCollective(drained);
   MPI_Comm_free(&comm_);
   std::lock_guard<std::mutex> lock(unfreed_mu_);
-  for (void* ptr : unfreed_) std::free(ptr);
+  for (void* ptr : unfreed_) FreeDeviceBytes(ptr);
 }
 
 void HostDeviceBackend::AwaitStuckCollective(const Status& aborted) {
@@ -125,7 +136,13 @@ Status HostDeviceBackend::Allocate(size_t bytes, void** ptr) {
   if (*ptr == nullptr) {
     return Status::Internal("out of host memory for " + std::to_string(bytes) + " bytes");
   }
+  g_device_bytes_held.fetch_add(static_cast<int64_t>(malloc_usable_size(*ptr)),
+                                std::memory_order_relaxed);
   return Status::OK();
+}
+
+int64_t HostDeviceBackend::DeviceBytesHeld() {
+  return g_device_bytes_held.load(std::memory_order_relaxed);
 }
 
 void HostDeviceBackend::FreeAfterWork(void* ptr) {
@@ -140,7 +157,7 @@ void HostDeviceBackend::FreeAfterWork(void* ptr) {
       std::lock_guard<std::mutex> lock(unfreed_mu_);
       unfreed_.erase(std::find(unfreed_.begin(), unfreed_.end(), ptr));
     }
-    std::free(ptr);
+    FreeDeviceBytes(ptr);
   });
 }
 

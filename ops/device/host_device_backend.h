@@ -68,6 +68,11 @@ class HostDeviceBackend : public DeviceBackend {
   // The communicator the collectives run on: tests join a collective another rank is stuck in.
   MPI_Comm comm() const { return comm_; }
 
+  // Bytes that every host device backend of the process has allocated and not yet freed: the
+  // device memory it stands in for, which a GPU would not take from the host's heap (the soak
+  // leaves it out of its bounds on host memory).
+  static int64_t DeviceBytesHeld();
+
   // What the destructor does about a collective still stuck after `stuck_limit`, given the
   // message naming it; by default, logs it and calls MPI_Abort. Null restores the default.
   using StuckCollectiveHandler = void (*)(const std::string& message);

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/device/host_device_backend.h"
+
 namespace gradsync {
 namespace soak {
 namespace {
@@ -156,6 +158,7 @@ ProcessSample SampleProcess(int64_t step) {
   s.maps = CountLines("/proc/self/maps");
   const struct mallinfo2 heap = mallinfo2();
   s.heap_kib = static_cast<int64_t>((heap.uordblks + heap.hblkhd) / 1024);
+  s.device_kib = HostDeviceBackend::DeviceBytesHeld() / 1024;
   return s;
 }
 

@@ -26,6 +26,9 @@ struct ProcessSample {
   // Unlike the resident set, this does not move with fragmentation or freed pages kept by
   // malloc, so steady growth here is a leak.
   int64_t heap_kib = 0;
+  // The part of both that stands in for device memory (the host device backend's allocations,
+  // with --device-tensors), which a GPU would hold instead: left out of the bounds.
+  int64_t device_kib = 0;
   // A timeline window was being written: its writer thread and file are open.
   bool timeline_open = false;
 };
