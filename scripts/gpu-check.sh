@@ -285,9 +285,11 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
       local failed=0 models=(resnet50 bert)
       [ "$scope" = full ] || models=(resnet50)
       for model in "${models[@]}"; do
-        # ResNet-50 also with both wrappers' gradient_as_bucket_view=True.
+        # ResNet-50 also with both wrappers' gradient_as_bucket_view=True, and with DDP's
+        # fp16_compress_hook (the DDP wrapper's grouped, compressed buckets).
         local modes=()
-        [ "$model" = resnet50 ] && modes=(--modes none,ddp,ddp-views,gs-opt,gs-ddp,gs-ddp-views)
+        [ "$model" = resnet50 ] &&
+          modes=(--modes none,ddp,ddp-views,gs-opt,gs-ddp,gs-ddp-views,ddp-fp16,gs-ddp-fp16)
         PYTHONPATH=$work/build/python timeout 300 mpirun -np 1 -x PYTHONPATH "${train[@]}" \
           --model "$model" "${modes[@]}" || failed=1
       done

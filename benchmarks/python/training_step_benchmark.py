@@ -12,6 +12,9 @@ same model, from the same initial weights, with SGD and momentum, on the same sy
   gs-ddp    gradsync.torch.DistributedDataParallel around the module
   ddp-views, gs-ddp-views
             the two wrappers with gradient_as_bucket_view=True (not run unless named in --modes)
+  ddp-fp16, gs-ddp-fp16
+            the two wrappers with DDP's fp16_compress_hook (gradients travel in float16; not run
+            unless named in --modes): read gs-ddp-fp16 against ddp-fp16
 
 The modes are interleaved in rounds (each round runs --steps-per-round steps of every mode, in a
 rotated order), after --warmup steps each, so that a drift of the machine's speed reaches every
@@ -48,7 +51,7 @@ import torch
 import gradsync.torch as hvd
 
 MODES = ("none", "ddp", "gs-opt", "gs-ddp")
-MORE_MODES = ("ddp-views", "gs-ddp-views")
+MORE_MODES = ("ddp-views", "gs-ddp-views", "ddp-fp16", "gs-ddp-fp16")
 
 
 def parse_args():
@@ -139,6 +142,9 @@ class Mode:
             self.module = hvd.DistributedDataParallel(model, gradient_as_bucket_view=views)
         else:
             self.module = model
+        if name.endswith("-fp16"):
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            self.module.register_comm_hook(None, default_hooks.fp16_compress_hook)
         if name == "gs-opt":
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             optimizer = hvd.DistributedOptimizer(optimizer,
