@@ -54,10 +54,6 @@ uint64_t ParameterHash(const Response& r) {
 // The collectives a plan may hold: those whose every rank's parameters a response states whole.
 // A broadcast belongs here because a training step has one (DDP's buffers, every forward); an
 // allgather's or alltoall's sizes can change on one rank alone, which only negotiation sees.
-bool Lockable(ResponseType type) {
-  return type == ResponseType::kAllreduce || type == ResponseType::kBroadcast;
-}
-
 std::string Milliseconds(double seconds) {
   return std::to_string(static_cast<int64_t>(seconds * 1e3 + 0.5)) + " ms";
 }
@@ -107,7 +103,8 @@ void LockedSchedule::Observe(const CycleOutcome& outcome) {
     current_.names[current_.count++] = r.name;  // assigning keeps the string's storage
     if (!generated) current_.name_hashes.insert(name_hash);
     current_.fingerprint += Mix(name_hash, ParameterHash(r));  // a sum: free of order
-    current_.lockable &= Lockable(r.type) && outcome.entries[i] != nullptr && !outcome.joined;
+    current_.lockable &=
+        LockedPlanMayHold(r.type) && outcome.entries[i] != nullptr && !outcome.joined;
     if (current_.count > settings_.longest_step) {
       current_.lockable = false;  // the same on every rank: the count follows the responses
       CloseStep();
@@ -139,7 +136,7 @@ Status LockedSchedule::Lock(const FusionSettings& fusion, const CachedResponse& 
   for (size_t i = 0; i < previous_.count; ++i) {
     ResponsePtr response = cached(previous_.names[i]);
     // Caches are the same on every rank, so every rank gives up here alike.
-    if (response == nullptr || !Lockable(response->type)) {
+    if (response == nullptr || !LockedPlanMayHold(response->type)) {
       streak_ = 0;
       return Status::OK();
     }

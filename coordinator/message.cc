@@ -47,6 +47,10 @@ ResponseType ResponseTypeFor(OpType op) {
   std::abort();
 }
 
+bool LockedPlanMayHold(ResponseType type) {
+  return type == ResponseType::kAllreduce || type == ResponseType::kBroadcast;
+}
+
 Response ResponseFromRequest(const Request& request) {
   Response response;
   response.type = ResponseTypeFor(request.op);

@@ -83,6 +83,9 @@ struct ResponseList {
 using ResponsePtr = std::shared_ptr<const Response>;
 
 ResponseType ResponseTypeFor(OpType op);
+// Whether a locked schedule's plan may hold responses of `type`: allreduces and broadcasts. A step
+// with any other collective does not lock, and one arriving while locked goes to negotiation.
+bool LockedPlanMayHold(ResponseType type);
 // The response that executes `request` (its agreed parameters); first_dims left empty.
 Response ResponseFromRequest(const Request& request);
 // Fills *request with what this rank sends for `entry`. Assigning into a reused Request keeps its

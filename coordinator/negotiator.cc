@@ -104,8 +104,7 @@ bool Negotiator::LockMayTakePending() const {
   for (const auto& [name, p] : pending_) {
     std::string_view stem;
     uint64_t n = 0;
-    if (p.state != PendingState::kUncached ||
-        (p.entry->op != OpType::kAllreduce && p.entry->op != OpType::kBroadcast) ||
+    if (p.state != PendingState::kUncached || !LockedPlanMayHold(ResponseTypeFor(p.entry->op)) ||
         !ParseGeneratedName(p.entry->name, &stem, &n)) {
       return false;
     }
