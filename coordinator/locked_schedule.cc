@@ -51,9 +51,6 @@ uint64_t ParameterHash(const Response& r) {
   return Mix(h, GroupKey(r.group, r.name));
 }
 
-// The collectives a plan may hold: those whose every rank's parameters a response states whole.
-// A broadcast belongs here because a training step has one (DDP's buffers, every forward); an
-// allgather's or alltoall's sizes can change on one rank alone, which only negotiation sees.
 std::string Milliseconds(double seconds) {
   return std::to_string(static_cast<int64_t>(seconds * 1e3 + 0.5)) + " ms";
 }

@@ -83,8 +83,10 @@ struct ResponseList {
 using ResponsePtr = std::shared_ptr<const Response>;
 
 ResponseType ResponseTypeFor(OpType op);
-// Whether a locked schedule's plan may hold responses of `type`: allreduces and broadcasts. A step
-// with any other collective does not lock, and one arriving while locked goes to negotiation.
+// Whether a locked schedule's plan may hold responses of `type`: the collectives whose every
+// rank's parameters a response states whole. Allreduces, and broadcasts because a training step
+// has one (DDP's buffers, every forward); an allgather's or alltoall's sizes can change on one
+// rank alone, which only negotiation sees. A step with any other collective does not lock.
 bool LockedPlanMayHold(ResponseType type);
 // The response that executes `request` (its agreed parameters); first_dims left empty.
 Response ResponseFromRequest(const Request& request);
