@@ -10,6 +10,7 @@
 set -euo pipefail
 
 python=$1 source_dir=$2 work_dir=$3 mpiexec=$4
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 venv=$work_dir/venv
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 # Nothing of the source or build tree may reach the interpreter but through the installed package.
@@ -42,4 +43,4 @@ echo "pip_install_test: pip install took $(($(date +%s) - start)) s"
 mkdir -p "$work_dir/run"
 cd "$work_dir/run"
 "$mpiexec" -np 2 --oversubscribe --bind-to none \
-  "$venv/bin/python" "$(dirname "${BASH_SOURCE[0]}")/check_installed.py" "$source_dir"
+  "$venv/bin/python" "$here/check_installed.py" "$source_dir"
