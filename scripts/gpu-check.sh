@@ -232,17 +232,27 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
       "$bench" "${iters[@]}" --max-bytes 4096 || true
       echo "gpu-check: overlap with the host plane's buckets"
       "${host_buckets[@]}" "$bench" "${iters[@]}" --max-bytes 4 | grep -A2 '^# overlap' || true
-      # Locked buckets launched by the background thread instead of the thread that launches the
-      # layers: whether the launches cost the backward less off its thread.
-      echo "gpu-check: overlap with GRADSYNC_CALLER_LAUNCH=0"
-      GRADSYNC_CALLER_LAUNCH=0 "$bench" "${iters[@]}" --max-bytes 4 | grep -A2 '^# overlap' ||
-        true
+      # Locked buckets launched by the thread that launches the layers (1, the default) or by the
+      # background thread (0), alternately three times: one sitting's overlap moves by a quarter
+      # from the next, so which thread should launch is decided within one.
+      local round launcher
+      for round in 1 2 3; do
+        for launcher in 1 0; do
+          echo "gpu-check: overlap, round $round, GRADSYNC_CALLER_LAUNCH=$launcher"
+          GRADSYNC_CALLER_LAUNCH=$launcher "$bench" "${iters[@]}" --max-bytes 4 |
+            grep -A2 '^# overlap' || true
+        done
+      done
       # Every copy's descriptors passed anew at each launch: what the tables save, same sitting.
       echo "gpu-check: overlap with GRADSYNC_DEVICE_COPY_TABLES=0"
       GRADSYNC_DEVICE_COPY_TABLES=0 "$bench" "${iters[@]}" --max-bytes 4 |
         grep -A2 '^# overlap' || true
-      GRADSYNC_GPU_BACKEND=mpi mpirun -np 2 --oversubscribe "$bench" "${iters[@]}" \
-        --max-bytes 16384 | grep -A8 '^# allreduce of one' || true
+      # Twice: the staged baseline itself swung between 157 and 303 us from one size to the next.
+      local repeat
+      for repeat in 1 2; do
+        GRADSYNC_GPU_BACKEND=mpi mpirun -np 2 --oversubscribe "$bench" "${iters[@]}" \
+          --max-bytes 16384 | grep -A8 '^# allreduce of one' || true
+      done
       # Where a small operation of the MPI backend spends what staging by hand does not: rank 0's
       # timeline of the same, up to 256 B.
       GRADSYNC_TIMELINE=$out/timeline-mpi-bench.json GRADSYNC_GPU_BACKEND=mpi mpirun -np 2 \
