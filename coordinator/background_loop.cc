@@ -77,6 +77,7 @@ void BackgroundLoop::Run() {
   }
   std::lock_guard<std::mutex> lock(cycle_mu_);
   all_locked_ = false;
+  caller_cycles_ = false;
   running_ = false;
 }
 
@@ -148,7 +149,8 @@ void BackgroundLoop::RunCycleForCaller() {
       std::chrono::steady_clock::time_point unused;
       stop_ = !RunCycle(/*on_caller=*/true, &unused);
       cycles_run_.fetch_add(1, std::memory_order_release);
-      wake = stop_ || !RunsCallerCycles() || lock_exchanging_;
+      // Not when only the next bucket is the loop's: the push that fills it wakes the loop.
+      wake = stop_ || !DefersReadiness() || lock_exchanging_;
     }
   }
   // The loop's thread is in a cycle (it drains this push next), or it has work now.
@@ -177,6 +179,7 @@ bool BackgroundLoop::RunCycle(bool on_caller, std::chrono::steady_clock::time_po
     set->SetPatient(patient);
     if (!RunSetCycle(set, on_caller, &productive)) {
       all_locked_ = false;
+      caller_cycles_ = false;
       return false;
     }
     set = sets_.Next(id);
@@ -194,9 +197,16 @@ bool BackgroundLoop::RunCycle(bool on_caller, std::chrono::steady_clock::time_po
   // the quick start.
   // A locked set has no negotiation to share: its buckets start as soon as they fill, and its
   // thread is woken by the push that can fill the next one.
-  wake_after_ = LockedWakeAfter();
+  const LockedSchedule* locked = LockedSet();
+  wake_after_ = locked != nullptr ? std::max<size_t>(locked->MissingForNextBucket(), 1) : 0;
   queue_->SetWakeAfter(wake_after_);
-  all_locked_ = wake_after_ > 0 && AllSetsLocked();
+  all_locked_ = locked != nullptr && AllSetsLocked();
+  // A bucket of several tensors costs its launcher two batched copies, which `single` keeps off
+  // the caller's thread; one of a single tensor costs it only the collective.
+  const bool callers_bucket = config_.caller_launch == CallerLaunch::kAll ||
+                              (config_.caller_launch == CallerLaunch::kSingle &&
+                               locked != nullptr && locked->NextBucketSize() == 1);
+  caller_cycles_ = all_locked_ && callers_bucket;
   if (!on_caller && queue_->HasPending() && wake_after_ == 0) {
     *pause_until = started + CycleTime();
   }
@@ -306,11 +316,11 @@ bool BackgroundLoop::FailSet(ProcessSetRuntime* set, const Status& why,
   return true;
 }
 
-size_t BackgroundLoop::LockedWakeAfter() {
+const LockedSchedule* BackgroundLoop::LockedSet() {
   for (ProcessSetRuntime* set = sets_.Next(-1); set != nullptr; set = sets_.Next(set->id())) {
-    if (set->lock().locked()) return std::max<size_t>(set->lock().MissingForNextBucket(), 1);
+    if (set->lock().locked()) return &set->lock();
   }
-  return 0;
+  return nullptr;
 }
 
 std::vector<TensorEntry*> BackgroundLoop::TakeFreshEntries() {

@@ -62,8 +62,9 @@ class BackgroundLoop {
   void WaitForFreshCycle();
 
   // Whether a caller that pushes a device tensor should ask for RunCycleForCaller (cheap, any
-  // thread): the loop's sets are all locked and GRADSYNC_CALLER_LAUNCH is on.
-  bool RunsCallerCycles() const { return config_.caller_launch && DefersReadiness(); }
+  // thread): the loop's sets are all locked, and GRADSYNC_CALLER_LAUNCH gives the caller the next
+  // bucket (every bucket, or one of a single tensor).
+  bool RunsCallerCycles() const { return caller_cycles_.load(std::memory_order_relaxed); }
   // Whether a caller that pushes a device tensor may leave its producer's readiness to the launch
   // of its bucket (cheap, any thread): the loop's sets are all locked, so that the bucket is
   // launched once it is full, on the caller's thread or on the loop's (see
@@ -118,9 +119,8 @@ class BackgroundLoop {
   // A set failed with `why`: the global set fails everything (returns false: the loop ends); any
   // other set is closed, failing `taken` with what it held (returns true).
   bool FailSet(ProcessSetRuntime* set, const Status& why, const std::vector<TensorEntry*>& taken);
-  // 0 while no set is locked; else the entries the locked set's next bucket still needs, at least 1
-  // (only one set locks at a time).
-  size_t LockedWakeAfter();
+  // The locked set's schedule, or null while no set is locked (only one set locks at a time).
+  const LockedSchedule* LockedSet();
   // Drains the queue; the entries are held until completed.
   std::vector<TensorEntry*> TakeFreshEntries();
   // Hands each entry to its set's next cycle, failing those whose set this rank does not run.
@@ -179,14 +179,17 @@ class BackgroundLoop {
   // When the loop's thread last found nothing held (max while something is).
   std::chrono::steady_clock::time_point idle_since_ = std::chrono::steady_clock::time_point::max();
   bool lock_exchanging_ = false;  // a locked set ended the cycle with an exchange in flight
-  size_t wake_after_ = 0;         // LockedWakeAfter() at the end of the last cycle
+  // At the end of the last cycle: 0 while no set is locked, else the entries the locked set's
+  // next bucket still needs, at least 1.
+  size_t wake_after_ = 0;
   std::chrono::steady_clock::time_point device_launched_at_;  // the last device bucket's launch
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<uint64_t> cycles_run_{0};
   std::atomic<bool> running_{false};
-  std::mutex cycle_mu_;                  // one cycle at a time, on whichever thread
-  std::atomic<bool> all_locked_{false};  // DefersReadiness()
-  bool stop_ = false;                    // a caller's cycle ended the loop; under cycle_mu_
+  std::mutex cycle_mu_;                     // one cycle at a time, on whichever thread
+  std::atomic<bool> all_locked_{false};     // DefersReadiness()
+  std::atomic<bool> caller_cycles_{false};  // RunsCallerCycles()
+  bool stop_ = false;                       // a caller's cycle ended the loop; under cycle_mu_
   std::thread thread_;
   // Last: destroyed first, completing what it still holds while the rest is intact.
   Finalizer finalizer_;

@@ -120,6 +120,8 @@ class LockedSchedule {
   // Locked: how many more of this rank's tensors the next bucket needs before it can start (0
   // while its exchange is in flight or a release is pending).
   size_t MissingForNextBucket() const;
+  // Locked: how many tensors the next bucket holds (0 unlocked).
+  size_t NextBucketSize() const { return locked_ ? buckets_[cursor_].responses.size() : 0; }
   // Every entry it holds (in plan order from the next bucket, then what did not fit the plan),
   // for negotiation or a caller that fails them; the schedule is left unlocked.
   std::vector<TensorEntry*> TakeAllHeld();

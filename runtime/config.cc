@@ -163,6 +163,35 @@ Status ParseSwitch(const char* name, std::string_view text, bool* out) {
   return BadValue(name, text, "1 or 0 (also true/false, yes/no, on/off)");
 }
 
+// A switch, or `single` between its two ends.
+Status ParseCallerLaunch(std::string_view text, CallerLaunch* out) {
+  std::string lower(text);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "single") {
+    *out = CallerLaunch::kSingle;
+    return Status::OK();
+  }
+  bool on = true;
+  if (!ParseSwitch("GRADSYNC_CALLER_LAUNCH", text, &on).ok()) {
+    return BadValue("GRADSYNC_CALLER_LAUNCH", text,
+                    "1, 0 or single (also true/false, yes/no, on/off)");
+  }
+  *out = on ? CallerLaunch::kAll : CallerLaunch::kNone;
+  return Status::OK();
+}
+
+const char* CallerLaunchName(CallerLaunch launch) {
+  switch (launch) {
+    case CallerLaunch::kNone:
+      return "0";
+    case CallerLaunch::kSingle:
+      return "single";
+    case CallerLaunch::kAll:
+      break;
+  }
+  return "1";
+}
+
 // Treats an empty variable like an unset one: `export GRADSYNC_X=` is a common way to clear it.
 std::string_view Lookup(const Config::Getenv& getenv, const char* name) {
   const char* value = getenv ? getenv(name) : std::getenv(name);
@@ -235,7 +264,7 @@ Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
     GRADSYNC_RETURN_IF_ERROR(ParseSwitch("GRADSYNC_LOCKED_SCHEDULE", text, &c.locked_schedule));
   }
   if (std::string_view text = Lookup(getenv, "GRADSYNC_CALLER_LAUNCH"); !text.empty()) {
-    GRADSYNC_RETURN_IF_ERROR(ParseSwitch("GRADSYNC_CALLER_LAUNCH", text, &c.caller_launch));
+    GRADSYNC_RETURN_IF_ERROR(ParseCallerLaunch(text, &c.caller_launch));
   }
   GRADSYNC_RETURN_IF_ERROR(ParseVar(getenv, kLockAfterSteps, &c.lock_after_steps));
   if (c.lock_after_steps < 1) {
@@ -297,7 +326,7 @@ std::string Config::ToString() const {
                                                       : "(calibrated)") +
          " GRADSYNC_LOCKED_SCHEDULE=" + (locked_schedule ? "1" : "0") +
          " GRADSYNC_LOCK_AFTER_STEPS=" + std::to_string(lock_after_steps) +
-         " GRADSYNC_CALLER_LAUNCH=" + (caller_launch ? "1" : "0") +
+         " GRADSYNC_CALLER_LAUNCH=" + CallerLaunchName(caller_launch) +
          " GRADSYNC_LOCK_WAIT_MS=" + FormatDouble(lock_wait_ms) +
          " GRADSYNC_CYCLE_TIME_MS=" + FormatDouble(cycle_time_ms) +
          " GRADSYNC_CACHE_CAPACITY=" + std::to_string(cache_capacity) +

@@ -20,6 +20,13 @@ enum class GpuBackend {
   kMpi,   // staged through pinned host buffers (or device memory, when MPI is CUDA-aware)
 };
 
+// Which locked device buckets the caller's thread launches (GRADSYNC_CALLER_LAUNCH).
+enum class CallerLaunch {
+  kNone,    // 0: the background thread launches every bucket
+  kSingle,  // single: buckets of one tensor; the background thread the rest
+  kAll,     // 1: every bucket
+};
+
 struct Config {
   // GRADSYNC_FUSION_THRESHOLD: bytes of one fusion buffer; 0 disables fusion.
   int64_t fusion_threshold_bytes = 64ll << 20;
@@ -75,8 +82,10 @@ struct Config {
   int64_t lock_after_steps = 3;
   // GRADSYNC_CALLER_LAUNCH: while the schedule is locked, the thread that enqueues a device
   // tensor completing a bucket runs the loop's cycle itself, launching the bucket without handing
-  // it to the background thread (docs/architecture.md, "Launching from the caller's thread").
-  bool caller_launch = true;
+  // it to the background thread (docs/architecture.md, "Launching from the caller's thread"):
+  // every bucket (1), none (0), or only a bucket of one tensor (`single`), whose launch has no
+  // batched copies to pay for on the caller's thread.
+  CallerLaunch caller_launch = CallerLaunch::kAll;
   // GRADSYNC_LOCK_WAIT_MS: how long a locked rank waits for a bucket that does not fill, or for
   // the others to reach one, before it asks every rank to leave the lock.
   double lock_wait_ms = 1000.0;

@@ -16,7 +16,7 @@
 #                                     trainer on CUDA (built against python3's torch), a timeline
 #                                     of the DDP wrapper's steps, and write nvidia-smi's report and
 #                                     every log to OUT (default: gpu-check-out)
-#   scripts/gpu-check.sh quick [OUT]  a shorter run (about 4 minutes on an H200, build included)
+#   scripts/gpu-check.sh quick [OUT]  a shorter run (about 6 minutes on an H200, build included)
 #                                     after a change: the tests labelled gpu, the Python CUDA
 #                                     tests at 1 rank, the GPU benchmark's small operations and
 #                                     overlap, and ResNet-50's training step at 1 and 2 ranks
@@ -232,15 +232,17 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
       "$bench" "${iters[@]}" --max-bytes 4096 || true
       echo "gpu-check: overlap with the host plane's buckets"
       "${host_buckets[@]}" "$bench" "${iters[@]}" --max-bytes 4 | grep -A2 '^# overlap' || true
-      # Locked buckets launched by the thread that launches the layers (1, the default) or by the
-      # background thread (0), alternately three times: one sitting's overlap moves by a quarter
-      # from the next, so which thread should launch is decided within one.
+      # Locked buckets launched by the thread that launches the layers (1, the default), by the
+      # background thread (0), or by the caller only when of one tensor (single: the one
+      # allreduce's, not the overlap's fused buckets), alternately three times: one sitting's
+      # overlap moves by a quarter from the next, so which thread should launch is decided within
+      # one, by the overlap and the one allreduce together.
       local round launcher
       for round in 1 2 3; do
-        for launcher in 1 0; do
+        for launcher in 1 0 single; do
           echo "gpu-check: overlap, round $round, GRADSYNC_CALLER_LAUNCH=$launcher"
           GRADSYNC_CALLER_LAUNCH=$launcher "$bench" "${iters[@]}" --max-bytes 4 |
-            grep -A2 '^# overlap' || true
+            grep -A2 -e '^# overlap' -e '^# allreduce of one' || true
         done
       done
       # Every copy's descriptors passed anew at each launch: what the tables save, same sitting.

@@ -46,18 +46,22 @@ inline bool DeviceTensors() {
   return value != nullptr && std::strcmp(value, "1") == 0;
 }
 
-// Threads that launched device allreduces, in launch order.
+// Device allreduce launches, in launch order: the launching thread and the bucket's tensors.
+struct NotedLaunch {
+  std::thread::id thread;
+  size_t tensors = 0;
+};
 inline std::mutex launches_mu;
-inline std::vector<std::thread::id> launch_threads;
+inline std::vector<NotedLaunch> launches;
 
-// The device plane over the host backend, noting the thread of each allreduce launch.
+// The device plane over the host backend, noting each allreduce launch.
 class LaunchNotingPlane : public DevicePlane {
  public:
   using DevicePlane::DevicePlane;
   Status Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) override {
     {
       std::lock_guard<std::mutex> lock(launches_mu);
-      launch_threads.push_back(std::this_thread::get_id());
+      launches.push_back({std::this_thread::get_id(), entries.size()});
     }
     return DevicePlane::Allreduce(entries, spec);
   }
@@ -103,7 +107,7 @@ class LockedScheduleTest : public MultiRankTest {
     }
     {
       std::lock_guard<std::mutex> lock(launches_mu);
-      launch_threads.clear();
+      launches.clear();
     }
     MultiRankTest::SetUp();
     std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
@@ -127,9 +131,11 @@ class LockedScheduleTest : public MultiRankTest {
     return view;
   }
 
-  static bool CallerLaunchOn() {
-    const char* value = std::getenv("GRADSYNC_CALLER_LAUNCH");
-    return value == nullptr || std::strcmp(value, "0") != 0;
+  // GRADSYNC_CALLER_LAUNCH as this run sets it.
+  static CallerLaunch CallerLaunchMode() {
+    Config config;
+    EXPECT_TRUE(Config::FromEnvironment(&config).ok());
+    return config.caller_launch;
   }
 
   static bool LockingOn() {

@@ -40,27 +40,90 @@ TEST_F(LockedScheduleTest, ASteadyLoopLocksOnceAndStaysRight) {
 class LockedLaunchTest : public LockedScheduleTest,
                          public ::testing::WithParamInterface<bool /*grouped*/> {};
 
+// The launches noted since `from`: how many, and how many of them on this thread.
+struct LaunchCount {
+  size_t launched = 0;
+  size_t on_caller = 0;
+};
+
+LaunchCount CountLaunches(size_t from, bool fused) {
+  std::lock_guard<std::mutex> lock(launches_mu);
+  LaunchCount count;
+  for (size_t i = from; i < launches.size(); ++i) {
+    if ((launches[i].tensors > 1) != fused) continue;
+    ++count.launched;
+    count.on_caller += launches[i].thread == std::this_thread::get_id() ? 1 : 0;
+  }
+  return count;
+}
+
+size_t LaunchesSoFar() {
+  std::lock_guard<std::mutex> lock(launches_mu);
+  return launches.size();
+}
+
 TEST_P(LockedLaunchTest, LockedDeviceBucketsLaunchOnTheCallersThread) {
   if (!DeviceTensors()) GTEST_SKIP() << "host tensors: buckets run on the background thread";
+  if (CallerLaunchMode() == CallerLaunch::kSingle) GTEST_SKIP() << "see the test after this";
   const bool grouped = GetParam();
   for (int step = 0; step < 6; ++step) RunStep(step, 0, grouped);  // locked by now
-  size_t before = 0;
-  {
-    std::lock_guard<std::mutex> lock(launches_mu);
-    before = launch_threads.size();
-  }
+  const size_t before = LaunchesSoFar();
   for (int step = 6; step < 14; ++step) RunStep(step, 0, grouped);
-  std::lock_guard<std::mutex> lock(launches_mu);
-  size_t on_caller = 0;
-  for (size_t i = before; i < launch_threads.size(); ++i) {
-    on_caller += launch_threads[i] == std::this_thread::get_id() ? 1 : 0;
-  }
-  const size_t launched = launch_threads.size() - before;
-  ASSERT_GT(launched, 0u);
-  if (!CallerLaunchOn()) {
-    EXPECT_EQ(on_caller, 0u);
+  LaunchCount count = CountLaunches(before, /*fused=*/true);
+  const LaunchCount alone = CountLaunches(before, /*fused=*/false);
+  count.launched += alone.launched;
+  count.on_caller += alone.on_caller;
+  ASSERT_GT(count.launched, 0u);
+  if (CallerLaunchMode() == CallerLaunch::kNone) {
+    EXPECT_EQ(count.on_caller, 0u);
   } else if (LockingOn() && size_ == 1) {
-    EXPECT_GE(2 * on_caller, launched) << on_caller << " of " << launched << " on the caller";
+    EXPECT_GE(2 * count.on_caller, count.launched)
+        << count.on_caller << " of " << count.launched << " on the caller";
+  }
+}
+
+// GRADSYNC_CALLER_LAUNCH=single: the caller launches a bucket of one tensor and leaves a fused
+// one, whose batched copies would cost it, to the background thread. Run where the large tensor
+// is reduced alone (GRADSYNC_INPLACE_THRESHOLD below its size) and the others share a bucket; the
+// step waits for the small ones before it enqueues the large one, so that its push finds the
+// single-tensor bucket next.
+TEST_P(LockedLaunchTest, SingleLeavesFusedBucketsToTheBackgroundThread) {
+  if (!DeviceTensors() || CallerLaunchMode() != CallerLaunch::kSingle) {
+    GTEST_SKIP() << "for device tensors with GRADSYNC_CALLER_LAUNCH=single";
+  }
+  const bool grouped = GetParam();
+  const size_t large = kSizes.size() - 1;
+  auto step = [&](int s) {
+    std::vector<std::unique_ptr<HostTensor>> tensors;
+    std::vector<TensorView> views;
+    GroupedAllreduceOptions group;
+    std::vector<Handle> handles;
+    for (size_t t = 0; t < large; ++t) {
+      tensors.push_back(Filled(kSizes[t], s + static_cast<int64_t>(t), rank_));
+      views.push_back(View(*tensors.back()));
+      group.names.push_back(Name(t));
+      if (!grouped) handles.push_back(allreduce(views.back(), Named(Name(t))));
+    }
+    if (grouped) handles = grouped_allreduce(views, group);
+    for (size_t t = 0; t < large; ++t) {
+      ASSERT_TRUE(Succeeds(handles[t])) << "step " << s << " " << Name(t);
+      ExpectSums(*tensors[t], s + static_cast<int64_t>(t), 0, size_);
+    }
+    auto alone = Filled(kSizes[large], s + static_cast<int64_t>(large), rank_);
+    ASSERT_TRUE(Succeeds(allreduce(View(*alone), Named(Name(large))))) << "step " << s;
+    ExpectSums(*alone, s + static_cast<int64_t>(large), 0, size_);
+  };
+  for (int s = 0; s < 6; ++s) step(s);  // locked by now
+  const size_t before = LaunchesSoFar();
+  for (int s = 6; s < 14; ++s) step(s);
+  const LaunchCount fused = CountLaunches(before, /*fused=*/true);
+  const LaunchCount alone = CountLaunches(before, /*fused=*/false);
+  ASSERT_GT(fused.launched, 0u) << "the small tensors were not fused";
+  ASSERT_GT(alone.launched, 0u);
+  EXPECT_EQ(fused.on_caller, 0u) << fused.on_caller << " of " << fused.launched;
+  if (LockingOn() && size_ == 1) {
+    EXPECT_GE(2 * alone.on_caller, alone.launched)
+        << alone.on_caller << " of " << alone.launched << " on the caller";
   }
 }
 

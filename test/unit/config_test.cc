@@ -147,8 +147,14 @@ TEST(ConfigTest, LockedScheduleKnobs) {
   EXPECT_EQ(defaults.lock_after_steps, 3);
   EXPECT_DOUBLE_EQ(defaults.lock_wait_ms, 1000.0);
   EXPECT_FALSE(ParseOk({{"GRADSYNC_LOCKED_SCHEDULE", "off"}}).locked_schedule);
-  EXPECT_TRUE(defaults.caller_launch);
-  EXPECT_FALSE(ParseOk({{"GRADSYNC_CALLER_LAUNCH", "0"}}).caller_launch);
+  EXPECT_EQ(defaults.caller_launch, CallerLaunch::kAll);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_CALLER_LAUNCH", "0"}}).caller_launch, CallerLaunch::kNone);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_CALLER_LAUNCH", "on"}}).caller_launch, CallerLaunch::kAll);
+  EXPECT_EQ(ParseOk({{"GRADSYNC_CALLER_LAUNCH", "Single"}}).caller_launch, CallerLaunch::kSingle);
+  EXPECT_NE(ParseOk({{"GRADSYNC_CALLER_LAUNCH", "single"}})
+                .ToString()
+                .find("GRADSYNC_CALLER_LAUNCH=single"),
+            std::string::npos);
   ExpectRejected("GRADSYNC_CALLER_LAUNCH", "sometimes");
   EXPECT_TRUE(defaults.device_copy_tables);
   EXPECT_FALSE(ParseOk({{"GRADSYNC_DEVICE_COPY_TABLES", "no"}}).device_copy_tables);
