@@ -1,7 +1,7 @@
 // The device plane's logic over the host backend (a thread as the communication stream, MPI as
 // the collective library), at 1, 2 and 4 ranks: fusion and the batched copy's scaling for every
 // dtype and reduce op, every collective, readiness waits on a slow producer, stream-ordered
-// completion, the finalizer's completion, and the timeout that aborts the plane.
+// completion and the finalizer's completion (its failures: device_plane_failure_test.cc).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -15,12 +15,9 @@
 #include <vector>
 
 #include "coordinator/finalizer.h"
-#include "ops/device/device_plane.h"
-#include "ops/device/host_device_backend.h"
 #include "ops/device/producer_readiness.h"
-#include "runtime/fusion_buffer.h"
 #include "runtime/host_stream.h"
-#include "test/mpi/multi_rank_test.h"
+#include "test/mpi/device_plane_fixture.h"
 
 namespace gradsync {
 namespace testing {
@@ -28,77 +25,6 @@ namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-// One operation as the background thread holds it: the entry, its handle's state and its input.
-struct Op {
-  Op(const std::string& name, DataType dtype, std::vector<int64_t> shape)
-      : input(dtype, shape), result(dtype, shape) {
-    entry.name = name;
-    entry.input = input.view();
-    entry.output = entry.input;
-    entry.state = std::make_shared<OpState>();
-  }
-  // The reduction writes into `result` instead of the input.
-  void OutOfPlace() { entry.output = result.view(); }
-
-  TensorEntry entry;
-  HostTensor input;
-  HostTensor result;
-};
-
-class DevicePlaneTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
-    MakePlane(seconds(60));
-  }
-  void TearDown() override {
-    plane_.reset();
-    int failed_here = HasFailure() ? 1 : 0;
-    int failed_anywhere = 0;
-    MPI_Allreduce(&failed_here, &failed_anywhere, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (failed_anywhere && !failed_here) ADD_FAILURE() << "this test failed on another rank";
-  }
-
-  void MakePlane(std::chrono::nanoseconds timeout,
-                 std::chrono::nanoseconds stuck_limit = kWaitForever) {
-    plane_.reset();
-    std::unique_ptr<HostDeviceBackend> backend;
-    ASSERT_TRUE(HostDeviceBackend::Create(MPI_COMM_WORLD, &backend, stuck_limit).ok());
-    backend_ = backend.get();
-    plane_ = std::make_unique<DevicePlane>(std::move(backend), MPI_COMM_WORLD, timeout);
-  }
-
-  // Waits for the launch's completion event, as the finalizer would.
-  Status Finish() {
-    std::shared_ptr<StreamEvent> done = plane_->TakeCompletion();
-    if (done == nullptr) return Status::Internal("no completion event");
-    return done->Wait(kWaitLimit);
-  }
-
-  int rank_ = 0;
-  int size_ = 1;
-  HostDeviceBackend* backend_ = nullptr;
-  std::unique_ptr<DevicePlane> plane_;
-};
-
-void Fill(HostTensor* tensor, ReduceOp op, int rank) {
-  for (int64_t i = 0; i < tensor->size(); ++i) tensor->Set(i, Value(op, rank, i));
-}
-
-::testing::AssertionResult Reduced(const HostTensor& tensor, ReduceOp op, DataType dtype, int size,
-                                   double scale = 1.0) {
-  for (int64_t i = 0; i < tensor.size(); ++i) {
-    const double expected = Expected(op, dtype, size, i) * scale;
-    if (std::abs(tensor.Get(i) - expected) > Tolerance(dtype, expected)) {
-      return ::testing::AssertionFailure()
-             << DataTypeName(dtype) << " " << ReduceOpName(op) << " element " << i << ": "
-             << tensor.Get(i) << ", wanted " << expected;
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 TEST_F(DevicePlaneTest, AllreduceEveryDtypeAndOpFusedAndAlone) {
   for (DataType dtype : AllDataTypes()) {
@@ -417,89 +343,6 @@ TEST_F(DevicePlaneTest, FinalizerCompletesLaunchedBucketsInOrder) {
   for (int i = 0; i < 20; ++i) {
     EXPECT_EQ(completed[i], "op" + std::to_string(i));
     EXPECT_TRUE(Reduced(ops[i]->input, ReduceOp::kSum, DataType::kFloat32, size_));
-  }
-}
-
-TEST_F(DevicePlaneTest, NeverReadyProducerTimesOutAndAbortsThePlane) {
-  MakePlane(milliseconds(500));
-  Status failure;
-  Finalizer finalizer(
-      [&](const std::vector<TensorEntry*>&, const Status& status) { failure = status; });
-  Op stuck("stuck.grad", DataType::kFloat32, {16});
-  stuck.entry.ready = std::make_shared<HostEvent>();  // a producer that never finishes
-  ASSERT_TRUE(plane_->Allreduce({&stuck.entry}, {DataType::kFloat32, ReduceOp::kSum}).ok());
-  const auto start = std::chrono::steady_clock::now();
-  finalizer.Add(plane_.get(), 3, {&stuck.entry}, plane_->TakeCompletion());
-  finalizer.Drain();
-  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(450));
-  EXPECT_EQ(failure.code(), StatusCode::kTimeout) << failure.ToString();
-  for (const char* needle : {"allreduce of tensor 'stuck.grad'", "process set 3",
-                             "GRADSYNC_NCCL_TIMEOUT_SECONDS", "aborted"}) {
-    EXPECT_NE(failure.message().find(needle), std::string::npos) << failure.message();
-  }
-  // Every later operation on the plane fails at once, with the same cause.
-  Op later("later", DataType::kFloat32, {16});
-  const Status refused = plane_->Allreduce({&later.entry}, {DataType::kFloat32, ReduceOp::kSum});
-  EXPECT_EQ(refused.code(), StatusCode::kTimeout);
-  EXPECT_NE(refused.message().find("stuck.grad"), std::string::npos);
-}
-
-// What the stuck-collective handler was told on this rank; rank 1 also asks rank 0 to release it.
-std::string g_stuck_message;
-constexpr int kReleaseTag = 77;
-
-void NoteStuckAndAskForRelease(const std::string& message) {
-  g_stuck_message = message;
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 1) MPI_Send(nullptr, 0, MPI_BYTE, 0, kReleaseTag, MPI_COMM_WORLD);
-}
-
-// Rank 0's producer never finishes, so its stream drops the allreduce the other ranks' streams
-// are already inside; every rank's plane times out. Destroying such a plane cannot stop a thread
-// inside MPI: the destructor names the stuck collective and ends the job (here, a handler that
-// asks rank 0 to enter the collective after all, so that the test can end) instead of hanging.
-TEST_F(DevicePlaneTest, AnAbortedPlaneStuckInACollectiveEndsTheJobInsteadOfHanging) {
-  if (size_ < 2) GTEST_SKIP() << "needs a rank to be stuck waiting for another";
-  MakePlane(milliseconds(500), milliseconds(300));
-  HostDeviceBackend::SetStuckCollectiveHandlerForTesting(&NoteStuckAndAskForRelease);
-  struct DefaultHandlerAfter {
-    ~DefaultHandlerAfter() { HostDeviceBackend::SetStuckCollectiveHandlerForTesting(nullptr); }
-  } restore_handler;
-  g_stuck_message.clear();
-  Status failure;
-  Finalizer finalizer(
-      [&](const std::vector<TensorEntry*>&, const Status& status) { failure = status; });
-  // Two tensors: the others are stuck reducing the fusion buffer, which the plane's destructor
-  // hands back before the backend's destructor waits (a use after free under the sanitizers if
-  // it were freed then).
-  Op a("half.stuck.a", DataType::kFloat32, {16}), b("half.stuck.b", DataType::kFloat32, {16});
-  if (rank_ == 0) a.entry.ready = std::make_shared<HostEvent>();  // never finishes
-  ASSERT_TRUE(plane_->Allreduce({&a.entry, &b.entry}, {DataType::kFloat32, ReduceOp::kSum}).ok());
-  finalizer.Add(plane_.get(), 0, {&a.entry, &b.entry}, plane_->TakeCompletion());
-  finalizer.Drain();
-  EXPECT_EQ(failure.code(), StatusCode::kTimeout) << failure.ToString();
-  if (rank_ == 0) {
-    // Enters the collective the others are stuck in once rank 1's destructor has given up on it.
-    const MPI_Comm comm = backend_->comm();
-    MPI_Recv(nullptr, 0, MPI_BYTE, 1, kReleaseTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    const size_t fused =
-        AlignFusionOffset(AlignFusionOffset(16 * sizeof(float)) + 16 * sizeof(float));
-    std::vector<float> zeros(fused / sizeof(float), 0.0f);
-    MPI_Allreduce(MPI_IN_PLACE, zeros.data(), static_cast<int>(zeros.size()), MPI_FLOAT, MPI_SUM,
-                  comm);
-  }
-  const auto start = std::chrono::steady_clock::now();
-  plane_.reset();
-  if (rank_ == 0) {
-    EXPECT_TRUE(g_stuck_message.empty()) << "its stream dropped the allreduce: " << g_stuck_message;
-    return;
-  }
-  // Rank 1's handler releases every rank: the others may be released before their own limit.
-  if (rank_ != 1) return;
-  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(250));
-  for (const char* needle : {"MPI_Allreduce", "half.stuck", "another rank", "the job ends"}) {
-    EXPECT_NE(g_stuck_message.find(needle), std::string::npos) << g_stuck_message;
   }
 }
 

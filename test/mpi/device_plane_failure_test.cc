@@ -1,0 +1,108 @@
+// The device plane's failures over the host backend, at 1, 2 and 4 ranks: a producer that never
+// finishes times out and aborts the plane, and a plane aborted while a rank is stuck inside a
+// collective ends the job instead of hanging.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/finalizer.h"
+#include "runtime/fusion_buffer.h"
+#include "runtime/host_stream.h"
+#include "test/mpi/device_plane_fixture.h"
+
+namespace gradsync {
+namespace testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+TEST_F(DevicePlaneTest, NeverReadyProducerTimesOutAndAbortsThePlane) {
+  MakePlane(milliseconds(500));
+  Status failure;
+  Finalizer finalizer(
+      [&](const std::vector<TensorEntry*>&, const Status& status) { failure = status; });
+  Op stuck("stuck.grad", DataType::kFloat32, {16});
+  stuck.entry.ready = std::make_shared<HostEvent>();  // a producer that never finishes
+  ASSERT_TRUE(plane_->Allreduce({&stuck.entry}, {DataType::kFloat32, ReduceOp::kSum}).ok());
+  const auto start = std::chrono::steady_clock::now();
+  finalizer.Add(plane_.get(), 3, {&stuck.entry}, plane_->TakeCompletion());
+  finalizer.Drain();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(450));
+  EXPECT_EQ(failure.code(), StatusCode::kTimeout) << failure.ToString();
+  for (const char* needle : {"allreduce of tensor 'stuck.grad'", "process set 3",
+                             "GRADSYNC_NCCL_TIMEOUT_SECONDS", "aborted"}) {
+    EXPECT_NE(failure.message().find(needle), std::string::npos) << failure.message();
+  }
+  // Every later operation on the plane fails at once, with the same cause.
+  Op later("later", DataType::kFloat32, {16});
+  const Status refused = plane_->Allreduce({&later.entry}, {DataType::kFloat32, ReduceOp::kSum});
+  EXPECT_EQ(refused.code(), StatusCode::kTimeout);
+  EXPECT_NE(refused.message().find("stuck.grad"), std::string::npos);
+}
+
+// What the stuck-collective handler was told on this rank; rank 1 also asks rank 0 to release it.
+std::string g_stuck_message;
+constexpr int kReleaseTag = 77;
+
+void NoteStuckAndAskForRelease(const std::string& message) {
+  g_stuck_message = message;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 1) MPI_Send(nullptr, 0, MPI_BYTE, 0, kReleaseTag, MPI_COMM_WORLD);
+}
+
+// Rank 0's producer never finishes, so its stream drops the allreduce the other ranks' streams
+// are already inside; every rank's plane times out. Destroying such a plane cannot stop a thread
+// inside MPI: the destructor names the stuck collective and ends the job (here, a handler that
+// asks rank 0 to enter the collective after all, so that the test can end) instead of hanging.
+TEST_F(DevicePlaneTest, AnAbortedPlaneStuckInACollectiveEndsTheJobInsteadOfHanging) {
+  if (size_ < 2) GTEST_SKIP() << "needs a rank to be stuck waiting for another";
+  MakePlane(milliseconds(500), milliseconds(300));
+  HostDeviceBackend::SetStuckCollectiveHandlerForTesting(&NoteStuckAndAskForRelease);
+  struct DefaultHandlerAfter {
+    ~DefaultHandlerAfter() { HostDeviceBackend::SetStuckCollectiveHandlerForTesting(nullptr); }
+  } restore_handler;
+  g_stuck_message.clear();
+  Status failure;
+  Finalizer finalizer(
+      [&](const std::vector<TensorEntry*>&, const Status& status) { failure = status; });
+  // Two tensors: the others are stuck reducing the fusion buffer, which the plane's destructor
+  // hands back before the backend's destructor waits (a use after free under the sanitizers if
+  // it were freed then).
+  Op a("half.stuck.a", DataType::kFloat32, {16}), b("half.stuck.b", DataType::kFloat32, {16});
+  if (rank_ == 0) a.entry.ready = std::make_shared<HostEvent>();  // never finishes
+  ASSERT_TRUE(plane_->Allreduce({&a.entry, &b.entry}, {DataType::kFloat32, ReduceOp::kSum}).ok());
+  finalizer.Add(plane_.get(), 0, {&a.entry, &b.entry}, plane_->TakeCompletion());
+  finalizer.Drain();
+  EXPECT_EQ(failure.code(), StatusCode::kTimeout) << failure.ToString();
+  if (rank_ == 0) {
+    // Enters the collective the others are stuck in once rank 1's destructor has given up on it.
+    const MPI_Comm comm = backend_->comm();
+    MPI_Recv(nullptr, 0, MPI_BYTE, 1, kReleaseTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    const size_t fused =
+        AlignFusionOffset(AlignFusionOffset(16 * sizeof(float)) + 16 * sizeof(float));
+    std::vector<float> zeros(fused / sizeof(float), 0.0f);
+    MPI_Allreduce(MPI_IN_PLACE, zeros.data(), static_cast<int>(zeros.size()), MPI_FLOAT, MPI_SUM,
+                  comm);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  plane_.reset();
+  if (rank_ == 0) {
+    EXPECT_TRUE(g_stuck_message.empty()) << "its stream dropped the allreduce: " << g_stuck_message;
+    return;
+  }
+  // Rank 1's handler releases every rank: the others may be released before their own limit.
+  if (rank_ != 1) return;
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(250));
+  for (const char* needle : {"MPI_Allreduce", "half.stuck", "another rank", "the job ends"}) {
+    EXPECT_NE(g_stuck_message.find(needle), std::string::npos) << g_stuck_message;
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsync
