@@ -241,19 +241,20 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
       for round in 1 2 3; do
         for launcher in 1 0 single; do
           echo "gpu-check: overlap, round $round, GRADSYNC_CALLER_LAUNCH=$launcher"
-          GRADSYNC_CALLER_LAUNCH=$launcher "$bench" "${iters[@]}" --max-bytes 4 |
-            grep -A2 -e '^# overlap' -e '^# allreduce of one' || true
+          GRADSYNC_CALLER_LAUNCH=$launcher "$bench" "${iters[@]}" --max-bytes 4 \
+            --table-iters 200 | grep -A2 -e '^# overlap' -e '^# allreduce of one' || true
         done
       done
       # Every copy's descriptors passed anew at each launch: what the tables save, same sitting.
       echo "gpu-check: overlap with GRADSYNC_DEVICE_COPY_TABLES=0"
       GRADSYNC_DEVICE_COPY_TABLES=0 "$bench" "${iters[@]}" --max-bytes 4 |
         grep -A2 '^# overlap' || true
-      # Twice: the staged baseline itself swung between 157 and 303 us from one size to the next.
+      # Twice, with 200 operations a size: the staged baseline itself swung between 157 and 303 us
+      # from one size to the next in medians of 20.
       local repeat
       for repeat in 1 2; do
         GRADSYNC_GPU_BACKEND=mpi mpirun -np 2 --oversubscribe "$bench" "${iters[@]}" \
-          --max-bytes 16384 | grep -A8 '^# allreduce of one' || true
+          --max-bytes 16384 --table-iters 200 | grep -A8 '^# allreduce of one' || true
       done
       # Where a small operation of the MPI backend spends what staging by hand does not: rank 0's
       # timeline of the same, up to 256 B.

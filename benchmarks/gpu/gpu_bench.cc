@@ -20,7 +20,7 @@
 //      MPI_Allreduce staged through pinned host memory as that backend stages it. `gs_call_us` is
 //      the part of gradsync's time spent in the allreduce call itself (the enqueue and, locked, the
 //      caller's launch); the rest is the device's work and the completion reaching the waiting
-//      caller.
+//      caller. --table-iters sets its timed operations per size (default --iters).
 //
 // Run as `mpirun -np N gradsync_bench_gpu` or alone; each rank uses GPU local_rank() % devices.
 #include <cuda_runtime.h>
@@ -52,6 +52,9 @@ namespace {
 struct Options {
   std::string data_dir;
   int iters = 20;
+  // The allreduce table's own (0: iters): ranks sharing a GPU take turns on it, and a median of
+  // 20 small operations there moved by half from one run to the next.
+  int table_iters = 0;
   int64_t max_bytes = int64_t{1} << 30;
   // The backward's compute as a multiple of the communication alone: 1 is the overlap goal's
   // hardest case; larger values give each layer a realistic share of the step.
@@ -325,6 +328,7 @@ void AllreduceTable(const Options& options, int device) {
   // Ranks sharing the GPU (the MPI backend's runs) cannot form a raw NCCL communicator: their
   // baseline is what the MPI backend does by hand, staged through pinned host memory.
   const bool raw_nccl = options.raw_nccl;
+  const int iters = options.table_iters > 0 ? options.table_iters : options.iters;
   ncclUniqueId id;
   ncclComm_t comm = nullptr;
   if (raw_nccl) {
@@ -357,7 +361,7 @@ void AllreduceTable(const Options& options, int device) {
     std::printf(
         "\n# allreduce of one named tensor (its schedule locked), float32 sum, %d rank(s), "
         "median of %d; raw = %s\n",
-        size, options.iters,
+        size, iters,
         raw_nccl ? "ncclAllReduce"
                  : "MPI_Allreduce staged through pinned host memory (copies included)");
     std::printf("%12s %12s %10s %10s %12s %10s %10s %8s %10s\n", "bytes", "gs_us", "gs_algbw",
@@ -373,7 +377,7 @@ void AllreduceTable(const Options& options, int device) {
     const gradsync::TensorView view(buffer, gradsync::DataType::kFloat32, {count},
                                     gradsync::Device::Cuda(device));
     std::vector<double> gs, calls, raw_times;
-    for (int i = 0; i < options.iters + kWarmup; ++i) {
+    for (int i = 0; i < iters + kWarmup; ++i) {
       MPI_Barrier(MPI_COMM_WORLD);
       auto t0 = MPI_Wtime();
       gradsync::Handle handle = gradsync::allreduce(view, named);
@@ -419,14 +423,16 @@ int main(int argc, char** argv) {
       options.data_dir = argv[i + 1];
     else if (flag == "--iters")
       options.iters = std::atoi(argv[i + 1]);
+    else if (flag == "--table-iters")
+      options.table_iters = std::atoi(argv[i + 1]);
     else if (flag == "--max-bytes")
       options.max_bytes = std::atoll(argv[i + 1]);
     else if (flag == "--compute-scale")
       options.compute_scale = std::atof(argv[i + 1]);
     else {
       std::fprintf(stderr,
-                   "usage: gradsync_bench_gpu [--data-dir DIR] [--iters N] [--max-bytes B] "
-                   "[--compute-scale F]\n");
+                   "usage: gradsync_bench_gpu [--data-dir DIR] [--iters N] [--table-iters N] "
+                   "[--max-bytes B] [--compute-scale F]\n");
       return 2;
     }
   }
