@@ -120,9 +120,15 @@ Status ParseReal(const RealSpec& spec, std::string_view text, double* out) {
   return Status::OK();
 }
 
-Status ParseLogLevel(const char* name, std::string_view text, LogLevel* out) {
+// Names and switches are case-insensitive.
+std::string Lowercase(std::string_view text) {
   std::string lower(text);
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return lower;
+}
+
+Status ParseLogLevel(const char* name, std::string_view text, LogLevel* out) {
+  const std::string lower = Lowercase(text);
   for (const LevelName& entry : kLevelNames) {
     if (lower == entry.name) {
       *out = entry.level;
@@ -133,8 +139,7 @@ Status ParseLogLevel(const char* name, std::string_view text, LogLevel* out) {
 }
 
 Status ParseGpuBackend(const char* name, std::string_view text, GpuBackend* out) {
-  std::string lower(text);
-  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string lower = Lowercase(text);
   for (GpuBackend backend : {GpuBackend::kAuto, GpuBackend::kNccl, GpuBackend::kMpi}) {
     if (lower == GpuBackendName(backend)) {
       *out = backend;
@@ -146,8 +151,7 @@ Status ParseGpuBackend(const char* name, std::string_view text, GpuBackend* out)
 
 // Horovod's switches take 1 and 0; the words are what users also try.
 Status ParseSwitch(const char* name, std::string_view text, bool* out) {
-  std::string lower(text);
-  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string lower = Lowercase(text);
   for (const char* yes : {"1", "true", "yes", "on"}) {
     if (lower == yes) {
       *out = true;
@@ -165,8 +169,7 @@ Status ParseSwitch(const char* name, std::string_view text, bool* out) {
 
 // A switch, or `single` between its two ends.
 Status ParseCallerLaunch(std::string_view text, CallerLaunch* out) {
-  std::string lower(text);
-  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string lower = Lowercase(text);
   if (lower == "single") {
     *out = CallerLaunch::kSingle;
     return Status::OK();
