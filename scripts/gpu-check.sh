@@ -306,6 +306,12 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
         PYTHONPATH=$work/build/python timeout 300 mpirun -np 1 -x PYTHONPATH "${train[@]}" \
           --model "$model" "${modes[@]}" || failed=1
       done
+      # ResNet-50's step with fused buckets left to the background thread, beside DDP in the same
+      # process: with the rounds of the benchmark above, what decides GRADSYNC_CALLER_LAUNCH.
+      echo "gpu-check: ResNet-50 at 1 rank with GRADSYNC_CALLER_LAUNCH=single"
+      PYTHONPATH=$work/build/python GRADSYNC_CALLER_LAUNCH=single timeout 300 mpirun -np 1 \
+        -x PYTHONPATH -x GRADSYNC_CALLER_LAUNCH "${train[@]}" --model resnet50 \
+        --modes none,ddp,gs-opt,gs-ddp || failed=1
       PYTHONPATH=$work/build/python GRADSYNC_GPU_BACKEND=mpi timeout 300 mpirun -np 2 \
         --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND "${train[@]}" --model resnet50 \
         --batch 16 || failed=1

@@ -237,10 +237,13 @@ def main():
 def report(args, workload, device, backend, results):
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     gpu_backend = os.environ.get("GRADSYNC_GPU_BACKEND", "nccl") if device.type == "cuda" else "-"
+    # The run's own settings (GRADSYNC_CALLER_LAUNCH, ...), so that runs of one file compare.
+    settings = {k: v for k, v in sorted(os.environ.items()) if k.startswith("GRADSYNC_")}
     print("# %s, batch %d per rank, %d rank(s), %s; DDP on %s, gradsync's GPU backend %s; "
-          "torch %s; zero_grad %s; %d timed steps per mode" % (
+          "torch %s; zero_grad %s; %d timed steps per mode; %s" % (
               args.model, workload.batch, hvd.size(), gpu, backend, gpu_backend,
-              torch.__version__, args.zero_grad, args.rounds * args.steps_per_round))
+              torch.__version__, args.zero_grad, args.rounds * args.steps_per_round,
+              " ".join("%s=%s" % kv for kv in settings.items()) or "no GRADSYNC_* set"))
     none = results.get("none", (None,))[0]
     ddp = results.get("ddp", (None,))[0]
     ddp_checksum = results["ddp"][3] if "ddp" in results else None
@@ -264,7 +267,7 @@ def report(args, workload, device, backend, results):
                 f.write(json.dumps({
                     "model": args.model, "batch": workload.batch, "ranks": hvd.size(),
                     "device": gpu, "ddp_backend": backend, "gpu_backend": gpu_backend,
-                    "zero_grad": args.zero_grad,
+                    "zero_grad": args.zero_grad, "settings": settings,
                     "mode": name, "median_ms": round(median, 3), "min_ms": round(fastest, 3),
                     "over_none_ms": None if none is None else round(median - none, 3),
                     "vs_ddp": None if not ddp else round(median / ddp, 4),
