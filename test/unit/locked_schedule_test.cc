@@ -201,6 +201,30 @@ TEST(LockedScheduleTest, CountsWhatTheNextBucketStillNeeds) {
   EXPECT_EQ(schedule.MissingForNextBucket(), 0u);  // leaving: nothing to wait for
 }
 
+// GRADSYNC_CALLER_LAUNCH=single gives the caller a bucket of one tensor and the background thread
+// a fused one: the schedule tells the size of the bucket it waits for next, turn after turn.
+TEST(LockedScheduleTest, TellsTheNextBucketsSize) {
+  InProcessLockHub hub(1);
+  LockedSchedule schedule(hub.Channel(0), FastSettings(2), 0);
+  Observed step(Names(5), {0, 0, 0, 1, 2});  // the caller's waits cut it into 3, 1 and 1
+  EXPECT_EQ(schedule.NextBucketSize(), 0u);  // not locked
+  for (int i = 0; i < 3; ++i) schedule.Observe(step.Outcome());
+  ASSERT_TRUE(schedule.Lock({256, 1 << 20}, step.Cache()).ok());
+  ASSERT_TRUE(schedule.locked());
+  std::vector<size_t> sizes;
+  std::vector<std::unique_ptr<TensorEntry>> entries;
+  for (int turn = 0; turn < 2; ++turn) {
+    for (const std::string& name : Names(5)) {
+      sizes.push_back(schedule.NextBucketSize());
+      entries.push_back(EntryFor(name));
+      LockedCycle out;
+      ASSERT_TRUE(schedule.RunCycle({entries.back().get()}, false, "", &out).ok());
+      ASSERT_FALSE(out.unlocked) << out.reason;
+    }
+  }
+  EXPECT_EQ(sizes, (std::vector<size_t>{3, 3, 3, 1, 1, 3, 3, 3, 1, 1}));
+}
+
 TEST(LockedScheduleTest, DisabledNeverLocks) {
   InProcessLockHub hub(1);
   LockSettings settings = FastSettings(1);
