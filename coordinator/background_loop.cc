@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <thread>
 
 #ifdef __linux__
@@ -149,8 +150,11 @@ void BackgroundLoop::RunCycleForCaller() {
       std::chrono::steady_clock::time_point unused;
       stop_ = !RunCycle(/*on_caller=*/true, &unused);
       cycles_run_.fetch_add(1, std::memory_order_release);
-      // Not when only the next bucket is the loop's: the push that fills it wakes the loop.
-      wake = stop_ || !DefersReadiness() || lock_exchanging_;
+      // Not when only the next bucket is the loop's and not yet full: the push that fills it
+      // wakes the loop.
+      const LockedSchedule* locked = LockedSet();
+      wake = stop_ || !DefersReadiness() || lock_exchanging_ ||
+             (locked != nullptr && locked->MissingForNextBucket() == 0);
     }
   }
   // The loop's thread is in a cycle (it drains this push next), or it has work now.
@@ -202,7 +206,8 @@ bool BackgroundLoop::RunCycle(bool on_caller, std::chrono::steady_clock::time_po
   queue_->SetWakeAfter(wake_after_);
   all_locked_ = locked != nullptr && AllSetsLocked();
   // A bucket of several tensors costs its launcher two batched copies, which `single` keeps off
-  // the caller's thread; one of a single tensor costs it only the collective.
+  // the caller's thread; one of a single tensor costs it the collective (and a scale kernel where
+  // it averages or scales).
   const bool callers_bucket = config_.caller_launch == CallerLaunch::kAll ||
                               (config_.caller_launch == CallerLaunch::kSingle &&
                                locked != nullptr && locked->NextBucketSize() == 1);
@@ -272,9 +277,13 @@ bool BackgroundLoop::RunSetCycle(ProcessSetRuntime* set, bool on_caller, bool* p
 bool BackgroundLoop::RunLockedCycle(ProcessSetRuntime* set, bool on_caller, bool* productive) {
   const bool global = set->id() == 0;
   LockedCycle cycle;
+  // Under GRADSYNC_CALLER_LAUNCH=single a caller's cycle stops before a fused bucket, which
+  // RunCycleForCaller then wakes the loop's thread to run.
+  const size_t most_tensors =
+      on_caller && config_.caller_launch == CallerLaunch::kSingle ? 1 : SIZE_MAX;
   const Status ran = set->lock().RunCycle(set->fresh(), global && shutdown_requested_.load(),
                                           "shutdown() was called on this rank", &cycle,
-                                          /*poll_peers=*/!on_caller);
+                                          /*poll_peers=*/!on_caller, most_tensors);
   set->fresh().clear();
   if (!ran.ok()) {
     Log().error("locked schedule of process set {} failed: {}", set->id(), ran.ToString());

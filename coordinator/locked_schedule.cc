@@ -67,6 +67,7 @@ LockSettings LockSettings::From(const Config& config) {
   s.stall_warning_seconds = config.stall_warning_seconds;
   s.stall_shutdown_seconds = config.stall_shutdown_seconds;
   s.longest_step = static_cast<size_t>(std::max<int64_t>(config.cache_capacity, 1));
+  s.single_apart = config.caller_launch == CallerLaunch::kSingle;
   return s;
 }
 
@@ -217,8 +218,10 @@ size_t LockedSchedule::MissingForNextBucket() const {
 }
 
 Status LockedSchedule::RunCycle(const std::vector<TensorEntry*>& fresh, bool release,
-                                const std::string& why, LockedCycle* out, bool poll_peers) {
+                                const std::string& why, LockedCycle* out, bool poll_peers,
+                                size_t most_tensors) {
   const double now = clock_();
+  most_tensors_ = most_tensors;
   for (TensorEntry* entry : fresh) Place(entry, now);
   if (release && leave_reason_.empty()) leave_reason_ = why;
   return Advance(out, poll_peers);
@@ -322,7 +325,7 @@ Status LockedSchedule::Advance(LockedCycle* out, bool poll_peers) {
                         " (to run it, or to leave the lock) and this rank has not";
       }
     }
-    if (!leave_reason_.empty() || full) {
+    if (!leave_reason_.empty() || (full && next.responses.size() <= most_tensors_)) {
       GRADSYNC_RETURN_IF_ERROR(StartExchange(!leave_reason_.empty(), now));
       continue;
     }
@@ -371,9 +374,11 @@ void LockedSchedule::Finish(const std::vector<uint64_t>& words, LockedCycle* out
 
 uint64_t LockedSchedule::FullBuckets() const {
   uint64_t mask = 1;  // the cursor's bucket: an exchange that does not release starts only then
+  const bool cursor_single = buckets_[cursor_].responses.size() == 1;
   for (size_t i = 1; i < 63 && cursor_ + i < buckets_.size(); ++i) {
     const PlannedBucket& bucket = buckets_[cursor_ + i];
     if (bucket.done_count != 0 || !bucket.full()) break;
+    if (settings_.single_apart && (bucket.responses.size() == 1) != cursor_single) break;
     mask |= uint64_t{1} << i;
   }
   return mask;

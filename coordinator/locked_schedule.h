@@ -35,6 +35,7 @@
 // Used by the background thread only.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -63,6 +64,9 @@ struct LockSettings {
   // GRADSYNC_CACHE_CAPACITY), and names that never come back (unnamed operations, each named
   // after its call) would otherwise grow the step without end.
   size_t longest_step = 1024;
+  // GRADSYNC_CALLER_LAUNCH=single: one exchange never agrees on a bucket of one tensor together
+  // with a fused one, since different threads run them (see RunCycle's `most_tensors`).
+  bool single_apart = false;
 
   static LockSettings From(const Config& config);
 };
@@ -112,15 +116,18 @@ class LockedSchedule {
   // `release` (with `why`) leaves the lock at the next exchange. A failure is this rank's control
   // plane, or a stall past GRADSYNC_STALL_SHUTDOWN_SECONDS. With `poll_peers`, an exchange the
   // others have not joined yet is looked at between yields for a while before it returns; a
-  // caller's thread, which has its own work to do, passes false and looks once.
+  // caller's thread, which has its own work to do, passes false and looks once. No bucket of
+  // more than `most_tensors` is exchanged or returned (GRADSYNC_CALLER_LAUNCH=single leaves fused
+  // buckets to the loop's thread): the cycle stops before it, and MissingForNextBucket() says 0.
   Status RunCycle(const std::vector<TensorEntry*>& fresh, bool release, const std::string& why,
-                  LockedCycle* out, bool poll_peers = true);
+                  LockedCycle* out, bool poll_peers = true, size_t most_tensors = SIZE_MAX);
   // Whether an exchange is in flight: the background thread should test it again soon.
   bool exchanging() const { return in_flight_; }
   // Locked: how many more of this rank's tensors the next bucket needs before it can start (0
   // while its exchange is in flight or a release is pending).
   size_t MissingForNextBucket() const;
-  // Locked: how many tensors the next bucket holds (0 unlocked).
+  // Locked: how many tensors the next bucket holds (0 unlocked), counting, in the turn the lock
+  // began in, those that step ran negotiated.
   size_t NextBucketSize() const { return locked_ ? buckets_[cursor_].responses.size() : 0; }
   // Every entry it holds (in plan order from the next bucket, then what did not fit the plan),
   // for negotiation or a caller that fails them; the schedule is left unlocked.
@@ -228,7 +235,8 @@ class LockedSchedule {
   double started_at_ = 0.0;  // of the exchange in flight
   double next_nudge_ = 0.0;
   double next_warning_ = 0.0;
-  uint64_t nudged_ = 0;  // the highest exchange another rank said it waits on
+  uint64_t nudged_ = 0;             // the highest exchange another rank said it waits on
+  size_t most_tensors_ = SIZE_MAX;  // RunCycle's, for the cycle under way
   std::vector<uint64_t> words_;
 };
 

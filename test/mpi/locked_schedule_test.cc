@@ -7,6 +7,7 @@
 // With GRADSYNC_TEST_DEVICE_TENSORS=1 the tensors are device tensors over the host device backend
 // (host memory labelled cuda:0), so that locked buckets are launched from the caller's thread
 // (GRADSYNC_CALLER_LAUNCH); the backend notes which thread launched each allreduce.
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -38,7 +39,10 @@ TEST_F(LockedScheduleTest, ASteadyLoopLocksOnceAndStaysRight) {
 // thread (unless the background thread is in a cycle just then), whether it pushed one tensor or
 // a group of them, and GRADSYNC_CALLER_LAUNCH=0 leaves every launch to the background thread.
 class LockedLaunchTest : public LockedScheduleTest,
-                         public ::testing::WithParamInterface<bool /*grouped*/> {};
+                         public ::testing::WithParamInterface<bool /*grouped*/> {
+ protected:
+  void ExpectSingleLaunches(bool large_first);
+};
 
 // The launches noted since `from`: how many, and how many of them on this thread.
 struct LaunchCount {
@@ -84,10 +88,11 @@ TEST_P(LockedLaunchTest, LockedDeviceBucketsLaunchOnTheCallersThread) {
 
 // GRADSYNC_CALLER_LAUNCH=single: the caller launches a bucket of one tensor and leaves a fused
 // one, whose batched copies would cost it, to the background thread. Run where the large tensor
-// is reduced alone (GRADSYNC_INPLACE_THRESHOLD below its size) and the others share a bucket; the
-// step waits for the small ones before it enqueues the large one, so that its push finds the
-// single-tensor bucket next.
-TEST_P(LockedLaunchTest, SingleLeavesFusedBucketsToTheBackgroundThread) {
+// is reduced alone (GRADSYNC_INPLACE_THRESHOLD below its size) and the others share a bucket.
+// Steps of both orders: the small ones, waited for, then the large one (so that its push finds
+// the single-tensor bucket next); or the large one first and the rest straight after it (pushed
+// as one group, the caller's cycle finds the fused bucket full behind the one it launches).
+void LockedLaunchTest::ExpectSingleLaunches(bool large_first) {
   if (!DeviceTensors() || CallerLaunchMode() != CallerLaunch::kSingle) {
     GTEST_SKIP() << "for device tensors with GRADSYNC_CALLER_LAUNCH=single";
   }
@@ -98,24 +103,39 @@ TEST_P(LockedLaunchTest, SingleLeavesFusedBucketsToTheBackgroundThread) {
     std::vector<TensorView> views;
     GroupedAllreduceOptions group;
     std::vector<Handle> handles;
-    for (size_t t = 0; t < large; ++t) {
+    std::vector<size_t> order;
+    if (large_first) order.push_back(large);
+    for (size_t t = 0; t < large; ++t) order.push_back(t);
+    for (size_t t : order) {
       tensors.push_back(Filled(kSizes[t], s + static_cast<int64_t>(t), rank_));
       views.push_back(View(*tensors.back()));
       group.names.push_back(Name(t));
       if (!grouped) handles.push_back(allreduce(views.back(), Named(Name(t))));
     }
     if (grouped) handles = grouped_allreduce(views, group);
-    for (size_t t = 0; t < large; ++t) {
-      ASSERT_TRUE(Succeeds(handles[t])) << "step " << s << " " << Name(t);
-      ExpectSums(*tensors[t], s + static_cast<int64_t>(t), 0, size_);
+    for (size_t i = 0; i < order.size(); ++i) {
+      ASSERT_TRUE(Succeeds(handles[i])) << "step " << s << " " << Name(order[i]);
+      ExpectSums(*tensors[i], s + static_cast<int64_t>(order[i]), 0, size_);
     }
+    if (large_first) return;
     auto alone = Filled(kSizes[large], s + static_cast<int64_t>(large), rank_);
     ASSERT_TRUE(Succeeds(allreduce(View(*alone), Named(Name(large))))) << "step " << s;
     ExpectSums(*alone, s + static_cast<int64_t>(large), 0, size_);
   };
   for (int s = 0; s < 6; ++s) step(s);  // locked by now
   const size_t before = LaunchesSoFar();
+  const auto started = std::chrono::steady_clock::now();
   for (int s = 6; s < 14; ++s) step(s);
+  const auto took = std::chrono::steady_clock::now() - started;
+  // Every push or cycle that leaves a bucket to the loop's thread wakes it: a step that waited for
+  // the loop's own timer instead would take a cycle time, which the variant sets long (500 ms).
+  Config config;
+  ASSERT_TRUE(Config::FromEnvironment(&config).ok());
+  if (config.cycle_time_ms >= 100) {
+    const double steps = 8;  // half a cycle time each, at most
+    const std::chrono::duration<double, std::milli> limit(steps * config.cycle_time_ms / 2);
+    EXPECT_LT(took, limit) << "the loop's thread was left asleep with a bucket to run";
+  }
   const LaunchCount fused = CountLaunches(before, /*fused=*/true);
   const LaunchCount alone = CountLaunches(before, /*fused=*/false);
   ASSERT_GT(fused.launched, 0u) << "the small tensors were not fused";
@@ -125,6 +145,14 @@ TEST_P(LockedLaunchTest, SingleLeavesFusedBucketsToTheBackgroundThread) {
     EXPECT_GE(2 * alone.on_caller, alone.launched)
         << alone.on_caller << " of " << alone.launched << " on the caller";
   }
+}
+
+TEST_P(LockedLaunchTest, SingleLeavesFusedBucketsToTheBackgroundThread) {
+  ExpectSingleLaunches(/*large_first=*/false);
+}
+
+TEST_P(LockedLaunchTest, SingleLeavesTheFusedBucketBehindItsOwnToTheBackgroundThread) {
+  ExpectSingleLaunches(/*large_first=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Pushes, LockedLaunchTest, ::testing::Bool(),
@@ -173,15 +201,17 @@ TEST_F(LockedScheduleTest, LockedBucketsRecordOneReadinessEventPerProducerStream
   const int tensors = static_cast<int>(kSizes.size());
   EXPECT_EQ(step_after_producer(0, std::chrono::milliseconds(300)), tensors);
   for (int step = 1; step < 8; ++step) step_after_producer(step, std::chrono::milliseconds(0));
+  const size_t launches_before = LaunchesSoFar();
   int locked_records = step_after_producer(8, std::chrono::milliseconds(300));
+  const int buckets = static_cast<int>(LaunchesSoFar() - launches_before);
   if (!LockingOn()) {
     EXPECT_EQ(locked_records, tensors) << "unlocked, every enqueue records its own";
     return;
   }
-  // However many cycles took the bucket's tensors (the loop's thread, waking on its timer or
+  // However many cycles took a bucket's tensors (the loop's thread, waking on its timer or
   // polling for an exchange, may take part of it), its launch records once.
   EXPECT_GE(locked_records, 1);
-  EXPECT_LE(locked_records, 2) << "of " << tensors << " tensors in one bucket";
+  EXPECT_LE(locked_records, buckets + 1) << "of " << tensors << " tensors in " << buckets;
 }
 
 // The calling thread's own default stream (cudaStreamPerThread) names another stream on any other

@@ -225,6 +225,38 @@ TEST(LockedScheduleTest, TellsTheNextBucketsSize) {
   EXPECT_EQ(sizes, (std::vector<size_t>{3, 3, 3, 1, 1, 3, 3, 3, 1, 1}));
 }
 
+// A caller's cycle under GRADSYNC_CALLER_LAUNCH=single runs buckets of one tensor only: it stops
+// before a fused bucket, even a full one, and its exchange does not take the fused bucket along
+// with the one before it; the loop's next cycle runs it.
+TEST(LockedScheduleTest, ACycleLimitedToOneTensorLeavesFusedBucketsForTheNext) {
+  InProcessLockHub hub(1);
+  LockSettings settings = FastSettings(2);
+  settings.single_apart = true;
+  LockedSchedule schedule(hub.Channel(0), settings, 0);
+  Observed step(Names(5), {0, 1, 1, 1, 2});  // the caller's waits cut it into 1, 3 and 1
+  for (int i = 0; i < 3; ++i) schedule.Observe(step.Outcome());
+  ASSERT_TRUE(schedule.Lock({256, 1 << 20}, step.Cache()).ok());
+  ASSERT_TRUE(schedule.locked());
+  std::vector<std::unique_ptr<TensorEntry>> entries;
+  std::vector<TensorEntry*> fresh;
+  for (const std::string& name : Names(5)) {
+    entries.push_back(EntryFor(name));
+    fresh.push_back(entries.back().get());
+  }
+  LockedCycle callers;
+  ASSERT_TRUE(schedule.RunCycle(fresh, false, "", &callers, false, /*most_tensors=*/1).ok());
+  ASSERT_EQ(callers.buckets.size(), 1u);
+  EXPECT_EQ(callers.buckets[0].entries.size(), 1u);
+  EXPECT_EQ(schedule.NextBucketSize(), 3u);
+  EXPECT_EQ(schedule.MissingForNextBucket(), 0u);  // full: the loop's thread should run it
+  EXPECT_FALSE(schedule.exchanging());
+  LockedCycle loops;
+  ASSERT_TRUE(schedule.RunCycle({}, false, "", &loops).ok());
+  ASSERT_EQ(loops.buckets.size(), 2u);
+  EXPECT_EQ(loops.buckets[0].entries.size(), 3u);
+  EXPECT_EQ(loops.buckets[1].entries.size(), 1u);
+}
+
 TEST(LockedScheduleTest, DisabledNeverLocks) {
   InProcessLockHub hub(1);
   LockSettings settings = FastSettings(1);
