@@ -44,17 +44,19 @@ class LockedLaunchTest : public LockedScheduleTest,
   void ExpectSingleLaunches(bool large_first);
 };
 
-// The launches noted since `from`: how many, and how many of them on this thread.
+// The launches noted since `from` of buckets of `kind`: how many, and how many on this thread.
 struct LaunchCount {
   size_t launched = 0;
   size_t on_caller = 0;
 };
+enum class BucketKind { kAny, kFused, kAlone };
 
-LaunchCount CountLaunches(size_t from, bool fused) {
+LaunchCount CountLaunches(size_t from, BucketKind kind) {
   std::lock_guard<std::mutex> lock(launches_mu);
   LaunchCount count;
   for (size_t i = from; i < launches.size(); ++i) {
-    if ((launches[i].tensors > 1) != fused) continue;
+    const bool fused = launches[i].tensors > 1;
+    if (kind != BucketKind::kAny && fused != (kind == BucketKind::kFused)) continue;
     ++count.launched;
     count.on_caller += launches[i].thread == std::this_thread::get_id() ? 1 : 0;
   }
@@ -73,10 +75,7 @@ TEST_P(LockedLaunchTest, LockedDeviceBucketsLaunchOnTheCallersThread) {
   for (int step = 0; step < 6; ++step) RunStep(step, 0, grouped);  // locked by now
   const size_t before = LaunchesSoFar();
   for (int step = 6; step < 14; ++step) RunStep(step, 0, grouped);
-  LaunchCount count = CountLaunches(before, /*fused=*/true);
-  const LaunchCount alone = CountLaunches(before, /*fused=*/false);
-  count.launched += alone.launched;
-  count.on_caller += alone.on_caller;
+  const LaunchCount count = CountLaunches(before, BucketKind::kAny);
   ASSERT_GT(count.launched, 0u);
   if (CallerLaunchMode() == CallerLaunch::kNone) {
     EXPECT_EQ(count.on_caller, 0u);
@@ -136,8 +135,8 @@ void LockedLaunchTest::ExpectSingleLaunches(bool large_first) {
     const std::chrono::duration<double, std::milli> limit(steps * config.cycle_time_ms / 2);
     EXPECT_LT(took, limit) << "the loop's thread was left asleep with a bucket to run";
   }
-  const LaunchCount fused = CountLaunches(before, /*fused=*/true);
-  const LaunchCount alone = CountLaunches(before, /*fused=*/false);
+  const LaunchCount fused = CountLaunches(before, BucketKind::kFused);
+  const LaunchCount alone = CountLaunches(before, BucketKind::kAlone);
   ASSERT_GT(fused.launched, 0u) << "the small tensors were not fused";
   ASSERT_GT(alone.launched, 0u);
   EXPECT_EQ(fused.on_caller, 0u) << fused.on_caller << " of " << fused.launched;
