@@ -111,6 +111,14 @@ Status DevicePlane::FinishLaunch(const std::vector<TensorEntry*>& entries, const
   return Status::OK();
 }
 
+ReduceOp DevicePlane::CollectiveOp(const ReduceSpec& spec) {
+  return spec.op == ReduceOp::kAverage ? ReduceOp::kSum : spec.op;
+}
+
+double DevicePlane::Postscale(const ReduceSpec& spec) const {
+  return spec.op == ReduceOp::kAverage ? spec.postscale / backend_->size() : spec.postscale;
+}
+
 Status DevicePlane::FusionBuffer(size_t bytes, void** buffer) {
   if (bytes > fusion_capacity_) {
     // Twice what is asked, at most 64 MiB more: the next larger bucket rarely needs a new one.
@@ -141,9 +149,6 @@ Status DevicePlane::FusionBuffer(size_t bytes, void** buffer) {
 Status DevicePlane::Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) {
   GRADSYNC_RETURN_IF_ERROR(Failed());
   if (entries.empty()) return Status::OK();
-  const ReduceOp op = spec.op == ReduceOp::kAverage ? ReduceOp::kSum : spec.op;
-  const double postscale =
-      spec.op == ReduceOp::kAverage ? spec.postscale / backend_->size() : spec.postscale;
   const size_t element_size = DataTypeSize(spec.dtype);
   for (const TensorEntry* entry : entries) {
     if (entry->input.dtype != spec.dtype || entry->input.num_elements() < 0) {
@@ -151,54 +156,63 @@ Status DevicePlane::Allreduce(const std::vector<TensorEntry*>& entries, const Re
                        "allreduce", entries);
     }
   }
+  GRADSYNC_RETURN_IF_ERROR(LayOutBucket(entries, element_size, &layout_));
   phases_.clear();
   GRADSYNC_LAUNCH(WaitForInputs(entries), "allreduce", entries);
   MarkPhase("DEVICE_QUEUE");
   segments_.clear();
-  if (entries.size() == 1) {
-    TensorEntry* entry = entries.front();
-    const int64_t count = entry->input.num_elements();
-    const char* last = "DEVICE_ALLREDUCE";
-    if (count > 0) {
-      void* out = entry->output.data;
-      // Unscaled, the collective reads the input itself: an out-of-place operation costs no
-      // copy launch (the library reduces from one buffer into another).
-      const void* in = entry->input.data;
-      if (spec.prescale != 1.0) {
-        segments_.push_back({entry->input.data, out, count, spec.prescale});
-        GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
-        MarkPhase("DEVICE_COPY_IN");
-        in = out;
-      }
-      GRADSYNC_LAUNCH(backend_->Allreduce(in, out, count, spec.dtype, op), "allreduce", entries);
-      if (postscale != 1.0) {
-        MarkPhase("DEVICE_ALLREDUCE");
-        segments_.assign(1, CopySegment{out, out, count, postscale});
-        GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
-        last = "DEVICE_SCALE";
-      }
-    }
-    return FinishLaunch(entries, last);
+  // The count is the same on every rank, so an empty bucket skips the collective everywhere.
+  const auto count = static_cast<int64_t>(layout_.bytes / element_size);
+  if (count == 0) return FinishLaunch(entries, "DEVICE_ALLREDUCE");
+  const void* input = nullptr;
+  void* output = nullptr;
+  if (FindBucketInPlace(entries, layout_, &input, &output)) {
+    return AllreduceWhereItLies(entries, spec, input, output, count);
   }
-  size_t offset = 0;
-  std::vector<size_t> offsets(entries.size());
-  for (size_t i = 0; i < entries.size(); ++i) {
-    offsets[i] = offset;
-    offset = AlignFusionOffset(offset + entries[i]->input.num_elements() * element_size);
+  return AllreduceFused(entries, spec, count);
+}
+
+// A tensor alone, or a bucket whose tensors lie back to back as the layout packs them: no copy
+// unless a scale needs one. Unscaled, the collective reads the input itself: an out-of-place
+// operation costs no copy launch either (the library reduces from one buffer into another).
+Status DevicePlane::AllreduceWhereItLies(const std::vector<TensorEntry*>& entries,
+                                         const ReduceSpec& spec, const void* input, void* output,
+                                         int64_t count) {
+  const char* last = "DEVICE_ALLREDUCE";
+  if (spec.prescale != 1.0) {
+    segments_.push_back({input, output, count, spec.prescale});
+    GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
+    MarkPhase("DEVICE_COPY_IN");
+    input = output;
   }
+  GRADSYNC_LAUNCH(backend_->Allreduce(input, output, count, spec.dtype, CollectiveOp(spec)),
+                  "allreduce", entries);
+  const double postscale = Postscale(spec);
+  if (postscale != 1.0) {
+    MarkPhase("DEVICE_ALLREDUCE");
+    segments_.assign(1, CopySegment{output, output, count, postscale});
+    GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
+    last = "DEVICE_SCALE";
+  }
+  return FinishLaunch(entries, last);
+}
+
+Status DevicePlane::AllreduceFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+                                   int64_t count) {
   void* fusion = nullptr;
-  GRADSYNC_RETURN_IF_ERROR(FusionBuffer(offset, &fusion));
+  GRADSYNC_RETURN_IF_ERROR(FusionBuffer(layout_.bytes, &fusion));
   for (size_t i = 0; i < entries.size(); ++i) {
-    segments_.push_back({entries[i]->input.data, static_cast<char*>(fusion) + offsets[i],
+    segments_.push_back({entries[i]->input.data, static_cast<char*>(fusion) + layout_.offsets[i],
                          entries[i]->input.num_elements(), spec.prescale});
   }
-  const auto total = static_cast<int64_t>(offset / element_size);
   GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
   MarkPhase("DEVICE_COPY_IN");
-  GRADSYNC_LAUNCH(backend_->Allreduce(fusion, fusion, total, spec.dtype, op), "allreduce", entries);
+  GRADSYNC_LAUNCH(backend_->Allreduce(fusion, fusion, count, spec.dtype, CollectiveOp(spec)),
+                  "allreduce", entries);
   MarkPhase("DEVICE_ALLREDUCE");
+  const double postscale = Postscale(spec);
   for (size_t i = 0; i < entries.size(); ++i) {
-    segments_[i] = {static_cast<char*>(fusion) + offsets[i], entries[i]->output.data,
+    segments_[i] = {static_cast<char*>(fusion) + layout_.offsets[i], entries[i]->output.data,
                     entries[i]->input.num_elements(), postscale};
   }
   GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
@@ -294,8 +308,8 @@ Status DevicePlane::Reducescatter(const std::vector<TensorEntry*>& entries, cons
   if (entries.empty()) return Status::OK();
   const int size = backend_->size();
   const int rank = backend_->rank();
-  const ReduceOp op = spec.op == ReduceOp::kAverage ? ReduceOp::kSum : spec.op;
-  const double postscale = spec.op == ReduceOp::kAverage ? spec.postscale / size : spec.postscale;
+  const ReduceOp op = CollectiveOp(spec);
+  const double postscale = Postscale(spec);
   const size_t element_size = DataTypeSize(spec.dtype);
   // shares[i][r]: the elements of entry i that rank r receives.
   std::vector<std::vector<int64_t>> shares(entries.size());

@@ -7,9 +7,11 @@
 // bucket's entries; the stream waits, not the caller),
 // the batched copy into the fusion buffer with the prescale folded in, one collective, the batched
 // copy out with the postscale (and an average's division) folded in, and a recorded event that
-// TakeCompletion() hands to the finalizer. A bucket of one tensor skips the copies and is reduced
-// in place (scaled in place when it must be). The fusion buffer is the backend's memory, kept and
-// reused; it grows when a bucket needs more, the old one freed once the work using it has run.
+// TakeCompletion() hands to the finalizer. A bucket of one tensor, or one whose tensors already
+// lie back to back in memory as the fusion buffer would hold them (ops/device/bucket_layout.h),
+// skips the copies and is reduced where it lies (scaled in place when it must be). The fusion
+// buffer is the backend's memory, kept and reused; it grows when a bucket needs more, the old one
+// freed once the work using it has run.
 //
 // After Abort every call fails with the abort's status: the communicator may be left in any state.
 //
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "ops/data_plane.h"
+#include "ops/device/bucket_layout.h"
 #include "ops/device/device_backend.h"
 
 namespace gradsync {
@@ -67,6 +70,14 @@ class DevicePlane : public DataPlane {
   // Records the launch's completion event, which ends the phase `last` (timed while phases are
   // recorded), and gives it to the entries' handles.
   Status FinishLaunch(const std::vector<TensorEntry*>& entries, const char* last);
+  // The two ways to reduce a bucket laid out in layout_ (`count` elements, more than none).
+  Status AllreduceWhereItLies(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+                              const void* input, void* output, int64_t count);
+  Status AllreduceFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+                        int64_t count);
+  // An average is reduced as a sum, then divided in the postscale.
+  static ReduceOp CollectiveOp(const ReduceSpec& spec);
+  double Postscale(const ReduceSpec& spec) const;
   // The fusion buffer, at least `bytes` large.
   Status FusionBuffer(size_t bytes, void** buffer);
   // `status` with the collective and the tensors in front.
@@ -89,6 +100,7 @@ class DevicePlane : public DataPlane {
   std::shared_ptr<StreamEvent> completion_;
   bool record_phases_ = false;
   std::vector<TimedPhase> phases_;           // the last launch's, while recorded
+  BucketLayout layout_;                      // the last allreduce's
   std::vector<CopySegment> segments_;        // scratch
   std::vector<StreamEvent*> ready_scratch_;  // WaitForInputs'
   mutable std::mutex abort_mu_;

@@ -1,8 +1,9 @@
-// gradsync's public API on CUDA tensors: every collective, fused and alone, fp16/bf16, process
-// sets, a slow producer ordered through DeviceReadiness, stream-ordered completion, and a producer
-// that never finishes ending in the timeout error. Run at world size 1 through NCCL, and at 2 and 4
-// ranks sharing one GPU through the MPI backend (GRADSYNC_GPU_BACKEND=mpi). Run at 2 ranks with
-// GRADSYNC_GPU_BACKEND=nccl it checks the shared-GPU error instead. Skipped without a device.
+// gradsync's public API on CUDA tensors: every collective, fused and alone, views of one
+// allocation reduced where they lie, fp16/bf16, process sets, a slow producer ordered through
+// DeviceReadiness, stream-ordered completion, and a producer that never finishes ending in the
+// timeout error. Run at world size 1 through NCCL, and at 2 and 4 ranks sharing one GPU through the
+// MPI backend (GRADSYNC_GPU_BACKEND=mpi). Run at 2 ranks with GRADSYNC_GPU_BACKEND=nccl it checks
+// the shared-GPU error instead. Skipped without a device.
 #include <cuda_runtime.h>
 #include <gradsync/gradsync.h>
 #include <gtest/gtest.h>
@@ -352,6 +353,53 @@ TEST_F(DeviceCollectivesTest, TimelineShowsTheBucketsPhasesOnTheDevice) {
   }
   EXPECT_EQ(phases, (std::vector<std::string>{"DEVICE_QUEUE", "DEVICE_COPY_IN", "DEVICE_ALLREDUCE",
                                               "DEVICE_COPY_OUT"}));
+}
+
+// Views into one allocation, back to back in the group's order (a flat gradient buffer), are
+// reduced where they lie: the timeline shows no copy, the results are right, and the elements
+// after the last view are left as they were.
+TEST_F(DeviceCollectivesTest, ViewsBackToBackInOneAllocationAreReducedWhereTheyLie) {
+  if (NcclSharingOneGpu()) GTEST_SKIP() << "the shared-GPU error is checked instead";
+  const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                     ("gradsync_gpu_views_" + std::to_string(rank_) + ".json");
+  start_timeline(path.string());
+  const std::vector<int64_t> counts{1000, 4096, 64, 333};
+  DeviceFloats flat(1000 + 4096 + 64 + 333 + 16);
+  std::vector<float> values(1000 + 4096 + 64 + 333 + 16, -7.0f);
+  GroupedAllreduceOptions options;
+  std::vector<TensorView> views;
+  int64_t at = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    for (int64_t e = 0; e < counts[i]; ++e) values[at + e] = static_cast<float>(rank_ + 1 + e % 5);
+    views.push_back(TensorView(flat.data() + at, DataType::kFloat32, {counts[i]}, Device::Cuda(0)));
+    options.names.push_back("gpu.views." + std::to_string(i));
+    at += counts[i];
+  }
+  flat.Set(values);
+  for (const Handle& h : grouped_allreduce(views, options)) ASSERT_TRUE(h.wait_for(kLimit));
+  stop_timeline();
+  const std::vector<float> reduced = flat.Get();
+  at = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    for (int64_t e = 0; e < counts[i]; ++e) {
+      const float expected = static_cast<float>(size_ * (size_ + 1) / 2 + size_ * (e % 5));
+      ASSERT_EQ(reduced[at + e], expected) << "view " << i << " element " << e;
+    }
+    at += counts[i];
+  }
+  for (size_t e = at; e < reduced.size(); ++e) ASSERT_EQ(reduced[e], -7.0f) << "element " << e;
+  if (rank_ != 0) return;
+  const testing::Trace trace = testing::LoadTrace(path);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(trace.ok);
+  const int64_t row = trace.RowOf("gpu.views.1");
+  std::vector<std::string> phases;
+  for (const testing::Json& e : trace.events) {
+    if (testing::IntField(e, "tid") == row && testing::StringField(e, "ph") == "X") {
+      phases.push_back(testing::StringField(e, "name"));
+    }
+  }
+  EXPECT_EQ(phases, (std::vector<std::string>{"DEVICE_QUEUE", "DEVICE_ALLREDUCE"}));
 }
 
 TEST_F(DeviceCollectivesTest, NcclRefusesRanksSharingOneGpu) {

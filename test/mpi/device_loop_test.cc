@@ -290,6 +290,60 @@ TEST_F(DeviceLoopTest, TimelineShowsEachBucketsLaunchAndItsPhasesOnTheStream) {
   expect_back_to_back(lone);
 }
 
+// A trainer whose gradients are views into one flat buffer, laid out in the order it enqueues
+// them (as DDP's bucket views are): every bucket, negotiated and then locked, is reduced where
+// it lies, with no copy in or out, and every step's sums are right.
+TEST_F(DeviceLoopTest, AFlatGradientBufferIsReducedWhereItLiesNegotiatedAndLocked) {
+  const fs::path path =
+      fs::temp_directory_path() / ("gradsync_device_flat_" + std::to_string(getpid()) + ".json");
+  start_timeline(path.string());
+  const std::vector<int64_t> counts{64, 4, 1000, 12, 4096, 7};
+  int64_t elements = 0;
+  for (int64_t n : counts) elements += n;
+  HostTensor flat(DataType::kFloat32, {elements});
+  for (int step = 0; step < 8; ++step) {
+    std::vector<Handle> handles;
+    int64_t at = 0;
+    for (size_t g = 0; g < counts.size(); ++g) {
+      for (int64_t k = 0; k < counts[g]; ++k) flat.Set(at + k, rank_ + step + k % 3);
+      TensorView view = OnDevice(&flat);
+      view.data = static_cast<float*>(flat.data()) + at;
+      view.shape = {counts[g]};
+      AllreduceOptions options;
+      options.name = "device.flat." + std::to_string(g);
+      handles.push_back(allreduce(view, options));
+      at += counts[g];
+    }
+    for (const Handle& h : handles) ASSERT_TRUE(Succeeds(h)) << "step " << step;
+    at = 0;
+    for (size_t g = 0; g < counts.size(); ++g) {
+      for (int64_t k = 0; k < counts[g]; ++k) {
+        const double expected = size_ * (size_ - 1) / 2.0 + size_ * (step + k % 3);
+        ASSERT_EQ(flat.Get(at + k), expected) << "step " << step << " gradient " << g;
+      }
+      at += counts[g];
+    }
+  }
+  stop_timeline();
+  if (rank_ != 0) return;
+  const Trace trace = LoadTrace(path);
+  fs::remove(path);
+  ASSERT_TRUE(trace.ok);
+  size_t locks = 0;
+  for (const Json& e : trace.events) {
+    if (StringField(e, "ph") == "i" && StringField(e, "name").rfind("LOCK set 0", 0) == 0) ++locks;
+  }
+  EXPECT_EQ(locks, 1u) << "the loop locked";
+  for (size_t g = 0; g < counts.size(); ++g) {
+    const std::vector<Phase> phases = PhasesOf(trace, "device.flat." + std::to_string(g));
+    EXPECT_EQ(phases.size(), 2u * 8) << "a queue and a collective each step, gradient " << g;
+    for (const Phase& phase : phases) {
+      EXPECT_TRUE(phase.name == "DEVICE_QUEUE" || phase.name == "DEVICE_ALLREDUCE")
+          << phase.name << ", gradient " << g;
+    }
+  }
+}
+
 TEST_F(DeviceLoopTest, ProcessSetsGetDevicePlanesOfTheirOwn) {
   if (size_ < 2) GTEST_SKIP() << "a set of every other rank is the global set at 1 rank";
   std::vector<int> evens;
