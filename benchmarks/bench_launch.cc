@@ -24,6 +24,9 @@
 //   backward the step's tensors one at a time, each after G us of busy work, as a backward pass
 //            hands them over. Raw: the same work, each bucket reduced as above once its last
 //            tensor is there, on the caller's thread.
+//   backward flat  (device rows) the backward with the tensors as views into one buffer, back to
+//            back in the order they come: each bucket reduced where it lies. Raw: the same
+//            layout, each bucket's MPI_Allreduce in place once its last tensor is there.
 //   step + unnamed  the step, then one allreduce of --one-bytes enqueued without a name and
 //            waited on, as a loop averages its loss: its generated name is new every step. Raw:
 //            the step's, then one MPI_Allreduce.
@@ -152,11 +155,14 @@ void Compute(double us) {
 // A workload's tensors, named by `prefix`, on the host or labelled as a device's.
 class Workload {
  public:
-  Workload(const std::string& prefix, int64_t tensors, int64_t floats, bool device, int rank)
-      : data_(tensors, std::vector<float>(floats)) {
+  // `flat`: the tensors are views into one buffer, back to back in the order they are enqueued.
+  Workload(const std::string& prefix, int64_t tensors, int64_t floats, bool device, int rank,
+           bool flat = false)
+      : data_(flat ? 1 : tensors, std::vector<float>(flat ? tensors * floats : floats)) {
     for (int64_t t = 0; t < tensors; ++t) {
-      FillPattern(data_[t].data(), floats, t, rank);
-      TensorView view(data_[t].data(), DataType::kFloat32, {floats});
+      float* data = flat ? data_[0].data() + t * floats : data_[t].data();
+      FillPattern(data, floats, t, rank);
+      TensorView view(data, DataType::kFloat32, {floats});
       if (device) view.device = gradsync::Device::Cuda(0);
       views_.push_back(view);
       options_.emplace_back();
@@ -220,13 +226,15 @@ class Workload {
   std::vector<Handle> handles_;
 };
 
-// Copy in, one MPI_Allreduce and copy out per bucket: the raw strategy for small tensors.
+// Copy in, one MPI_Allreduce and copy out per bucket: the raw strategy for small tensors. Or,
+// `flat`, the tensors back to back in one buffer, each bucket reduced where it lies.
 class RawBuckets {
  public:
-  RawBuckets(int64_t tensors, int64_t floats, int64_t per_bucket, MPI_Comm comm)
+  RawBuckets(int64_t tensors, int64_t floats, int64_t per_bucket, MPI_Comm comm, bool flat = false)
       : data_(tensors, std::vector<float>(floats, 1.0f)),
         per_bucket_(per_bucket),
         buffer_(per_bucket * floats),
+        flat_(flat ? tensors * floats : 0, 1.0f),
         comm_(comm) {}
 
   // With `gap_us`, each tensor comes after that much busy work and a bucket is reduced as soon as
@@ -235,11 +243,18 @@ class RawBuckets {
     const int64_t floats = static_cast<int64_t>(data_[0].size());
     for (size_t first = 0; first < data_.size(); first += per_bucket_) {
       const size_t last = std::min(data_.size(), first + per_bucket_);
+      const int64_t count = static_cast<int64_t>(last - first) * floats;
       for (size_t t = first; t < last; ++t) {
         if (gap_us > 0) Compute(gap_us);
-        std::memcpy(buffer_.data() + (t - first) * floats, data_[t].data(), floats * 4);
+        if (flat_.empty()) {
+          std::memcpy(buffer_.data() + (t - first) * floats, data_[t].data(), floats * 4);
+        }
       }
-      AllreduceFloats(buffer_.data(), static_cast<int64_t>(last - first) * floats, comm_);
+      if (!flat_.empty()) {
+        AllreduceFloats(flat_.data() + first * floats, count, comm_);
+        continue;
+      }
+      AllreduceFloats(buffer_.data(), count, comm_);
       for (size_t t = first; t < last; ++t) {
         std::memcpy(data_[t].data(), buffer_.data() + (t - first) * floats, floats * 4);
       }
@@ -250,6 +265,7 @@ class RawBuckets {
   std::vector<std::vector<float>> data_;
   size_t per_bucket_;
   std::vector<float> buffer_;
+  std::vector<float> flat_;
   MPI_Comm comm_;
 };
 
@@ -348,6 +364,13 @@ std::vector<Row> RunPhase(bool locked, const Settings& settings, int rank) {
     rows.push_back(Measure(
         "backward, " + where, [&] { raw_buckets.Step(gap); }, [&] { backward.Step(gap); }, settings,
         rank));
+    if (device) {
+      RawBuckets raw_flat(settings.tensors, floats, per_bucket, raw_comm, /*flat=*/true);
+      Workload flat("flat." + tag, settings.tensors, floats, device, rank, /*flat=*/true);
+      rows.push_back(Measure(
+          "backward flat, " + where, [&] { raw_flat.Step(gap); }, [&] { flat.Step(gap); }, settings,
+          rank));
+    }
     Workload unnamed("unnamed." + tag, settings.tensors, floats, device, rank);
     rows.push_back(Measure(
         "step + unnamed, " + where,

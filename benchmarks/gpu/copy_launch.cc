@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "bench_common.h"
 #include "busy_kernel.h"
 #include "cuda_check.h"
 #include "ops/cuda/batched_copy_kernel.h"
@@ -19,11 +20,6 @@ namespace {
 
 constexpr int kLaunchesPerBatch = 32;
 constexpr int64_t kElementsPerSegment = 1024;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Host microseconds per launch made by `launch`, the median over `iters` batches. Held, each
 // batch queues behind a kernel that keeps the stream busy past the batch's launches, as a

@@ -6,14 +6,11 @@
 //      time over the batched copy's: the fraction of memcpy bandwidth the batched copy reaches.
 //      Then the host's time to launch one batched copy (copy_launch.h), by segment count, with
 //      its descriptors in the parameter and from a table, on a free stream and behind a kernel.
-//   2. Overlap: a synthetic backward on a compute stream (one busy kernel per gradient of
-//      ResNet-50, last layer first, calibrated so that compute alone takes as long as the
-//      reductions alone), each gradient enqueued as its kernel is launched with the compute
-//      stream as its readiness. The step (launch to every handle done) against compute alone and
-//      communication alone, same run; the goal is step <= 1.1 x max(compute, communication).
-//      Then the raw baselines of the same (raw_overlap.h), where the ranks can form an NCCL
-//      communicator: 25 MiB buckets, one ncclAllReduce a bucket, the gradients views into them
-//      (the floor) or copied in and out (DDP's default).
+//   2. Overlap (overlap.h): a synthetic backward of ResNet-50's gradients, each enqueued as its
+//      layer is launched, against compute alone and communication alone, with the gradients
+//      apart and as views into one allocation; then the raw baselines of the same
+//      (raw_overlap.h): 25 MiB buckets, one ncclAllReduce a bucket, the gradients views into
+//      them (the floor) or copied in and out (DDP's default).
 //   3. An nccl-tests-style table (bytes, time, algbw, busbw) for gradsync's allreduce of one
 //      float32 tensor, 4 B to --max-bytes, beside a raw ncclAllReduce on a communicator of its
 //      own, or (under GRADSYNC_GPU_BACKEND=mpi, or where ranks share a GPU) beside a raw
@@ -39,12 +36,12 @@
 #include <string>
 #include <vector>
 
-#include "busy_kernel.h"
+#include "bench_common.h"
 #include "copy_launch.h"
 #include "cuda_check.h"
 #include "gradient_set.h"
 #include "ops/cuda/cuda_batched_copy.h"
-#include "raw_overlap.h"
+#include "overlap.h"
 #include "runtime/fusion_buffer.h"
 
 namespace {
@@ -88,10 +85,7 @@ bool RawNcclPossible(int device) {
   return possible;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using gradsync_bench::Median;
 
 // Milliseconds of `work` on `stream`, timed with events.
 template <typename Work>
@@ -179,147 +173,6 @@ void FusionCopy(const Options& options, const std::string& set_name, int device)
   cudaFree(fusion);
   cudaFree(block_src);
   cudaStreamDestroy(stream);
-}
-
-double Seconds(double start) { return MPI_Wtime() - start; }
-
-void Overlap(const Options& options, int device) {
-  const gradsync_bench::GradientSet set =
-      gradsync_bench::LoadGradientSet(options.data_dir + "/resnet50.txt");
-  std::vector<float*> grads;
-  for (const auto& spec : set.tensors) {
-    void* p = nullptr;
-    CHECK_CUDA(cudaMalloc(&p, spec.num_elements() * sizeof(float)));
-    grads.push_back(static_cast<float*>(p));
-  }
-  cudaStream_t compute;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-  // Views, names and options made once, as a trainer makes them: the timed loops then time
-  // gradsync's enqueue, not the strings and shapes the benchmark would build for it.
-  std::vector<gradsync::TensorView> views;
-  std::vector<gradsync::AllreduceOptions> unordered, ordered;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    views.emplace_back(grads[i], gradsync::DataType::kFloat32,
-                       std::vector<int64_t>{set.tensors[i].num_elements()},
-                       gradsync::Device::Cuda(device));
-    unordered.emplace_back();
-    unordered.back().name = "overlap." + std::to_string(i);
-    ordered.push_back(unordered.back());
-    ordered.back().ready.cuda_stream = compute;
-  }
-  std::vector<gradsync::Handle> handles;
-  handles.reserve(grads.size());
-  auto reduce_all = [&] {
-    handles.clear();
-    for (size_t i = grads.size(); i-- > 0;) {
-      handles.push_back(gradsync::allreduce(views[i], unordered[i]));
-    }
-    for (auto& h : handles) h.wait();
-  };
-  // Returns the host's time to launch the layers (and enqueue their gradients): when it exceeds
-  // the compute it launches, the device waits for the host rather than for the reductions.
-  int done_at_compute_end = 0;
-  double tail = 0;
-  auto backward = [&](long long cycles, bool reduce) {
-    handles.clear();
-    const double launch_start = MPI_Wtime();
-    for (size_t i = grads.size(); i-- > 0;) {
-      gradsync_bench::LaunchBusyLayer(compute, grads[i], set.tensors[i].num_elements(), 1.0f,
-                                      cycles);
-      if (reduce) handles.push_back(gradsync::allreduce(views[i], ordered[i]));
-    }
-    const double launched = Seconds(launch_start);
-    CHECK_CUDA(cudaStreamSynchronize(compute));
-    // How many reductions had finished by the time the backward had: what overlapped it.
-    int finished = 0;
-    for (auto& h : handles) finished += h.poll() ? 1 : 0;
-    done_at_compute_end = finished;
-    const double compute_end = Seconds(launch_start);
-    for (auto& h : handles) h.wait();
-    tail = Seconds(launch_start) - compute_end;
-    return launched;
-  };
-  // Communication alone decides the compute per layer.
-  for (int i = 0; i < 2; ++i) reduce_all();
-  std::vector<double> comm;
-  for (int i = 0; i < 5; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double t = MPI_Wtime();
-    reduce_all();
-    comm.push_back(Seconds(t));
-  }
-  double comm_s = Median(comm);
-  MPI_Allreduce(MPI_IN_PLACE, &comm_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  int clock_khz = 0;
-  CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
-  const long long cycles = static_cast<long long>(comm_s * options.compute_scale / grads.size() *
-                                                  static_cast<double>(clock_khz) * 1e3);
-  std::vector<double> compute_only, communication, step, launch_compute, launch_step, done_early,
-      tails;
-  for (int i = 0; i < options.iters + 2; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    double t = MPI_Wtime();
-    const double lc = backward(cycles, false);
-    const double c = Seconds(t);
-    MPI_Barrier(MPI_COMM_WORLD);
-    t = MPI_Wtime();
-    reduce_all();
-    const double m = Seconds(t);
-    MPI_Barrier(MPI_COMM_WORLD);
-    t = MPI_Wtime();
-    const double ls = backward(cycles, true);
-    const double s = Seconds(t);
-    if (i < 2) continue;
-    compute_only.push_back(c);
-    communication.push_back(m);
-    step.push_back(s);
-    launch_compute.push_back(lc);
-    launch_step.push_back(ls);
-    done_early.push_back(done_at_compute_end);
-    tails.push_back(tail);
-  }
-  double c = Median(compute_only), m = Median(communication), s = Median(step);
-  double lc = Median(launch_compute), ls = Median(launch_step);
-  double early = Median(done_early), tail_s = Median(tails);
-  for (double* v : {&c, &m, &s, &lc, &ls, &tail_s})
-    MPI_Allreduce(MPI_IN_PLACE, v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  if (gradsync::rank() == 0) {
-    std::printf(
-        "\n# overlap, ResNet-50 gradients, %d rank(s), compute %.3g x communication, "
-        "median of %d; ms\n",
-        gradsync::size(), options.compute_scale, options.iters);
-    std::printf("%10s %10s %10s %16s %12s %12s %14s %12s %8s\n", "compute", "comm", "step",
-                "step/max(c,m)", "launch_c", "launch_s", "enqueue_us", "done_early", "tail");
-    std::printf("%10.2f %10.2f %10.2f %16.2f %12.2f %12.2f %14.2f %7.0f/%-4zu %8.2f\n", c * 1e3,
-                m * 1e3, s * 1e3, s / std::max(c, m), lc * 1e3, ls * 1e3,
-                (ls - lc) / static_cast<double>(grads.size()) * 1e6, early, grads.size(),
-                tail_s * 1e3);
-  }
-  // The floor on the same machine, where an NCCL communicator can be formed (not for ranks
-  // sharing a GPU): gradients as views into 25 MiB buckets, one ncclAllReduce a bucket.
-  if (options.raw_nccl) {
-    std::vector<int64_t> counts;
-    for (const auto& spec : set.tensors) counts.push_back(spec.num_elements());
-    const gradsync_bench::RawOverlap raw =
-        gradsync_bench::MeasureRawOverlap(counts, cycles, int64_t{25} << 20, options.iters);
-    if (gradsync::rank() == 0) {
-      std::printf(
-          "\n# overlap, raw baselines: the same layers, %d buckets of 25 MiB, one "
-          "ncclAllReduce a bucket once its last layer is launched, gradients as views into the "
-          "buckets and (copies) copied in and out as DDP's default does; ms\n",
-          raw.buckets);
-      const double longest = std::max(raw.compute, raw.communication);
-      std::printf("%10s %10s %10s %16s %12s %12s %12s %16s %14s\n", "compute", "comm", "step",
-                  "step/max(c,m)", "launch_s", "gs/raw_step", "copies_step", "copies/max(c,m)",
-                  "gs/copies");
-      std::printf("%10.2f %10.2f %10.2f %16.2f %12.2f %12.2f %12.2f %16.2f %14.2f\n",
-                  raw.compute * 1e3, raw.communication * 1e3, raw.step * 1e3, raw.step / longest,
-                  raw.launch * 1e3, s / raw.step, raw.step_copies * 1e3, raw.step_copies / longest,
-                  s / raw.step_copies);
-    }
-  }
-  for (float* p : grads) cudaFree(p);
-  cudaStreamDestroy(compute);
 }
 
 void AllreduceTable(const Options& options, int device) {
@@ -458,7 +311,8 @@ int main(int argc, char** argv) {
     gradsync_bench::CopyLaunchCost(device, options.iters);
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  Overlap(options, device);
+  gradsync_bench::Overlap(
+      {options.data_dir, options.iters, options.compute_scale, options.raw_nccl}, device);
   AllreduceTable(options, device);
   gradsync::shutdown();
   return 0;
