@@ -138,3 +138,40 @@ def test_an_unused_parameter_keeps_its_accumulated_gradient(rank, size):
     inner.used_on = lambda r: False
     loss_of(model, x, y).backward()
     assert torch.equal(inner.side.weight.grad, kept)
+
+
+def test_consecutive_buckets_are_adjacent_slices_of_one_allocation(rank, size):
+    """Each bucket's flat tensor follows the one before in memory and is a whole number of 16
+    bytes long, its tail zeros: the runtime, fusing consecutive buckets into one of its own on a
+    GPU, then reduces them where they lie. Parameters of odd sizes in float32 leave tails to pad,
+    one bucket each; the gradients come out as averaged as without views."""
+    def odd_model():
+        torch.manual_seed(99)
+        return torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+
+    model = hvd.DistributedDataParallel(odd_model(), gradient_as_bucket_view=True,
+                                        bucket_cap_mb=1e-6)
+    flats = model._views._flats
+    assert len(flats) == 4
+    for before, after in zip(flats, flats[1:]):
+        assert before.numel() * before.element_size() % 16 == 0
+        assert after.data_ptr() == before.data_ptr() + before.numel() * before.element_size()
+    gen = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(4, 3, generator=gen), torch.randn(4, 3, generator=gen)
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+    want = odd_model()
+    total = 0
+    for r in range(size):
+        gen = torch.Generator().manual_seed(r)
+        xr, yr = torch.randn(4, 3, generator=gen), torch.randn(4, 3, generator=gen)
+        total = total + torch.nn.functional.mse_loss(want(xr), yr)
+    (total / size).backward()
+    assert torch.allclose(flat(p.grad for p in model.parameters()),
+                          flat(p.grad for p in want.parameters()), atol=1e-6, rtol=0)
+    for bucket_flat in flats:
+        used = sum(p.numel() for p in model.parameters() if p.grad._base is not None
+                   and bucket_flat.data_ptr() <= p.grad.data_ptr()
+                   < bucket_flat.data_ptr() + bucket_flat.numel() * 4)
+        assert torch.count_nonzero(bucket_flat[used:]) == 0, "a tail holds something"

@@ -11,8 +11,10 @@ made the wrapper's step 1.09-1.16 of DDP's on the host: docs/benchmarks.md.)
 
 A bucket is reduced in place, as one tensor, as soon as its last gradient is there: one
 crossing into the runtime a bucket instead of one a gradient, and (for a bucket of 64 KiB or more,
-which the runtime reduces where it is) no copy into a fusion buffer and back. A parameter that a
-backward did not produce contributes zeros through its slice.
+which the runtime reduces where it is) no copy into a fusion buffer and back. Consecutive
+buckets are slices of one allocation (``_allocate``), so that device buckets the runtime fuses are
+reduced where they lie too. A parameter that a backward did not produce contributes zeros
+through its slice.
 
 Thread safety: one wrapper's, on its training loop's thread.
 """
@@ -27,26 +29,56 @@ class BucketViews:
     """The buckets of one wrapper, each a flat tensor reduced with ``Average``."""
 
     def __init__(self, buckets, prefix, process_set_id):
-        self._flats = []
         self._params = [bucket.params for bucket in buckets]
         self._filled = set()  # ids of the parameters whose None gradient prefill() replaced
         self._slot = {}  # id(p): (bucket index, offset, its view, the view's data_ptr())
+        self._flats = self._allocate(buckets)
         for k, bucket in enumerate(buckets):
-            first = bucket.params[0]
-            flat = torch.zeros(sum(p.numel() for p in bucket.params), dtype=first.dtype,
-                               device=first.device)
             offset = 0
             for p in bucket.params:
-                view = self._view(flat, offset, p)
+                view = self._view(self._flats[k], offset, p)
                 self._slot[id(p)] = (k, offset, view, view.data_ptr())
                 offset += p.numel()
-            self._flats.append(flat)
         self._ready = [0] * len(buckets)  # gradients there in this backward, per bucket
         # Per CUDA bucket, the streams its gradients were made on in this backward.
         self._streams = [[] if flat.is_cuda else None for flat in self._flats]
         names = ["%s.view%d" % (prefix, i) for i in range(len(self._flats))]
         self._batch = GradientBatch(self._flats, names, _CORE_OPS[Average], 1.0, 1.0,
                                     process_set_id)
+
+    @staticmethod
+    def _allocate(buckets):
+        """Each bucket's flat tensor. Consecutive buckets of one dtype and device are adjacent
+        slices of one allocation, in bucket order, each a whole number of 16 bytes long (its
+        tail zeros): the runtime fuses consecutive buckets into one of its own where they fit
+        (25 MiB on a GPU), and reduces such a fused bucket where it lies, with no copy in or
+        out, only when its members lie back to back so (docs/architecture.md, "Buckets reduced
+        where they lie")."""
+        flats = []
+        run = []  # consecutive buckets of one dtype and device: (bucket, padded length)
+
+        def allocate_run():
+            if not run:
+                return
+            first = run[0][0].params[0]
+            storage = torch.zeros(sum(length for _, length in run), dtype=first.dtype,
+                                  device=first.device)
+            offset = 0
+            for _, length in run:
+                flats.append(storage[offset:offset + length])
+                offset += length
+            run.clear()
+
+        for bucket in buckets:
+            first = bucket.params[0]
+            unit = max(1, 16 // first.element_size())
+            elements = sum(p.numel() for p in bucket.params)
+            if run and (run[0][0].params[0].dtype != first.dtype
+                        or run[0][0].params[0].device != first.device):
+                allocate_run()
+            run.append((bucket, (elements + unit - 1) // unit * unit))
+        allocate_run()
+        return flats
 
     @staticmethod
     def _view(flat, offset, p):
