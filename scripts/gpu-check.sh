@@ -194,7 +194,8 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
     } 2>&1 | tee "$out/placement.log"
   fi
   # The libtorch example trainer on CUDA tensors, checked against one process on the whole batch:
-  # one rank through NCCL, two sharing the GPU through the MPI backend, and gradient accumulation.
+  # one rank through NCCL, two sharing the GPU through the MPI backend, and gradient accumulation,
+  # also with the gradients as views into the buckets.
   if [ "$scope" != full ]; then
     echo "gpu-check: quick: the libtorch adapter not run" >"$out/libtorch.log"
   elif [ -n "$torch_build_pid" ]; then
@@ -209,6 +210,8 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
           "$libtorch_train" --device cuda --check || failed=1
         GRADSYNC_GPU_BACKEND=mpi timeout 120 mpirun -np 2 --oversubscribe -x GRADSYNC_GPU_BACKEND \
           "$libtorch_train" --device cuda --check --accumulate 2 --bucket-bytes 4096 || failed=1
+        timeout 120 mpirun -np 1 "$libtorch_train" --device cuda --check --bucket-views \
+          --accumulate 2 --bucket-bytes 4096 || failed=1
       else
         echo "gpu-check: the libtorch build failed (libtorch-build.log)"
         failed=1

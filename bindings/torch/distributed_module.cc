@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <algorithm>
 #include <stdexcept>
 #include <utility>
 
@@ -120,6 +121,7 @@ DistributedModule::DistributedModule(::torch::nn::Module& module, Options option
     bucket_of_[k] = buckets_.size() - 1;
     filled += bytes;
   }
+  if (options_.gradient_as_bucket_view) MakeBucketViews();
   for (size_t k = 0; k < params_.size(); ++k) {
     std::shared_ptr<::torch::autograd::Node> accumulator =
         ::torch::autograd::impl::grad_accumulator(params_[k]);
@@ -140,6 +142,80 @@ DistributedModule::DistributedModule(::torch::nn::Module& module, Options option
 
 DistributedModule::~DistributedModule() { *alive_ = false; }
 
+void DistributedModule::MakeBucketViews() {
+  if (options_.compression != Compression::kNone) {
+    throw Error(Status::InvalidArgument(
+        "gradient_as_bucket_view needs Compression::kNone: a compressed bucket is a copy"));
+  }
+  for (const Bucket& bucket : buckets_) {
+    const ::torch::Tensor& first = params_[bucket.params.front()];
+    DataTypeOf(first);  // throws for a dtype gradsync does not carry
+    for (size_t k : bucket.params) {
+      const ::torch::Tensor& p = params_[k];
+      if (p.scalar_type() != first.scalar_type() || p.device() != first.device() ||
+          p.layout() != ::torch::kStrided || !p.is_contiguous()) {
+        throw Error(Status::InvalidArgument(
+            "gradient_as_bucket_view needs, in each bucket, contiguous dense parameters of one "
+            "dtype and device; parameter " +
+            std::to_string(k) + " differs from its bucket's first"));
+      }
+    }
+  }
+  ::torch::NoGradGuard no_grad;
+  views_.resize(params_.size());
+  // Consecutive buckets of one dtype and device share an allocation, each bucket a whole number
+  // of 16 bytes long, so that buckets the runtime fuses lie back to back.
+  size_t run = 0;
+  for (size_t end = 1; end <= buckets_.size(); ++end) {
+    const ::torch::Tensor& first = params_[buckets_[run].params.front()];
+    if (end < buckets_.size()) {
+      const ::torch::Tensor& next = params_[buckets_[end].params.front()];
+      if (next.scalar_type() == first.scalar_type() && next.device() == first.device()) continue;
+    }
+    const int64_t unit = std::max<int64_t>(1, 16 / static_cast<int64_t>(first.element_size()));
+    std::vector<int64_t> lengths;
+    int64_t total = 0;
+    for (size_t b = run; b < end; ++b) {
+      int64_t elements = 0;
+      for (size_t k : buckets_[b].params) elements += params_[k].numel();
+      lengths.push_back((elements + unit - 1) / unit * unit);
+      total += lengths.back();
+    }
+    const ::torch::Tensor storage = ::torch::zeros({total}, first.options());
+    int64_t offset = 0;
+    for (size_t b = run; b < end; ++b) {
+      Bucket& bucket = buckets_[b];
+      bucket.flat = storage.narrow(0, offset, lengths[b - run]);
+      offset += lengths[b - run];
+      int64_t inside = 0;
+      for (size_t k : bucket.params) {
+        ::torch::Tensor& p = params_[k];
+        // A tensor over the bucket's memory, not an autograd view of it: an optimizer's
+        // zero_grad() detaches each gradient in place, which libtorch refuses for a view.
+        views_[k] = ::torch::empty({0}, first.options());
+        views_[k].set_(storage.storage(), bucket.flat.storage_offset() + inside, p.sizes());
+        inside += p.numel();
+        if (p.grad().defined()) views_[k].copy_(p.grad());
+        p.mutable_grad() = views_[k];
+      }
+    }
+    run = end;
+  }
+}
+
+void DistributedModule::ReturnToView(size_t k) {
+  ::torch::Tensor& grad = params_[k].mutable_grad();
+  const ::torch::Tensor& view = views_[k];
+  if (grad.defined() && grad.is_same(view)) return;
+  ::torch::NoGradGuard no_grad;
+  if (grad.defined()) {
+    view.copy_(grad);
+  } else {
+    view.zero_();
+  }
+  grad = view;
+}
+
 void DistributedModule::OnGradientReady(size_t param) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!syncing_) return;
@@ -152,6 +228,10 @@ void DistributedModule::OnGradientReady(size_t param) {
 void DistributedModule::Launch(size_t b) {
   ::torch::NoGradGuard no_grad;
   Bucket& bucket = buckets_[b];
+  if (bucket.flat.defined()) {
+    LaunchFlat(b);
+    return;
+  }
   std::vector<TensorView> views;
   GroupedAllreduceOptions options;
   options.op = options_.op;
@@ -184,6 +264,21 @@ void DistributedModule::Launch(size_t b) {
   bucket.launched = true;
 }
 
+void DistributedModule::LaunchFlat(size_t b) {
+  Bucket& bucket = buckets_[b];
+  // Gradients backward made anew are copied into their views; those it did not produce add
+  // what their views hold, or zeros where they have none.
+  for (size_t k : bucket.params) ReturnToView(k);
+  AllreduceOptions options;
+  options.name = options_.name + ".bucket." + std::to_string(b);
+  options.op = options_.op;
+  options.process_set = options_.process_set;
+  if (bucket.flat.is_cuda()) options.ready.cuda_stream = CurrentStream(bucket.flat);
+  bucket.wires.assign(1, bucket.flat);
+  bucket.handles.assign(1, allreduce(View(bucket.flat), options));
+  bucket.launched = true;
+}
+
 void DistributedModule::synchronize() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!syncing_) return;  // inside no_sync(): the gradients stay local
@@ -198,7 +293,8 @@ void DistributedModule::synchronize() {
     } else {
       for (Handle& h : bucket.handles) h.wait();
     }
-    for (size_t i = 0; i < bucket.params.size(); ++i) {
+    // Under gradient_as_bucket_view the gradients are the reduced bucket's slices already.
+    for (size_t i = 0; !bucket.flat.defined() && i < bucket.params.size(); ++i) {
       ::torch::Tensor& grad = params_[bucket.params[i]].mutable_grad();
       if (!bucket.wires[i].is_same(grad)) grad.copy_(bucket.wires[i]);
     }

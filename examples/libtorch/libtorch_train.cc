@@ -2,10 +2,11 @@
 // a small MLP to synthetic regression data; each rank trains on its shard of every global batch.
 //
 //   mpirun -np 4 gradsync_libtorch_train [--steps N] [--batch B] [--accumulate K]
-//          [--compression none|fp16|bf16] [--bucket-bytes N] [--device cpu|cuda] [--check]
-//          [--elastic] [--step-ms MS]
+//          [--compression none|fp16|bf16] [--bucket-bytes N] [--bucket-views]
+//          [--device cpu|cuda] [--check] [--elastic] [--step-ms MS]
 //
 // --device cuda trains on each rank's GPU (the local rank's, as gradsync picks it).
+// --bucket-views makes the gradients views into the buckets (Options::gradient_as_bucket_view).
 // --accumulate K splits each rank's shard into K micro-batches, the first K - 1 under no_sync().
 // --check also trains, on every rank, one process's copy of the model on the whole global batch,
 // and fails unless every replica ends identical and within the tolerance of that copy.
@@ -50,6 +51,7 @@ struct Args {
   std::string compression = "none";
   int64_t bucket_bytes = int64_t{25} << 20;
   bool check = false;
+  bool bucket_views = false;
   bool cuda = false;
   bool elastic = false;
   int step_ms = 0;
@@ -60,8 +62,10 @@ Args Parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (flag == "--check" || flag == "--elastic") {
-      (flag == "--check" ? args.check : args.elastic) = true;
+    if (flag == "--check" || flag == "--elastic" || flag == "--bucket-views") {
+      (flag == "--check"     ? args.check
+       : flag == "--elastic" ? args.elastic
+                             : args.bucket_views) = true;
       continue;
     }
     if (value == nullptr) {
@@ -212,6 +216,7 @@ int main(int argc, char** argv) {
   gradsync::torch::Options options;  // gradsync
   options.compression = CompressionOf(args.compression);
   options.bucket_bytes = args.bucket_bytes;
+  options.gradient_as_bucket_view = args.bucket_views;
   gradsync::torch::DistributedModule sync(net, options);  // gradsync
 
   Net reference;  // one process on the whole batch, from the same start

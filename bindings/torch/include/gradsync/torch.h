@@ -14,6 +14,15 @@
 // synchronize() enqueues what backward did not reach (parameters left unused contribute zeros),
 // waits, and writes the results into the gradients.
 //
+// With Options::gradient_as_bucket_view (DDP's option of that name) each bucket is one flat
+// tensor and the parameters' gradients are views into it: backward accumulates into the buckets
+// themselves, a bucket is reduced in place as one tensor, and synchronize() copies nothing. The
+// buckets are adjacent slices of one allocation per dtype and device, so a GPU bucket that the
+// runtime fuses from several is still reduced where it lies. Zero gradients in place between
+// steps (libtorch 1.x's zero_grad(); zero_grad(false) in 2.x): a gradient that backward made
+// anew (after it was set to an undefined tensor) is copied into its view by the hook, which
+// makes the view the gradient again, as DDP's does.
+//
 // CUDA gradients never stall the host: a bucket's reduction waits on the device for the stream
 // that was current when backward made its gradients, and synchronize() orders the current
 // stream after the reductions (the host blocks only until they are launched), so the optimizer's
@@ -47,6 +56,10 @@ struct Options {
   ProcessSet process_set;
   // Prefix of the collectives' names: distinct for each DistributedModule of a process.
   std::string name = "module";
+  // Gradients as views into flat buckets (above). Needs no compression and, in each bucket,
+  // contiguous parameters of one dtype and device; the constructor throws InvalidArgument
+  // otherwise.
+  bool gradient_as_bucket_view = false;
 };
 
 // Overwrites every parameter and buffer of `module` with the root's (a global rank, a member of
@@ -87,6 +100,10 @@ class DistributedModule {
   void broadcast_buffers();
 
   size_t num_buckets() const { return buckets_.size(); }
+  // Bucket `b`'s flat tensor under gradient_as_bucket_view (an undefined tensor without it): the
+  // parameters' gradients are slices of it, in the bucket's order, its tail (up to a multiple of
+  // 16 bytes) zeros.
+  ::torch::Tensor bucket_view(size_t b) const { return buckets_.at(b).flat; }
 
  private:
   struct Bucket {
@@ -95,16 +112,24 @@ class DistributedModule {
     bool launched = false;
     std::vector<::torch::Tensor> wires;  // what is reduced (the gradients, or their 16-bit copies)
     std::vector<Handle> handles;
+    ::torch::Tensor flat;  // gradient_as_bucket_view's
   };
 
   void OnGradientReady(size_t param);
   // Enqueues bucket `b` (its gradients, zeros for those backward did not produce).
   void Launch(size_t b);
+  void LaunchFlat(size_t b);
+  // gradient_as_bucket_view: allocates the buckets' flat tensors and makes each gradient its view.
+  void MakeBucketViews();
+  // Makes parameter `k`'s gradient its view again where backward made it elsewhere (a copy), or
+  // zeros where there is none. The hook then copies nothing once the gradients are their views.
+  void ReturnToView(size_t k);
 
   ::torch::nn::Module& module_;
   Options options_;
   std::vector<::torch::Tensor> params_;
   std::vector<size_t> bucket_of_;
+  std::vector<::torch::Tensor> views_;  // per parameter, under gradient_as_bucket_view
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
