@@ -2,6 +2,7 @@
 DistributedOptimizer training a model on the GPU to identical replicas that match one process on
 the full batch. Skipped where this build has no CUDA or the machine has no GPU."""
 
+import json
 import os
 
 import pytest
@@ -239,3 +240,25 @@ def test_cuda_gradients_from_two_streams(form, device, rank, size):
     params = torch.cat([p.detach().flatten() for p in model.body.parameters()])
     rtol, atol = (1e-2, 1e-3) if fp16 else (1e-5, 1e-7)
     assert torch.allclose(params, reference_parameters(steps, size, device), rtol=rtol, atol=atol)
+
+
+def test_cuda_bucket_views_are_reduced_where_they_lie(device, rank, size, tmp_path):
+    """The DDP wrapper's bucket views, a bucket a parameter: whether the runtime reduces them
+    alone or fuses several (adjacent slices of one allocation) into one bucket of its own, no copy
+    kernel runs (no DEVICE_COPY_IN in rank 0's timeline), and training matches one process on the
+    full batch."""
+    steps = 3
+    model = make_model(device)
+    module = hvd.DistributedDataParallel(model, gradient_as_bucket_view=True, bucket_cap_mb=1e-6)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    path = tmp_path / "views.json"
+    hvd.start_timeline(str(path))
+    train_on_my_share(module, optimizer, steps, rank, size, device)
+    hvd.stop_timeline()
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert torch.allclose(params, reference_parameters(steps, size, device), rtol=1e-5, atol=1e-7)
+    if rank == 0:
+        with open(path) as trace:
+            names = {event.get("name") for event in json.load(trace)["traceEvents"]}
+        assert "DEVICE_ALLREDUCE" in names
+        assert "DEVICE_COPY_IN" not in names
