@@ -133,9 +133,11 @@ Status DevicePlane::FusionBuffer(size_t bytes, void** buffer) {
   return Status::OK();
 }
 
-// Any failure after the first queued piece of work leaves this rank out of step with the others
-// (some may be inside the collective already): the plane is aborted, so that nothing later
-// waits on it and every rank's finalizer sees the failure or its timeout.
+// Any failure after the first queued piece of work, or once the other ranks are committed to the
+// collective (a fusion buffer or scratch that cannot be allocated), leaves this rank out of step
+// with the others (some may be inside the collective already): the plane is aborted, so that
+// nothing later pairs with their collective or waits on it, and every rank's finalizer sees the
+// failure or its timeout.
 #define GRADSYNC_LAUNCH(call, collective, entries)                     \
   do {                                                                 \
     const Status launch_status_ = (call);                              \
@@ -200,7 +202,7 @@ Status DevicePlane::AllreduceWhereItLies(const std::vector<TensorEntry*>& entrie
 Status DevicePlane::AllreduceFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                                    int64_t count) {
   void* fusion = nullptr;
-  GRADSYNC_RETURN_IF_ERROR(FusionBuffer(layout_.bytes, &fusion));
+  GRADSYNC_LAUNCH(FusionBuffer(layout_.bytes, &fusion), "allreduce", entries);
   for (size_t i = 0; i < entries.size(); ++i) {
     segments_.push_back({entries[i]->input.data, static_cast<char*>(fusion) + layout_.offsets[i],
                          entries[i]->input.num_elements(), spec.prescale});
@@ -235,7 +237,7 @@ Status DevicePlane::Allgather(TensorEntry* entry, const std::vector<int64_t>& fi
     local = InContext(Status::InvalidArgument("the output allocator returned no memory for " +
                                               ShapeString(shape)),
                       "allgather", entries);
-    GRADSYNC_RETURN_IF_ERROR(FusionBuffer(bytes, &output));
+    GRADSYNC_LAUNCH(FusionBuffer(bytes, &output), "allgather", entries);
   } else {
     entry->output = TensorView(output, entry->input.dtype, shape, entry->input.device);
     entry->state->output_shape = shape;
@@ -286,7 +288,7 @@ Status DevicePlane::Alltoall(TensorEntry* entry) {
     local = InContext(Status::InvalidArgument("the output allocator returned no memory for " +
                                               ShapeString(shape)),
                       "alltoall", entries);
-    GRADSYNC_RETURN_IF_ERROR(FusionBuffer(bytes, &output));
+    GRADSYNC_LAUNCH(FusionBuffer(bytes, &output), "alltoall", entries);
   } else {
     entry->output = TensorView(output, entry->input.dtype, shape, entry->input.device);
     entry->state->output_shape = shape;
@@ -363,8 +365,9 @@ Status DevicePlane::Reducescatter(const std::vector<TensorEntry*>& entries, cons
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   void* fusion = nullptr;
-  GRADSYNC_RETURN_IF_ERROR(
-      FusionBuffer(AlignFusionOffset(total * element_size) + counts[rank] * element_size, &fusion));
+  GRADSYNC_LAUNCH(
+      FusionBuffer(AlignFusionOffset(total * element_size) + counts[rank] * element_size, &fusion),
+      "reducescatter", entries);
   void* result = At(fusion, 0, 1) + AlignFusionOffset(total * element_size);
   int64_t offset = 0;
   std::vector<int64_t> sent(entries.size(), 0);  // elements of entry i packed so far

@@ -1,6 +1,6 @@
 // The device plane's failures over the host backend, at 1, 2 and 4 ranks: a producer that never
-// finishes times out and aborts the plane, and a plane aborted while a rank is stuck inside a
-// collective ends the job instead of hanging.
+// finishes times out and aborts the plane, a fusion buffer that cannot be allocated aborts it,
+// and a plane aborted while a rank is stuck inside a collective ends the job instead of hanging.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -42,6 +42,71 @@ TEST_F(DevicePlaneTest, NeverReadyProducerTimesOutAndAbortsThePlane) {
   const Status refused = plane_->Allreduce({&later.entry}, {DataType::kFloat32, ReduceOp::kSum});
   EXPECT_EQ(refused.code(), StatusCode::kTimeout);
   EXPECT_NE(refused.message().find("stuck.grad"), std::string::npos);
+}
+
+// The host backend, but every allocation refused.
+class RefusingAllocations : public DeviceBackend {
+ public:
+  explicit RefusingAllocations(std::unique_ptr<HostDeviceBackend> host) : host_(std::move(host)) {}
+  const char* name() const override { return "refusing"; }
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+  Stream* stream() override { return host_->stream(); }
+  Status Allocate(size_t bytes, void**) override {
+    return Status::Internal("refused " + std::to_string(bytes) + " bytes");
+  }
+  void FreeAfterWork(void* ptr) override { host_->FreeAfterWork(ptr); }
+  Status Upload(const void* host, void* dst, size_t bytes) override {
+    return host_->Upload(host, dst, bytes);
+  }
+  Status BatchedCopy(const std::vector<CopySegment>& segments, DataType dtype) override {
+    return host_->BatchedCopy(segments, dtype);
+  }
+  Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                   ReduceOp op) override {
+    return host_->Allreduce(send, recv, count, dtype, op);
+  }
+  Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                    DataType dtype) override {
+    return host_->Allgatherv(send, recv, counts, dtype);
+  }
+  Status Broadcast(void* buffer, int64_t count, DataType dtype, int root) override {
+    return host_->Broadcast(buffer, count, dtype, root);
+  }
+  Status Alltoallv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                   const std::vector<int64_t>& recv_counts, DataType dtype) override {
+    return host_->Alltoallv(send, send_counts, recv, recv_counts, dtype);
+  }
+  Status ReduceScatterv(const void* send, void* recv, const std::vector<int64_t>& counts,
+                        DataType dtype, ReduceOp op) override {
+    return host_->ReduceScatterv(send, recv, counts, dtype, op);
+  }
+  Status CheckAsyncError() override { return host_->CheckAsyncError(); }
+  void Abort(const Status& status) override { host_->Abort(status); }
+
+ private:
+  std::unique_ptr<HostDeviceBackend> host_;
+};
+
+// A fused bucket whose fusion buffer cannot be allocated fails, and aborts the plane as a failed
+// launch does: its producers' waits are queued already, and the other ranks may be inside the
+// collective, which this rank's next one must not pair with. (Here every rank is refused alike.)
+TEST_F(DevicePlaneTest, AFusionBufferThatCannotBeAllocatedAbortsThePlane) {
+  std::unique_ptr<HostDeviceBackend> host;
+  ASSERT_TRUE(HostDeviceBackend::Create(MPI_COMM_WORLD, &host).ok());
+  DevicePlane plane(std::make_unique<RefusingAllocations>(std::move(host)), MPI_COMM_WORLD,
+                    std::chrono::seconds(60));
+  Op first("first", DataType::kFloat32, {16});
+  Op second("second", DataType::kFloat32, {16});
+  const Status failed =
+      plane.Allreduce({&first.entry, &second.entry}, {DataType::kFloat32, ReduceOp::kSum});
+  EXPECT_FALSE(failed.ok());
+  EXPECT_NE(failed.message().find("refused"), std::string::npos) << failed.ToString();
+  // A tensor alone needs no fusion buffer, but the plane is aborted.
+  Op alone("alone", DataType::kFloat32, {16});
+  const Status refused = plane.Allreduce({&alone.entry}, {DataType::kFloat32, ReduceOp::kSum});
+  EXPECT_EQ(refused.code(), failed.code());
+  EXPECT_NE(refused.message().find("refused"), std::string::npos) << refused.ToString();
 }
 
 // What the stuck-collective handler was told on this rank; rank 1 also asks rank 0 to release it.
