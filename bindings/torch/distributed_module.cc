@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <unordered_set>
 #include <utility>
 
 namespace gradsync {
@@ -81,15 +82,19 @@ void BroadcastTensors(const std::vector<std::pair<std::string, ::torch::Tensor>>
   }
 }
 
-// The module's parameters (when asked) and buffers, by name.
+// The module's parameters (when asked) and buffers, by name; a tensor registered under two names
+// (tied weights) once, so that no two broadcasts write it at the same time.
 std::vector<std::pair<std::string, ::torch::Tensor>> NamedState(const ::torch::nn::Module& module,
                                                                 bool with_parameters) {
   std::vector<std::pair<std::string, ::torch::Tensor>> tensors;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  auto add = [&](const std::string& name, const ::torch::Tensor& tensor) {
+    if (seen.insert(tensor.unsafeGetTensorImpl()).second) tensors.emplace_back(name, tensor);
+  };
   if (with_parameters) {
-    for (const auto& item : module.named_parameters())
-      tensors.emplace_back(item.key(), item.value());
+    for (const auto& item : module.named_parameters()) add(item.key(), item.value());
   }
-  for (const auto& item : module.named_buffers()) tensors.emplace_back(item.key(), item.value());
+  for (const auto& item : module.named_buffers()) add(item.key(), item.value());
   return tensors;
 }
 
@@ -105,9 +110,12 @@ DistributedModule::DistributedModule(::torch::nn::Module& module, Options option
   // From the set's first member (a global rank: the global set's is 0).
   broadcast_state(module_, options_.process_set.ranks().front(), options_.process_set,
                   options_.name);
+  // A parameter registered twice (a weight tied between two layers) is one tensor, reduced once.
+  std::unordered_set<const c10::TensorImpl*> seen;
   for (const ::torch::Tensor& p : module_.parameters()) {
-    if (p.requires_grad()) params_.push_back(p);
+    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) params_.push_back(p);
   }
+  produced_.assign(params_.size(), false);
   // Buckets in reverse registration order, the order backward usually produces gradients in.
   bucket_of_.assign(params_.size(), 0);
   int64_t filled = 0;
@@ -219,10 +227,16 @@ void DistributedModule::ReturnToView(size_t k) {
 void DistributedModule::OnGradientReady(size_t param) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!syncing_) return;
+  // A second accumulation would race with the reduction of its bucket, which may be under way.
+  if (produced_[param]) {
+    throw Error(Status::InvalidArgument(
+        "gradsync::torch::DistributedModule: the gradient of parameter " + std::to_string(param) +
+        " was produced twice before synchronize(); call synchronize() after each backward, and "
+        "accumulate over several backward passes inside no_sync()"));
+  }
+  produced_[param] = true;
   const size_t b = bucket_of_[param];
-  Bucket& bucket = buckets_[b];
-  if (bucket.launched) return;
-  if (++bucket.ready == bucket.params.size()) Launch(b);
+  if (++buckets_[b].ready == buckets_[b].params.size()) Launch(b);
 }
 
 void DistributedModule::Launch(size_t b) {
@@ -303,6 +317,7 @@ void DistributedModule::synchronize() {
     bucket.ready = 0;
     bucket.launched = false;
   }
+  produced_.assign(params_.size(), false);
 }
 
 void DistributedModule::broadcast_buffers() {

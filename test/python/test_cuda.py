@@ -245,8 +245,9 @@ def test_cuda_gradients_from_two_streams(form, device, rank, size):
 def test_cuda_bucket_views_are_reduced_where_they_lie(device, rank, size, tmp_path):
     """The DDP wrapper's bucket views, a bucket a parameter: whether the runtime reduces them
     alone or fuses several (adjacent slices of one allocation) into one bucket of its own, no copy
-    kernel runs (no DEVICE_COPY_IN in rank 0's timeline), and training matches one process on the
-    full batch."""
+    kernel runs at 1 rank (no DEVICE_COPY_IN in the timeline; with more, a fused bucket's order
+    is the negotiated one, which may differ from memory's, and then is copied), and training
+    matches one process on the full batch at any number of ranks."""
     steps = 3
     model = make_model(device)
     module = hvd.DistributedDataParallel(model, gradient_as_bucket_view=True, bucket_cap_mb=1e-6)
@@ -257,7 +258,7 @@ def test_cuda_bucket_views_are_reduced_where_they_lie(device, rank, size, tmp_pa
     hvd.stop_timeline()
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     assert torch.allclose(params, reference_parameters(steps, size, device), rtol=1e-5, atol=1e-7)
-    if rank == 0:
+    if size == 1:
         with open(path) as trace:
             names = {event.get("name") for event in json.load(trace)["traceEvents"]}
         assert "DEVICE_ALLREDUCE" in names

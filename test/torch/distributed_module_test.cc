@@ -1,7 +1,8 @@
 // gradsync::torch::DistributedModule with gradient_as_bucket_view: the gradients are views into
 // flat buckets that lie back to back, backward accumulates into them, the results are the average
-// the module gives without views, and the cases that cannot be views are refused. On the host
-// (CPU tensors), at 1, 2 and 4 ranks.
+// the module gives without views, and the cases that cannot be views are refused. With views and
+// without: tied parameters are reduced once, and a gradient produced twice before synchronize()
+// throws. On the host (CPU tensors), at 1, 2 and 4 ranks.
 #include <gradsync/torch.h>
 #include <torch/torch.h>
 
@@ -178,6 +179,70 @@ TEST_F(DistributedModuleTest, NoSyncAccumulatesIntoTheViews) {
   std::vector<::torch::Tensor> expected;
   for (const ::torch::Tensor& p : without.parameters()) expected.push_back(p.grad());
   EXPECT_TRUE(GradientsAre(with_views, expected));
+}
+
+// One linear layer registered twice, as tied weights are: its gradient is the sum of both uses,
+// averaged once, with views and without.
+struct Tied : ::torch::nn::Module {
+  Tied() {
+    ::torch::manual_seed(11);
+    shared = register_module("encoder", ::torch::nn::Linear(4, 4));
+    register_module("decoder", shared);
+  }
+  ::torch::Tensor forward(const ::torch::Tensor& x) {
+    return shared->forward(::torch::tanh(shared->forward(x)));
+  }
+  ::torch::nn::Linear shared{nullptr};
+};
+
+TEST_F(DistributedModuleTest, TiedParametersAreReducedOnce) {
+  for (bool views : {false, true}) {
+    Tied net;
+    ASSERT_EQ(net.parameters().size(), 4u) << "libtorch lists a tied parameter twice";
+    torch::Options options = ViewOptions(views ? "tied.views" : "tied.plain");
+    options.gradient_as_bucket_view = views;
+    torch::DistributedModule sync(net, options);
+    EXPECT_EQ(sync.num_buckets(), 2u);
+    ::torch::manual_seed(rank_);
+    net.forward(::torch::randn({2, 4})).sum().backward();
+    sync.synchronize();
+    Tied alone;
+    ::torch::Tensor total = ::torch::zeros({});
+    for (int r = 0; r < size_; ++r) {
+      ::torch::manual_seed(r);
+      total = total + alone.forward(::torch::randn({2, 4})).sum();
+    }
+    (total / size_).backward();
+    const std::vector<::torch::Tensor> got = net.parameters();
+    const std::vector<::torch::Tensor> want = alone.parameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(::torch::allclose(got[i].grad(), want[i].grad(), 0, 1e-6))
+          << (views ? "views" : "plain") << ", parameter " << i;
+    }
+  }
+}
+
+// Two backward passes before synchronize(): the second accumulation would race with the first's
+// reduction, so its hook throws; after synchronize() the module goes on.
+TEST_F(DistributedModuleTest, AGradientProducedTwiceBeforeSynchronizeThrows) {
+  for (bool views : {false, true}) {
+    Net net;
+    torch::Options options = ViewOptions(views ? "twice.views" : "twice.plain");
+    options.gradient_as_bucket_view = views;
+    torch::DistributedModule sync(net, options);
+    Backward(net, rank_, 0);
+    try {
+      Backward(net, rank_, 1);
+      ADD_FAILURE() << "the second backward did not throw";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("produced twice"), std::string::npos) << e.what();
+    }
+    sync.synchronize();
+    for (::torch::Tensor& p : net.parameters()) p.mutable_grad().zero_();
+    Backward(net, rank_, 2);
+    sync.synchronize();
+    EXPECT_TRUE(GradientsAre(net, Expected(size_, 2))) << (views ? "views" : "plain");
+  }
 }
 
 TEST_F(DistributedModuleTest, WhatCannotBeAViewIsRefused) {

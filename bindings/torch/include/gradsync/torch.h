@@ -12,7 +12,10 @@
 // registration order (the order backward produces them); a bucket is enqueued as one grouped
 // allreduce as soon as its last gradient is ready, so reductions overlap the rest of backward.
 // synchronize() enqueues what backward did not reach (parameters left unused contribute zeros),
-// waits, and writes the results into the gradients.
+// waits, and writes the results into the gradients. A parameter registered twice (tied weights)
+// is reduced once. A gradient produced twice before synchronize() (two backward passes, or a
+// parameter in two reentrant checkpointed segments) throws from its hook, as DDP raises: its
+// bucket may already be in flight.
 //
 // With Options::gradient_as_bucket_view (DDP's option of that name) each bucket is one flat
 // tensor and the parameters' gradients are views into it: backward accumulates into the buckets
@@ -129,6 +132,7 @@ class DistributedModule {
   Options options_;
   std::vector<::torch::Tensor> params_;
   std::vector<size_t> bucket_of_;
+  std::vector<bool> produced_;  // per parameter: its gradient came in this synchronized backward
   std::vector<::torch::Tensor> views_;  // per parameter, under gradient_as_bucket_view
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators_;
