@@ -263,6 +263,20 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
   live->out_of_place = op.kind == Kind::kAllreduce && !op.grouped && local_choice % 3 == 0;
   live->callback = !op.grouped && op.kind != Kind::kBarrier && (local_choice >> 8) % 2 == 0;
   const bool produced_later = device_tensors_ && (local_choice >> 24) % 2 == 0;
+  // A grouped allreduce's inputs back to back in one block, each on a 16-byte boundary, as a flat
+  // gradient buffer holds them: a device bucket of them is reduced where it lies on this rank
+  // while other ranks copy theirs (ops/device/bucket_layout.h).
+  std::vector<size_t> flat_offsets;
+  if (op.kind == Kind::kAllreduce && op.grouped && (local_choice >> 28) % 2 == 0) {
+    size_t end = 0;
+    for (const TensorPlan& tp : op.tensors) {
+      const size_t bytes = static_cast<size_t>(Elements(tp.shape)) * DataTypeSize(tp.dtype);
+      flat_offsets.push_back(bytes == 0 ? end : (end + 15) / 16 * 16);
+      end = flat_offsets.back() + bytes;
+    }
+    live->flat =
+        std::make_unique<Buffer>(DataType::kUInt8, std::vector<int64_t>{static_cast<int64_t>(end)});
+  }
   live->outputs.resize(count);
   std::vector<TensorView> views;
   std::vector<Allocator> allocators;
@@ -276,7 +290,11 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
       shape =
           tp.scalar ? std::vector<int64_t>{} : WithRows(tp.rows[static_cast<size_t>(me)], tp.shape);
     }
-    auto in = std::make_unique<Buffer>(tp.dtype, shape);
+    auto in = flat_offsets.empty()
+                  ? std::make_unique<Buffer>(tp.dtype, shape)
+                  : std::make_unique<Buffer>(
+                        tp.dtype, shape,
+                        static_cast<unsigned char*>(live->flat->data()) + flat_offsets[t]);
     const int64_t elements = in->elements();
     switch (op.kind) {
       case Kind::kAllreduce:

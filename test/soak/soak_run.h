@@ -110,6 +110,7 @@ struct StepRunner::Live {
   uint64_t choice = 0;        // this rank's local choices for the operation
   std::string enqueue_error;  // what the enqueue threw, if it did
   std::vector<std::unique_ptr<Buffer>> inputs;
+  std::unique_ptr<Buffer> flat;  // the inputs' memory where they lie back to back in it
   std::vector<std::unique_ptr<Buffer>> outputs;   // out-of-place results and allocator memory
   std::vector<std::unique_ptr<Buffer>> produced;  // values the producer stream writes in
   std::vector<Handle> handles;

@@ -109,6 +109,13 @@ Buffer::Buffer(DataType dtype, std::vector<int64_t> shape)
   }
 }
 
+Buffer::Buffer(DataType dtype, std::vector<int64_t> shape, void* memory)
+    : dtype_(dtype),
+      shape_(std::move(shape)),
+      elements_(Elements(shape_)),
+      size_(static_cast<size_t>(elements_) * DataTypeSize(dtype_)),
+      data_(static_cast<unsigned char*>(memory)) {}
+
 void Buffer::Set(int64_t i, double value) {
   unsigned char* base = data_;
   switch (dtype_) {

@@ -48,10 +48,13 @@ class StepArena {
   std::atomic<int64_t> overflows_{0};
 };
 
-// A host tensor in StepArena memory (on the heap if the arena is full).
+// A host tensor in StepArena memory (on the heap if the arena is full), or over memory another
+// Buffer holds.
 class Buffer {
  public:
   Buffer(DataType dtype, std::vector<int64_t> shape);
+  // Over `memory`, which must outlive it and hold the shape's bytes.
+  Buffer(DataType dtype, std::vector<int64_t> shape, void* memory);
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   TensorView view() { return TensorView(data_, dtype_, shape_); }
