@@ -41,8 +41,8 @@
 #include "cuda_check.h"
 #include "gradient_set.h"
 #include "ops/cuda/cuda_batched_copy.h"
+#include "ops/device/bucket_layout.h"
 #include "overlap.h"
-#include "runtime/fusion_buffer.h"
 
 namespace {
 
@@ -117,7 +117,9 @@ void FusionCopy(const Options& options, const std::string& set_name, int device)
     CHECK_CUDA(cudaMemset(p, 1, bytes));
     tensors.push_back(p);
     offsets.push_back(total);
-    total = gradsync::AlignFusionOffset(total + bytes);
+    // As the device plane lays a bucket out (ops/device/bucket_layout.h).
+    const size_t unit = gradsync::BucketLayout::kSegmentAlignment;
+    total = (total + bytes + unit - 1) / unit * unit;
   }
   void* fusion = nullptr;
   void* block_src = nullptr;
