@@ -7,6 +7,7 @@
 #endif
 
 #include <algorithm>
+#include <functional>
 #include <stdexcept>
 #include <unordered_set>
 #include <utility>
@@ -63,6 +64,21 @@ void* CurrentStream(const ::torch::Tensor& t) {
 #endif
 }
 
+// Runs `check` before the accumulator it is added to accumulates a gradient: an exception from it
+// stops that accumulation (a post-hook runs only after it).
+class BeforeAccumulation : public ::torch::autograd::FunctionPreHook {
+ public:
+  explicit BeforeAccumulation(std::function<void()> check) : check_(std::move(check)) {}
+  ::torch::autograd::variable_list operator()(
+      const ::torch::autograd::variable_list& grads) override {
+    check_();
+    return grads;
+  }
+
+ private:
+  std::function<void()> check_;
+};
+
 // Broadcasts each tensor in place (through a contiguous copy where it is not contiguous).
 void BroadcastTensors(const std::vector<std::pair<std::string, ::torch::Tensor>>& tensors, int root,
                       const ProcessSet& process_set, const std::string& prefix) {
@@ -112,8 +128,12 @@ DistributedModule::DistributedModule(::torch::nn::Module& module, Options option
                   options_.name);
   // A parameter registered twice (a weight tied between two layers) is one tensor, reduced once.
   std::unordered_set<const c10::TensorImpl*> seen;
-  for (const ::torch::Tensor& p : module_.parameters()) {
-    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) params_.push_back(p);
+  for (const auto& item : module_.named_parameters()) {
+    const ::torch::Tensor& p = item.value();
+    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) {
+      params_.push_back(p);
+      names_.push_back(item.key());
+    }
   }
   produced_.assign(params_.size(), false);
   // Buckets in reverse registration order, the order backward usually produces gradients in.
@@ -134,10 +154,13 @@ DistributedModule::DistributedModule(::torch::nn::Module& module, Options option
     std::shared_ptr<::torch::autograd::Node> accumulator =
         ::torch::autograd::impl::grad_accumulator(params_[k]);
     if (accumulator == nullptr) {
-      throw Error(Status::InvalidArgument("parameter " + std::to_string(k) +
-                                          " is not a leaf: it has no gradient accumulator"));
+      throw Error(Status::InvalidArgument("parameter '" + names_[k] +
+                                          "' is not a leaf: it has no gradient accumulator"));
     }
     std::weak_ptr<bool> alive = alive_;
+    accumulator->add_pre_hook(std::make_unique<BeforeAccumulation>([this, alive, k] {
+      if (auto still = alive.lock(); still != nullptr && *still) BeforeGradient(k);
+    }));
     accumulator->add_post_hook(std::make_unique<::torch::autograd::utils::LambdaPostHook>(
         [this, alive, k](const ::torch::autograd::variable_list& outputs,
                          const ::torch::autograd::variable_list&) {
@@ -164,8 +187,8 @@ void DistributedModule::MakeBucketViews() {
           p.layout() != ::torch::kStrided || !p.is_contiguous()) {
         throw Error(Status::InvalidArgument(
             "gradient_as_bucket_view needs, in each bucket, contiguous dense parameters of one "
-            "dtype and device; parameter " +
-            std::to_string(k) + " differs from its bucket's first"));
+            "dtype and device; parameter '" +
+            names_[k] + "' differs from its bucket's first"));
       }
     }
   }
@@ -224,17 +247,24 @@ void DistributedModule::ReturnToView(size_t k) {
   grad = view;
 }
 
+void DistributedModule::BeforeGradient(size_t param) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!syncing_) return;
+  // A second accumulation would race with the reduction of its bucket, which may be under way:
+  // refused before it happens.
+  if (produced_[param]) {
+    throw Error(Status::InvalidArgument(
+        "gradsync::torch::DistributedModule: the gradient of parameter '" + names_[param] +
+        "' was produced twice before synchronize(); call synchronize() after each backward, and "
+        "accumulate over several backward passes inside no_sync() (after a backward that failed "
+        "part way, synchronize() on every rank starts afresh)"));
+  }
+  produced_[param] = true;
+}
+
 void DistributedModule::OnGradientReady(size_t param) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!syncing_) return;
-  // A second accumulation would race with the reduction of its bucket, which may be under way.
-  if (produced_[param]) {
-    throw Error(Status::InvalidArgument(
-        "gradsync::torch::DistributedModule: the gradient of parameter " + std::to_string(param) +
-        " was produced twice before synchronize(); call synchronize() after each backward, and "
-        "accumulate over several backward passes inside no_sync()"));
-  }
-  produced_[param] = true;
   const size_t b = bucket_of_[param];
   if (++buckets_[b].ready == buckets_[b].params.size()) Launch(b);
 }
@@ -296,6 +326,12 @@ void DistributedModule::LaunchFlat(size_t b) {
 void DistributedModule::synchronize() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!syncing_) return;  // inside no_sync(): the gradients stay local
+  // However this ends, the next backward starts a fresh step: a launch or a wait that throws
+  // must not leave every later backward refused as producing its gradients twice.
+  struct StartAfresh {
+    DistributedModule* module;
+    ~StartAfresh() { module->ResetStep(); }
+  } afresh{this};
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (!buckets_[b].launched) Launch(b);
   }
@@ -312,6 +348,11 @@ void DistributedModule::synchronize() {
       ::torch::Tensor& grad = params_[bucket.params[i]].mutable_grad();
       if (!bucket.wires[i].is_same(grad)) grad.copy_(bucket.wires[i]);
     }
+  }
+}
+
+void DistributedModule::ResetStep() {
+  for (Bucket& bucket : buckets_) {
     bucket.wires.clear();
     bucket.handles.clear();
     bucket.ready = 0;

@@ -45,7 +45,11 @@ MpiStagedBackend::~MpiStagedBackend() {
 
 Status MpiStagedBackend::Allocate(size_t bytes, void** ptr) {
   GRADSYNC_CUDA_CALL(cudaSetDevice(device_), device_);
-  GRADSYNC_CUDA_CALL(cudaMalloc(ptr, bytes == 0 ? 1 : bytes), device_);
+  const cudaError_t allocated = cudaMalloc(ptr, bytes == 0 ? 1 : bytes);
+  if (allocated != cudaSuccess) {
+    (void)cudaGetLastError();  // as NcclBackend::Allocate
+    return CudaResult(allocated, "cudaMalloc", device_);
+  }
   return Status::OK();
 }
 

@@ -122,9 +122,13 @@ double DevicePlane::Postscale(const ReduceSpec& spec) const {
 Status DevicePlane::FusionBuffer(size_t bytes, void** buffer) {
   if (bytes > fusion_capacity_) {
     // Twice what is asked, at most 64 MiB more: the next larger bucket rarely needs a new one.
-    const size_t grown = bytes + std::min<size_t>(bytes, size_t{64} << 20);
+    // Where that much is not free, exactly what is asked: a failure here aborts the plane.
+    size_t grown = bytes + std::min<size_t>(bytes, size_t{64} << 20);
     void* fresh = nullptr;
-    GRADSYNC_RETURN_IF_ERROR(backend_->Allocate(grown, &fresh));
+    if (!backend_->Allocate(grown, &fresh).ok()) {
+      grown = bytes;
+      GRADSYNC_RETURN_IF_ERROR(backend_->Allocate(grown, &fresh));
+    }
     if (fusion_ != nullptr) backend_->FreeAfterWork(fusion_);  // once queued work is done with it
     fusion_ = fresh;
     fusion_capacity_ = grown;

@@ -107,9 +107,14 @@ Status NcclBackend::Enter() {
 Status NcclBackend::Allocate(size_t bytes, void** ptr) {
   std::lock_guard<std::timed_mutex> lock(mu_);
   GRADSYNC_RETURN_IF_ERROR(Enter());
-  GRADSYNC_CUDA_CALL(
-      cudaMallocAsync(ptr, bytes == 0 ? 1 : bytes, static_cast<cudaStream_t>(cuda_stream())),
-      device_);
+  const cudaError_t allocated =
+      cudaMallocAsync(ptr, bytes == 0 ? 1 : bytes, static_cast<cudaStream_t>(cuda_stream()));
+  if (allocated != cudaSuccess) {
+    // Out of memory is not sticky, but it stays the thread's last error, which a later kernel
+    // launch's check would report as its own: the plane may retry a smaller size.
+    (void)cudaGetLastError();
+    return CudaResult(allocated, "cudaMallocAsync", device_);
+  }
   return Status::OK();
 }
 

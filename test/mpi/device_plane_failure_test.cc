@@ -44,16 +44,18 @@ TEST_F(DevicePlaneTest, NeverReadyProducerTimesOutAndAbortsThePlane) {
   EXPECT_NE(refused.message().find("stuck.grad"), std::string::npos);
 }
 
-// The host backend, but every allocation refused.
+// The host backend, but allocations of more than `limit` bytes refused.
 class RefusingAllocations : public DeviceBackend {
  public:
-  explicit RefusingAllocations(std::unique_ptr<HostDeviceBackend> host) : host_(std::move(host)) {}
+  RefusingAllocations(std::unique_ptr<HostDeviceBackend> host, size_t limit)
+      : host_(std::move(host)), limit_(limit) {}
   const char* name() const override { return "refusing"; }
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
   Stream* stream() override { return host_->stream(); }
-  Status Allocate(size_t bytes, void**) override {
-    return Status::Internal("refused " + std::to_string(bytes) + " bytes");
+  Status Allocate(size_t bytes, void** ptr) override {
+    if (bytes > limit_) return Status::Internal("refused " + std::to_string(bytes) + " bytes");
+    return host_->Allocate(bytes, ptr);
   }
   void FreeAfterWork(void* ptr) override { host_->FreeAfterWork(ptr); }
   Status Upload(const void* host, void* dst, size_t bytes) override {
@@ -86,6 +88,7 @@ class RefusingAllocations : public DeviceBackend {
 
  private:
   std::unique_ptr<HostDeviceBackend> host_;
+  size_t limit_;
 };
 
 // A fused bucket whose fusion buffer cannot be allocated fails, and aborts the plane as a failed
@@ -94,7 +97,7 @@ class RefusingAllocations : public DeviceBackend {
 TEST_F(DevicePlaneTest, AFusionBufferThatCannotBeAllocatedAbortsThePlane) {
   std::unique_ptr<HostDeviceBackend> host;
   ASSERT_TRUE(HostDeviceBackend::Create(MPI_COMM_WORLD, &host).ok());
-  DevicePlane plane(std::make_unique<RefusingAllocations>(std::move(host)), MPI_COMM_WORLD,
+  DevicePlane plane(std::make_unique<RefusingAllocations>(std::move(host), 0), MPI_COMM_WORLD,
                     std::chrono::seconds(60));
   Op first("first", DataType::kFloat32, {16});
   Op second("second", DataType::kFloat32, {16});
@@ -107,6 +110,28 @@ TEST_F(DevicePlaneTest, AFusionBufferThatCannotBeAllocatedAbortsThePlane) {
   const Status refused = plane.Allreduce({&alone.entry}, {DataType::kFloat32, ReduceOp::kSum});
   EXPECT_EQ(refused.code(), failed.code());
   EXPECT_NE(refused.message().find("refused"), std::string::npos) << refused.ToString();
+}
+
+// The fusion buffer is asked for with room to grow; where only exactly what the bucket needs can
+// be had, the plane takes that and goes on.
+TEST_F(DevicePlaneTest, AFusionBufferFallsBackToExactlyWhatTheBucketNeeds) {
+  std::unique_ptr<HostDeviceBackend> host;
+  ASSERT_TRUE(HostDeviceBackend::Create(MPI_COMM_WORLD, &host).ok());
+  // Two float32 tensors of 16 elements: 64 bytes each, back to back at 0 and 64.
+  DevicePlane plane(std::make_unique<RefusingAllocations>(std::move(host), 128), MPI_COMM_WORLD,
+                    std::chrono::seconds(60));
+  Op first("first", DataType::kFloat32, {16});
+  Op second("second", DataType::kFloat32, {16});
+  Fill(&first.input, ReduceOp::kSum, rank_);
+  Fill(&second.input, ReduceOp::kSum, rank_);
+  const Status launched =
+      plane.Allreduce({&first.entry, &second.entry}, {DataType::kFloat32, ReduceOp::kSum});
+  ASSERT_TRUE(launched.ok()) << launched.ToString();
+  std::shared_ptr<StreamEvent> done = plane.TakeCompletion();
+  ASSERT_NE(done, nullptr);
+  ASSERT_TRUE(done->Wait(kWaitLimit).ok());
+  EXPECT_TRUE(Reduced(first.input, ReduceOp::kSum, DataType::kFloat32, size_));
+  EXPECT_TRUE(Reduced(second.input, ReduceOp::kSum, DataType::kFloat32, size_));
 }
 
 // What the stuck-collective handler was told on this rank; rank 1 also asks rank 0 to release it.

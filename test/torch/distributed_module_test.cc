@@ -223,7 +223,8 @@ TEST_F(DistributedModuleTest, TiedParametersAreReducedOnce) {
 }
 
 // Two backward passes before synchronize(): the second accumulation would race with the first's
-// reduction, so its hook throws; after synchronize() the module goes on.
+// reduction, so a hook refuses it before it happens (the gradients are the first backward's,
+// averaged); after synchronize() the module goes on.
 TEST_F(DistributedModuleTest, AGradientProducedTwiceBeforeSynchronizeThrows) {
   for (bool views : {false, true}) {
     Net net;
@@ -238,11 +239,28 @@ TEST_F(DistributedModuleTest, AGradientProducedTwiceBeforeSynchronizeThrows) {
       EXPECT_NE(std::string(e.what()).find("produced twice"), std::string::npos) << e.what();
     }
     sync.synchronize();
+    EXPECT_TRUE(GradientsAre(net, Expected(size_, 0))) << (views ? "views" : "plain");
     for (::torch::Tensor& p : net.parameters()) p.mutable_grad().zero_();
     Backward(net, rank_, 2);
     sync.synchronize();
     EXPECT_TRUE(GradientsAre(net, Expected(size_, 2))) << (views ? "views" : "plain");
   }
+}
+
+// A synchronize() that throws (here: the runtime was shut down under it, so the bucket that
+// backward did not reach cannot be enqueued) still ends the step: after init() again, the next
+// backward is not refused as producing its gradients twice, and its results are right.
+TEST_F(DistributedModuleTest, ASynchronizeThatThrowsStillEndsTheStep) {
+  Net net;
+  torch::DistributedModule sync(net, ViewOptions("afresh"));
+  Backward(net, rank_, 0, /*take_branch=*/false);  // the branch's buckets wait for synchronize()
+  shutdown();
+  EXPECT_THROW(sync.synchronize(), Error);
+  init();
+  for (::torch::Tensor& p : net.parameters()) p.mutable_grad().zero_();
+  Backward(net, rank_, 1);
+  sync.synchronize();
+  EXPECT_TRUE(GradientsAre(net, Expected(size_, 1)));
 }
 
 TEST_F(DistributedModuleTest, WhatCannotBeAViewIsRefused) {

@@ -14,8 +14,8 @@
 // synchronize() enqueues what backward did not reach (parameters left unused contribute zeros),
 // waits, and writes the results into the gradients. A parameter registered twice (tied weights)
 // is reduced once. A gradient produced twice before synchronize() (two backward passes, or a
-// parameter in two reentrant checkpointed segments) throws from its hook, as DDP raises: its
-// bucket may already be in flight.
+// parameter in two reentrant checkpointed segments) throws from a hook that runs before it is
+// accumulated, as DDP raises: its bucket may already be in flight.
 //
 // With Options::gradient_as_bucket_view (DDP's option of that name) each bucket is one flat
 // tensor and the parameters' gradients are views into it: backward accumulates into the buckets
@@ -118,6 +118,9 @@ class DistributedModule {
     ::torch::Tensor flat;  // gradient_as_bucket_view's
   };
 
+  // The accumulator's pre-hook: refuses a gradient produced twice before synchronize().
+  void BeforeGradient(size_t param);
+  // The post-hook: counts the gradient in and launches its bucket when it is the last.
   void OnGradientReady(size_t param);
   // Enqueues bucket `b` (its gradients, zeros for those backward did not produce).
   void Launch(size_t b);
@@ -127,10 +130,13 @@ class DistributedModule {
   // Makes parameter `k`'s gradient its view again where backward made it elsewhere (a copy), or
   // zeros where there is none. The hook then copies nothing once the gradients are their views.
   void ReturnToView(size_t k);
+  // Forgets the step's buckets and gradients (synchronize()'s end, even when it throws).
+  void ResetStep();
 
   ::torch::nn::Module& module_;
   Options options_;
   std::vector<::torch::Tensor> params_;
+  std::vector<std::string> names_;  // params_'s names in the module, for errors
   std::vector<size_t> bucket_of_;
   std::vector<bool> produced_;  // per parameter: its gradient came in this synchronized backward
   std::vector<::torch::Tensor> views_;  // per parameter, under gradient_as_bucket_view
