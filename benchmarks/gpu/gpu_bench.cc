@@ -117,9 +117,8 @@ void FusionCopy(const Options& options, const std::string& set_name, int device)
     CHECK_CUDA(cudaMemset(p, 1, bytes));
     tensors.push_back(p);
     offsets.push_back(total);
-    // As the device plane lays a bucket out (ops/device/bucket_layout.h).
-    const size_t unit = gradsync::BucketLayout::kSegmentAlignment;
-    total = (total + bytes + unit - 1) / unit * unit;
+    // As the device plane lays a bucket out.
+    total = gradsync::AlignBucketSegment(total + bytes);
   }
   void* fusion = nullptr;
   void* block_src = nullptr;

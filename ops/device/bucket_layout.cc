@@ -5,10 +5,6 @@
 namespace gradsync {
 namespace {
 
-size_t AlignSegment(size_t offset) {
-  return (offset + BucketLayout::kSegmentAlignment - 1) & ~(BucketLayout::kSegmentAlignment - 1);
-}
-
 // [begin, begin + bytes) of `a` and of `b` share no byte.
 bool Disjoint(const void* a, const void* b, size_t bytes) {
   const auto first = reinterpret_cast<uintptr_t>(a);
@@ -27,7 +23,7 @@ Status LayOutBucket(const std::vector<TensorEntry*>& entries, size_t element_siz
   for (const TensorEntry* entry : entries) {
     const auto count = static_cast<size_t>(entry->input.num_elements());
     const size_t bytes = count * element_size;
-    const size_t offset = bytes == 0 ? end : AlignSegment(end);
+    const size_t offset = bytes == 0 ? end : AlignBucketSegment(end);
     if (count > SIZE_MAX / element_size || offset < end || bytes > SIZE_MAX - offset) {
       return Status::InvalidArgument("the fused size overflows the address space");
     }

@@ -30,6 +30,11 @@ struct BucketLayout {
   bool packed = true;
 };
 
+// `offset` rounded up to the next kSegmentAlignment boundary: where a tensor after it starts.
+inline size_t AlignBucketSegment(size_t offset) {
+  return (offset + BucketLayout::kSegmentAlignment - 1) & ~(BucketLayout::kSegmentAlignment - 1);
+}
+
 // The layout of `entries` (their inputs' element counts, `element_size` bytes each);
 // InvalidArgument when it would not fit the address space.
 Status LayOutBucket(const std::vector<TensorEntry*>& entries, size_t element_size,

@@ -9,6 +9,8 @@
 #include <sstream>
 #include <thread>
 
+#include "ops/device/bucket_layout.h"
+
 namespace gradsync {
 namespace soak {
 namespace {
@@ -271,7 +273,7 @@ void StepRunner::Enqueue(Live* live, const ProcessSet& set, uint64_t local_choic
     size_t end = 0;
     for (const TensorPlan& tp : op.tensors) {
       const size_t bytes = static_cast<size_t>(Elements(tp.shape)) * DataTypeSize(tp.dtype);
-      flat_offsets.push_back(bytes == 0 ? end : (end + 15) / 16 * 16);
+      flat_offsets.push_back(bytes == 0 ? end : AlignBucketSegment(end));
       end = flat_offsets.back() + bytes;
     }
     live->flat =
