@@ -149,6 +149,11 @@ class BackgroundLoop {
   // Completes each of the bucket's local failures with its own status and takes it out of
   // members_, so that the bucket's status goes to the others only.
   void CompleteLocalFailures();
+  // A device bucket's launch, `launched` its completion event: members_ and local_failures_ go to
+  // the finalizer, which completes each once the event has. A launch that `executed` reports as
+  // failed failed on this rank alone (DataPlane::TakeCompletion): its entries are local failures.
+  void HandToFinalizer(int32_t set_id, DataPlane* plane, const Status& executed,
+                       std::shared_ptr<StreamEvent> launched, bool traced);
   // Stops running process set `id` and fails with `reason` what it held and the entries in
   // `taken` (those of its last outcome that did not complete).
   void CloseSet(int32_t id, const Status& reason, const std::vector<TensorEntry*>& taken);

@@ -71,25 +71,20 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
       TimelineActivity launch(traced_device ? timeline_ : nullptr, members_, "DEVICE_LAUNCH");
       executed = ExecuteBucket(set, first, members_, traced_device, &plane);
     }
-    if (!local_failures_.empty()) CompleteLocalFailures();
     std::shared_ptr<StreamEvent> launched;
-    std::vector<DataPlane::TimedPhase> phases;
-    if (executed.ok() && plane != nullptr) launched = plane->TakeCompletion();
-    if (traced_device && launched != nullptr) phases = plane->TakePhases();
+    if (plane != nullptr) launched = plane->TakeCompletion();
+    if (launched != nullptr) {
+      HandToFinalizer(set->id(), plane, executed, std::move(launched), traced_device);
+      continue;
+    }
+    if (!local_failures_.empty()) CompleteLocalFailures();
     Status status = executed;
-    if (executed.ok() && launched == nullptr &&
-        responses[bucket.responses.front()]->type == ResponseType::kAllreduce) {
+    if (executed.ok() && first.type == ResponseType::kAllreduce) {
       // Before the handles complete, so that a caller finds its lane granted once it waited.
       status = lanes_.GrantAfterRun(set->id(), set->data_comm(), set->allreduce_piece_bytes(),
                                     set->last_allreduce_shared(), members_, outcome.joined);
     }
-    if (launched != nullptr) {
-      device_launched_at_ = std::chrono::steady_clock::now();
-      finalizer_.Add(plane, set->id(), members_, std::move(launched), std::move(phases),
-                     device_launched_at_);
-    } else {
-      Complete(members_, status);
-    }
+    Complete(members_, status);
   }
   if (config_.autotune) {
     set->ObserveForAutotune(responses);
@@ -192,6 +187,28 @@ Status BackgroundLoop::StandIn(ProcessSetRuntime* set, const Response& response,
   DataPlane* plane = nullptr;
   GRADSYNC_RETURN_IF_ERROR(set->PlaneFor(response.device, &plane));
   return plane->AdoptStandIn(&entry);
+}
+
+void BackgroundLoop::HandToFinalizer(int32_t set_id, DataPlane* plane, const Status& executed,
+                                     std::shared_ptr<StreamEvent> launched, bool traced) {
+  device_launched_at_ = std::chrono::steady_clock::now();
+  for (const LocalFailure& failure : local_failures_) {
+    members_.erase(std::find(members_.begin(), members_.end(), failure.entry));
+  }
+  if (!executed.ok()) {
+    // It failed here alone after launching (an output it could not allocate).
+    for (TensorEntry* entry : members_) local_failures_.push_back({entry, executed});
+    members_.clear();
+  }
+  if (!local_failures_.empty()) {
+    finalizer_.AddLocalFailures(plane, set_id, local_failures_, launched);
+    local_failures_.clear();
+  }
+  if (members_.empty()) return;
+  std::vector<DataPlane::TimedPhase> phases;
+  if (traced) phases = plane->TakePhases();
+  finalizer_.Add(plane, set_id, members_, std::move(launched), std::move(phases),
+                 device_launched_at_);
 }
 
 void BackgroundLoop::CompleteLocalFailures() {

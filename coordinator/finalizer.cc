@@ -106,18 +106,47 @@ Finalizer::~Finalizer() {
   if (thread_.joinable()) thread_.join();
 }
 
+Finalizer::Bucket Finalizer::NewBucket(DataPlane* plane, int32_t process_set,
+                                       const std::vector<TensorEntry*>& entries,
+                                       std::shared_ptr<StreamEvent> done) {
+  const auto timeout = plane->completion_timeout();
+  const auto now = std::chrono::steady_clock::now();
+  Bucket bucket;
+  bucket.plane = plane;
+  bucket.process_set = process_set;
+  bucket.entries = entries;
+  bucket.done = std::move(done);
+  bucket.deadline = timeout >= std::chrono::steady_clock::time_point::max() - now
+                        ? std::chrono::steady_clock::time_point::max()
+                        : now + timeout;
+  bucket.added = now;
+  bucket.pacer = QueryPacer(now);
+  return bucket;
+}
+
 void Finalizer::Add(DataPlane* plane, int32_t process_set, const std::vector<TensorEntry*>& entries,
                     std::shared_ptr<StreamEvent> done, std::vector<DataPlane::TimedPhase> phases,
                     std::chrono::steady_clock::time_point launched) {
-  const auto timeout = plane->completion_timeout();
-  const auto now = std::chrono::steady_clock::now();
-  const auto deadline = timeout >= std::chrono::steady_clock::time_point::max() - now
-                            ? std::chrono::steady_clock::time_point::max()
-                            : now + timeout;
+  Bucket bucket = NewBucket(plane, process_set, entries, std::move(done));
+  bucket.phases = std::move(phases);
+  bucket.launched = launched;
+  Push(std::move(bucket));
+}
+
+void Finalizer::AddLocalFailures(DataPlane* plane, int32_t process_set,
+                                 const std::vector<LocalFailure>& failures,
+                                 const std::shared_ptr<StreamEvent>& done) {
+  for (const LocalFailure& failure : failures) {
+    Bucket bucket = NewBucket(plane, process_set, {failure.entry}, done);
+    bucket.failed_here = failure.status;
+    Push(std::move(bucket));
+  }
+}
+
+void Finalizer::Push(Bucket bucket) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    inbox_.push_back(Bucket{plane, process_set, entries, std::move(done), deadline,
-                            std::move(phases), launched, now, QueryPacer(now)});
+    inbox_.push_back(std::move(bucket));
     inbox_filled_.store(true, std::memory_order_release);
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
   }
@@ -270,7 +299,7 @@ size_t Finalizer::Sweep() {
   for (Bucket& bucket : finished) {
     const Status status = bucket.done->Wait(std::chrono::nanoseconds(0));
     if (status.ok() && !bucket.phases.empty()) TracePhases(bucket);
-    complete_(bucket.entries, status);
+    complete_(bucket.entries, bucket.failed_here.ok() ? status : bucket.failed_here);
   }
   if (!finished.empty()) {
     {

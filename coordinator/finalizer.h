@@ -77,6 +77,12 @@ class Finalizer {
   void Add(DataPlane* plane, int32_t process_set, const std::vector<TensorEntry*>& entries,
            std::shared_ptr<StreamEvent> done, std::vector<DataPlane::TimedPhase> phases = {},
            std::chrono::steady_clock::time_point launched = {});
+  // Takes entries that failed on this rank alone while the collective they are part of still runs
+  // (DataPlane's LocalFailure): each completes with its own status once `done` has completed, and
+  // not before, because until then the device may still read its input.
+  void AddLocalFailures(DataPlane* plane, int32_t process_set,
+                        const std::vector<LocalFailure>& failures,
+                        const std::shared_ptr<StreamEvent>& done);
   // Blocks until every bucket handed over so far has completed. Each does, by its event, an
   // error, or its timeout, so this ends.
   void Drain();
@@ -88,8 +94,8 @@ class Finalizer {
 
  private:
   struct Bucket {
-    DataPlane* plane;
-    int32_t process_set;
+    DataPlane* plane = nullptr;
+    int32_t process_set = 0;
     std::vector<TensorEntry*> entries;
     std::shared_ptr<StreamEvent> done;
     std::chrono::steady_clock::time_point deadline;
@@ -97,12 +103,20 @@ class Finalizer {
     std::chrono::steady_clock::time_point launched;
     std::chrono::steady_clock::time_point added;  // handed to Add
     // Used when the event's query contends (StreamEvent::QueryContends).
-    QueryPacer pacer;
+    QueryPacer pacer{std::chrono::steady_clock::time_point()};
     // The event tells the finalizer when it completes (StreamEvent::NotifyOnCompletion).
     bool notifies = false;
+    // Not OK for a local failure: the entries complete with it, whatever the event says.
+    Status failed_here;
   };
   class Wakeup;
 
+  // A bucket whose deadline is the plane's completion timeout from now.
+  static Bucket NewBucket(DataPlane* plane, int32_t process_set,
+                          const std::vector<TensorEntry*>& entries,
+                          std::shared_ptr<StreamEvent> done);
+  // Hands a bucket to the finalizer's thread, which it starts the first time.
+  void Push(Bucket bucket);
   void Run();
   // Moves what Add handed over into owned_, asking each event to tell of its completion. Returns
   // whether there was any.

@@ -48,7 +48,8 @@ struct ReduceSpec {
 
 // An entry that failed on this rank alone while its collective still ran: its output allocator
 // gave no memory, so its share was received into scratch and dropped. The other ranks' results,
-// for it and for the rest of its bucket, are whole.
+// for it and for the rest of its bucket, are whole. On a device plane the entry completes only
+// with the rest of the launch (TakeCompletion), since the device reads its input until then.
 struct LocalFailure {
   TensorEntry* entry = nullptr;
   Status status;
@@ -96,8 +97,11 @@ class DataPlane {
   // Called once every rank has joined and no work that used a stand-in is in flight.
   virtual void ReleaseStandIns() {}
 
-  // After a call that returned OK: null when its work has finished already (host planes), or the
-  // event that completes, OK or failed, once it has run. Each call's event is taken once.
+  // After a call: null when nothing it launched is still running (host planes, and a call that
+  // failed before launching), or the event that completes, OK or failed, once its work has run.
+  // A call that failed on this rank alone after launching (an output its allocator gave no memory
+  // for, while the other ranks were committed) still gives its event: until then the work reads
+  // the entry's input. Each call's event is taken once.
   virtual std::shared_ptr<StreamEvent> TakeCompletion() { return nullptr; }
 
   // Device planes, for the timeline: while on, each launch records its phases on the stream (the

@@ -51,6 +51,11 @@ Status DevicePlane::Failed() const {
   return aborted_ ? abort_status_ : Status::OK();
 }
 
+Status DevicePlane::BeginCall() {
+  completion_.reset();
+  return Failed();
+}
+
 void DevicePlane::Abort(const Status& status) {
   {
     std::lock_guard<std::mutex> lock(abort_mu_);
@@ -153,7 +158,7 @@ Status DevicePlane::FusionBuffer(size_t bytes, void** buffer) {
   } while (false)
 
 Status DevicePlane::Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) {
-  GRADSYNC_RETURN_IF_ERROR(Failed());
+  GRADSYNC_RETURN_IF_ERROR(BeginCall());
   if (entries.empty()) return Status::OK();
   const size_t element_size = DataTypeSize(spec.dtype);
   for (const TensorEntry* entry : entries) {
@@ -226,7 +231,7 @@ Status DevicePlane::AllreduceFused(const std::vector<TensorEntry*>& entries, con
 }
 
 Status DevicePlane::Allgather(TensorEntry* entry, const std::vector<int64_t>& first_dims) {
-  GRADSYNC_RETURN_IF_ERROR(Failed());
+  GRADSYNC_RETURN_IF_ERROR(BeginCall());
   const std::vector<TensorEntry*> entries{entry};
   const int64_t row = RowElements(entry->input);
   const std::vector<int64_t> counts = Scaled(first_dims, row);
@@ -256,7 +261,7 @@ Status DevicePlane::Allgather(TensorEntry* entry, const std::vector<int64_t>& fi
 }
 
 Status DevicePlane::Broadcast(TensorEntry* entry, int root) {
-  GRADSYNC_RETURN_IF_ERROR(Failed());
+  GRADSYNC_RETURN_IF_ERROR(BeginCall());
   const std::vector<TensorEntry*> entries{entry};
   phases_.clear();
   GRADSYNC_LAUNCH(WaitForInputs(entries), "broadcast", entries);
@@ -271,7 +276,7 @@ Status DevicePlane::Broadcast(TensorEntry* entry, int root) {
 }
 
 Status DevicePlane::Alltoall(TensorEntry* entry) {
-  GRADSYNC_RETURN_IF_ERROR(Failed());
+  GRADSYNC_RETURN_IF_ERROR(BeginCall());
   const std::vector<TensorEntry*> entries{entry};
   const int size = backend_->size();
   const int64_t rows = entry->input.shape.empty() ? 1 : entry->input.shape[0];
@@ -310,7 +315,7 @@ Status DevicePlane::Alltoall(TensorEntry* entry) {
 
 Status DevicePlane::Reducescatter(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                                   std::vector<LocalFailure>* local_failures) {
-  GRADSYNC_RETURN_IF_ERROR(Failed());
+  GRADSYNC_RETURN_IF_ERROR(BeginCall());
   if (entries.empty()) return Status::OK();
   const int size = backend_->size();
   const int rank = backend_->rank();

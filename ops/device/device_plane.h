@@ -60,6 +60,9 @@ class DevicePlane : public DataPlane {
  private:
   // OK, or the abort's status once aborted.
   Status Failed() const;
+  // Where every collective starts: drops the event of a call whose caller did not take it, so that
+  // TakeCompletion gives this call's or none, then Failed().
+  Status BeginCall();
   // Every entry's input has its producer's readiness waited for on the stream. Entries whose
   // producer stream is not yet recorded on (a locked bucket's, ops/device/producer_readiness.h)
   // get one event per stream for all of them first. A failure to record aborts the plane, as a

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -14,6 +15,8 @@
 #include "ops/device/device_plane.h"
 #include "ops/device/device_plane_factory.h"
 #include "ops/device/host_device_backend.h"
+#include "ops/device/producer_readiness.h"
+#include "test/host_stream_readiness.h"
 #include "test/mpi/multi_rank_test.h"
 #include "test/trace_reader.h"
 
@@ -342,6 +345,57 @@ TEST_F(DeviceLoopTest, AFlatGradientBufferIsReducedWhereItLiesNegotiatedAndLocke
           << phase.name << ", gradient " << g;
     }
   }
+}
+
+// An output rank 0 cannot allocate fails there alone, and only once the device is done with the
+// input: the collective rank 0 still takes part in reads it until then, and a caller told of the
+// failure may free it. The producer here holds the stream until the test opens it.
+TEST_F(DeviceLoopTest, AnOutputThatCannotBeAllocatedFailsOnlyOnceTheDeviceIsDoneWithTheInput) {
+  SetReadinessRecorderForTesting(&RecordOnHostStream);
+  HostStream producer;
+  std::promise<void> open;
+  producer.Enqueue([opened = open.get_future().share()] { opened.wait(); });
+  const DeviceReadiness late{&producer, nullptr};
+  const Allocator refuses = [](const std::vector<int64_t>&, DataType) -> void* { return nullptr; };
+  HostTensor rows(DataType::kFloat32, {2 * size_});
+  HostTensor more_rows(DataType::kFloat32, {3 * size_});
+  for (HostTensor* t : {&rows, &more_rows}) {
+    for (int64_t i = 0; i < t->size(); ++i) t->Set(i, rank_ + 1);
+  }
+  std::unique_ptr<HostTensor> gathered, sent, share, more_share;
+  AllgatherOptions gather_options;
+  gather_options.ready = late;
+  Handle gather =
+      allgather(OnDevice(&rows), rank_ == 0 ? refuses : Into(&gathered), gather_options);
+  AlltoallOptions alltoall_options;
+  alltoall_options.ready = late;
+  Handle swap = alltoall(OnDevice(&rows), rank_ == 0 ? refuses : Into(&sent), alltoall_options);
+  // A fused bucket of two, the first of which fails on rank 0 alone.
+  GroupedReducescatterOptions scatter_options;
+  scatter_options.ready = late;
+  std::vector<Handle> scatter = grouped_reducescatter(
+      {OnDevice(&rows), OnDevice(&more_rows)},
+      {rank_ == 0 ? refuses : Into(&share), Into(&more_share)}, scatter_options);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (const Handle* h : {&gather, &swap, &scatter[0], &scatter[1]}) {
+    EXPECT_FALSE(h->poll()) << "completed while the producer still held the stream";
+  }
+  open.set_value();
+  const int sum = size_ * (size_ + 1) / 2;
+  ASSERT_TRUE(Succeeds(scatter[1]));
+  EXPECT_EQ(more_share->Get(0), sum);
+  if (rank_ == 0) {
+    for (const Handle* h : {&gather, &swap, &scatter[0]}) {
+      EXPECT_TRUE(FailsWith(*h, StatusCode::kInvalidArgument, "allocator returned no memory"));
+    }
+  } else {
+    for (const Handle* h : {&gather, &swap, &scatter[0]}) ASSERT_TRUE(Succeeds(*h));
+    EXPECT_EQ(gathered->Get(0), 1);
+    EXPECT_EQ(gathered->Get(gathered->size() - 1), size_);
+    EXPECT_EQ(sent->Get(0), 1);
+    EXPECT_EQ(share->Get(0), sum);
+  }
+  SetReadinessRecorderForTesting(nullptr);
 }
 
 TEST_F(DeviceLoopTest, ProcessSetsGetDevicePlanesOfTheirOwn) {

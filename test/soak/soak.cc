@@ -20,6 +20,7 @@
 #include "ops/device/device_plane_factory.h"
 #include "ops/device/producer_readiness.h"
 #include "runtime/host_stream.h"
+#include "test/host_stream_readiness.h"
 #include "test/soak/soak_options.h"
 #include "test/soak/soak_plan.h"
 #include "test/soak/soak_probe.h"
@@ -38,13 +39,6 @@ std::vector<std::vector<int>> InitSets(int size) {
     if (s.back() < size && static_cast<int>(s.size()) < size) sets.push_back(s);
   }
   return sets;
-}
-
-// --device-tensors: a producer stream is the StepRunner's HostStream, handed over as if it were a
-// cudaStream_t.
-Status RecordOnHostStream(void* stream, int, std::shared_ptr<StreamEvent>* ready) {
-  *ready = static_cast<HostStream*>(stream)->Record();
-  return Status::OK();
 }
 
 std::string BroadcastString(std::string value) {
@@ -113,7 +107,8 @@ int Run(const Options& options, int rank, int size) {
 
   if (options.device_tensors) {
     SetDevicePlaneFactoryForTesting(&MakeHostBackedDevicePlane);
-    SetReadinessRecorderForTesting(&RecordOnHostStream);
+    // --device-tensors: a producer stream is the StepRunner's HostStream.
+    SetReadinessRecorderForTesting(&testing::RecordOnHostStream);
   }
   InitOptions init_options;
   init_options.process_sets = init_sets;

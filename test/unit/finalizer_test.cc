@@ -105,6 +105,30 @@ TEST(FinalizerTest, AFailedEventFailsItsBucket) {
   EXPECT_EQ(done.seen[0].second.code(), StatusCode::kCudaError);
 }
 
+// A tensor that failed on this rank alone completes with its own status, but only once the launch
+// it took part in has run: the device reads its input until then.
+TEST(FinalizerTest, ALocalFailureCompletesWithItsOwnStatusOnceTheLaunchHasRun) {
+  Completions done;
+  FakePlane plane;
+  Finalizer finalizer(done.Fn());
+  auto failed = Entry("failed");
+  auto fine = Entry("fine");
+  auto event = plane.NewEvent();
+  const Status no_memory = Status::InvalidArgument("the output allocator returned no memory");
+  finalizer.AddLocalFailures(&plane, 0, {{failed.get(), no_memory}}, event);
+  finalizer.Add(&plane, 0, {fine.get()}, event);
+  EXPECT_EQ(finalizer.pending(), 2u);
+  std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_TRUE(done.seen.empty()) << "completed before the launch had run";
+  event->Complete(Status::OK());
+  finalizer.Drain();
+  ASSERT_EQ(done.seen.size(), 2u);
+  EXPECT_EQ(done.seen[0].first, "failed");
+  EXPECT_EQ(done.seen[0].second.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(done.seen[1].first, "fine");
+  EXPECT_TRUE(done.seen[1].second.ok());
+}
+
 TEST(FinalizerTest, ALateBucketAbortsItsPlaneOnceNamingItsTensors) {
   Completions done;
   FakePlane plane;
@@ -359,11 +383,11 @@ TEST(FinalizerTest, BucketsArrivingAFewHundredMicrosecondsApartFindItAwake) {
 // span the gaps). Seeing a sleep needs the finalizer's thread to get a core within the gap, which a
 // loaded machine may not give it; so each try first measures the same buckets with a finalizer
 // whose window cannot widen: where that one is not seen asleep either, the try says nothing. Up to
-// five tries; where none could tell, the test is skipped.
+// five tries; where fewer than two could tell, the test is skipped.
 TEST(FinalizerTest, BucketsThatTellOfTheirCompletionFindItAsleep) {
   const auto gap = std::chrono::microseconds(400);
   std::string tries;
-  bool observable = false;
+  int observable = 0;
   for (int attempt = 0; attempt < 5; ++attempt) {
     if (attempt > 0) std::this_thread::sleep_for(milliseconds(10));
     const size_t narrow = WakeupsForBucketsEvery(gap, kPacedBuckets, /*telling=*/true,
@@ -372,12 +396,13 @@ TEST(FinalizerTest, BucketsThatTellOfTheirCompletionFindItAsleep) {
       tries += " (" + std::to_string(narrow) + " with no widening: loaded)";
       continue;
     }
-    observable = true;
+    ++observable;
     const size_t telling = WakeupsForBucketsEvery(gap, kPacedBuckets, /*telling=*/true);
     if (telling >= kPacedBuckets / 2) return;
     tries += " (" + std::to_string(narrow) + " with no widening, " + std::to_string(telling) + ")";
   }
-  if (!observable) GTEST_SKIP() << "the finalizer's thread never got a core in time:" << tries;
+  // The load can change between a try's two measurements: one such try alone says nothing.
+  if (observable < 2) GTEST_SKIP() << "the finalizer's thread seldom got a core in time:" << tries;
   ADD_FAILURE() << "wake-ups of " << kPacedBuckets << " buckets " << gap.count()
                 << " us apart in each try:" << tries;
 }

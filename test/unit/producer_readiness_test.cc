@@ -7,19 +7,14 @@
 
 #include "ops/device/device_events.h"
 #include "runtime/host_stream.h"
+#include "test/host_stream_readiness.h"
 
 namespace gradsync {
 namespace {
 
-// Streams are host streams here, their addresses standing in for cudaStream_t handles.
-Status RecordOnHostStream(void* stream, int, std::shared_ptr<StreamEvent>* ready) {
-  *ready = static_cast<HostStream*>(stream)->Record();
-  return Status::OK();
-}
-
 class ProducerReadinessTest : public ::testing::Test {
  protected:
-  void SetUp() override { SetReadinessRecorderForTesting(&RecordOnHostStream); }
+  void SetUp() override { SetReadinessRecorderForTesting(&testing::RecordOnHostStream); }
   void TearDown() override { SetReadinessRecorderForTesting(nullptr); }
 };
 
