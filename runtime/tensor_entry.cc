@@ -63,4 +63,13 @@ void TensorEntry::Clear() {
   // `state` stays: the next operation on this entry reuses it (OpState::Renew).
 }
 
+void* AllocateOutputMemory(const TensorEntry& entry, const std::vector<int64_t>& shape) noexcept {
+  if (!entry.allocator) return nullptr;
+  try {
+    return entry.allocator(shape, entry.input.dtype);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
 }  // namespace gradsync

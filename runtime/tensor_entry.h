@@ -33,9 +33,8 @@ constexpr int kNumOpTypes = 9;
 std::string OpTypeName(OpType op);
 
 // Called on the background thread once an allgather's, reducescatter's or alltoall's output shape
-// is known; returns where to
-// write it (shape's product x dtype size bytes, valid until the handle completes), or nullptr to
-// fail the operation.
+// is known; returns where to write it (shape's product x dtype size bytes, valid until the handle
+// completes), or nullptr to fail the operation.
 using OutputAllocator = std::function<void*(const std::vector<int64_t>& shape, DataType dtype)>;
 
 // Copies `from` into an entry's view, reusing the view's shape storage: the per-enqueue copy of a
@@ -112,5 +111,10 @@ struct TensorEntry {
   // The name with its hash, valid while the entry is in flight.
   NameKey key() const { return NameKey(name, name_hash); }
 };
+
+// The entry's allocator called for an output of `shape` in the entry's dtype, or nullptr where it
+// has none. An allocator comes from a binding and may throw (a framework's out-of-memory error);
+// no exception may cross the background thread, so a throw gives nullptr too.
+void* AllocateOutputMemory(const TensorEntry& entry, const std::vector<int64_t>& shape) noexcept;
 
 }  // namespace gradsync

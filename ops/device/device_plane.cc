@@ -239,7 +239,7 @@ Status DevicePlane::Allgather(TensorEntry* entry, const std::vector<int64_t>& fi
   for (int64_t d : first_dims) rows += d;
   const std::vector<int64_t> shape = WithFirstDim(entry->input.shape, rows);
   const size_t bytes = static_cast<size_t>(rows * row) * DataTypeSize(entry->input.dtype);
-  void* output = bytes == 0 ? nullptr : entry->allocator(shape, entry->input.dtype);
+  void* output = bytes == 0 ? nullptr : AllocateOutputMemory(*entry, shape);
   Status local;
   if (output == nullptr && bytes > 0) {
     // The other ranks are committed: take part, receiving into scratch, and fail here alone.
@@ -291,7 +291,7 @@ Status DevicePlane::Alltoall(TensorEntry* entry) {
   const int64_t row = RowElements(entry->input);
   const std::vector<int64_t> shape = WithFirstDim(entry->input.shape, received_rows);
   const size_t bytes = static_cast<size_t>(received_rows * row) * DataTypeSize(entry->input.dtype);
-  void* output = bytes == 0 ? nullptr : entry->allocator(shape, entry->input.dtype);
+  void* output = bytes == 0 ? nullptr : AllocateOutputMemory(*entry, shape);
   Status local;
   if (output == nullptr && bytes > 0) {
     local = InContext(Status::InvalidArgument("the output allocator returned no memory for " +
@@ -341,7 +341,7 @@ Status DevicePlane::Reducescatter(const std::vector<TensorEntry*>& entries, cons
     const std::vector<int64_t> shape =
         WithFirstDim(entry->input.shape, EvenSplits(entry->input.shape[0], size)[rank]);
     const size_t bytes = static_cast<size_t>(shares[i][rank]) * element_size;
-    void* output = bytes == 0 ? nullptr : entry->allocator(shape, spec.dtype);
+    void* output = bytes == 0 ? nullptr : AllocateOutputMemory(*entry, shape);
     if (output == nullptr && bytes > 0) {
       allocated[i] = false;
       local_failures->push_back(

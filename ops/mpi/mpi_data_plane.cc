@@ -38,14 +38,7 @@ Status MpiDataPlane::InContext(const Status& status, const std::string& what) {
 }
 
 Status MpiDataPlane::AllocateOutput(TensorEntry* entry, const std::vector<int64_t>& shape) {
-  void* data = nullptr;
-  // The allocator comes from a binding and may throw; no exception may cross the core, so a throw
-  // is reported like a null allocation.
-  try {
-    if (entry->allocator) data = entry->allocator(shape, entry->input.dtype);
-  } catch (...) {
-    data = nullptr;
-  }
+  void* data = AllocateOutputMemory(*entry, shape);
   TensorView output(data, entry->input.dtype, shape, entry->input.device);
   // An empty output needs no memory, and frameworks hand out nullptr for empty tensors.
   if (data == nullptr && output.num_bytes() != 0) {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -347,9 +348,10 @@ TEST_F(DeviceLoopTest, AFlatGradientBufferIsReducedWhereItLiesNegotiatedAndLocke
   }
 }
 
-// An output rank 0 cannot allocate fails there alone, and only once the device is done with the
-// input: the collective rank 0 still takes part in reads it until then, and a caller told of the
-// failure may free it. The producer here holds the stream until the test opens it.
+// An output rank 0 cannot allocate (its allocator gives no memory, or throws as a framework's
+// out-of-memory error does) fails there alone, and only once the device is done with the input:
+// the collective rank 0 still takes part in reads it until then, and a caller told of the failure
+// may free it. The producer here holds the stream until the test opens it.
 TEST_F(DeviceLoopTest, AnOutputThatCannotBeAllocatedFailsOnlyOnceTheDeviceIsDoneWithTheInput) {
   SetReadinessRecorderForTesting(&RecordOnHostStream);
   HostStream producer;
@@ -357,6 +359,9 @@ TEST_F(DeviceLoopTest, AnOutputThatCannotBeAllocatedFailsOnlyOnceTheDeviceIsDone
   producer.Enqueue([opened = open.get_future().share()] { opened.wait(); });
   const DeviceReadiness late{&producer, nullptr};
   const Allocator refuses = [](const std::vector<int64_t>&, DataType) -> void* { return nullptr; };
+  const Allocator throws = [](const std::vector<int64_t>&, DataType) -> void* {
+    throw std::runtime_error("out of memory");
+  };
   HostTensor rows(DataType::kFloat32, {2 * size_});
   HostTensor more_rows(DataType::kFloat32, {3 * size_});
   for (HostTensor* t : {&rows, &more_rows}) {
@@ -369,7 +374,7 @@ TEST_F(DeviceLoopTest, AnOutputThatCannotBeAllocatedFailsOnlyOnceTheDeviceIsDone
       allgather(OnDevice(&rows), rank_ == 0 ? refuses : Into(&gathered), gather_options);
   AlltoallOptions alltoall_options;
   alltoall_options.ready = late;
-  Handle swap = alltoall(OnDevice(&rows), rank_ == 0 ? refuses : Into(&sent), alltoall_options);
+  Handle swap = alltoall(OnDevice(&rows), rank_ == 0 ? throws : Into(&sent), alltoall_options);
   // A fused bucket of two, the first of which fails on rank 0 alone.
   GroupedReducescatterOptions scatter_options;
   scatter_options.ready = late;

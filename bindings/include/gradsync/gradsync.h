@@ -216,7 +216,8 @@ Handle allreduce(const TensorView& input, const TensorView& output,
 // Receives the output's shape and dtype on the background thread once they are known; returns
 // memory for the result, on the input's device (host memory for a host input, device memory on
 // the same GPU for a device input), that stays valid until the handle completes, or nullptr to
-// fail the operation. May return nullptr for an output of zero bytes.
+// fail the operation; an exception it throws fails the operation the same way. May return nullptr
+// for an output of zero bytes.
 using Allocator = std::function<void*(const std::vector<int64_t>& shape, DataType dtype)>;
 
 struct AllgatherOptions {
