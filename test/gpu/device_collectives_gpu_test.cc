@@ -9,11 +9,13 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/half.h"
@@ -213,6 +215,36 @@ TEST_F(DeviceCollectivesTest, GatherBroadcastScatterAndAlltoall) {
   ASSERT_TRUE(exchanged.wait_for(kLimit));
   EXPECT_EQ(exchanged.received_splits(), std::vector<int64_t>(size_, 1));
   ASSERT_TRUE(barrier("gpu.barrier").wait_for(kLimit));
+}
+
+// Rank 0's allocator gives no memory: its allgather fails there alone, and only once the device
+// has run the collective it still took part in, which reads the input behind a held producer.
+TEST_F(DeviceCollectivesTest, AnOutputNotAllocatedFailsOnceTheDeviceIsDoneWithTheInput) {
+  if (NcclSharingOneGpu()) GTEST_SKIP();
+  cudaStream_t producer = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+  int* release = nullptr;
+  CUDA_OK(cudaHostAlloc(&release, sizeof(int), cudaHostAllocMapped));
+  *release = 0;
+  DeviceOutputs outputs;
+  DeviceFloats mine(1000);
+  LaunchSlowFill(producer, release, mine.data(), 1000, static_cast<float>(rank_), 20000000000LL);
+  AllgatherOptions options;
+  options.ready.cuda_stream = producer;
+  const Allocator refuses = [](const std::vector<int64_t>&, DataType) -> void* { return nullptr; };
+  Handle gathered = allgather(mine.view(), rank_ == 0 ? refuses : outputs.Allocate(), options);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(gathered.poll()) << "completed while the producer still held the input";
+  *release = 1;
+  if (rank_ == 0) {
+    EXPECT_THROW(gathered.wait_for(kLimit), Error);
+    EXPECT_EQ(gathered.status().code(), StatusCode::kInvalidArgument);
+  } else {
+    ASSERT_TRUE(gathered.wait_for(kLimit));
+  }
+  CUDA_OK(cudaStreamSynchronize(producer));
+  cudaFreeHost(release);
+  cudaStreamDestroy(producer);
 }
 
 TEST_F(DeviceCollectivesTest, ProcessSetOfEveryOtherRank) {
