@@ -6,8 +6,31 @@
 
 #include "bindings/enqueue.h"
 #include "gradsync/gradsync.h"
+#include "ops/mpi/adasum.h"
 
 namespace gradsync {
+namespace {
+
+// What Adasum (ops/mpi/adasum.h) combines: floating-point host tensors, over a power-of-two set.
+Status CheckAdasum(const TensorView& input, int set_size) {
+  const DataType dtype = input.dtype;
+  if (dtype != DataType::kFloat16 && dtype != DataType::kBFloat16 && dtype != DataType::kFloat32 &&
+      dtype != DataType::kFloat64) {
+    return Status::InvalidArgument("Adasum reduces floating-point tensors, not " +
+                                   DataTypeName(dtype));
+  }
+  if (input.device.kind != DeviceKind::kCpu) {
+    return Status::InvalidArgument("Adasum reduces host tensors; this one is on " +
+                                   DeviceName(input.device));
+  }
+  if (!IsPowerOfTwo(set_size)) {
+    return Status::InvalidArgument("Adasum needs a process set of a power-of-two size, not " +
+                                   std::to_string(set_size));
+  }
+  return Status::OK();
+}
+
+}  // namespace
 
 // Fills first and validates after, returning at the first problem: the entry is discarded on
 // failure anyway, and the accepted path then costs no Status assignments.
@@ -24,12 +47,13 @@ Status FillAllreduce(const Runtime& rt, const TensorView& input, const TensorVie
   // The usual call, in place on the global set with valid arguments, in one test.
   const int64_t bytes = input.num_bytes();
   if (same_view && options.process_set.id() == 0 && PlainlyValid(input, bytes) &&
-      IsValidReduceOp(options.op) && std::isfinite(options.prescale) &&
-      std::isfinite(options.postscale)) {
+      IsValidReduceOp(options.op) && options.op != ReduceOp::kAdasum &&
+      std::isfinite(options.prescale) && std::isfinite(options.postscale)) {
     entry->process_set = 0;
     return AttachReadiness(options.ready, entry);
   }
-  GRADSYNC_RETURN_IF_ERROR(UseProcessSet(rt, options.process_set, entry));
+  int set_size = 0;
+  GRADSYNC_RETURN_IF_ERROR(UseProcessSet(rt, options.process_set, entry, &set_size));
   GRADSYNC_RETURN_IF_ERROR(ValidateTensor(input, bytes, ""));
   if (!same_view) {
     GRADSYNC_RETURN_IF_ERROR(ValidateTensor(output, "output: "));
@@ -44,6 +68,7 @@ Status FillAllreduce(const Runtime& rt, const TensorView& input, const TensorVie
   if (!IsValidReduceOp(options.op)) {
     return Status::InvalidArgument("unknown reduce op " + ReduceOpName(options.op));
   }
+  if (options.op == ReduceOp::kAdasum) GRADSYNC_RETURN_IF_ERROR(CheckAdasum(input, set_size));
   GRADSYNC_RETURN_IF_ERROR(ValidateScale(options.prescale, "prescale"));
   GRADSYNC_RETURN_IF_ERROR(ValidateScale(options.postscale, "postscale"));
   return AttachReadiness(options.ready, entry);

@@ -127,8 +127,9 @@ void AllreduceBatch::Impl::Layout(const AllreduceOptions& reduction) {
   size_t listed = 0;  // bytes of the list so far
   for (size_t i = 0; i < slots.size(); ++i) {
     Slot& slot = slots[i];
-    const bool batched =
-        slot.view.device.kind == DeviceKind::kCpu && slot.bytes < kBatchedBelowBytes;
+    // An Adasum bucket of one entry would weigh its members as one tensor: each goes alone.
+    const bool batched = slot.view.device.kind == DeviceKind::kCpu &&
+                         slot.bytes < kBatchedBelowBytes && reduction.op != ReduceOp::kAdasum;
     if (batched) {
       Open& current = open[static_cast<int>(slot.view.dtype)];
       if (current.bucket >= 0) {

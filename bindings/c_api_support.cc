@@ -32,6 +32,11 @@ int CheckDtype(int dtype, const char* call) {
   return Invalid(std::string(call) + ": unknown dtype " + std::to_string(dtype));
 }
 
+// The C enum names the C++ values; the last one shows that none was left out.
+static_assert(GRADSYNC_ADASUM == static_cast<int>(ReduceOp::kAdasum) &&
+                  GRADSYNC_ADASUM + 1 == kNumReduceOps,
+              "c_api.h's reduce ops differ from ReduceOp");
+
 int CheckOp(int op, const char* call) {
   if (op >= 0 && op < kNumReduceOps) return kOk;
   return Invalid(std::string(call) + ": unknown reduce op " + std::to_string(op));

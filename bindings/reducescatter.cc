@@ -21,6 +21,9 @@ Status FillReducescatter(const Runtime& rt, const TensorView& input, Allocator a
   if (status.ok() && !IsValidReduceOp(options.op)) {
     status = Status::InvalidArgument("unknown reduce op " + ReduceOpName(options.op));
   }
+  if (status.ok() && options.op == ReduceOp::kAdasum) {
+    status = Status::InvalidArgument("Adasum is an allreduce op; reducescatter cannot use it");
+  }
   if (status.ok()) status = ValidateScale(options.prescale, "prescale");
   if (status.ok()) status = ValidateScale(options.postscale, "postscale");
   AssignView(input, &entry->input);

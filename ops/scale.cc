@@ -104,6 +104,8 @@ bool WithFloatOp(ReduceOp op, Apply apply) {
     case ReduceOp::kMax:
       apply([](T a, T b) { return MaxNan(a, b); });
       return true;
+    case ReduceOp::kAdasum:  // not a fold of two operands (ops/mpi/adasum.h)
+      return false;
   }
   return false;
 }
@@ -163,6 +165,8 @@ bool FoldInteger(const void* const* inputs, int num_inputs, void* out, int64_t n
     case ReduceOp::kMax:
       FoldNative<T>(inputs, num_inputs, out, n, [](T a, T b) { return b > a ? b : a; });
       return true;
+    case ReduceOp::kAdasum:  // floating point only
+      return false;
   }
   return false;
 }

@@ -43,6 +43,8 @@ std::string ReduceOpName(ReduceOp op) {
       return "max";
     case ReduceOp::kProduct:
       return "product";
+    case ReduceOp::kAdasum:
+      return "adasum";
   }
   return "invalid(" + std::to_string(static_cast<int>(op)) + ")";
 }

@@ -160,6 +160,10 @@ Status DevicePlane::FusionBuffer(size_t bytes, void** buffer) {
 Status DevicePlane::Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) {
   GRADSYNC_RETURN_IF_ERROR(BeginCall());
   if (entries.empty()) return Status::OK();
+  if (spec.op == ReduceOp::kAdasum) {  // refused at enqueue; equal on every rank
+    return InContext(Status::InvalidArgument("Adasum reduces host tensors only"), "allreduce",
+                     entries);
+  }
   const size_t element_size = DataTypeSize(spec.dtype);
   for (const TensorEntry* entry : entries) {
     if (entry->input.dtype != spec.dtype || entry->input.num_elements() < 0) {

@@ -53,6 +53,10 @@ Status MpiDataPlane::Allreduce(const std::vector<TensorEntry*>& entries, const R
   last_allreduce_shared_ = false;
   if (entries.empty()) return Status::OK();
   for (const TensorEntry* entry : entries) GRADSYNC_RETURN_IF_ERROR(ValidateEntry(*entry, spec));
+  if (spec.op == ReduceOp::kAdasum) {
+    const Status status = AllreduceAdasum(entries, spec);
+    return status.ok() ? status : InContext(status, DescribeBucket("allreduce", entries));
+  }
   MPI_Op op = MPI_OP_NULL;
   Status status = MpiReduceOpOf(spec.dtype, spec.op, &op);
   const MPI_Datatype type = MpiDatatypeOf(spec.dtype);

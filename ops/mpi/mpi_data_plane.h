@@ -80,6 +80,8 @@ class MpiDataPlane : public DataPlane {
   }
 
  private:
+  // A bucket of op=Adasum (ops/mpi/adasum.h), which no other path serves.
+  Status AllreduceAdasum(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec);
   Status AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MPI_Datatype type, MPI_Op op);
   Status AllreduceFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                         MPI_Datatype type, MPI_Op op);
@@ -133,6 +135,11 @@ class MpiDataPlane : public DataPlane {
   int64_t piece_bytes_ = 0;
   bool last_allreduce_shared_ = false;
   Timeline* timeline_;
+  // AllreduceAdasum's working memory, kept between buckets.
+  struct AdasumMemory {
+    std::vector<float> floats, float_scratch;
+    std::vector<double> doubles, double_scratch;
+  } adasum_;
 };
 
 }  // namespace gradsync

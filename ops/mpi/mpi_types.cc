@@ -102,6 +102,8 @@ int HalfOpIndex(ReduceOp op) {
       return 2;
     case ReduceOp::kProduct:
       return 3;
+    case ReduceOp::kAdasum:  // an algorithm of its own (ops/mpi/adasum.h)
+      return -1;
   }
   return -1;
 }

@@ -52,6 +52,8 @@ int NcclRedOpOf(ReduceOp op) {
     case ReduceOp::kSum:
     case ReduceOp::kAverage:
       return ncclSum;
+    case ReduceOp::kAdasum:  // refused before a device plane (DevicePlane::Allreduce)
+      break;
   }
   return ncclSum;
 }

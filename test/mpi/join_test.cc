@@ -78,6 +78,8 @@ TEST_F(JoinTest, UnevenStepsReduceOverTheRanksStillRunning) {
           want = 1;
           for (int r : running) want *= r + 1;
           break;
+        case ReduceOp::kAdasum:  // adasum_test joins ranks of its own
+          break;
       }
       if (cases[c].second == DataType::kInt32 || cases[c].second == DataType::kInt64) {
         want = static_cast<double>(static_cast<int64_t>(want));  // integer average truncates

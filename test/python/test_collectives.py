@@ -58,11 +58,6 @@ def test_average_flag_and_op_together_is_an_error():
         hvd.allreduce(torch.ones(2), average=True, op=hvd.Sum)
 
 
-def test_adasum_says_it_is_unsupported():
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.allreduce(torch.ones(2), op=hvd.Adasum)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_allreduce_in_place_and_async(dtype, rank, size):
     tensor = torch.full((4, 3), rank + 1, dtype=dtype)

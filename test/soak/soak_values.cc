@@ -50,6 +50,8 @@ double Combine(ReduceOp op, double a, double b) {
       return std::max(a, b);
     case ReduceOp::kProduct:
       return a * b;
+    case ReduceOp::kAdasum:  // not in the soak's plans
+      break;
   }
   return 0;
 }
@@ -181,6 +183,8 @@ double ReduceInput(ReduceOp op, DataType dtype, uint64_t salt, int who, int64_t 
     case ReduceOp::kProduct:
       if (is_unsigned) return 1 + static_cast<double>(h % 2);
       return h % 3 == 0 ? -1.0 : static_cast<double>(h % 3);
+    case ReduceOp::kAdasum:  // not in the soak's plans
+      break;
   }
   return 0;
 }

@@ -135,7 +135,7 @@ TEST(WireFormatTest, BadRequestEnumsAreRejected) {
   EXPECT_TRUE(IsCorrupt(parse("op", 255), "invalid op value 255"));
   EXPECT_TRUE(IsCorrupt(parse("dtype", kNumDataTypes), "invalid dtype value 8"));
   EXPECT_TRUE(IsCorrupt(parse("device kind", 2), "invalid device kind value 2"));
-  EXPECT_TRUE(IsCorrupt(parse("reduce op", kNumReduceOps), "invalid reduce op value 5"));
+  EXPECT_TRUE(IsCorrupt(parse("reduce op", kNumReduceOps), "invalid reduce op value 6"));
   EXPECT_TRUE(parse("op", kNumOpTypes - 1).ok());
   EXPECT_TRUE(parse("dtype", kNumDataTypes - 1).ok());
   EXPECT_TRUE(parse("device kind", 1).ok());

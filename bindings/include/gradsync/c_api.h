@@ -63,7 +63,8 @@ enum {
   GRADSYNC_AVERAGE = 1,
   GRADSYNC_MIN = 2,
   GRADSYNC_MAX = 3,
-  GRADSYNC_PRODUCT = 4
+  GRADSYNC_PRODUCT = 4,
+  GRADSYNC_ADASUM = 5 /* allreduce of floating-point host tensors, power-of-two sets */
 };
 
 /* The global process set (every rank). Other sets' ids come from gradsync_add_process_set. */

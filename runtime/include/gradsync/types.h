@@ -31,8 +31,11 @@ enum class ReduceOp : uint8_t {
   kMin = 2,
   kMax = 3,
   kProduct = 4,
+  // Horovod's adaptive summation (ops/mpi/adasum.h): allreduce of floating-point host tensors on
+  // a process set of a power-of-two size.
+  kAdasum = 5,
 };
-constexpr int kNumReduceOps = 5;
+constexpr int kNumReduceOps = 6;
 
 // Wire values: never renumber, only append.
 enum class DeviceKind : uint8_t {

@@ -19,6 +19,25 @@ from gradsync.torch.wire import (_CORE_OPS, _name, _note_producer, _release_afte
 _IN_BATCH = (None, None)
 
 
+def _names_of(param_groups, named_parameters):
+    """Parameter id -> the name its reduction goes by: from ``named_parameters`` (which must
+    hold every parameter of the groups, each name once), else from its position."""
+    all_params = [p for g in param_groups for p in g["params"]]
+    if named_parameters is None:
+        return {id(p): "param.%d.%d" % (gi, pi)
+                for gi, g in enumerate(param_groups) for pi, p in enumerate(g["params"])}
+    named = list(named_parameters)
+    names = [n for n, _ in named]
+    if len(set(names)) != len(names):
+        raise ValueError("named_parameters has duplicate names")
+    known = {id(p) for _, p in named}
+    missing = [p for p in all_params if id(p) not in known]
+    if missing:
+        raise ValueError("named_parameters was given, but %d of the optimizer's "
+                         "parameters are not in it" % len(missing))
+    return {id(p): n for n, p in named}
+
+
 class _DistributedOptimizer:
     """Mixed into the wrapped optimizer's own class, so ``isinstance`` and ``state_dict`` hold.
 
@@ -52,21 +71,7 @@ class _DistributedOptimizer:
             self._scales = (1.0, 1.0)
 
         all_params = [p for g in self.param_groups for p in g["params"]]
-        if named_parameters is not None:
-            named = list(named_parameters)
-            names = [n for n, _ in named]
-            if len(set(names)) != len(names):
-                raise ValueError("named_parameters has duplicate names")
-            known = {id(p) for _, p in named}
-            missing = [p for p in all_params if id(p) not in known]
-            if missing:
-                raise ValueError("named_parameters was given, but %d of the optimizer's "
-                                 "parameters are not in it" % len(missing))
-            self._names = {id(p): n for n, p in named}
-        else:
-            self._names = {id(p): "param.%d.%d" % (gi, pi)
-                           for gi, g in enumerate(self.param_groups)
-                           for pi, p in enumerate(g["params"])}
+        self._names = _names_of(self.param_groups, named_parameters)
         # Horovod's attribute, which scripts read: each parameter's name.
         self._parameter_names = {p: self._names[id(p)] for p in all_params}
         self._groups = self._group_of(groups, all_params)
@@ -309,21 +314,26 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     Arguments are Horovod's: ``named_parameters`` names each gradient's allreduce (names must
     match across ranks; without them, names come from the parameter's position);
     ``backward_passes_per_step`` backward passes accumulate locally before one reduction;
-    ``op`` is Average or Sum (Adasum raises); ``gradient_predivide_factor`` splits the average
+    ``op`` is Average, Sum or Adasum (see ``_DistributedAdasumOptimizer``: each rank steps on
+    its own gradients and the steps are combined); ``gradient_predivide_factor`` splits the average
     into a division before and after the sum; ``num_groups`` or ``groups`` (lists of parameters)
     reduce parameters together as grouped allreduces; ``sparse_as_dense`` densifies sparse
     gradients (otherwise they are reduced by gathering every rank's entries, as Horovod's
     ``sparse_allreduce_async``); ``process_set`` reduces among its members only, and a rank outside it steps on
     its own gradients.
     """
-    if op == mpi_ops.Adasum:
-        raise NotImplementedError("Adasum is not supported by gradsync: use op=Average or op=Sum")
-    if op not in (mpi_ops.Average, mpi_ops.Sum):
-        raise ValueError("DistributedOptimizer supports op=Average and op=Sum")
+    if op not in (mpi_ops.Average, mpi_ops.Sum, mpi_ops.Adasum):
+        raise ValueError("DistributedOptimizer supports op=Average, op=Sum and op=Adasum")
     if num_groups and groups is not None:
         raise ValueError("num_groups and groups are mutually exclusive")
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be at least 1")
+    if op == mpi_ops.Adasum:
+        from gradsync.torch.adasum_optimizer import adasum_optimizer  # it imports this module
+        if gradient_predivide_factor != 1.0 or num_groups or groups is not None:
+            raise ValueError("op=Adasum takes no gradient_predivide_factor, num_groups or groups")
+        return adasum_optimizer(optimizer, named_parameters, compression,
+                                backward_passes_per_step, process_set)
     # The mixin's own attributes, less the instance-dict descriptors that belong to its class.
     methods = {k: v for k, v in _DistributedOptimizer.__dict__.items()
                if k not in ("__dict__", "__weakref__")}

@@ -15,7 +15,7 @@ Max = 4
 Product = 5
 
 # Horovod's op -> the runtime's ReduceOp.
-_CORE_OPS = {Sum: 0, Average: 1, Min: 2, Max: 3, Product: 4}
+_CORE_OPS = {Sum: 0, Average: 1, Min: 2, Max: 3, Product: 4, Adasum: 5}
 
 # torch dtype -> the runtime's DataType.
 _DTYPES = {torch.uint8: 0, torch.int8: 1, torch.int32: 2, torch.int64: 3, torch.float16: 4,
@@ -34,8 +34,6 @@ def _op_of(op, average, default=Average):
         op = Average if average else Sum
     if op is None:
         op = default
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not supported by gradsync: use op=Average or op=Sum")
     if op not in _CORE_OPS:
         raise ValueError("unknown reduce op %r" % (op,))
     return op

@@ -1,0 +1,147 @@
+#include "ops/mpi/adasum.h"
+
+#include <algorithm>
+#include <string>
+
+#include "runtime/mpi_context.h"
+
+namespace gradsync {
+namespace {
+
+constexpr int kAdasumTag = 0x4164;
+// Elements per message: MPI's counts are ints.
+constexpr int64_t kMostPerMessage = int64_t{1} << 28;
+
+template <typename T>
+MPI_Datatype MpiTypeOf();
+template <>
+MPI_Datatype MpiTypeOf<float>() {
+  return MPI_FLOAT;
+}
+template <>
+MPI_Datatype MpiTypeOf<double>() {
+  return MPI_DOUBLE;
+}
+
+struct Span {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// Sends `send` elements from `out` to `partner` while receiving `receive` into `in`, in messages
+// MPI's int counts can carry.
+template <typename T>
+Status Trade(const T* out, int64_t send, T* in, int64_t receive, int partner, MPI_Comm comm) {
+  for (int64_t sent = 0, received = 0; sent < send || received < receive;) {
+    const int64_t s = std::min(send - sent, kMostPerMessage);
+    const int64_t r = std::min(receive - received, kMostPerMessage);
+    GRADSYNC_MPI_CALL(MPI_Sendrecv(out + sent, static_cast<int>(s), MpiTypeOf<T>(), partner,
+                                   kAdasumTag, in + received, static_cast<int>(r), MpiTypeOf<T>(),
+                                   partner, kAdasumTag, comm, MPI_STATUS_IGNORE));
+    sent += s;
+    received += r;
+  }
+  return Status::OK();
+}
+
+// Sums `values` over the 2 * level ranks of this rank's group (those equal to it above bit
+// `level`) by recursive doubling. Each step adds two vectors in either order on the two ranks, and
+// addition commutes, so every rank of the group ends with the same bits.
+Status SumOverGroup(std::vector<double>* values, std::vector<double>* received, int rank, int level,
+                    MPI_Comm comm) {
+  received->resize(values->size());
+  const int n = static_cast<int>(values->size());
+  for (int step = 1; step <= level; step <<= 1) {
+    GRADSYNC_MPI_CALL(MPI_Sendrecv(values->data(), n, MPI_DOUBLE, rank ^ step, kAdasumTag,
+                                   received->data(), n, MPI_DOUBLE, rank ^ step, kAdasumTag, comm,
+                                   MPI_STATUS_IGNORE));
+    for (int i = 0; i < n; ++i) (*values)[i] += (*received)[i];
+  }
+  return Status::OK();
+}
+
+// The coefficient of one side: 1 where that side is zero, so that the other is kept whole.
+double Coefficient(double dot, double norm_squared) {
+  return norm_squared > 0 ? 1.0 - dot / (2.0 * norm_squared) : 1.0;
+}
+
+}  // namespace
+
+template <typename T>
+Status AdasumInPlace(T* data, int64_t count, const std::vector<ElementRange>& tensors,
+                     MPI_Comm comm, std::vector<T>* scratch) {
+  int rank = 0, size = 1;
+  GRADSYNC_MPI_CALL(MPI_Comm_rank(comm, &rank));
+  GRADSYNC_MPI_CALL(MPI_Comm_size(comm, &size));
+  if (!IsPowerOfTwo(size)) {
+    return Status::InvalidArgument("Adasum needs a process set of a power-of-two size, not " +
+                                   std::to_string(size));
+  }
+  if (size == 1 || count == 0) return Status::OK();
+  scratch->resize(static_cast<size_t>(count / 2 + 1));
+  // Per tensor: the lower subtree's vector a and the upper's b give a.b, a.a and b.b.
+  std::vector<double> sums(3 * tensors.size());
+  std::vector<double> received;
+  std::vector<Span> kept, given;  // per level, for the way back
+  Span mine{0, count};
+  for (int level = 1; level < size; level <<= 1) {
+    // The partner differs only in this bit, so it has been through the same halvings: its span is
+    // this rank's.
+    const int partner = rank ^ level;
+    const bool lower = (rank & level) == 0;
+    const int64_t middle = mine.begin + mine.size() / 2;
+    const Span keep = lower ? Span{mine.begin, middle} : Span{middle, mine.end};
+    const Span give = lower ? Span{middle, mine.end} : Span{mine.begin, middle};
+    T* theirs = scratch->data();  // the partner's part of `keep`
+    GRADSYNC_RETURN_IF_ERROR(
+        Trade(data + give.begin, give.size(), theirs, keep.size(), partner, comm));
+    std::fill(sums.begin(), sums.end(), 0.0);
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const int64_t from = std::max(tensors[t].begin, keep.begin);
+      const int64_t to = std::min(tensors[t].end, keep.end);
+      double dot = 0, aa = 0, bb = 0;
+      for (int64_t k = from; k < to; ++k) {
+        const double own = data[k], other = theirs[k - keep.begin];
+        const double a = lower ? own : other, b = lower ? other : own;
+        dot += a * b;
+        aa += a * a;
+        bb += b * b;
+      }
+      sums[3 * t] = dot;
+      sums[3 * t + 1] = aa;
+      sums[3 * t + 2] = bb;
+    }
+    GRADSYNC_RETURN_IF_ERROR(SumOverGroup(&sums, &received, rank, level, comm));
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const int64_t from = std::max(tensors[t].begin, keep.begin);
+      const int64_t to = std::min(tensors[t].end, keep.end);
+      if (from >= to) continue;
+      const double a_coefficient = Coefficient(sums[3 * t], sums[3 * t + 1]);
+      const double b_coefficient = Coefficient(sums[3 * t], sums[3 * t + 2]);
+      const double own_coefficient = lower ? a_coefficient : b_coefficient;
+      const double other_coefficient = lower ? b_coefficient : a_coefficient;
+      for (int64_t k = from; k < to; ++k) {
+        data[k] =
+            static_cast<T>(own_coefficient * data[k] + other_coefficient * theirs[k - keep.begin]);
+      }
+    }
+    kept.push_back(keep);
+    given.push_back(give);
+    mine = keep;
+  }
+  // Back up the tree: each level's partner holds the half this rank gave it, combined.
+  for (size_t level = kept.size(); level-- > 0;) {
+    const int partner = rank ^ (1 << level);
+    GRADSYNC_RETURN_IF_ERROR(Trade(data + kept[level].begin, kept[level].size(),
+                                   data + given[level].begin, given[level].size(), partner, comm));
+  }
+  return Status::OK();
+}
+
+template Status AdasumInPlace<float>(float*, int64_t, const std::vector<ElementRange>&, MPI_Comm,
+                                     std::vector<float>*);
+template Status AdasumInPlace<double>(double*, int64_t, const std::vector<ElementRange>&, MPI_Comm,
+                                      std::vector<double>*);
+
+}  // namespace gradsync

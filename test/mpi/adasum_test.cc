@@ -1,0 +1,243 @@
+// op=Adasum against a reference that combines every rank's tensors up the same tree in double
+// precision, fused and alone, in every floating dtype, with scales, and its refusals. Run at 1, 2
+// and 4 ranks.
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "test/mpi/multi_rank_test.h"
+
+namespace gradsync {
+namespace testing {
+namespace {
+
+using Vector = std::vector<double>;
+
+// Rank `rank`'s element `i` of tensor `t`: varied signs and sizes, so that ranks agree in part.
+double Input(int rank, int t, int64_t i) {
+  return std::sin(0.37 * static_cast<double>(i + 1) * (t + 1)) + 0.25 * rank * std::cos(1.3 * i);
+}
+
+// Adasum of two vectors of one tensor.
+Vector Combine(const Vector& a, const Vector& b) {
+  double dot = 0, aa = 0, bb = 0;
+  for (size_t k = 0; k < a.size(); ++k) {
+    dot += a[k] * b[k];
+    aa += a[k] * a[k];
+    bb += b[k] * b[k];
+  }
+  const double ca = aa > 0 ? 1 - dot / (2 * aa) : 1, cb = bb > 0 ? 1 - dot / (2 * bb) : 1;
+  Vector out(a.size());
+  for (size_t k = 0; k < a.size(); ++k) out[k] = ca * a[k] + cb * b[k];
+  return out;
+}
+
+// Every rank's vector combined up the tree: at level d, the block of d ranks from g meets the
+// block from g + d, the lower block's vector first.
+Vector Tree(std::vector<Vector> of_rank) {
+  const size_t size = of_rank.size();
+  for (size_t d = 1; d < size; d *= 2) {
+    for (size_t g = 0; g < size; g += 2 * d) of_rank[g] = Combine(of_rank[g], of_rank[g + d]);
+  }
+  return of_rank[0];
+}
+
+Vector Reference(int size, int t, int64_t n, double prescale = 1) {
+  std::vector<Vector> of_rank(static_cast<size_t>(size), Vector(static_cast<size_t>(n)));
+  for (int r = 0; r < size; ++r) {
+    for (int64_t i = 0; i < n; ++i) of_rank[r][i] = prescale * Input(r, t, i);
+  }
+  return Tree(of_rank);
+}
+
+double Allowed(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat64:
+      return 1e-12;
+    case DataType::kFloat32:
+      return 1e-5;
+    default:
+      return 3e-2;  // half precision: inputs and result rounded to 8 or 11 bits
+  }
+}
+
+// Every rank ends with the same bytes.
+bool SameOnEveryRank(HostTensor* t, size_t element_size) {
+  std::vector<unsigned char> mine(
+      static_cast<unsigned char*>(t->data()),
+      static_cast<unsigned char*>(t->data()) + t->size() * element_size);
+  std::vector<unsigned char> root = mine;
+  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_BYTE, 0, MPI_COMM_WORLD);
+  int same = root == mine ? 1 : 0, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+using AdasumTest = MultiRankTest;
+
+TEST_F(AdasumTest, FusedAndAloneMatchTheTreeInEveryFloatingDtype) {
+  const std::vector<int64_t> sizes{1, 7, 1000, 0, 33, 4099};
+  for (DataType dtype :
+       {DataType::kFloat64, DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
+    for (bool grouped : {true, false}) {
+      std::vector<std::unique_ptr<HostTensor>> tensors;
+      std::vector<TensorView> views;
+      std::vector<std::string> names;
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        tensors.push_back(std::make_unique<HostTensor>(dtype, std::vector<int64_t>{sizes[t]}));
+        for (int64_t i = 0; i < sizes[t]; ++i) {
+          tensors.back()->Set(i, Input(rank_, static_cast<int>(t), i));
+        }
+        views.push_back(tensors.back()->view());
+        names.push_back("adasum." + DataTypeName(dtype) + "." + std::to_string(grouped) + "." +
+                        std::to_string(t));
+      }
+      std::vector<Handle> handles;
+      if (grouped) {
+        GroupedAllreduceOptions options;
+        options.op = ReduceOp::kAdasum;
+        options.names = names;
+        handles = grouped_allreduce(views, options);
+      } else {
+        for (size_t t = 0; t < views.size(); ++t) {
+          AllreduceOptions options;
+          options.op = ReduceOp::kAdasum;
+          options.name = names[t];
+          handles.push_back(allreduce(views[t], options));
+        }
+      }
+      for (const Handle& h : handles) ASSERT_TRUE(Succeeds(h));
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        const Vector want = Reference(size_, static_cast<int>(t), sizes[t]);
+        for (int64_t i = 0; i < sizes[t]; ++i) {
+          ASSERT_NEAR(tensors[t]->Get(i), want[i], Allowed(dtype) * (1 + std::fabs(want[i])))
+              << DataTypeName(dtype) << (grouped ? " grouped" : " alone") << ", tensor " << t
+              << ", element " << i;
+        }
+        EXPECT_TRUE(SameOnEveryRank(tensors[t].get(), DataTypeSize(dtype)));
+      }
+    }
+  }
+}
+
+// What Adasum is for: orthogonal gradients add up, equal ones are kept as they are, and a rank
+// with nothing (a zero gradient) leaves the others' untouched.
+TEST_F(AdasumTest, OrthogonalAddUpEqualStayAndZeroChangesNothing) {
+  HostTensor orthogonal(DataType::kFloat64, {8});
+  HostTensor equal(DataType::kFloat64, {8});
+  HostTensor rank0_only(DataType::kFloat64, {8});
+  for (int64_t i = 0; i < 8; ++i) {
+    orthogonal.Set(i, i % size_ == rank_ ? i + 1 : 0);
+    equal.Set(i, 0.5 * i - 1);
+    rank0_only.Set(i, rank_ == 0 ? i * i : 0);
+  }
+  AllreduceOptions options;
+  options.op = ReduceOp::kAdasum;
+  for (HostTensor* t : {&orthogonal, &equal, &rank0_only}) {
+    ASSERT_TRUE(Succeeds(allreduce(t->view(), options)));
+  }
+  for (int64_t i = 0; i < 8; ++i) {
+    EXPECT_DOUBLE_EQ(orthogonal.Get(i), i + 1) << i;
+    EXPECT_NEAR(equal.Get(i), 0.5 * i - 1, 1e-12) << i;
+    EXPECT_DOUBLE_EQ(rank0_only.Get(i), i * i) << i;
+  }
+}
+
+// Adasum is homogeneous: a prescale of 2 doubles the result, and the postscale applies after.
+TEST_F(AdasumTest, ScalesApplyBeforeAndAfter) {
+  HostTensor t(DataType::kFloat32, {300});
+  for (int64_t i = 0; i < t.size(); ++i) t.Set(i, Input(rank_, 3, i));
+  AllreduceOptions options;
+  options.op = ReduceOp::kAdasum;
+  options.prescale = 2.0;
+  options.postscale = 0.25;
+  ASSERT_TRUE(Succeeds(allreduce(t.view(), options)));
+  const Vector want = Reference(size_, 3, t.size(), 2.0);
+  for (int64_t i = 0; i < t.size(); ++i) {
+    ASSERT_NEAR(t.Get(i), 0.25 * want[i], 1e-5 * (1 + std::fabs(want[i]))) << i;
+  }
+}
+
+// A training loop's steps: the same names every step, which the loop locks after a few.
+TEST_F(AdasumTest, StepAfterStepNegotiatedAndLocked) {
+  const std::vector<int64_t> sizes{40, 3, 700};
+  for (int step = 0; step < 8; ++step) {
+    std::vector<std::unique_ptr<HostTensor>> grads;
+    std::vector<Handle> handles;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      grads.push_back(
+          std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{sizes[t]}));
+      const int seed = static_cast<int>(t) + step;
+      for (int64_t i = 0; i < sizes[t]; ++i) grads.back()->Set(i, Input(rank_, seed, i));
+      AllreduceOptions options;
+      options.op = ReduceOp::kAdasum;
+      options.name = "adasum.step." + std::to_string(t);
+      handles.push_back(allreduce(grads.back()->view(), options));
+    }
+    for (const Handle& h : handles) ASSERT_TRUE(Succeeds(h)) << "step " << step;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      const Vector want = Reference(size_, static_cast<int>(t) + step, sizes[t]);
+      for (int64_t i = 0; i < sizes[t]; ++i) {
+        ASSERT_NEAR(grads[t]->Get(i), want[i], 1e-5 * (1 + std::fabs(want[i])))
+            << "step " << step << ", tensor " << t << ", element " << i;
+      }
+    }
+  }
+}
+
+TEST_F(AdasumTest, RefusesWhatItCannotCombine) {
+  AllreduceOptions options;
+  options.op = ReduceOp::kAdasum;
+  HostTensor ints(DataType::kInt32, {4});
+  EXPECT_TRUE(ThrowsWith([&] { allreduce(ints.view(), options); }, StatusCode::kInvalidArgument,
+                         "floating-point"));
+  HostTensor floats(DataType::kFloat32, {4});
+  TensorView on_device = floats.view();
+  on_device.device = Device::Cuda(0);
+  EXPECT_TRUE(ThrowsWith([&] { allreduce(on_device, options); }, StatusCode::kInvalidArgument,
+                         "host tensors"));
+  ReducescatterOptions scatter;
+  scatter.op = ReduceOp::kAdasum;
+  std::unique_ptr<HostTensor> share;
+  EXPECT_TRUE(ThrowsWith([&] { reducescatter(floats.view(), Into(&share), scatter); },
+                         StatusCode::kInvalidArgument, "allreduce op"));
+  if (size_ < 4) return;
+  ProcessSet three = add_process_set({0, 1, 2});
+  if (three.included()) {
+    options.process_set = three;
+    EXPECT_TRUE(ThrowsWith([&] { allreduce(floats.view(), options); }, StatusCode::kInvalidArgument,
+                           "power-of-two size, not 3"));
+  }
+  remove_process_set(three);
+}
+
+// A process set of two, at 4 ranks: each pair combines its own.
+TEST_F(AdasumTest, APowerOfTwoProcessSet) {
+  if (size_ < 4) GTEST_SKIP() << "needs 4 ranks";
+  ProcessSet pair = add_process_set({1, 3});
+  if (pair.included()) {
+    HostTensor t(DataType::kFloat64, {50});
+    for (int64_t i = 0; i < t.size(); ++i) t.Set(i, Input(rank_, 5, i));
+    AllreduceOptions options;
+    options.op = ReduceOp::kAdasum;
+    options.process_set = pair;
+    ASSERT_TRUE(Succeeds(allreduce(t.view(), options)));
+    std::vector<Vector> of_rank(2, Vector(50));
+    for (int64_t i = 0; i < 50; ++i) {
+      of_rank[0][i] = Input(1, 5, i);
+      of_rank[1][i] = Input(3, 5, i);
+    }
+    const Vector want = Tree(of_rank);
+    for (int64_t i = 0; i < 50; ++i)
+      ASSERT_NEAR(t.Get(i), want[i], 1e-12 * (1 + std::fabs(want[i])));
+  }
+  remove_process_set(pair);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsync
