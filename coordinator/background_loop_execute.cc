@@ -200,15 +200,16 @@ void BackgroundLoop::HandToFinalizer(int32_t set_id, DataPlane* plane, const Sta
     for (TensorEntry* entry : members_) local_failures_.push_back({entry, executed});
     members_.clear();
   }
+  if (!members_.empty()) {
+    // First, so that a timeout names the bucket rather than a tensor that failed here alone.
+    std::vector<DataPlane::TimedPhase> phases;
+    if (traced) phases = plane->TakePhases();
+    finalizer_.Add(plane, set_id, members_, launched, std::move(phases), device_launched_at_);
+  }
   if (!local_failures_.empty()) {
     finalizer_.AddLocalFailures(plane, set_id, local_failures_, launched);
     local_failures_.clear();
   }
-  if (members_.empty()) return;
-  std::vector<DataPlane::TimedPhase> phases;
-  if (traced) phases = plane->TakePhases();
-  finalizer_.Add(plane, set_id, members_, std::move(launched), std::move(phases),
-                 device_launched_at_);
 }
 
 void BackgroundLoop::CompleteLocalFailures() {

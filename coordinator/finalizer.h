@@ -8,7 +8,8 @@
 // finalizer polls the plane's asynchronous errors, and aborts the plane when one is reported or
 // when a bucket has not finished within the plane's completion timeout. Aborting fails the events
 // of everything in flight on that plane, so those buckets complete too, with the abort's status,
-// which names the bucket that timed out and its tensors.
+// which names the bucket that timed out and its tensors (an entry that had failed on this rank
+// alone keeps its own status).
 //
 // A CUDA event's query takes the driver's lock that the trainer's kernel launches take too, so
 // an event that says so (StreamEvent::QueryContends) is looked at less often the longer its
@@ -23,13 +24,14 @@
 // sleeps (SpinWindow: longer when its buckets have been arriving further apart), so that the
 // caller launching a step's next bucket seldom pays the system call that wakes it.
 //
-// Thread safety: Add and Drain are called by whichever thread runs the background loop's cycle
-// (its own thread, or a caller launching a locked bucket), one at a time, and by shutdown on the
-// thread that joined it; the completion function runs on the finalizer's own thread, which is
-// started by the first Add, so a process that never touches a device has no such thread. Add
-// only appends to an inbox under a mutex; the finalizer moves the inbox to buckets of its own and
-// queries their events without that mutex, so a launching thread never waits behind a query of
-// the device, and the finalizer's polling between operations takes no lock at all.
+// Thread safety: Add, AddLocalFailures and Drain are called by whichever thread runs the
+// background loop's cycle (its own thread, or a caller launching a locked bucket), one at a time,
+// and by shutdown on the thread that joined it; the completion function runs on the finalizer's
+// own thread, which is started by the first bucket handed over, so a process that never touches
+// a device has no such thread. Add only appends to an inbox under a mutex; the finalizer moves the
+// inbox to buckets of its own and queries their events without that mutex, so a launching thread
+// never waits behind a query of the device, and the finalizer's polling between operations takes
+// no lock at all.
 #pragma once
 
 #include <atomic>

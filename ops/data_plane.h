@@ -4,7 +4,8 @@
 //
 // Two kinds of plane fit it. A host plane runs each call's work inside the call: the returned
 // Status is the result and TakeCompletion() gives null. A device plane returns once the work is
-// queued on its communication stream: the Status says whether launching worked, and
+// queued on its communication stream: the Status says whether launching worked (or, with an
+// event all the same, that an entry failed on this rank alone: see TakeCompletion), and
 // TakeCompletion() gives the event that completes when the work has run. The background thread
 // hands that event, with the bucket's entries, to the finalizer (coordinator/finalizer.h), which
 // completes them later, and goes straight on. The host path pays one virtual call per bucket.
@@ -97,8 +98,9 @@ class DataPlane {
   // Called once every rank has joined and no work that used a stand-in is in flight.
   virtual void ReleaseStandIns() {}
 
-  // After a call: null when nothing it launched is still running (host planes, and a call that
-  // failed before launching), or the event that completes, OK or failed, once its work has run.
+  // After a call: null where the call launched nothing (host planes, and a call that failed
+  // before launching) or failed while launching (the plane is then aborted), or the event that
+  // completes, OK or failed, once its work has run.
   // A call that failed on this rank alone after launching (an output its allocator gave no memory
   // for, while the other ranks were committed) still gives its event: until then the work reads
   // the entry's input. Each call's event is taken once.

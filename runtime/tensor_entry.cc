@@ -1,5 +1,7 @@
 #include "runtime/tensor_entry.h"
 
+#include <exception>
+
 namespace gradsync {
 
 std::string OpTypeName(OpType op) {
@@ -63,13 +65,29 @@ void TensorEntry::Clear() {
   // `state` stays: the next operation on this entry reuses it (OpState::Renew).
 }
 
-void* AllocateOutputMemory(const TensorEntry& entry, const std::vector<int64_t>& shape) noexcept {
+void* AllocateOutputMemory(const TensorEntry& entry, const std::vector<int64_t>& shape,
+                           std::string* thrown) noexcept {
   if (!entry.allocator) return nullptr;
   try {
     return entry.allocator(shape, entry.input.dtype);
+  } catch (const std::exception& e) {
+    try {
+      *thrown = e.what();
+    } catch (...) {  // no memory for the message either
+    }
   } catch (...) {
-    return nullptr;
+    try {
+      *thrown = "an exception that is not a std::exception";
+    } catch (...) {
+    }
   }
+  return nullptr;
+}
+
+Status NoOutputMemory(const std::vector<int64_t>& shape, const std::string& thrown) {
+  return Status::InvalidArgument("the output allocator gave no memory for shape " +
+                                 ShapeString(shape) +
+                                 (thrown.empty() ? "" : "; it threw: " + thrown));
 }
 
 }  // namespace gradsync

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gradsync/status.h"
 #include "gradsync/types.h"
 #include "runtime/name_key.h"
 #include "runtime/op_state.h"
@@ -114,7 +115,11 @@ struct TensorEntry {
 
 // The entry's allocator called for an output of `shape` in the entry's dtype, or nullptr where it
 // has none. An allocator comes from a binding and may throw (a framework's out-of-memory error);
-// no exception may cross the background thread, so a throw gives nullptr too.
-void* AllocateOutputMemory(const TensorEntry& entry, const std::vector<int64_t>& shape) noexcept;
+// no exception may cross the background thread, so a throw gives nullptr too, and its message
+// goes to *thrown.
+void* AllocateOutputMemory(const TensorEntry& entry, const std::vector<int64_t>& shape,
+                           std::string* thrown) noexcept;
+// The failure of an output of `shape` that AllocateOutputMemory gave no memory for.
+Status NoOutputMemory(const std::vector<int64_t>& shape, const std::string& thrown);
 
 }  // namespace gradsync

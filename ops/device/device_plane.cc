@@ -1,5 +1,6 @@
 #include "ops/device/device_plane.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "ops/device/producer_readiness.h"
@@ -53,6 +54,7 @@ Status DevicePlane::Failed() const {
 
 Status DevicePlane::BeginCall() {
   completion_.reset();
+  failed_here_.clear();
   return Failed();
 }
 
@@ -110,7 +112,9 @@ Status DevicePlane::FinishLaunch(const std::vector<TensorEntry*>& entries, const
     completion_ = backend_->stream()->Record();
   }
   for (TensorEntry* entry : entries) {
-    if (entry->state != nullptr) entry->state->SetLaunched(completion_);
+    const bool failed =
+        std::find(failed_here_.begin(), failed_here_.end(), entry) != failed_here_.end();
+    if (entry->state != nullptr && !failed) entry->state->SetLaunched(completion_);
   }
   OpState::AnnounceLaunches();
   return Status::OK();
@@ -243,13 +247,13 @@ Status DevicePlane::Allgather(TensorEntry* entry, const std::vector<int64_t>& fi
   for (int64_t d : first_dims) rows += d;
   const std::vector<int64_t> shape = WithFirstDim(entry->input.shape, rows);
   const size_t bytes = static_cast<size_t>(rows * row) * DataTypeSize(entry->input.dtype);
-  void* output = bytes == 0 ? nullptr : AllocateOutputMemory(*entry, shape);
+  std::string thrown;
+  void* output = bytes == 0 ? nullptr : AllocateOutputMemory(*entry, shape, &thrown);
   Status local;
   if (output == nullptr && bytes > 0) {
     // The other ranks are committed: take part, receiving into scratch, and fail here alone.
-    local = InContext(Status::InvalidArgument("the output allocator returned no memory for " +
-                                              ShapeString(shape)),
-                      "allgather", entries);
+    local = InContext(NoOutputMemory(shape, thrown), "allgather", entries);
+    failed_here_.push_back(entry);
     GRADSYNC_LAUNCH(FusionBuffer(bytes, &output), "allgather", entries);
   } else {
     entry->output = TensorView(output, entry->input.dtype, shape, entry->input.device);
@@ -295,12 +299,12 @@ Status DevicePlane::Alltoall(TensorEntry* entry) {
   const int64_t row = RowElements(entry->input);
   const std::vector<int64_t> shape = WithFirstDim(entry->input.shape, received_rows);
   const size_t bytes = static_cast<size_t>(received_rows * row) * DataTypeSize(entry->input.dtype);
-  void* output = bytes == 0 ? nullptr : AllocateOutputMemory(*entry, shape);
+  std::string thrown;
+  void* output = bytes == 0 ? nullptr : AllocateOutputMemory(*entry, shape, &thrown);
   Status local;
   if (output == nullptr && bytes > 0) {
-    local = InContext(Status::InvalidArgument("the output allocator returned no memory for " +
-                                              ShapeString(shape)),
-                      "alltoall", entries);
+    local = InContext(NoOutputMemory(shape, thrown), "alltoall", entries);
+    failed_here_.push_back(entry);
     GRADSYNC_LAUNCH(FusionBuffer(bytes, &output), "alltoall", entries);
   } else {
     entry->output = TensorView(output, entry->input.dtype, shape, entry->input.device);
@@ -345,14 +349,13 @@ Status DevicePlane::Reducescatter(const std::vector<TensorEntry*>& entries, cons
     const std::vector<int64_t> shape =
         WithFirstDim(entry->input.shape, EvenSplits(entry->input.shape[0], size)[rank]);
     const size_t bytes = static_cast<size_t>(shares[i][rank]) * element_size;
-    void* output = bytes == 0 ? nullptr : AllocateOutputMemory(*entry, shape);
+    std::string thrown;
+    void* output = bytes == 0 ? nullptr : AllocateOutputMemory(*entry, shape, &thrown);
     if (output == nullptr && bytes > 0) {
       allocated[i] = false;
+      failed_here_.push_back(entry);
       local_failures->push_back(
-          {entry, InContext(Status::InvalidArgument("the output allocator returned no memory "
-                                                    "for " +
-                                                    ShapeString(shape)),
-                            "reducescatter", {entry})});
+          {entry, InContext(NoOutputMemory(shape, thrown), "reducescatter", {entry})});
       continue;
     }
     entry->output = TensorView(output, spec.dtype, shape, entry->input.device);

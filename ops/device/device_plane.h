@@ -71,7 +71,8 @@ class DevicePlane : public DataPlane {
   // While phases are recorded: a timed event ending the phase `ended` (the stream's work so far).
   void MarkPhase(const char* ended);
   // Records the launch's completion event, which ends the phase `last` (timed while phases are
-  // recorded), and gives it to the entries' handles.
+  // recorded), and gives it to the entries' handles, but for those in failed_here_: a handle that
+  // will fail must not let synchronize_stream order a consumer after the launch as if it had not.
   Status FinishLaunch(const std::vector<TensorEntry*>& entries, const char* last);
   // The two ways to reduce a bucket laid out in layout_ (`count` elements, more than none).
   Status AllreduceWhereItLies(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
@@ -101,6 +102,8 @@ class DevicePlane : public DataPlane {
   };
   std::vector<StandInMemory> stand_ins_;
   std::shared_ptr<StreamEvent> completion_;
+  // The call's entries whose output could not be allocated (they fail on this rank alone).
+  std::vector<const TensorEntry*> failed_here_;
   bool record_phases_ = false;
   std::vector<TimedPhase> phases_;           // the last launch's, while recorded
   BucketLayout layout_;                      // the last allreduce's

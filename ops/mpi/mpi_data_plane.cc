@@ -38,13 +38,11 @@ Status MpiDataPlane::InContext(const Status& status, const std::string& what) {
 }
 
 Status MpiDataPlane::AllocateOutput(TensorEntry* entry, const std::vector<int64_t>& shape) {
-  void* data = AllocateOutputMemory(*entry, shape);
+  std::string thrown;
+  void* data = AllocateOutputMemory(*entry, shape, &thrown);
   TensorView output(data, entry->input.dtype, shape, entry->input.device);
   // An empty output needs no memory, and frameworks hand out nullptr for empty tensors.
-  if (data == nullptr && output.num_bytes() != 0) {
-    return Status::InvalidArgument("the output allocator gave no memory for shape " +
-                                   ShapeString(shape));
-  }
+  if (data == nullptr && output.num_bytes() != 0) return NoOutputMemory(shape, thrown);
   entry->output = std::move(output);
   if (entry->state) entry->state->output_shape = shape;
   return Status::OK();

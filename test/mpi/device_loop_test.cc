@@ -351,9 +351,13 @@ TEST_F(DeviceLoopTest, AFlatGradientBufferIsReducedWhereItLiesNegotiatedAndLocke
 // An output rank 0 cannot allocate (its allocator gives no memory, or throws as a framework's
 // out-of-memory error does) fails there alone, and only once the device is done with the input:
 // the collective rank 0 still takes part in reads it until then, and a caller told of the failure
-// may free it. The producer here holds the stream until the test opens it.
+// may free it; synchronize_stream() reports the failure too, rather than ordering a consumer after
+// the launch. The producer here holds the stream until the test opens it.
 TEST_F(DeviceLoopTest, AnOutputThatCannotBeAllocatedFailsOnlyOnceTheDeviceIsDoneWithTheInput) {
-  SetReadinessRecorderForTesting(&RecordOnHostStream);
+  struct HostStreamReadiness {
+    HostStreamReadiness() { SetReadinessRecorderForTesting(&RecordOnHostStream); }
+    ~HostStreamReadiness() { SetReadinessRecorderForTesting(nullptr); }
+  } recorder;
   HostStream producer;
   std::promise<void> open;
   producer.Enqueue([opened = open.get_future().share()] { opened.wait(); });
@@ -390,9 +394,10 @@ TEST_F(DeviceLoopTest, AnOutputThatCannotBeAllocatedFailsOnlyOnceTheDeviceIsDone
   ASSERT_TRUE(Succeeds(scatter[1]));
   EXPECT_EQ(more_share->Get(0), sum);
   if (rank_ == 0) {
-    for (const Handle* h : {&gather, &swap, &scatter[0]}) {
-      EXPECT_TRUE(FailsWith(*h, StatusCode::kInvalidArgument, "allocator returned no memory"));
-    }
+    EXPECT_THROW(gather.synchronize_stream(nullptr), Error);
+    EXPECT_TRUE(FailsWith(gather, StatusCode::kInvalidArgument, "allocator gave no memory"));
+    EXPECT_TRUE(FailsWith(swap, StatusCode::kInvalidArgument, "it threw: out of memory"));
+    EXPECT_TRUE(FailsWith(scatter[0], StatusCode::kInvalidArgument, "allocator gave no memory"));
   } else {
     for (const Handle* h : {&gather, &swap, &scatter[0]}) ASSERT_TRUE(Succeeds(*h));
     EXPECT_EQ(gathered->Get(0), 1);
@@ -400,7 +405,6 @@ TEST_F(DeviceLoopTest, AnOutputThatCannotBeAllocatedFailsOnlyOnceTheDeviceIsDone
     EXPECT_EQ(sent->Get(0), 1);
     EXPECT_EQ(share->Get(0), sum);
   }
-  SetReadinessRecorderForTesting(nullptr);
 }
 
 TEST_F(DeviceLoopTest, ProcessSetsGetDevicePlanesOfTheirOwn) {

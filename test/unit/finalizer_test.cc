@@ -114,7 +114,7 @@ TEST(FinalizerTest, ALocalFailureCompletesWithItsOwnStatusOnceTheLaunchHasRun) {
   auto failed = Entry("failed");
   auto fine = Entry("fine");
   auto event = plane.NewEvent();
-  const Status no_memory = Status::InvalidArgument("the output allocator returned no memory");
+  const Status no_memory = Status::InvalidArgument("the output allocator gave no memory");
   finalizer.AddLocalFailures(&plane, 0, {{failed.get(), no_memory}}, event);
   finalizer.Add(&plane, 0, {fine.get()}, event);
   EXPECT_EQ(finalizer.pending(), 2u);
