@@ -32,8 +32,10 @@ reported beside it (busy_base_ms), to show how much of that is the framework's i
 With --mode tensor or grouped (gradsync and horovod only) there is no model and no compute: the
 set's tensors are synchronized alone, as a script written against Horovod's API does, each with
 allreduce_async_ in reverse registration order (backward's) and then every handle synchronized
-(tensor), or all as one grouped_allreduce_async_ (grouped), Average. The step is then the
-synchronization itself: step_ms and sync_ms are the same median, and no baseline runs.
+(tensor), or all as one grouped_allreduce_async_ (grouped), with --op (Average, or Adasum: every
+rank's tensors are multiples of one another, which Adasum combines into their mean as well). The
+step is then the synchronization itself: step_ms and sync_ms are the same median, and no baseline
+runs.
 
 Output: one JSON line on stdout (rank 0); progress and notes on stderr. Every rank uses mpi4py for
 the barriers, the per-step maximum over ranks and DDP's rendezvous port, identically for every
@@ -233,23 +235,25 @@ def framework_version(framework):
         return ""
 
 
-def setup_sync_only(hvd, torch, tensors, value, mode):
-    """The set's tensors, each filled with `value`, and a step that averages them in place
-    through Horovod's API: one allreduce_async_ each, or one grouped_allreduce_async_."""
+def setup_sync_only(hvd, torch, tensors, value, mode, op_name):
+    """The set's tensors, each filled with `value`, and a step that reduces them in place with
+    Horovod's op `op_name` (Average, Adasum) through Horovod's API: one allreduce_async_ each, or
+    one grouped_allreduce_async_."""
     hvd.init()
+    op = getattr(hvd, op_name)
     grads = [torch.full(shape, value, dtype=torch.float32) for _, shape in tensors]
     names = [name for name, _ in tensors]
     backward = list(range(len(grads)))[::-1]
 
     def per_tensor():
-        handles = [hvd.allreduce_async_(grads[i], name=names[i], op=hvd.Average)
+        handles = [hvd.allreduce_async_(grads[i], name=names[i], op=op)
                    for i in backward]
         for h in handles:
             hvd.synchronize(h)
 
     def grouped():
         hvd.synchronize(hvd.grouped_allreduce_async_([grads[i] for i in backward],
-                                                     name="grouped", op=hvd.Average))
+                                                     name="grouped", op=op))
 
     return grads, per_tensor if mode == "tensor" else grouped
 
@@ -336,12 +340,16 @@ def parse_args(argv):
                    help="torch.set_num_threads per rank (default: 1, as Horovod's examples "
                         "recommend; the ranks share the node's cores)")
     p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default: 0.01)")
+    p.add_argument("--op", choices=("Average", "Adasum"), default="Average",
+                   help="Horovod's reduce op of --mode tensor and grouped (default: Average)")
     p.add_argument("--tag", default="", help="copied into the JSON line (e.g. a repetition)")
     p.add_argument("--check", action="store_true",
                    help="only report whether the framework can be imported (exit 0 if so)")
     args = p.parse_args(argv)
     if args.iters < 1 or args.warmup < 1:
         p.error("--iters and --warmup must be at least 1 (the first warmup step checks results)")
+    if args.op != "Average" and args.mode == "step":
+        p.error("--op %s needs --mode tensor or grouped" % args.op)
     if args.mode != "step" and args.framework not in ("gradsync", "horovod"):
         p.error("--mode %s needs Horovod's API: --framework gradsync or horovod" % args.mode)
     return args
@@ -458,15 +466,19 @@ def main(argv):
 
 def sync_only_main(args, comm, hvd, torch, tensors, set_name, local_value, average_value, log):
     """--mode tensor or grouped: the synchronization alone, timed as the steps are."""
-    grads, step = setup_sync_only(hvd, torch, tensors, local_value, args.mode)
+    grads, step = setup_sync_only(hvd, torch, tensors, local_value, args.mode, args.op)
     numel = sum(g.numel() for g in grads)
     log("set %s: %d tensors, %.1f MB float32, %d ranks, %s synchronization only, %d warmup + %d "
         "timed iterations" % (set_name, len(tensors), numel * 4 / 1e6, comm.Get_size(),
                               args.mode, args.warmup, args.iters))
 
+    # Every rank's tensor is a multiple of the same one, and Adasum combines parallel vectors
+    # into their mean too, up to rounding: its coefficients are not powers of two.
+    tolerance = 0.0 if args.op == "Average" else 1e-5 * average_value
+
     def check():
         for (name, _), g in zip(tensors, grads):
-            if not bool(torch.all(g == average_value)):
+            if not bool(torch.all((g - average_value).abs() <= tolerance)):
                 raise RuntimeError("%s %s: %s is e.g. %r, expected %r" % (
                     args.framework, args.mode, name, g.flatten()[0].item(), average_value))
 
@@ -485,7 +497,7 @@ def sync_only_main(args, comm, hvd, torch, tensors, set_name, local_value, avera
         "iters": args.iters, "step_ms": sync["median"], "step_ms_p90": sync["p90"],
         "base_ms": 0.0, "base_ms_p90": 0.0, "busy_base_ms": 0.0, "busy_base_ms_p90": 0.0,
         "sync_ms": sync["median"], "sync_ms_p90": sync["p90"], "tag": args.tag,
-        "mode": args.mode,
+        "mode": args.mode, "op": args.op,
     }
     log("%s synchronization %.1f ms (median)" % (args.mode, sync["median"]))
     print(json.dumps(record), flush=True)

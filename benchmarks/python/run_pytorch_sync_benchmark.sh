@@ -22,6 +22,7 @@
 #   --ranks LIST         comma list of rank counts (2,4)
 #   --modes LIST         comma list of the benchmark's modes (step; tensor and grouped time the
 #                        synchronization alone through Horovod's API, for gradsync and horovod)
+#   --op OP              Horovod's reduce op of the tensor and grouped modes (Average; Adasum)
 #   --reps N             repetitions (3)
 #   --iters N            timed iterations per run, passed to the benchmark (20)
 #   --warmup N           untimed iterations per run, passed to the benchmark (3)
@@ -49,6 +50,7 @@ frameworks=gradsync,horovod,ddp,gradsync-ddp
 sets=resnet50,bert_base
 ranks=2,4
 modes=step
+op=Average
 reps=3
 iters=20
 warmup=3
@@ -67,6 +69,7 @@ while [[ $# -gt 0 ]]; do
     --sets) sets=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
     --modes) modes=$2; shift 2 ;;
+    --op) op=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
@@ -126,7 +129,7 @@ for ((rep = 1; rep <= reps; rep++)); do
               mpirun -np "$np" --oversubscribe --bind-to none "${extra[@]}" \
               "$(python_for "$fw")" "$bench" --framework "$fw" --set "$set_name" \
               --data-dir "$data_dir" --iters "$iters" --warmup "$warmup" --tag "rep$rep" \
-              --mode "$mode" | tee -a "$out"; then
+              --mode "$mode" $([[ $mode != step ]] && echo --op "$op") | tee -a "$out"; then
             echo "FAILED (exit ${PIPESTATUS[0]}): $fw, $set_name, $np ranks, $mode, rep $rep" >&2
             failures=$((failures + 1))
           fi

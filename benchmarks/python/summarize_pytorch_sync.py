@@ -57,9 +57,13 @@ def ratio_cell(values, goal=None):
 
 
 def set_label(record):
-    """The set, with the mode of a synchronization-only run: such runs are grouped apart."""
+    """The set, with the mode (and an op other than Average) of a synchronization-only run: such
+    runs are grouped apart."""
     mode = record.get("mode", "step")
-    return record["set"] if mode == "step" else "%s (%s)" % (record["set"], mode)
+    if mode == "step":
+        return record["set"]
+    op = record.get("op", "Average")
+    return "%s (%s)" % (record["set"], mode if op == "Average" else mode + ", " + op)
 
 
 def main(paths):

@@ -123,6 +123,14 @@ void broadcast_state(::torch::nn::Module& module, int root, const ProcessSet& pr
 
 DistributedModule::DistributedModule(::torch::nn::Module& module, Options options)
     : module_(module), options_(std::move(options)) {
+  if (options_.op != ReduceOp::kAverage && options_.op != ReduceOp::kSum) {
+    // Others are not a gradient's reduction (Adasum of a flat bucket would weigh its gradients
+    // as one tensor).
+    throw Error(
+        Status::InvalidArgument("DistributedModule reduces gradients with kAverage or "
+                                "kSum, not " +
+                                ReduceOpName(options_.op)));
+  }
   // From the set's first member (a global rank: the global set's is 0).
   broadcast_state(module_, options_.process_set.ranks().front(), options_.process_set,
                   options_.name);

@@ -61,6 +61,31 @@ Status SumOverGroup(std::vector<double>* values, std::vector<double>* received, 
   return Status::OK();
 }
 
+// a.b, a.a and b.b over n elements, added to sums[0..2]. Four partial sums of each: a single
+// running sum would wait on its last addition at every element.
+template <typename T>
+void AddDotAndNorms(const T* a, const T* b, int64_t n, double* sums) {
+  double dot[4] = {0, 0, 0, 0}, aa[4] = {0, 0, 0, 0}, bb[4] = {0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 4 <= n; k += 4) {
+    for (int j = 0; j < 4; ++j) {
+      const double x = a[k + j], y = b[k + j];
+      dot[j] += x * y;
+      aa[j] += x * x;
+      bb[j] += y * y;
+    }
+  }
+  for (; k < n; ++k) {
+    const double x = a[k], y = b[k];
+    dot[0] += x * y;
+    aa[0] += x * x;
+    bb[0] += y * y;
+  }
+  sums[0] += (dot[0] + dot[1]) + (dot[2] + dot[3]);
+  sums[1] += (aa[0] + aa[1]) + (aa[2] + aa[3]);
+  sums[2] += (bb[0] + bb[1]) + (bb[2] + bb[3]);
+}
+
 // The coefficient of one side: 1 where that side is zero, so that the other is kept whole.
 double Coefficient(double dot, double norm_squared) {
   return norm_squared > 0 ? 1.0 - dot / (2.0 * norm_squared) : 1.0;
@@ -100,17 +125,10 @@ Status AdasumInPlace(T* data, int64_t count, const std::vector<ElementRange>& te
     for (size_t t = 0; t < tensors.size(); ++t) {
       const int64_t from = std::max(tensors[t].begin, keep.begin);
       const int64_t to = std::min(tensors[t].end, keep.end);
-      double dot = 0, aa = 0, bb = 0;
-      for (int64_t k = from; k < to; ++k) {
-        const double own = data[k], other = theirs[k - keep.begin];
-        const double a = lower ? own : other, b = lower ? other : own;
-        dot += a * b;
-        aa += a * a;
-        bb += b * b;
-      }
-      sums[3 * t] = dot;
-      sums[3 * t + 1] = aa;
-      sums[3 * t + 2] = bb;
+      if (from >= to) continue;
+      const T* own = data + from;
+      const T* other = theirs + (from - keep.begin);
+      AddDotAndNorms(lower ? own : other, lower ? other : own, to - from, &sums[3 * t]);
     }
     GRADSYNC_RETURN_IF_ERROR(SumOverGroup(&sums, &received, rank, level, comm));
     for (size_t t = 0; t < tensors.size(); ++t) {
@@ -121,9 +139,10 @@ Status AdasumInPlace(T* data, int64_t count, const std::vector<ElementRange>& te
       const double b_coefficient = Coefficient(sums[3 * t], sums[3 * t + 2]);
       const double own_coefficient = lower ? a_coefficient : b_coefficient;
       const double other_coefficient = lower ? b_coefficient : a_coefficient;
-      for (int64_t k = from; k < to; ++k) {
-        data[k] =
-            static_cast<T>(own_coefficient * data[k] + other_coefficient * theirs[k - keep.begin]);
+      T* own = data + from;
+      const T* other = theirs + (from - keep.begin);
+      for (int64_t k = 0; k < to - from; ++k) {
+        own[k] = static_cast<T>(own_coefficient * own[k] + other_coefficient * other[k]);
       }
     }
     kept.push_back(keep);

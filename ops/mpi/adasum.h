@@ -13,7 +13,8 @@
 // level a rank keeps half of its span and trades the other half with its partner, so that the two
 // subtrees' vectors meet in slices spread over the 2d ranks of the level's group, which sum their
 // slices' dot products and norms by recursive doubling before each combines its slice. Each rank
-// sends about twice its data in all, as a ring allreduce does, in 2 log2(size) steps.
+// sends about twice its data in all, as a ring allreduce does, in 2 log2(size) steps, besides the
+// small exchanges of dot products (log2(2 level) at each level).
 //
 // Thread safety: called by the background thread only, with a communicator no other thread uses.
 #pragma once

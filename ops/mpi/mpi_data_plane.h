@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -135,10 +136,12 @@ class MpiDataPlane : public DataPlane {
   int64_t piece_bytes_ = 0;
   bool last_allreduce_shared_ = false;
   Timeline* timeline_;
-  // AllreduceAdasum's working memory, kept between buckets.
+  // AllreduceAdasum's working memory beside the fusion buffer (the partner's halves; a half
+  // precision tensor's 16-bit copy), kept between buckets.
   struct AdasumMemory {
-    std::vector<float> floats, float_scratch;
-    std::vector<double> doubles, double_scratch;
+    std::vector<float> float_scratch;
+    std::vector<double> double_scratch;
+    std::vector<uint16_t> narrow;
   } adasum_;
 };
 

@@ -3,6 +3,7 @@
 // and 4 ranks.
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -160,6 +161,16 @@ TEST_F(AdasumTest, ScalesApplyBeforeAndAfter) {
   for (int64_t i = 0; i < t.size(); ++i) {
     ASSERT_NEAR(t.Get(i), 0.25 * want[i], 1e-5 * (1 + std::fabs(want[i]))) << i;
   }
+  // Half precision is scaled in float32: a prescale past float16's range, undone afterwards.
+  HostTensor half(DataType::kFloat16, {300});
+  for (int64_t i = 0; i < half.size(); ++i) half.Set(i, Input(rank_, 3, i));
+  options.prescale = 1e5;
+  options.postscale = 1e-5;
+  ASSERT_TRUE(Succeeds(allreduce(half.view(), options)));
+  const Vector unscaled = Reference(size_, 3, half.size());
+  for (int64_t i = 0; i < half.size(); ++i) {
+    ASSERT_NEAR(half.Get(i), unscaled[i], 3e-2 * (1 + std::fabs(unscaled[i]))) << i;
+  }
 }
 
 // A training loop's steps: the same names every step, which the loop locks after a few.
@@ -187,6 +198,58 @@ TEST_F(AdasumTest, StepAfterStepNegotiatedAndLocked) {
       }
     }
   }
+}
+
+// Small tensors a batch would otherwise bucket together: each is combined as itself.
+TEST_F(AdasumTest, ABatchCombinesEachTensorAsItself) {
+  const std::vector<int64_t> sizes{16, 5, 64, 1};
+  std::vector<std::unique_ptr<HostTensor>> tensors;
+  std::vector<TensorView> views;
+  AllreduceBatchOptions options;
+  options.op = ReduceOp::kAdasum;
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    tensors.push_back(
+        std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{sizes[t]}));
+    views.push_back(tensors.back()->view());
+    options.names.push_back("adasum.batch." + std::to_string(t));
+  }
+  AllreduceBatch batch(views, options);
+  for (int step = 0; step < 3; ++step) {
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      const int seed = 20 + static_cast<int>(t) + step;
+      for (int64_t i = 0; i < sizes[t]; ++i) tensors[t]->Set(i, Input(rank_, seed, i));
+      batch.start(t, tensors[t]->data());
+    }
+    batch.wait();
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      const Vector want = Reference(size_, 20 + static_cast<int>(t) + step, sizes[t]);
+      for (int64_t i = 0; i < sizes[t]; ++i) {
+        ASSERT_NEAR(tensors[t]->Get(i), want[i], 1e-5 * (1 + std::fabs(want[i])))
+            << "step " << step << ", tensor " << t << ", element " << i;
+      }
+    }
+  }
+}
+
+// A joined rank takes part with zeros, which leave the other side of each pair as it is.
+TEST_F(AdasumTest, JoinedRanksLeaveTheOthersResultAsItIs) {
+  const bool runs = rank_ < std::max(1, size_ / 2);
+  HostTensor t(DataType::kFloat64, {90});
+  for (int64_t i = 0; i < t.size(); ++i) t.Set(i, Input(rank_, 9, i));
+  if (runs) {
+    AllreduceOptions options;
+    options.op = ReduceOp::kAdasum;
+    options.name = "adasum.joined";
+    ASSERT_TRUE(Succeeds(allreduce(t.view(), options)));
+  }
+  join();
+  if (!runs) return;
+  std::vector<Vector> of_rank(static_cast<size_t>(size_), Vector(90, 0.0));
+  for (int r = 0; r < std::max(1, size_ / 2); ++r) {
+    for (int64_t i = 0; i < 90; ++i) of_rank[r][i] = Input(r, 9, i);
+  }
+  const Vector want = Tree(of_rank);
+  for (int64_t i = 0; i < 90; ++i) ASSERT_NEAR(t.Get(i), want[i], 1e-12 * (1 + std::fabs(want[i])));
 }
 
 TEST_F(AdasumTest, RefusesWhatItCannotCombine) {

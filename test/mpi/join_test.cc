@@ -78,7 +78,7 @@ TEST_F(JoinTest, UnevenStepsReduceOverTheRanksStillRunning) {
           want = 1;
           for (int r : running) want *= r + 1;
           break;
-        case ReduceOp::kAdasum:  // adasum_test joins ranks of its own
+        case ReduceOp::kAdasum:  // not among the cases (adasum_test has its joined ranks)
           break;
       }
       if (cases[c].second == DataType::kInt32 || cases[c].second == DataType::kInt64) {

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import gradsync.torch as hvd
+from test_training import assert_replicas_equal
 
 
 def combine(a, b):
@@ -96,9 +97,7 @@ def test_optimizer_combines_the_ranks_steps(rank, size):
                 change = tree([-lr * g[i].flatten() for g in per_rank])
                 p.add_(change.view_as(p))
         assert torch.allclose(flat(model), flat(reference), atol=1e-12), "step %d" % step
-    gathered = hvd.allgather(flat(model).unsqueeze(0), name="adasum.py.replicas")
-    for row in gathered:
-        assert torch.equal(row, gathered[0])
+    assert_replicas_equal(flat(model))
 
 
 @pytest.mark.parametrize("optimizer_class,kwargs", [
@@ -131,3 +130,37 @@ def test_optimizer_refuses_groups():
     with pytest.raises(ValueError, match="Adasum"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum,
                                  num_groups=2)
+
+
+def test_synchronize_before_step_steps_once_and_skipping_it_is_refused():
+    """As Horovod's: the step applies the changes, so synchronize() does nothing and a step after
+    it is still one step; skip_synchronize() cannot be honoured and says so."""
+    model, alone = make_model(), make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                         named_parameters=model.named_parameters(), op=hvd.Adasum)
+    local = torch.optim.SGD(alone.parameters(), lr=0.1, momentum=0.9)
+    for step in range(2):
+        x, y = batch(step, 0)
+        for m, opt in ((model, optimizer), (alone, local)):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+        optimizer.synchronize()
+        optimizer.step()
+        local.step()
+        assert torch.allclose(flat(model), flat(alone), atol=1e-10), "step %d" % step
+    with pytest.raises(AssertionError, match="Adasum"):
+        with optimizer.skip_synchronize():
+            pass
+
+
+def test_what_adasum_cannot_do_is_refused():
+    with pytest.raises(NotImplementedError, match="Sum and Average"):
+        hvd.allreduce(torch.ones(3, requires_grad=True), op=hvd.Adasum)
+    with pytest.raises(NotImplementedError, match="Sum and Average"):
+        hvd.grouped_allreduce([torch.ones(3, requires_grad=True)], op=hvd.Adasum)
+    model = make_model()
+    with pytest.raises(ValueError, match="LBFGS"):
+        hvd.DistributedOptimizer(torch.optim.LBFGS(model.parameters()), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="floating-point"):
+        hvd.DistributedOptimizer(torch.optim.SGD([torch.zeros(2, dtype=torch.int64)], lr=1),
+                                 op=hvd.Adasum)

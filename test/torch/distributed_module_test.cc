@@ -277,6 +277,14 @@ TEST_F(DistributedModuleTest, WhatCannotBeAViewIsRefused) {
                          StatusCode::kInvalidArgument, "one dtype and device"));
 }
 
+TEST_F(DistributedModuleTest, OnlyAveragesAndSumsReduceGradients) {
+  Net net;
+  torch::Options options = ViewOptions("refused.adasum");
+  options.op = ReduceOp::kAdasum;
+  EXPECT_TRUE(ThrowsWith([&] { torch::DistributedModule sync(net, options); },
+                         StatusCode::kInvalidArgument, "kAverage or kSum, not adasum"));
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace gradsync

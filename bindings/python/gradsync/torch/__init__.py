@@ -1,8 +1,7 @@
 """``horovod.torch``'s API over gradsync: ``import gradsync.torch as hvd`` runs Horovod scripts.
 
-What gradsync has no counterpart for (Adasum) raises an error that says so. CUDA
-tensors go through the device data plane (NCCL, or MPI staged through host memory) in a build with
-CUDA, and their outputs stay on their device.
+CUDA tensors go through the device data plane (NCCL, or MPI staged through host memory) in a
+build with CUDA, and their outputs stay on their device.
 """
 
 from gradsync import GradsyncError, GradsyncInternalError, GradsyncValueError

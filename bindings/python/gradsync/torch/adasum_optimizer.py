@@ -1,10 +1,13 @@
 """DistributedOptimizer(op=Adasum): Horovod's Adasum optimizer, which combines the ranks' steps."""
 
+import contextlib
+
 import torch
 
+from gradsync import _core
 from gradsync.torch import mpi_ops
 from gradsync.torch.grad_hooks import register_grad_ready_hook
-from gradsync.torch.optimizer import _names_of
+from gradsync.torch.optimizer import _DistributedOptimizer, _mixed_into, _names_of
 from gradsync.torch.process_sets import global_process_set
 
 
@@ -21,17 +24,32 @@ class _DistributedAdasumOptimizer:
     on a rank takes part with no change there.
 
     Adasum combines host tensors (parameters on the CPU), over a process set of a power-of-two
-    size; a rank outside ``process_set`` steps on its own.
+    size; a rank outside ``process_set`` steps on its own. As under Horovod, the step happens in
+    backward, so nothing between backward and ``step()`` changes it (gradient clipping, a
+    ``GradScaler``'s unscaling), ``synchronize()`` does nothing and ``skip_synchronize()`` raises.
     """
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
                  process_set):
         super(self.__class__, self).__init__(params)
         all_params = [p for g in self.param_groups for p in g["params"]]
+        if isinstance(self, torch.optim.LBFGS):
+            raise ValueError("op=Adasum steps each parameter alone, which LBFGS cannot do")
         on_device = [p for p in all_params if p.device.type != "cpu"]
         if on_device:
             raise ValueError("op=Adasum combines host tensors; %d parameters are on %s"
                              % (len(on_device), on_device[0].device))
+        not_floating = [p for p in all_params if not p.is_floating_point()]
+        if not_floating:
+            raise ValueError("op=Adasum combines floating-point parameters, not %s"
+                             % not_floating[0].dtype)
+        # Checked here where it can be (after init()); the enqueue refuses it otherwise.
+        set_size = 1
+        if _core.is_initialized() and process_set.process_set_id is not None:
+            set_size = process_set.size() if process_set.included() else 1
+        if set_size & (set_size - 1):
+            raise ValueError("op=Adasum needs a process set of a power-of-two size, not %d"
+                             % set_size)
         self._names = _names_of(self.param_groups, named_parameters)
         self._parameter_names = {p: self._names[id(p)] for p in all_params}
         self._compression = compression
@@ -76,10 +94,16 @@ class _DistributedAdasumOptimizer:
             if not self._member():
                 self._handles[id(p)] = (None, None, None)
                 return
-            p.sub_(start)  # the step's change, combined in place
-            compressed, ctx = self._compression.compress(p)
-            handle = mpi_ops.allreduce_async_(compressed, name="adasum." + self._names[id(p)],
-                                              op=mpi_ops.Adasum, process_set=self._process_set)
+            # The step's change, combined in place where the parameter is contiguous.
+            change = p.sub_(start) if p.is_contiguous() else (p - start).contiguous()
+            try:
+                compressed, ctx = self._compression.compress(change)
+                handle = mpi_ops.allreduce_async_(
+                    compressed, name="adasum." + self._names[id(p)], op=mpi_ops.Adasum,
+                    process_set=self._process_set)
+            except BaseException:
+                p.copy_(start)  # back where it stood: the step did not happen
+                raise
         self._handles[id(p)] = (handle, ctx, compressed)
 
     def _step_only(self, p):
@@ -94,6 +118,15 @@ class _DistributedAdasumOptimizer:
                 group["params"] = params
 
     def synchronize(self):
+        """Nothing: the step applies the combined changes (Horovod's Adasum optimizer's rule)."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        raise AssertionError("Skipping synchronization is not supported when using Adasum "
+                             "optimizer.")
+        yield  # pylint: disable=unreachable
+
+    def _apply_changes(self):
         """Steps and enqueues what backward did not, and applies every combined change."""
         for p in self._requires_update:
             if id(p) not in self._handles:
@@ -110,22 +143,16 @@ class _DistributedAdasumOptimizer:
 
     def step(self, closure=None):
         loss = closure() if closure is not None else None
-        self.synchronize()
+        self._apply_changes()
         return loss
 
-    def zero_grad(self, *args, **kwargs):
-        if self._handles:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
-                                 "before optimizer.step() or optimizer.synchronize(). This is "
-                                 "prohibited as it can cause a race condition.")
-        return super(self.__class__, self).zero_grad(*args, **kwargs)
+    # Refused while changes are in flight, as the plain form refuses it.
+    zero_grad = _DistributedOptimizer.zero_grad
 
 
 def adasum_optimizer(optimizer, named_parameters, compression, backward_passes_per_step,
                      process_set=global_process_set):
     """``optimizer``'s class with the Adasum mixin, over its parameter groups."""
-    methods = {k: v for k, v in _DistributedAdasumOptimizer.__dict__.items()
-               if k not in ("__dict__", "__weakref__")}
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
+    cls = _mixed_into(_DistributedAdasumOptimizer, optimizer)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
                process_set)

@@ -8,8 +8,8 @@ from gradsync import _core
 from gradsync.torch.compression import Compression
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
-from gradsync.torch.wire import (_CORE_OPS, _DEVICE_CPU, _DEVICE_CUDA, _DTYPES, Average, Max, Min,
-                                 Product, _args, _check, _consumer, _device, _name, _op_of, _ready_stream,
+from gradsync.torch.wire import (_CORE_OPS, _DEVICE_CPU, _DEVICE_CUDA, _DTYPES, Adasum, Average,
+                                 Max, Min, Product, _args, _check, _consumer, _device, _name, _op_of, _ready_stream,
                                  _stream_of, _to_wire, _wire_op)
 
 
@@ -106,12 +106,16 @@ class _Allreduce(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
+# Ops whose gradient is not the same reduction of the output's gradient.
+_NOT_DIFFERENTIABLE = (Min, Max, Product, Adasum)
+
+
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Returns ``tensor`` reduced over the ranks (Average by default); differentiable."""
     op = _op_of(op, average)
     compressed, ctx = compression.compress(tensor)
-    if op in (Min, Max, Product) and compressed.requires_grad:
+    if op in _NOT_DIFFERENTIABLE and compressed.requires_grad:
         raise NotImplementedError("the gradient of allreduce is defined for Sum and Average only")
     reduced = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor,
                                process_set)
@@ -216,6 +220,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     if not tensors:
         return []
     compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
+    if op in _NOT_DIFFERENTIABLE and any(t.requires_grad for t in compressed):
+        raise NotImplementedError("the gradient of allreduce is defined for Sum and Average only")
     reduced = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set,
                                       *compressed)
     return [compression.decompress(t, c) for t, c in zip(reduced, ctxs)]

@@ -19,6 +19,14 @@ from gradsync.torch.wire import (_CORE_OPS, _name, _note_producer, _release_afte
 _IN_BATCH = (None, None)
 
 
+def _mixed_into(mixin, optimizer):
+    """``optimizer``'s class with ``mixin``'s methods, under the same name, so that ``isinstance``
+    and ``state_dict`` hold."""
+    # The mixin's own attributes, less the instance-dict descriptors that belong to its class.
+    methods = {k: v for k, v in mixin.__dict__.items() if k not in ("__dict__", "__weakref__")}
+    return type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
+
+
 def _names_of(param_groups, named_parameters):
     """Parameter id -> the name its reduction goes by: from ``named_parameters`` (which must
     hold every parameter of the groups, each name once), else from its position."""
@@ -334,10 +342,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             raise ValueError("op=Adasum takes no gradient_predivide_factor, num_groups or groups")
         return adasum_optimizer(optimizer, named_parameters, compression,
                                 backward_passes_per_step, process_set)
-    # The mixin's own attributes, less the instance-dict descriptors that belong to its class.
-    methods = {k: v for k, v in _DistributedOptimizer.__dict__.items()
-               if k not in ("__dict__", "__weakref__")}
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
+    cls = _mixed_into(_DistributedOptimizer, optimizer)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
                op, gradient_predivide_factor, groups if groups is not None else num_groups,
                sparse_as_dense, process_set)

@@ -161,7 +161,8 @@ def _wire_op(dtype, op):
         return Max
     if op in (Min, Product):
         return Min
-    raise ValueError("op=Average is not defined for bool tensors; use Sum (or) or Min (and)")
+    raise ValueError("op=%s is not defined for bool tensors; use Sum (or) or Min (and)"
+                     % ("Adasum" if op == Adasum else "Average"))
 
 
 def _output_tensor(h, dtype):

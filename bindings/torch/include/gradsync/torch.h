@@ -51,7 +51,7 @@ namespace torch {
 enum class Compression { kNone, kFloat16, kBFloat16 };
 
 struct Options {
-  // kAverage (the mean over ranks, as DDP) or kSum.
+  // kAverage (the mean over ranks, as DDP) or kSum; the constructor refuses others.
   ReduceOp op = ReduceOp::kAverage;
   // Gradients are grouped into buckets of about this many bytes (DDP's bucket_cap_mb).
   int64_t bucket_bytes = int64_t{25} << 20;
