@@ -148,6 +148,21 @@ TEST_F(AdasumTest, OrthogonalAddUpEqualStayAndZeroChangesNothing) {
   }
 }
 
+// Out of place: the result lands in the output, the input stays as it was.
+TEST_F(AdasumTest, OutOfPlaceLeavesTheInput) {
+  HostTensor in(DataType::kFloat64, {77});
+  HostTensor out(DataType::kFloat64, {77});
+  for (int64_t i = 0; i < in.size(); ++i) in.Set(i, Input(rank_, 4, i));
+  AllreduceOptions options;
+  options.op = ReduceOp::kAdasum;
+  ASSERT_TRUE(Succeeds(allreduce(in.view(), out.view(), options)));
+  const Vector want = Reference(size_, 4, in.size());
+  for (int64_t i = 0; i < in.size(); ++i) {
+    ASSERT_EQ(in.Get(i), Input(rank_, 4, i)) << i;
+    ASSERT_NEAR(out.Get(i), want[i], 1e-12 * (1 + std::fabs(want[i]))) << i;
+  }
+}
+
 // Adasum is homogeneous: a prescale of 2 doubles the result, and the postscale applies after.
 TEST_F(AdasumTest, ScalesApplyBeforeAndAfter) {
   HostTensor t(DataType::kFloat32, {300});
