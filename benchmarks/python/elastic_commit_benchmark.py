@@ -19,7 +19,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pytorch_sync_benchmark import build_model, parse_gradient_set, resolve_set  # noqa: E402
+from gradient_sets import parse_gradient_set, resolve_set  # noqa: E402
+from pytorch_sync_benchmark import build_model  # noqa: E402
 
 
 def main():
