@@ -23,12 +23,6 @@ MPI_Datatype MpiTypeOf<double>() {
   return MPI_DOUBLE;
 }
 
-struct Span {
-  int64_t begin = 0;
-  int64_t end = 0;
-  int64_t size() const { return end - begin; }
-};
-
 // Sends `send` elements from `out` to `partner` while receiving `receive` into `in`, in messages
 // MPI's int counts can carry.
 template <typename T>
@@ -108,16 +102,18 @@ Status AdasumInPlace(T* data, int64_t count, const std::vector<ElementRange>& te
   // Per tensor: the lower subtree's vector a and the upper's b give a.b, a.a and b.b.
   std::vector<double> sums(3 * tensors.size());
   std::vector<double> received;
-  std::vector<Span> kept, given;  // per level, for the way back
-  Span mine{0, count};
+  std::vector<ElementRange> kept, given;  // per level, for the way back
+  ElementRange mine{0, count};
   for (int level = 1; level < size; level <<= 1) {
     // The partner differs only in this bit, so it has been through the same halvings: its span is
     // this rank's.
     const int partner = rank ^ level;
     const bool lower = (rank & level) == 0;
     const int64_t middle = mine.begin + mine.size() / 2;
-    const Span keep = lower ? Span{mine.begin, middle} : Span{middle, mine.end};
-    const Span give = lower ? Span{middle, mine.end} : Span{mine.begin, middle};
+    const ElementRange keep =
+        lower ? ElementRange{mine.begin, middle} : ElementRange{middle, mine.end};
+    const ElementRange give =
+        lower ? ElementRange{middle, mine.end} : ElementRange{mine.begin, middle};
     T* theirs = scratch->data();  // the partner's part of `keep`
     GRADSYNC_RETURN_IF_ERROR(
         Trade(data + give.begin, give.size(), theirs, keep.size(), partner, comm));

@@ -25,14 +25,9 @@
 #include <vector>
 
 #include "gradsync/status.h"
+#include "ops/element_range.h"
 
 namespace gradsync {
-
-// Tensor t of a packed bucket: elements [begin, end).
-struct ElementRange {
-  int64_t begin = 0;
-  int64_t end = 0;
-};
 
 // Replaces `count` elements at `data` (float or double), the packed tensors `tensors` (ascending,
 // disjoint, within [0, count)), by their Adasum over every rank of `comm`, whose size must be a

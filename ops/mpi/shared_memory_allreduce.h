@@ -15,16 +15,10 @@
 
 #include "gradsync/status.h"
 #include "gradsync/types.h"
+#include "ops/element_range.h"
 #include "ops/mpi/node_shared_memory.h"
 
 namespace gradsync {
-
-// Elements [begin, end) of a bucket.
-struct ElementRange {
-  int64_t begin = 0;
-  int64_t end = 0;
-  int64_t size() const { return end - begin; }
-};
 
 // Part `part` of `count` elements of `elem_size` bytes cut into `parts` nearly equal parts. Inner
 // boundaries fall on 64-byte multiples, so no two ranks write one cache line, and the same inputs
