@@ -13,11 +13,9 @@ namespace {
 
 // What Adasum (ops/mpi/adasum.h) combines: floating-point host tensors, over a power-of-two set.
 Status CheckAdasum(const TensorView& input, int set_size) {
-  const DataType dtype = input.dtype;
-  if (dtype != DataType::kFloat16 && dtype != DataType::kBFloat16 && dtype != DataType::kFloat32 &&
-      dtype != DataType::kFloat64) {
+  if (!IsFloatingPoint(input.dtype)) {
     return Status::InvalidArgument("Adasum reduces floating-point tensors, not " +
-                                   DataTypeName(dtype));
+                                   DataTypeName(input.dtype));
   }
   if (input.device.kind != DeviceKind::kCpu) {
     return Status::InvalidArgument("Adasum reduces host tensors; this one is on " +

@@ -21,13 +21,13 @@ Status AdasumPacked(const std::vector<TensorEntry*>& entries, const ReduceSpec& 
                     T* packed, std::vector<T>* scratch) {
   auto* bytes = reinterpret_cast<char*>(packed);
   for (size_t t = 0; t < entries.size(); ++t) {
-    CopyEntryIn(*entries[t], 0, tensors[t].end - tensors[t].begin, spec.prescale,
+    CopyEntryIn(*entries[t], 0, tensors[t].size(), spec.prescale,
                 bytes + tensors[t].begin * static_cast<int64_t>(sizeof(T)));
   }
   GRADSYNC_RETURN_IF_ERROR(AdasumInPlace(packed, total, tensors, comm, scratch));
   for (size_t t = 0; t < entries.size(); ++t) {
-    CopyEntryOut(bytes + tensors[t].begin * static_cast<int64_t>(sizeof(T)), 0,
-                 tensors[t].end - tensors[t].begin, spec.postscale, *entries[t]);
+    CopyEntryOut(bytes + tensors[t].begin * static_cast<int64_t>(sizeof(T)), 0, tensors[t].size(),
+                 spec.postscale, *entries[t]);
   }
   return Status::OK();
 }
@@ -41,7 +41,7 @@ Status AdasumWidened(const std::vector<TensorEntry*>& entries, const ReduceSpec&
   const auto prescale = static_cast<float>(spec.prescale);
   const auto postscale = static_cast<float>(spec.postscale);
   for (size_t t = 0; t < entries.size(); ++t) {
-    const int64_t n = tensors[t].end - tensors[t].begin;
+    const int64_t n = tensors[t].size();
     narrow->resize(static_cast<size_t>(n));
     CopyEntryIn(*entries[t], 0, n, 1.0, reinterpret_cast<char*>(narrow->data()));
     float* to = wide + tensors[t].begin;
@@ -51,7 +51,7 @@ Status AdasumWidened(const std::vector<TensorEntry*>& entries, const ReduceSpec&
   }
   GRADSYNC_RETURN_IF_ERROR(AdasumInPlace(wide, total, tensors, comm, scratch));
   for (size_t t = 0; t < entries.size(); ++t) {
-    const int64_t n = tensors[t].end - tensors[t].begin;
+    const int64_t n = tensors[t].size();
     narrow->resize(static_cast<size_t>(n));
     const float* from = wide + tensors[t].begin;
     for (int64_t k = 0; k < n; ++k) {

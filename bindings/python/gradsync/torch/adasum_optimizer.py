@@ -79,10 +79,7 @@ class _DistributedAdasumOptimizer:
         if delay == 1:
             self._enqueue(p)
 
-    def _member(self):
-        if self._is_member is None:
-            self._is_member = self._process_set.included()
-        return self._is_member
+    _member = _DistributedOptimizer._member
 
     def _enqueue(self, p):
         start = self._starts.get(id(p))
