@@ -127,7 +127,19 @@ def free_port():
         return s.getsockname()[1]
 
 
-def setup_ddp(torch, comm, model, lr):
+def register_comm_hook(ddp, args):
+    """--comm-hook powersgd: PyTorch's PowerSGD hook and state, the same objects for either
+    wrapper (gradsync's runs them as its own)."""
+    if args.comm_hook == "none":
+        return
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+    state = powersgd.PowerSGDState(process_group=None,
+                                   matrix_approximation_rank=args.powersgd_rank,
+                                   start_powerSGD_iter=2)
+    ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+
+
+def setup_ddp(torch, comm, model, args):
     import torch.distributed as dist
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", comm.Get_rank()))
     size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", comm.Get_size()))
@@ -136,15 +148,17 @@ def setup_ddp(torch, comm, model, lr):
     port = comm.bcast(free_port() if rank == 0 else None, root=0)
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port,
                             rank=rank, world_size=size)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)  # default 25 MB buckets
-    return make_step(ddp, torch.optim.SGD(ddp.parameters(), lr=lr))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+    register_comm_hook(ddp, args)
+    return make_step(ddp, torch.optim.SGD(ddp.parameters(), lr=args.lr))
 
 
-def setup_gradsync_ddp(torch, model, lr):
+def setup_gradsync_ddp(torch, model, args):
     import gradsync.torch as gs
     gs.init()
-    ddp = gs.DistributedDataParallel(model)
-    return make_step(ddp, torch.optim.SGD(ddp.parameters(), lr=lr))
+    ddp = gs.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+    register_comm_hook(ddp, args)
+    return make_step(ddp, torch.optim.SGD(ddp.parameters(), lr=args.lr))
 
 
 def framework_module(framework):
@@ -284,6 +298,13 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default: 0.01)")
     p.add_argument("--op", choices=("Average", "Adasum"), default="Average",
                    help="Horovod's reduce op of --mode tensor and grouped (default: Average)")
+    p.add_argument("--comm-hook", choices=("none", "powersgd"), default="none",
+                   help="the DDP wrappers' communication hook: PyTorch's PowerSGD hook and state, "
+                        "compressing from the third step (default: none)")
+    p.add_argument("--bucket-cap-mb", type=float, default=25,
+                   help="the DDP wrappers' bucket_cap_mb (default: 25, DDP's)")
+    p.add_argument("--powersgd-rank", type=int, default=1,
+                   help="PowerSGD's matrix_approximation_rank (default: 1)")
     p.add_argument("--tag", default="", help="copied into the JSON line (e.g. a repetition)")
     p.add_argument("--check", action="store_true",
                    help="only report whether the framework can be imported (exit 0 if so)")
@@ -292,6 +313,8 @@ def parse_args(argv):
         p.error("--iters and --warmup must be at least 1 (the first warmup step checks results)")
     if args.op != "Average" and args.mode == "step":
         p.error("--op %s needs --mode tensor or grouped" % args.op)
+    if args.comm_hook != "none" and args.framework not in ("ddp", "gradsync-ddp"):
+        p.error("--comm-hook needs a DDP wrapper: --framework ddp or gradsync-ddp")
     if args.mode != "step" and args.framework not in ("gradsync", "horovod"):
         p.error("--mode %s needs Horovod's API: --framework gradsync or horovod" % args.mode)
     return args
@@ -360,10 +383,10 @@ def main(argv):
         hvd = mod
         sync_step = setup_horovod_api(mod, torch, model, args.lr)
     elif args.framework == "ddp":
-        sync_step = setup_ddp(torch, comm, model, args.lr)
+        sync_step = setup_ddp(torch, comm, model, args)
     else:
         hvd = mod
-        sync_step = setup_gradsync_ddp(torch, model, args.lr)
+        sync_step = setup_gradsync_ddp(torch, model, args)
 
     def check_both():
         check_baseline()
@@ -397,7 +420,8 @@ def main(argv):
             "busy_base_ms": idle["median"], "busy_base_ms_p90": idle["p90"],
             "sync_ms": round(step["median"] - base["median"], 3),
             "sync_ms_p90": round(step["p90"] - base["median"], 3),
-            "tag": args.tag, "mode": "step",
+            "tag": args.tag, "mode": "step", "comm_hook": args.comm_hook,
+            "bucket_cap_mb": args.bucket_cap_mb,
         }
         log("step %.1f ms, baseline %.1f ms (%.1f ms beside the framework), sync %.1f ms "
             "(medians)" % (step["median"], base["median"], idle["median"], record["sync_ms"]))

@@ -23,6 +23,9 @@
 #   --modes LIST         comma list of the benchmark's modes (step; tensor and grouped time the
 #                        synchronization alone through Horovod's API, for gradsync and horovod)
 #   --op OP              Horovod's reduce op of the tensor and grouped modes (Average; Adasum)
+#   --comm-hook HOOK     the DDP wrappers' communication hook (none; powersgd: PyTorch's PowerSGD
+#                        hook and state on both); with one, only ddp and gradsync-ddp run
+#   --bucket-cap-mb MB   the DDP wrappers' bucket_cap_mb (25)
 #   --reps N             repetitions (3)
 #   --iters N            timed iterations per run, passed to the benchmark (20)
 #   --warmup N           untimed iterations per run, passed to the benchmark (3)
@@ -51,6 +54,8 @@ sets=resnet50,bert_base
 ranks=2,4
 modes=step
 op=Average
+comm_hook=none
+bucket_cap_mb=25
 reps=3
 iters=20
 warmup=3
@@ -70,6 +75,8 @@ while [[ $# -gt 0 ]]; do
     --ranks) ranks=$2; shift 2 ;;
     --modes) modes=$2; shift 2 ;;
     --op) op=$2; shift 2 ;;
+    --comm-hook) comm_hook=$2; shift 2 ;;
+    --bucket-cap-mb) bucket_cap_mb=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
@@ -121,6 +128,8 @@ for ((rep = 1; rep <= reps; rep++)); do
         for fw in "${order[@]}"; do
           # The synchronization-only modes use Horovod's API, which DDP does not have.
           if [[ $mode != step && $fw != gradsync && $fw != horovod ]]; then continue; fi
+          # A communication hook is the DDP wrappers' alone.
+          if [[ $comm_hook != none && $fw != ddp && $fw != gradsync-ddp ]]; then continue; fi
           echo "--- rep $rep: $fw, $set_name, $np ranks, $mode ($((SECONDS - start)) s so far)" >&2
           cpu_pair
           # The JSON line goes to the results file; a failed or timed-out run is reported and
@@ -129,7 +138,9 @@ for ((rep = 1; rep <= reps; rep++)); do
               mpirun -np "$np" --oversubscribe --bind-to none "${extra[@]}" \
               "$(python_for "$fw")" "$bench" --framework "$fw" --set "$set_name" \
               --data-dir "$data_dir" --iters "$iters" --warmup "$warmup" --tag "rep$rep" \
-              --mode "$mode" $([[ $mode != step ]] && echo --op "$op") | tee -a "$out"; then
+              --mode "$mode" $([[ $mode != step ]] && echo --op "$op") \
+              --bucket-cap-mb "$bucket_cap_mb" \
+              $([[ $comm_hook != none ]] && echo --comm-hook "$comm_hook") | tee -a "$out"; then
             echo "FAILED (exit ${PIPESTATUS[0]}): $fw, $set_name, $np ranks, $mode, rep $rep" >&2
             failures=$((failures + 1))
           fi

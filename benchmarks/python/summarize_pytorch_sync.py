@@ -57,11 +57,14 @@ def ratio_cell(values, goal=None):
 
 
 def set_label(record):
-    """The set, with the mode (and an op other than Average) of a synchronization-only run: such
-    runs are grouped apart."""
+    """The set, with the mode (and an op other than Average) of a synchronization-only run, or
+    the DDP wrappers' communication hook and bucket size: such runs are grouped apart."""
     mode = record.get("mode", "step")
     if mode == "step":
-        return record["set"]
+        notes = [record["comm_hook"]] if record.get("comm_hook", "none") != "none" else []
+        if record.get("bucket_cap_mb", 25) != 25:
+            notes.append("%g MB buckets" % record["bucket_cap_mb"])
+        return record["set"] if not notes else "%s (%s)" % (record["set"], ", ".join(notes))
     op = record.get("op", "Average")
     return "%s (%s)" % (record["set"], mode if op == "Average" else mode + ", " + op)
 

@@ -309,7 +309,7 @@ def test_ddp_broadcast_buffers_before_forward(broadcast_buffers, rank, size):
 def test_ddp_broadcasts_buffers_coalesced_by_dtype(rank, size, monkeypatch):
     """BatchNorm's buffers (float statistics, an int64 counter) reach every rank from rank 0 in
     one broadcast per dtype, as PyTorch DDP coalesces them, not one per buffer."""
-    import gradsync.torch.ddp as ddp_module
+    import gradsync.torch.ddp_buffers as ddp_module
     inner = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4),
                                 torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
     model = hvd.DistributedDataParallel(inner)

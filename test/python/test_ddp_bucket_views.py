@@ -2,6 +2,8 @@
 there across steps, come back after zero_grad(set_to_none=True), and a model whose buckets cannot
 be flat falls back with a warning. test_ddp.py runs the wrapper's other cases with views too."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -91,13 +93,17 @@ class MixedDtypes(torch.nn.Module):
         return self.second(self.first(x).float()).double()
 
 
-def test_a_bucket_of_mixed_dtypes_falls_back_with_a_warning(rank, size):
-    with pytest.warns(UserWarning, match="gradient_as_bucket_view"):
+def test_a_model_of_mixed_dtypes_gets_a_bucket_for_each(rank, size):
+    """As PyTorch DDP's, a bucket holds one dtype: the parameters of each dtype are views into
+    buckets of their own, without the fallback's warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         model = hvd.DistributedDataParallel(MixedDtypes(), gradient_as_bucket_view=True)
+    assert len(model._buckets) == 2
     x, y = batch(0, rank)
     loss_of(model, x, y).backward()
     for name, p in model.module.named_parameters():
-        assert p.grad._base is None
+        assert p.grad._base is not None
         gathered = hvd.allgather(p.grad.unsqueeze(0), name="views.mixed." + name)
         assert torch.equal(gathered[0], gathered[-1])
 

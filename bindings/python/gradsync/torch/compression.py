@@ -60,17 +60,13 @@ class Compression:
 
 def compression_of_comm_hook(hook):
     """The compression that does what one of PyTorch DDP's built-in communication hooks does, for
-    ``DistributedDataParallel.register_comm_hook``; ValueError for any other hook."""
-    builtin = {}
-    if torch.distributed.is_available():
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        builtin = {getattr(default_hooks, name, None): compression
-                   for name, compression in (("allreduce_hook", Compression.none),
-                                             ("fp16_compress_hook", Compression.fp16),
-                                             ("bf16_compress_hook", Compression.bf16))}
-    if hook is None or hook not in builtin:
-        raise ValueError("gradsync's DistributedDataParallel takes DDP's allreduce_hook, "
-                         "fp16_compress_hook and bf16_compress_hook "
-                         "(torch.distributed.algorithms.ddp_comm_hooks.default_hooks) as its "
-                         "compression, and no other communication hook: %r" % (hook,))
-    return builtin[hook]
+    ``DistributedDataParallel.register_comm_hook``; None for any other hook."""
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    for name, compression in (("allreduce_hook", Compression.none),
+                              ("fp16_compress_hook", Compression.fp16),
+                              ("bf16_compress_hook", Compression.bf16)):
+        if hook is getattr(default_hooks, name, None):
+            return compression
+    return None

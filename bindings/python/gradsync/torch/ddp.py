@@ -10,14 +10,16 @@ import torch
 
 from gradsync import _core
 from gradsync.torch.allreduce import allreduce, allreduce_async_, grouped_allreduce_async_
-from gradsync.torch.broadcast import broadcast_async_
 from gradsync.torch.bucket_views import BucketViews
+from gradsync.torch.comm_hooks import HookRunner
 from gradsync.torch.compression import Compression, compression_of_comm_hook
 from gradsync.torch.ddp_buckets import buckets_of
+from gradsync.torch.ddp_buffers import broadcast_buffers, hand_over_buffers
 from gradsync.torch.functions import broadcast_parameters
 from gradsync.torch.grad_hooks import _weakly, queue_end_of_backward, register_grad_ready_hook
 from gradsync.torch.gradient_batch import GradientBatch
-from gradsync.torch.handles import _results_in_turn, _synchronize_all, synchronize
+from gradsync.torch.handles import _results_in_turn, synchronize
+from gradsync.torch.powersgd import gradsync_form_of
 from gradsync.torch.process_sets import _collective_prefix, _id_of, global_process_set
 from gradsync.torch.sync_batch_norm import warn_of_torch_sync_batch_norm
 from gradsync.torch.wire import (_CORE_OPS, Average, Sum, _note_producer, _release_after_consumer,
@@ -37,17 +39,6 @@ class _JoinState:
 def _first_rank(process_set):
     """The global rank of the set's first member, DDP's rank 0 (broadcasts name global roots)."""
     return min(_core.process_set_ranks(process_set._require_id()))
-
-
-def _copy_all(destinations, sources):
-    """Copies each source into its destination: in a few launches where this PyTorch has the
-    multi-tensor copy (ResNet-50's 161 buffers would otherwise be 161 launches every forward)."""
-    foreach_copy = getattr(torch, "_foreach_copy_", None)
-    if foreach_copy is not None:
-        foreach_copy(destinations, sources)
-        return
-    for d, s in zip(destinations, sources):
-        d.copy_(s)
 
 
 def _tensors_in(output):
@@ -131,6 +122,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._started = set()  # ids of the parameters started in the batch in this backward
         self._join = None
         self._comm_hook = None
+        self._hooks = None  # the HookRunner of a hook of the script's own
         self._warned_unused = set()
         self._views = self._make_views() if gradient_as_bucket_view else None
         self._gradients = self._make_batch() if self._views is None else None
@@ -187,51 +179,22 @@ class DistributedDataParallel(torch.nn.Module):
     def _sync_buffers(self):
         if self.process_set.size() == 1:
             return  # from the only rank to itself: nothing would change
+        buffers = [b for _, b in self._buffers_to_sync]
         if self._join is None:
-            # As PyTorch DDP coalesces them: one broadcast per dtype and device, not one per
-            # buffer (ResNet-50 has 161, each a launch of its own on a GPU).
-            pending = []
-            for i, buffers in enumerate(self._buffer_groups()):
-                flat = (buffers[0].reshape(-1) if len(buffers) == 1 else
-                        torch.cat([b.reshape(-1) for b in buffers]))
-                h = broadcast_async_(flat, self._root,
-                                     name="%s.buffers.%d" % (self._prefix, i),
-                                     process_set=self.process_set)
-                pending.append((h, flat, buffers))
-            _synchronize_all([h for h, _, _ in pending])
-            for _, flat, buffers in pending:
-                if len(buffers) > 1:
-                    pieces = torch.split(flat, [b.numel() for b in buffers])
-                    _copy_all(buffers, [p.view_as(b) for p, b in zip(pieces, buffers)])
-            return
-        # A broadcast cannot run beside joined ranks, so the lowest rank still training hands
-        # its buffers to the others through a sum to which everyone else adds zeros.
-        source = self._join.active_ranks[0]
-        me = self.process_set.rank()
-        contributions = [b if me == source else torch.zeros_like(b)
-                         for _, b in self._buffers_to_sync]
-        h = grouped_allreduce_async_(contributions, name="%s.buffers" % self._prefix, op=Sum,
-                                     process_set=self.process_set)
-        synchronize(h)
-        for (_, b), c in zip(self._buffers_to_sync, contributions):
-            if c is not b:
-                b.copy_(c)
-
-    def _buffer_groups(self):
-        """The buffers to broadcast, by dtype and device, in registration order within each."""
-        groups = {}
-        for _, b in self._buffers_to_sync:
-            groups.setdefault((b.dtype, b.device), []).append(b)
-        return list(groups.values())
+            broadcast_buffers(buffers, self._root, self._prefix, self.process_set)
+        else:
+            hand_over_buffers(buffers, self._join.active_ranks[0], self._prefix,
+                              self.process_set)
 
     # ------------------------------------------------------------------------------------------
     # backward
 
     def _make_batch(self):
         """The batch every gradient goes through outside ``join()``, or None where the buckets
-        carry them: with compression, and for a parameter the runtime cannot carry, whose
-        bucket then reports its dtype or device as unsupported."""
-        if (self.compression is not Compression.none or not self._params
+        carry them: with compression or a communication hook, and for a parameter the runtime
+        cannot carry, whose bucket then reports its dtype or device as unsupported."""
+        if (self.compression is not Compression.none or self._hooks is not None
+                or not self._params
                 or not all(GradientBatch.carries(p) for p in self._params)):
             return None
         # In backward's order, roughly: the reverse of registration.
@@ -242,15 +205,18 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _make_views(self):
         """The buckets as flat tensors whose slices become the gradients, or None (with a
-        warning) where they cannot be: with compression, or a bucket whose parameters differ in
+        warning) where they cannot be: with compression or a communication hook of the script's
+        own, or a bucket whose parameters differ in
         dtype or device, are not contiguous, or have a dtype the runtime does not carry."""
         if not self._params:
             return None
-        if self.compression is Compression.none and BucketViews.fit(self._buckets):
+        if (self.compression is Compression.none and self._hooks is None
+                and BucketViews.fit(self._buckets)):
             return BucketViews(self._buckets, self._prefix, _id_of(self.process_set))
         warnings.warn("DistributedDataParallel: gradient_as_bucket_view=True needs no compression "
-                      "and, in each bucket, contiguous parameters of one dtype and device; the "
-                      "gradients are reduced as without it")
+                      "nor communication hook of the script's own and, in each bucket, "
+                      "contiguous parameters of one dtype and device; the gradients are reduced "
+                      "as without it")
         return None
 
     def _begin_backward(self):
@@ -311,6 +277,22 @@ class DistributedDataParallel(torch.nn.Module):
         """Enqueues the bucket's gradients, zeros standing in for those backward did not make."""
         # The runtime takes the stream the copies are made on as every gradient's producer.
         made_on = _wait_for_streams(bucket.streams, bucket.params[0])
+        grads = self._bucket_gradients(bucket)
+        if self._hooks is not None:
+            self._hooks.ready(bucket.index, bucket.params, grads)
+            bucket.launched = (None, None, made_on)
+            return
+        compressed, contexts = zip(*map(self.compression.compress, grads))
+        op, postscale = self._op_and_scale()
+        handle = grouped_allreduce_async_(list(compressed),
+                                          name="%s.bucket%d" % (self._prefix, bucket.index),
+                                          op=op, postscale_factor=postscale,
+                                          process_set=self.process_set)
+        bucket.launched = (handle, list(zip(bucket.params, compressed, contexts)), made_on)
+
+    @staticmethod
+    def _bucket_gradients(bucket):
+        """The bucket's gradients, contiguous, zeros standing in for those backward did not make."""
         grads = []
         ready = bucket.ready
         for p in bucket.params:
@@ -323,13 +305,7 @@ class DistributedDataParallel(torch.nn.Module):
                                  "(parameter of shape %s)" % (tuple(p.shape),))
             else:
                 grads.append(grad if grad.is_contiguous() else grad.contiguous())
-        compressed, contexts = zip(*map(self.compression.compress, grads))
-        op, postscale = self._op_and_scale()
-        handle = grouped_allreduce_async_(list(compressed),
-                                          name="%s.bucket%d" % (self._prefix, bucket.index),
-                                          op=op, postscale_factor=postscale,
-                                          process_set=self.process_set)
-        bucket.launched = (handle, list(zip(bucket.params, compressed, contexts)), made_on)
+        return grads
 
     def _finish_backward(self):
         """Runs once backward is over: reduces what is left, waits, writes ``p.grad``."""
@@ -376,6 +352,11 @@ class DistributedDataParallel(torch.nn.Module):
         for bucket in self._buckets:
             if bucket.launched is None:
                 self._launch(bucket)
+        if self._hooks is not None:
+            written = self._hooks.finish()
+            for index, p, reduced in written:
+                _release_after_consumer(reduced, self._buckets[index].launched[2])
+            return [(p, reduced) for _, p, reduced in written]
         results = _results_in_turn([bucket.launched[0] for bucket in self._buckets],
                                    bool(self._buckets) and self._buckets[0].params[0].is_cuda)
         written = []
@@ -416,20 +397,28 @@ class DistributedDataParallel(torch.nn.Module):
                       "no rank used untouched." % ", ".join(new))
 
     def register_comm_hook(self, state, hook):
-        """DDP's built-in hooks, as ``compression``: ``allreduce_hook`` (none),
-        ``fp16_compress_hook`` and ``bf16_compress_hook`` (gradients travel in that dtype); any
-        other hook raises ValueError. ``state`` (DDP's process group) is unused: the wrapper's
-        ``process_set`` plays its part. As under DDP, every rank registers the same, once."""
-        del state
+        """Reduces each bucket with ``hook(state, bucket)`` (``gradsync.torch.comm_hooks``), as
+        PyTorch DDP does. DDP's built-in hooks become compressions: ``allreduce_hook`` (none),
+        ``fp16_compress_hook`` and ``bf16_compress_hook`` (gradients travel in that dtype), whose
+        ``state`` (DDP's process group) is unused: the wrapper's ``process_set`` plays its part.
+        DDP's ``powerSGD_hook`` and ``batched_powerSGD_hook`` run as gradsync's
+        (``gradsync.torch.powersgd``), with the ``PowerSGDState`` given. As under DDP, every rank
+        registers the same, once, before its first backward."""
+        if not callable(hook):
+            raise TypeError("register_comm_hook takes a callable hook, not %r" % (hook,))
         if self._comm_hook is not None:
             raise RuntimeError("register_comm_hook can only be called once")
         if self._in_backward:
             raise RuntimeError("register_comm_hook was called during a backward pass")
         compression = compression_of_comm_hook(hook)
         self._comm_hook = hook
-        if compression is self.compression:
+        if compression is None:
+            self._hooks = HookRunner(state, gradsync_form_of(hook), self._prefix,
+                                     self.process_set, len(self._buckets))
+        elif compression is self.compression:
             return
-        self.compression = compression
+        else:
+            self.compression = compression
         if self._views is not None:
             self._views = self._make_views()  # None, with the warning that says why
         self._gradients = self._make_batch() if self._views is None else None

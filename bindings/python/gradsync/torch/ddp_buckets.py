@@ -1,5 +1,5 @@
 """DDP's buckets: the parameters cut as PyTorch DDP first assigns them, for the wrapper's grouped
-allreduces (with compression and inside ``join()``) and its bucket views.
+allreduces (with compression and inside ``join()``), its communication hooks and its bucket views.
 
 Thread safety: one wrapper's, on its training loop's thread.
 """
@@ -23,10 +23,15 @@ class Bucket:
 
 def buckets_of(params, bucket_cap_bytes):
     """Parameters in reverse order of registration (backward's order, roughly), cut into buckets
-    as PyTorch DDP first assigns them: a 1 MiB first bucket, then ``bucket_cap_bytes`` each."""
+    as PyTorch DDP first assigns them: a 1 MiB first bucket, then ``bucket_cap_bytes`` each, and
+    a new bucket wherever the dtype or device changes, so that each bucket is one flat tensor's
+    worth (a communication hook's ``bucket.buffer()``)."""
     buckets, current, current_bytes = [], [], 0
     cap = min(_FIRST_BUCKET_BYTES, bucket_cap_bytes)
     for p in reversed(params):
+        if current and (p.dtype, p.device) != (current[0].dtype, current[0].device):
+            buckets.append(Bucket(len(buckets), current))
+            current, current_bytes, cap = [], 0, bucket_cap_bytes
         current.append(p)
         current_bytes += p.numel() * p.element_size()
         if current_bytes >= cap:

@@ -1,0 +1,268 @@
+"""Communication hooks of a script's own for gradsync's DistributedDataParallel, as PyTorch DDP's
+``register_comm_hook`` takes them.
+
+A hook is called as under DDP, ``hook(state, bucket)`` with a ``GradBucket``, once the bucket's
+gradients are all produced and the hooks of the buckets before it have been called (DDP's order,
+the same on every rank). It returns a ``torch.futures.Future`` whose value is the bucket's
+reduced flat tensor (or a list holding it, as the futures of ``torch.distributed`` do); the
+wrapper writes it into the gradients at the end of backward.
+
+A hook communicates with ``allreduce_future``: it starts a gradsync allreduce and returns a
+future that the wrapper completes on the thread of the backward: when a later bucket's hook is
+called and the operation has finished, and at the end of backward, oldest first. Callbacks
+chained with ``then`` therefore run on that thread, never on gradsync's own threads, and may
+start allreduces of their own and wait for them. The operations are named after the bucket and
+their order within it, so each rank's hook must start the same ones for a bucket.
+
+Thread safety: one wrapper's hooks run on the thread of its backward.
+"""
+
+import threading
+
+import torch
+
+from gradsync.torch.allreduce import allreduce_async_
+from gradsync.torch.handles import poll, synchronize
+from gradsync.torch.process_sets import global_process_set
+from gradsync.torch.wire import Average
+
+_local = threading.local()  # .context: the _BucketContext of the hook or callback running here
+
+
+class GradBucket:
+    """What a hook is given: PyTorch's ``torch.distributed.GradBucket``, gradsync's bucket."""
+
+    def __init__(self, index, buffer, params, is_last):
+        self._index = index
+        self._buffer = buffer
+        self._params = params
+        self._is_last = is_last
+
+    def index(self):
+        """The bucket's place in backward's order, 0 first."""
+        return self._index
+
+    def buffer(self):
+        """The bucket's gradients, flattened into one tensor in ``parameters()``' order (zeros
+        for a parameter backward left without one)."""
+        return self._buffer
+
+    def gradients(self):
+        """The gradients as views into ``buffer()``, each of its parameter's shape."""
+        views, start = [], 0
+        for p in self._params:
+            views.append(self._buffer[start:start + p.numel()].view(p.shape))
+            start += p.numel()
+        return views
+
+    def parameters(self):
+        return list(self._params)
+
+    def is_last(self):
+        """Whether this is the last bucket of backward (the model's first layers)."""
+        return self._is_last
+
+    def set_buffer(self, buffer):
+        self._buffer = buffer
+
+
+class _BucketContext:
+    """Names the operations a bucket's hook and its callbacks start, in their order."""
+
+    def __init__(self, runner, index):
+        self.runner = runner
+        self.index = index
+        self.started = 0
+
+    def next_name(self):
+        self.started += 1
+        return "%s.hook.%d.%d" % (self.runner.prefix, self.index, self.started)
+
+
+class _Within:
+    """Makes ``context`` the one operations started here are counted in, for a while."""
+
+    def __init__(self, context):
+        self.context = context
+
+    def __enter__(self):
+        self.outer = getattr(_local, "context", None)
+        _local.context = self.context
+
+    def __exit__(self, *exc):
+        _local.context = self.outer
+
+
+class _Pending:
+    __slots__ = ("handle", "future", "context", "completed")
+
+    def __init__(self, handle, future, context):
+        self.handle = handle
+        self.future = future
+        self.context = context
+        self.completed = False
+
+
+class _HookFuture(torch.futures.Future):
+    """The future of ``allreduce_future``: waiting for it completes it, and, within a hook, the
+    operations started before it."""
+
+    def wait(self):
+        pending = self._gradsync_pending
+        if not self.done():
+            runner = pending.context.runner if pending.context is not None else None
+            if runner is not None:
+                runner.complete_through(pending)
+            else:
+                _complete(pending)
+        return super().wait()
+
+
+def _complete(pending):
+    """Waits for the operation (on a GPU: orders the current stream after it) and completes its
+    future, whose callbacks run here, counted in the bucket that started the operation."""
+    if pending.completed:
+        return
+    pending.completed = True
+    try:
+        result = synchronize(pending.handle)
+    except Exception as error:  # the runtime's error goes to the future's consumers
+        if pending.context is not None:
+            pending.context.runner.note_error(error)
+        with _Within(pending.context):
+            pending.future.set_exception(error)
+        return
+    with _Within(pending.context):
+        pending.future.set_result(result)
+
+
+def allreduce_future(tensor, op=Average, name=None, process_set=None):
+    """Starts reducing ``tensor`` in place over the ranks; returns a ``torch.futures.Future``
+    whose value is ``tensor`` once reduced (not a list, unlike ``torch.distributed``'s).
+
+    Within a hook or its callbacks, ``name`` defaults to one made from the bucket and the
+    operation's order in it, and ``process_set`` to the wrapper's. Elsewhere the operation is
+    unnamed and on the global set unless given, and only ``wait()`` completes its future."""
+    context = getattr(_local, "context", None)
+    if name is None and context is not None:
+        name = context.next_name()
+    if process_set is None:
+        process_set = context.runner.process_set if context is not None else global_process_set
+    handle = allreduce_async_(tensor, name=name, op=op, process_set=process_set)
+    future = _HookFuture()
+    pending = _Pending(handle, future, context)
+    future._gradsync_pending = pending
+    if context is not None:
+        context.runner.pending.append(pending)
+    return future
+
+
+def allreduce_hook(state, bucket):
+    """DDP's default hook in gradsync's terms: the bucket averaged over the wrapper's set."""
+    del state
+    return allreduce_future(bucket.buffer())
+
+
+class HookRunner:
+    """Calls a wrapper's hook for each bucket of a backward, in bucket order, and completes the
+    futures of the operations the hooks start."""
+
+    def __init__(self, state, hook, prefix, process_set, bucket_count):
+        self.state = state
+        self.hook = hook
+        self.prefix = prefix
+        self.process_set = process_set
+        self.bucket_count = bucket_count
+        self.pending = []  # _Pending, oldest first
+        self._waiting = {}  # bucket index -> (GradBucket) of a bucket whose turn has not come
+        self._called = []  # (GradBucket, its hook's future), in bucket order
+        self._error = None
+
+    def note_error(self, error):
+        if self._error is None:
+            self._error = error
+
+    def ready(self, index, params, grads):
+        """Takes a complete bucket's gradients (one dtype and device); calls its hook, and those
+        of the buckets after it that were waiting for it, once every earlier one's was called."""
+        buffer = (grads[0].reshape(-1) if len(grads) == 1 else
+                  torch.cat([g.reshape(-1) for g in grads]))
+        self._waiting[index] = GradBucket(index, buffer, params, index == self.bucket_count - 1)
+        self.complete_finished()
+        while len(self._called) in self._waiting:
+            self._call(self._waiting.pop(len(self._called)))
+
+    def _call(self, bucket):
+        with _Within(_BucketContext(self, bucket.index())):
+            future = self.hook(self.state, bucket)
+        if not isinstance(future, torch._C.Future):  # what then() returns, too
+            raise TypeError("DistributedDataParallel: a communication hook must return a "
+                            "torch.futures.Future, not %r" % (type(future).__name__,))
+        self._called.append((bucket, future))
+
+    def complete_finished(self):
+        """Completes the futures whose operations have finished, without waiting."""
+        for pending in list(self.pending):
+            if not pending.completed and poll(pending.handle):
+                _complete(pending)
+        self.pending = [p for p in self.pending if not p.completed]
+
+    def complete_through(self, last):
+        """Completes the futures up to ``last``, oldest first, waiting for each operation."""
+        if last not in self.pending:
+            _complete(last)
+            return
+        while self.pending:
+            pending = self.pending.pop(0)
+            _complete(pending)
+            if pending is last:
+                return
+
+    def finish(self):
+        """Once every bucket's hook was called: completes every future, and returns the buckets'
+        results as [(bucket index, param, reduced gradient)]."""
+        if len(self._called) != self.bucket_count:
+            raise RuntimeError("DistributedDataParallel: %d of %d buckets reached their "
+                               "communication hook" % (len(self._called), self.bucket_count))
+        try:
+            while self.pending:
+                _complete(self.pending.pop(0))
+            if self._error is None:
+                return [triple for bucket, future in self._called
+                        for triple in self._results(bucket, future)]
+        except Exception:
+            if self._error is None:
+                raise
+        finally:
+            error, self._error = self._error, None
+            self.pending = []
+            self._called = []
+            self._waiting = {}
+        # An operation failed: the runtime's error, not the callback chain's, and even where the
+        # hook's callbacks did not look at its result.
+        raise error
+
+    @staticmethod
+    def _results(bucket, future):
+        if not future.done():
+            raise RuntimeError("DistributedDataParallel: the communication hook's future for "
+                               "bucket %d was not complete at the end of backward: complete it "
+                               "from futures of allreduce_future, or before returning it"
+                               % bucket.index())
+        value = future.wait()
+        if isinstance(value, (list, tuple)) and len(value) == 1:
+            value = value[0]
+        size = bucket.buffer().numel()
+        if not isinstance(value, torch.Tensor) or value.numel() != size:
+            raise RuntimeError("DistributedDataParallel: the communication hook's future for "
+                               "bucket %d must hold a tensor of the bucket's %d elements, not "
+                               "%r" % (bucket.index(), size, value))
+        value = value.reshape(-1)
+        results, start = [], 0
+        for p in bucket.parameters():
+            piece = value[start:start + p.numel()].view(p.shape)
+            if piece.dtype != p.dtype:
+                piece = piece.to(p.dtype)
+            results.append((bucket.index(), p, piece))
+            start += p.numel()
+        return results
