@@ -263,3 +263,29 @@ def test_cuda_bucket_views_are_reduced_where_they_lie(device, rank, size, tmp_pa
             names = {event.get("name") for event in json.load(trace)["traceEvents"]}
         assert "DEVICE_ALLREDUCE" in names
         assert "DEVICE_COPY_IN" not in names
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_cuda_powersgd_trains_as_on_the_host(batched, device, rank, size):
+    """The DDP wrapper with PowerSGD on the GPU: the parameters of the same training on the
+    host (float64; test_powersgd.py ties the host's to PyTorch DDP's own hook)."""
+    from gradsync.torch import powersgd
+    from test_powersgd import batch, loss_of, make_model
+
+    def trained(on):
+        model = hvd.DistributedDataParallel(make_model().to(on))
+        model.register_comm_hook(
+            powersgd.PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=2,
+                                   batch_tensors_with_same_shape=batched),
+            powersgd.batched_powerSGD_hook if batched else powersgd.powerSGD_hook)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        for step in range(5):
+            optimizer.zero_grad()
+            x, y = batch(step, rank)
+            loss_of(model, x.to(on), y.to(on)).backward()
+            optimizer.step()
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    on_gpu = trained(device)
+    assert on_gpu.device == device
+    assert torch.allclose(on_gpu.cpu(), trained(torch.device("cpu")), rtol=0, atol=1e-9)

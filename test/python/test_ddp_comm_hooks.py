@@ -183,3 +183,22 @@ def test_comm_hook_takes_the_gradients_out_of_bucket_views(rank, size):
     _, average = local_and_average_gradients(0, rank, size)
     assert torch.allclose(flat(p.grad for p in model.parameters()), average, atol=TOLERANCE,
                           rtol=0)
+
+
+def test_comm_hook_under_join_with_uneven_inputs(rank, size):
+    """Joined ranks take part in the hooks' allreduces with zeros, so an averaging hook divides
+    by every rank, as join()'s default does."""
+    from test_ddp import TOLERANCE as DDP_TOLERANCE, perturbed_model, reference
+    steps_of = [size + 1 - r for r in range(size)]
+    model = hvd.DistributedDataParallel(perturbed_model(rank), bucket_cap_mb=0.0001)
+    model.register_comm_hook(None, allreduce_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with model.join():
+        for step in range(steps_of[rank]):
+            optimizer.zero_grad()
+            loss_of(model, *batch(step, rank)).backward()
+            optimizer.step()
+    gathered = hvd.allgather(flat(model.parameters()).unsqueeze(0), name="hooks.join.params")
+    want = reference(size, steps_of[0], lambda step: [r for r in range(size) if steps_of[r] > step],
+                     lambda s, n: size)
+    assert torch.allclose(gathered[0], want, atol=DDP_TOLERANCE, rtol=0)

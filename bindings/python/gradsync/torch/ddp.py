@@ -73,7 +73,8 @@ class DistributedDataParallel(torch.nn.Module):
     flat buckets of ``bucket_cap_mb`` (``gradsync.torch.bucket_views``), each reduced in place as
     one tensor once complete: one operation a bucket, and no copies (a gradient that
     ``zero_grad()`` set to None is its view again before backward). With ``compression`` and
-    inside ``join()`` gradients go instead in DDP's buckets, each one grouped allreduce.
+    inside ``join()`` gradients go instead in DDP's buckets, each one grouped allreduce; with a
+    communication hook (``register_comm_hook``), in DDP's buckets handed to the hook.
 
     Parameters that took no part in this backward never hang it: every gradient is reduced in
     every synchronized backward, the missing ones counting as zeros. With

@@ -126,16 +126,25 @@ def _uncompressed(state, bucket):
 
 
 def _with_error_feedback(state, index, flat):
-    """Adds what the bucket's last compression lost to ``flat``; returns a copy of the sum (the
-    error is measured from it), or None without error feedback."""
+    """Adds what the bucket's last compression lost to ``flat`` and returns the bucket's error
+    tensor holding the sum, from which the compressed result is to be subtracted (``_lost``); None
+    without error feedback. The error tensor is reused from step to step: no allocation."""
     if not state.use_error_feedback:
         return None
     error = state.error_dict.get(index)
-    if error is None:
-        state.error_dict[index] = torch.zeros_like(flat)
+    if error is None or error.shape != flat.shape:
+        error = state.error_dict[index] = flat.detach().clone()
     else:
         flat.add_(error)
-    return flat.detach().clone()
+        error.copy_(flat)
+    return error
+
+
+def _lost(error, result):
+    """The error feedback's error: the sum ``_with_error_feedback`` returned less what the
+    compression made of it."""
+    if error is not None:
+        error.sub_(result)
 
 
 def _settle(result, step, fut):
@@ -216,7 +225,7 @@ def powerSGD_hook(state, bucket):
     if state.iter < state.start_powerSGD_iter:
         return _uncompressed(state, bucket)
     index = bucket.index()
-    before = _with_error_feedback(state, index, buffer)
+    error = _with_error_feedback(state, index, buffer)
     matrices, plain = _split(state, bucket)
     _report_stats(state, bucket)
     batches = _batches(state, matrices)
@@ -253,8 +262,7 @@ def powerSGD_hook(state, bucket):
             for g in plain:
                 g.copy_(plain_flat[start:start + g.numel()].view_as(g))
                 start += g.numel()
-        if before is not None:
-            state.error_dict[index] = before - buffer
+        _lost(error, buffer)
         if not state.warm_start:
             state.p_memory_dict.clear()
             state.q_memory_dict.clear()
@@ -282,7 +290,7 @@ def batched_powerSGD_hook(state, bucket):
 
     padded = torch.zeros(side * side, device=device, dtype=dtype)
     padded[:total].copy_(buffer)
-    before = _with_error_feedback(state, index, padded)
+    error = _with_error_feedback(state, index, padded)
     matrix = padded.view(side, side)
     if not state.warm_start or index not in state.p_memory_dict:
         state.p_memory_dict[index] = torch.empty(side, rank, device=device, dtype=dtype)
@@ -302,8 +310,7 @@ def batched_powerSGD_hook(state, bucket):
     def on_q(fut):
         fut.value()
         torch.matmul(p, q.t(), out=matrix)
-        if before is not None:
-            state.error_dict[index] = before - padded
+        _lost(error, padded)
         if not state.warm_start:
             state.p_memory_dict.clear()
             state.q_memory_dict.clear()
