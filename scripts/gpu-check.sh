@@ -301,12 +301,13 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
     {
       local failed=0 models=(resnet50 bert)
       for model in "${models[@]}"; do
-        # ResNet-50 also with both wrappers' gradient_as_bucket_view=True, and with DDP's
-        # fp16_compress_hook (the DDP wrapper's grouped, compressed buckets); BERT-base, in the
-        # quick run, with the issue's forms alone.
+        # ResNet-50 also with both wrappers' gradient_as_bucket_view=True, with DDP's
+        # fp16_compress_hook (the DDP wrapper's grouped, compressed buckets) and with DDP's
+        # PowerSGD hook (gradsync's communication hooks); BERT-base, in the quick run, with the
+        # issue's forms alone.
         local modes=()
         [ "$model" = resnet50 ] &&
-          modes=(--modes none,ddp,ddp-views,gs-opt,gs-ddp,gs-ddp-views,ddp-fp16,gs-ddp-fp16)
+          modes=(--modes none,ddp,ddp-views,gs-opt,gs-ddp,gs-ddp-views,ddp-fp16,gs-ddp-fp16,ddp-powersgd,gs-ddp-powersgd)
         [ "$model" = bert ] && [ "$scope" != full ] && modes=(--modes none,ddp,gs-opt,gs-ddp)
         PYTHONPATH=$work/build/python timeout 300 mpirun -np 1 -x PYTHONPATH "${train[@]}" \
           --model "$model" "${modes[@]}" || failed=1

@@ -15,6 +15,9 @@ same model, from the same initial weights, with SGD and momentum, on the same sy
   ddp-fp16, gs-ddp-fp16
             the two wrappers with DDP's fp16_compress_hook (gradients travel in float16; not run
             unless named in --modes): read gs-ddp-fp16 against ddp-fp16
+  ddp-powersgd, gs-ddp-powersgd
+            the two wrappers with DDP's PowerSGD hook and state (rank 1, compressing from the
+            third step; not run unless named in --modes): read one against the other
 
 The modes are interleaved in rounds (each round runs --steps-per-round steps of every mode, in a
 rotated order), after --warmup steps each, so that a drift of the machine's speed reaches every
@@ -51,7 +54,8 @@ import torch
 import gradsync.torch as hvd
 
 MODES = ("none", "ddp", "gs-opt", "gs-ddp")
-MORE_MODES = ("ddp-views", "gs-ddp-views", "ddp-fp16", "gs-ddp-fp16")
+MORE_MODES = ("ddp-views", "gs-ddp-views", "ddp-fp16", "gs-ddp-fp16", "ddp-powersgd",
+              "gs-ddp-powersgd")
 
 
 def parse_args():
@@ -145,6 +149,11 @@ class Mode:
         if name.endswith("-fp16"):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             self.module.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        if name.endswith("-powersgd"):
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+            self.module.register_comm_hook(
+                powersgd.PowerSGDState(process_group=None, start_powerSGD_iter=2),
+                powersgd.powerSGD_hook)
         if name == "gs-opt":
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             optimizer = hvd.DistributedOptimizer(optimizer,

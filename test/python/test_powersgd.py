@@ -3,7 +3,6 @@
 which is what averaging the ranks' compressed gradients amounts to (P and Q are linear in the
 summed gradient, and the ranks' errors sum to the full batch's)."""
 
-import gc
 import math
 
 import numpy
@@ -16,6 +15,7 @@ from test_ddp import assert_replicas_equal, flat
 
 PER_RANK = 4
 STEPS = 5
+_RETIRED_GROUPS = []
 
 dist = pytest.importorskip("torch.distributed")
 if not (dist.is_available() and dist.is_gloo_available()):
@@ -62,10 +62,11 @@ def torch_ddp_on_the_full_batch(size, hook, settings):
         params = train(model, hook, state, lambda step: [batch(step, r) for r in range(size)])
         return params, state
     finally:
-        # The wrapper and the futures of its last step go before the group, whose threads would
-        # otherwise be joined from one of their own.
-        model = None
-        gc.collect()
+        # PyTorch's hook chains its steps with callbacks that hold the group and run on gloo's
+        # threads; were one of those threads to drop the group's last reference, the group
+        # would join its threads from one of them and abort the process. So the group lives on
+        # until the process ends.
+        _RETIRED_GROUPS.append(dist.distributed_c10d._get_default_group())
         dist.destroy_process_group()
 
 
@@ -156,3 +157,18 @@ def test_batched_powersgd_is_the_projection_of_the_average(rank, size):
         assert torch.allclose(got, want, atol=1e-9, rtol=0), (got, want)
         if approximation_rank == side:
             assert torch.allclose(got, average, atol=1e-9, rtol=0)
+
+
+def test_powersgd_inside_ddps_compress_wrapper(rank, size):
+    """DDP's bf16_compress_wrapper around gradsync's hook (the wrapper needs only the bucket's
+    buffer, set_buffer and the future; PyTorch's CPU matrix products do not take float16, so
+    bfloat16 here): PowerSGD on bfloat16 buckets, the gradients written back in their own dtype,
+    every replica the same."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_wrapper
+    state = powersgd.PowerSGDState(start_powerSGD_iter=2)
+    model = hvd.DistributedDataParallel(make_model().float())
+    got = train(model, bf16_compress_wrapper(powersgd.powerSGD_hook), state,
+                lambda step: [tuple(t.float() for t in batch(step, rank))])
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()
+    assert_replicas_equal(got)
+    assert state.iter == STEPS

@@ -207,8 +207,7 @@ class DistributedDataParallel(torch.nn.Module):
     def _make_views(self):
         """The buckets as flat tensors whose slices become the gradients, or None (with a
         warning) where they cannot be: with compression or a communication hook of the script's
-        own, or a bucket whose parameters differ in
-        dtype or device, are not contiguous, or have a dtype the runtime does not carry."""
+        own, or parameters that are not contiguous or have a dtype the runtime does not carry."""
         if not self._params:
             return None
         if (self.compression is Compression.none and self._hooks is None
