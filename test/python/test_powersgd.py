@@ -172,3 +172,26 @@ def test_powersgd_inside_ddps_compress_wrapper(rank, size):
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
     assert_replicas_equal(got)
     assert state.iter == STEPS
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_powersgd_with_a_bucket_per_parameter(compress, rank, size):
+    """Buckets of one matrix or one vector each. Where nothing is worth compressing PowerSGD is
+    the plain average (error feedback then keeps only rounding); otherwise every replica ends
+    the same."""
+    state = powersgd.PowerSGDState(start_powerSGD_iter=2,
+                                   min_compression_rate=2 if compress else 1e9)
+    model = hvd.DistributedDataParallel(make_model(), bucket_cap_mb=1e-6)
+    got = train(model, powersgd.powerSGD_hook, state, lambda step: [batch(step, rank)])
+    assert len(model._buckets) == len(list(model.parameters()))
+    assert_replicas_equal(got)
+    assert state.iter == STEPS
+    if not compress:
+        plain = make_model()
+        optimizer = torch.optim.SGD(plain.parameters(), lr=0.05, momentum=0.9)
+        for step in range(STEPS):
+            optimizer.zero_grad()
+            x, y = zip(*[batch(step, r) for r in range(size)])
+            loss_of(plain, torch.cat(x), torch.cat(y)).backward()
+            optimizer.step()
+        assert torch.allclose(got, flat(plain.parameters()), atol=1e-9, rtol=0)

@@ -256,7 +256,12 @@ def powerSGD_hook(state, bucket):
             if group is not None:  # a stacked copy: back into the gradients
                 for i, m in enumerate(group):
                     m.copy_(b[i])
-        plain_done.wait()
+        # The vectors' allreduce started first and has most likely finished; chained rather
+        # than waited for, so that a bucket of vectors alone never waits inside backward.
+        plain_done.then(lambda f: _settle(result, on_plain, f))
+
+    def on_plain(fut):
+        fut.value()
         if plain:
             start = 0
             for g in plain:
