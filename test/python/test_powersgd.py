@@ -160,18 +160,23 @@ def test_batched_powersgd_is_the_projection_of_the_average(rank, size):
 
 
 def test_powersgd_inside_ddps_compress_wrapper(rank, size):
-    """DDP's bf16_compress_wrapper around gradsync's hook (the wrapper needs only the bucket's
-    buffer, set_buffer and the future; PyTorch's CPU matrix products do not take float16, so
-    bfloat16 here): PowerSGD on bfloat16 buckets, the gradients written back in their own dtype,
-    every replica the same."""
+    """DDP's bf16_compress_wrapper around PowerSGD: around gradsync's hook it runs as it is (it
+    needs only the bucket's buffer, set_buffer and the future), and around PyTorch's hook it runs
+    as the wrapper around gradsync's: PowerSGD on bfloat16 buckets, the gradients written back in
+    their own dtype, every replica the same, both registrations alike. (PyTorch's CPU matrix
+    products do not take float16, so bfloat16 here.)"""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_wrapper
-    state = powersgd.PowerSGDState(start_powerSGD_iter=2)
-    model = hvd.DistributedDataParallel(make_model().float())
-    got = train(model, bf16_compress_wrapper(powersgd.powerSGD_hook), state,
-                lambda step: [tuple(t.float() for t in batch(step, rank))])
-    assert got.dtype == torch.float32 and torch.isfinite(got).all()
-    assert_replicas_equal(got)
-    assert state.iter == STEPS
+    results = []
+    for inner in (powersgd.powerSGD_hook, torch_powersgd.powerSGD_hook):
+        state = powersgd.PowerSGDState(start_powerSGD_iter=2)
+        model = hvd.DistributedDataParallel(make_model().float())
+        got = train(model, bf16_compress_wrapper(inner), state,
+                    lambda step: [tuple(t.float() for t in batch(step, rank))])
+        assert got.dtype == torch.float32 and torch.isfinite(got).all()
+        assert_replicas_equal(got)
+        assert state.iter == STEPS and state.compression_stats()[0] > 1
+        results.append(got)
+    assert torch.equal(results[0], results[1])
 
 
 @pytest.mark.parametrize("compress", [False, True])

@@ -327,9 +327,32 @@ def batched_powerSGD_hook(state, bucket):
     return result
 
 
+def _wrapped_by_compress_wrapper(hook):
+    """(DDP's wrapper maker, the hook it wraps) where ``hook`` is DDP's fp16_compress_wrapper or
+    bf16_compress_wrapper around a hook, else None. The wrapper is a closure of DDP's over that
+    one hook."""
+    try:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    except ImportError:
+        return None
+    if getattr(hook, "__module__", None) != default_hooks.__name__:
+        return None
+    maker = getattr(default_hooks, hook.__qualname__.split(".")[0], None)
+    cells = [c.cell_contents for c in (getattr(hook, "__closure__", None) or ())]
+    inner = [c for c in cells if callable(c)]
+    if maker is None or not hook.__qualname__.endswith("_compress_wrapper_hook") or len(inner) != 1:
+        return None
+    return maker, inner[0]
+
+
 def gradsync_form_of(hook):
-    """The hook ``register_comm_hook`` runs for ``hook``: these for PyTorch's PowerSGD hooks,
-    ``hook`` itself otherwise."""
+    """The hook ``register_comm_hook`` runs for ``hook``: these for PyTorch's PowerSGD hooks, also
+    inside DDP's fp16_compress_wrapper or bf16_compress_wrapper; ``hook`` itself otherwise."""
+    wrapped = _wrapped_by_compress_wrapper(hook)
+    if wrapped is not None:
+        maker, inner = wrapped
+        ours = gradsync_form_of(inner)
+        return hook if ours is inner else maker(ours)
     try:
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as theirs
     except ImportError:
