@@ -173,16 +173,31 @@ def test_comm_hook_whose_allreduce_fails_raises_the_runtimes_error(rank, size):
         gradients_after_backward(disagreeing, 0, rank)
 
 
-def test_comm_hook_takes_the_gradients_out_of_bucket_views(rank, size):
-    """Views into the runtime's buckets and a hook's own buckets do not mix: registering a hook
-    turns the views off with a warning, and the hook still averages."""
-    model = hvd.DistributedDataParallel(make_model(), gradient_as_bucket_view=True)
-    with pytest.warns(UserWarning, match="gradient_as_bucket_view"):
-        model.register_comm_hook(None, allreduce_hook)
-    loss_of(model, *batch(0, rank)).backward()
-    _, average = local_and_average_gradients(0, rank, size)
-    assert torch.allclose(flat(p.grad for p in model.parameters()), average, atol=TOLERANCE,
-                          rtol=0)
+def test_comm_hook_is_given_the_bucket_views_themselves(rank, size):
+    """With gradient_as_bucket_view=True a hook's buffer is the flat bucket the gradients are
+    views into (as under DDP), so a hook that reduces it in place leaves the gradients reduced
+    with no copy; one that hands back another tensor has it copied into the bucket."""
+    for copied in (False, True):
+        buffers = []
+
+        def hook(state, bucket):
+            buffers.append(bucket.buffer())
+            future = allreduce_future(bucket.buffer())
+            return future.then(lambda fut: fut.value().clone()) if copied else future
+
+        model = hvd.DistributedDataParallel(make_model(), gradient_as_bucket_view=True)
+        model.register_comm_hook(None, hook)
+        for step in range(2):
+            model.zero_grad()
+            buffers.clear()
+            loss_of(model, *batch(step, rank)).backward()
+            _, average = local_and_average_gradients(step, rank, size)
+            assert torch.allclose(flat(p.grad for p in model.parameters()), average,
+                                  atol=TOLERANCE, rtol=0)
+            grads = [p.grad for p in model.parameters()]
+            assert all(g._base is not None for g in grads)
+            bases = {b.data_ptr() for b in buffers}
+            assert all(any(b <= g.data_ptr() < b + (1 << 20) for b in bases) for g in grads)
 
 
 def test_comm_hook_under_join_with_uneven_inputs(rank, size):

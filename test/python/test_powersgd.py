@@ -80,17 +80,18 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("settings", SETTINGS)
-@pytest.mark.parametrize("theirs", [False, True])
-def test_powersgd_trains_as_torch_ddp_on_the_full_batch(settings, theirs, rank, size):
-    """gradsync's hook and state, or PyTorch's registered as they are, over the ranks: the
-    parameters and the state's counts of PyTorch DDP's PowerSGD on everyone's rows."""
+@pytest.mark.parametrize("theirs,views", [(False, False), (True, False), (False, True)])
+def test_powersgd_trains_as_torch_ddp_on_the_full_batch(settings, theirs, views, rank, size):
+    """gradsync's hook and state, or PyTorch's registered as they are, over the ranks, the
+    buckets copied or the gradients' own (gradient_as_bucket_view): the parameters and the
+    state's counts of PyTorch DDP's PowerSGD on everyone's rows."""
     if theirs:
         state = torch_powersgd.PowerSGDState(process_group=None, **settings)
         hook = torch_powersgd.powerSGD_hook
     else:
         state = powersgd.PowerSGDState(**settings)
         hook = powersgd.powerSGD_hook
-    model = hvd.DistributedDataParallel(make_model())
+    model = hvd.DistributedDataParallel(make_model(), gradient_as_bucket_view=views)
     got = train(model, hook, state, lambda step: [batch(step, rank)])
     assert_replicas_equal(got)
     want, their_state = torch_ddp_on_the_full_batch(size, torch_powersgd.powerSGD_hook, settings)

@@ -28,8 +28,9 @@ from gradsync.torch.wire import _CORE_OPS, Average, _note_producer, _wait_for_st
 class BucketViews:
     """The buckets of one wrapper, each a flat tensor reduced with ``Average``."""
 
-    def __init__(self, buckets, prefix, process_set_id):
+    def __init__(self, buckets, prefix, process_set_id, hooks=None):
         self._params = [bucket.params for bucket in buckets]
+        self._hooks = hooks  # a HookRunner (comm_hooks.py) that reduces the buckets instead
         self._filled = set()  # ids of the parameters whose None gradient prefill() replaced
         self._slot = {}  # id(p): (bucket index, offset, its view, the view's data_ptr())
         self._flats = self._allocate(buckets)
@@ -154,6 +155,11 @@ class BucketViews:
             # others that made its gradients first.
             _wait_for_streams(streams, flat)
             streams.clear()
+        if self._hooks is not None:
+            # The hook's buffer is the bucket itself, without the padding.
+            params = self._params[k]
+            self._hooks.ready_buffer(k, params, flat[:sum(p.numel() for p in params)])
+            return
         self._batch.start(flat, flat)
 
     def finish(self, locally_unused, keep_their_gradients):
@@ -172,7 +178,13 @@ class BucketViews:
             for k in range(len(self._flats)):
                 if self._ready[k] < len(self._params[k]):
                     self._start(k)
-            self._batch.finish()
+            if self._hooks is None:
+                self._batch.finish()
+            else:
+                for _, p, reduced in self._hooks.finish():
+                    view = self._slot[id(p)][2]
+                    if reduced.data_ptr() != view.data_ptr():
+                        view.copy_(reduced)
         finally:
             self._filled.clear()
             self._ready = [0] * len(self._flats)

@@ -186,8 +186,11 @@ class HookRunner:
     def ready(self, index, params, grads):
         """Takes a complete bucket's gradients (one dtype and device); calls its hook, and those
         of the buckets after it that were waiting for it, once every earlier one's was called."""
-        self._waiting[index] = GradBucket(index, self._flatten(index, grads), params,
-                                          index == self.bucket_count - 1)
+        self.ready_buffer(index, params, self._flatten(index, grads))
+
+    def ready_buffer(self, index, params, buffer):
+        """``ready`` for a bucket whose gradients already lie in ``buffer``, back to back."""
+        self._waiting[index] = GradBucket(index, buffer, params, index == self.bucket_count - 1)
         self.complete_finished()
         while len(self._called) in self._waiting:
             self._call(self._waiting.pop(len(self._called)))

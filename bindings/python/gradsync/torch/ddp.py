@@ -206,17 +206,17 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _make_views(self):
         """The buckets as flat tensors whose slices become the gradients, or None (with a
-        warning) where they cannot be: with compression or a communication hook of the script's
-        own, or parameters that are not contiguous or have a dtype the runtime does not carry."""
+        warning) where they cannot be: with compression, or parameters that are not contiguous
+        or have a dtype the runtime does not carry. A communication hook is given the buckets
+        themselves."""
         if not self._params:
             return None
-        if (self.compression is Compression.none and self._hooks is None
-                and BucketViews.fit(self._buckets)):
-            return BucketViews(self._buckets, self._prefix, _id_of(self.process_set))
+        if self.compression is Compression.none and BucketViews.fit(self._buckets):
+            return BucketViews(self._buckets, self._prefix, _id_of(self.process_set),
+                               self._hooks)
         warnings.warn("DistributedDataParallel: gradient_as_bucket_view=True needs no compression "
-                      "nor communication hook of the script's own and, in each bucket, "
-                      "contiguous parameters of one dtype and device; the gradients are reduced "
-                      "as without it")
+                      "and, in each bucket, contiguous parameters of one dtype and device; the "
+                      "gradients are reduced as without it")
         return None
 
     def _begin_backward(self):
@@ -420,7 +420,7 @@ class DistributedDataParallel(torch.nn.Module):
         else:
             self.compression = compression
         if self._views is not None:
-            self._views = self._make_views()  # None, with the warning that says why
+            self._views = self._make_views()  # with the hook, or None with the warning why
         self._gradients = self._make_batch() if self._views is None else None
 
     # ------------------------------------------------------------------------------------------
