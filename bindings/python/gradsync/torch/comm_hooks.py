@@ -17,11 +17,13 @@ their order within it, so each rank's hook must start the same ones for a bucket
 Thread safety: one wrapper's hooks run on the thread of its backward.
 """
 
+import contextlib
 import threading
 
 import torch
 
 from gradsync.torch.allreduce import allreduce_async_
+from gradsync.torch.ddp_buckets import flat_views
 from gradsync.torch.handles import poll, synchronize
 from gradsync.torch.process_sets import global_process_set
 from gradsync.torch.wire import Average
@@ -49,11 +51,7 @@ class GradBucket:
 
     def gradients(self):
         """The gradients as views into ``buffer()``, each of its parameter's shape."""
-        views, start = [], 0
-        for p in self._params:
-            views.append(self._buffer[start:start + p.numel()].view(p.shape))
-            start += p.numel()
-        return views
+        return flat_views(self._buffer, self._params)
 
     def parameters(self):
         return list(self._params)
@@ -79,61 +77,53 @@ class _BucketContext:
         return "%s.hook.%d.%d" % (self.runner.prefix, self.index, self.started)
 
 
-class _Within:
+@contextlib.contextmanager
+def _within(context):
     """Makes ``context`` the one operations started here are counted in, for a while."""
-
-    def __init__(self, context):
-        self.context = context
-
-    def __enter__(self):
-        self.outer = getattr(_local, "context", None)
-        _local.context = self.context
-
-    def __exit__(self, *exc):
-        _local.context = self.outer
-
-
-class _Pending:
-    __slots__ = ("handle", "future", "context", "completed")
-
-    def __init__(self, handle, future, context):
-        self.handle = handle
-        self.future = future
-        self.context = context
-        self.completed = False
+    outer = getattr(_local, "context", None)
+    _local.context = context
+    try:
+        yield
+    finally:
+        _local.context = outer
 
 
 class _HookFuture(torch.futures.Future):
-    """The future of ``allreduce_future``: waiting for it completes it, and, within a hook, the
-    operations started before it."""
+    """The future of ``allreduce_future``'s operation (``handle``, started in ``context``, a
+    _BucketContext or None). Waiting for it completes it, and, within a hook, the operations
+    started before it."""
+
+    def __init__(self, handle, context):
+        super().__init__()
+        self.handle = handle
+        self.context = context
+        self.taken = False  # its operation waited for, its result being set
 
     def wait(self):
-        pending = self._gradsync_pending
         if not self.done():
-            runner = pending.context.runner if pending.context is not None else None
-            if runner is not None:
-                runner.complete_through(pending)
+            if self.context is not None:
+                self.context.runner.complete_through(self)
             else:
-                _complete(pending)
+                _complete(self)
         return super().wait()
 
 
-def _complete(pending):
-    """Waits for the operation (on a GPU: orders the current stream after it) and completes its
-    future, whose callbacks run here, counted in the bucket that started the operation."""
-    if pending.completed:
+def _complete(future):
+    """Waits for a _HookFuture's operation (on a GPU: orders the current stream after it) and
+    completes it; its callbacks run here, counted in the bucket that started the operation."""
+    if future.taken:
         return
-    pending.completed = True
+    future.taken = True
     try:
-        result = synchronize(pending.handle)
+        result = synchronize(future.handle)
     except Exception as error:  # the runtime's error goes to the future's consumers
-        if pending.context is not None:
-            pending.context.runner.note_error(error)
-        with _Within(pending.context):
-            pending.future.set_exception(error)
+        if future.context is not None:
+            future.context.runner.note_error(error)
+        with _within(future.context):
+            future.set_exception(error)
         return
-    with _Within(pending.context):
-        pending.future.set_result(result)
+    with _within(future.context):
+        future.set_result(result)
 
 
 def allreduce_future(tensor, op=Average, name=None, process_set=None):
@@ -148,12 +138,10 @@ def allreduce_future(tensor, op=Average, name=None, process_set=None):
         name = context.next_name()
     if process_set is None:
         process_set = context.runner.process_set if context is not None else global_process_set
-    handle = allreduce_async_(tensor, name=name, op=op, process_set=process_set)
-    future = _HookFuture()
-    pending = _Pending(handle, future, context)
-    future._gradsync_pending = pending
+    future = _HookFuture(allreduce_async_(tensor, name=name, op=op, process_set=process_set),
+                         context)
     if context is not None:
-        context.runner.pending.append(pending)
+        context.runner.pending.append(future)
     return future
 
 
@@ -173,7 +161,7 @@ class HookRunner:
         self.prefix = prefix
         self.process_set = process_set
         self.bucket_count = bucket_count
-        self.pending = []  # _Pending, oldest first
+        self.pending = []  # the _HookFutures of the operations hooks started, oldest first
         self._waiting = {}  # bucket index -> (GradBucket) of a bucket whose turn has not come
         self._called = []  # (GradBucket, its hook's future), in bucket order
         self._error = None
@@ -209,16 +197,13 @@ class HookRunner:
         buffer = self._host_buffers.get(index)
         if buffer is None or buffer.numel() != size or buffer.dtype != first.dtype:
             buffer = self._host_buffers[index] = torch.empty(size, dtype=first.dtype)
-        start = 0
-        for g in grads:
-            slot = buffer[start:start + g.numel()]
+        for g, slot in zip(grads, flat_views(buffer, grads)):
             if g.data_ptr() != slot.data_ptr():  # a gradient written there last step is there
-                slot.copy_(g.reshape(-1))
-            start += g.numel()
+                slot.copy_(g)
         return buffer
 
     def _call(self, bucket):
-        with _Within(_BucketContext(self, bucket.index())):
+        with _within(_BucketContext(self, bucket.index())):
             future = self.hook(self.state, bucket)
         if not isinstance(future, torch._C.Future):  # what then() returns, too
             raise TypeError("DistributedDataParallel: a communication hook must return a "
@@ -227,21 +212,15 @@ class HookRunner:
 
     def complete_finished(self):
         """Completes the futures whose operations have finished, without waiting."""
-        for pending in list(self.pending):
-            if not pending.completed and poll(pending.handle):
-                _complete(pending)
-        self.pending = [p for p in self.pending if not p.completed]
+        for future in list(self.pending):
+            if not future.taken and poll(future.handle):
+                _complete(future)
+        self.pending = [f for f in self.pending if not f.taken]
 
     def complete_through(self, last):
         """Completes the futures up to ``last``, oldest first, waiting for each operation."""
-        if last not in self.pending:
-            _complete(last)
-            return
-        while self.pending:
-            pending = self.pending.pop(0)
-            _complete(pending)
-            if pending is last:
-                return
+        while self.pending and not last.taken:
+            _complete(self.pending.pop(0))
 
     def finish(self):
         """Once every bucket's hook was called: completes every future, and returns the buckets'
@@ -282,12 +261,6 @@ class HookRunner:
             raise RuntimeError("DistributedDataParallel: the communication hook's future for "
                                "bucket %d must hold a tensor of the bucket's %d elements, not "
                                "%r" % (bucket.index(), size, value))
-        value = value.reshape(-1)
-        results, start = [], 0
-        for p in bucket.parameters():
-            piece = value[start:start + p.numel()].view(p.shape)
-            if piece.dtype != p.dtype:
-                piece = piece.to(p.dtype)
-            results.append((bucket.index(), p, piece))
-            start += p.numel()
-        return results
+        params = bucket.parameters()
+        return [(bucket.index(), p, piece if piece.dtype == p.dtype else piece.to(p.dtype))
+                for p, piece in zip(params, flat_views(value.reshape(-1), params))]

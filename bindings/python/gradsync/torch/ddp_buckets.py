@@ -21,6 +21,16 @@ class Bucket:
         self.launched = None  # (handle, [(param, reduced, context)], stream it was launched on)
 
 
+def flat_views(flat, tensors):
+    """Views of ``flat``, back to back from its start, each of its tensor's shape: where each of
+    ``tensors`` lies in a bucket's flat tensor."""
+    views, start = [], 0
+    for t in tensors:
+        views.append(flat[start:start + t.numel()].view(t.shape))
+        start += t.numel()
+    return views
+
+
 def buckets_of(params, bucket_cap_bytes):
     """Parameters in reverse order of registration (backward's order, roughly), cut into buckets
     as PyTorch DDP first assigns them: a 1 MiB first bucket, then ``bucket_cap_bytes`` each, and

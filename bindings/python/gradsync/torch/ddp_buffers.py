@@ -8,6 +8,7 @@ import torch
 
 from gradsync.torch.allreduce import grouped_allreduce_async_
 from gradsync.torch.broadcast import broadcast_async_
+from gradsync.torch.ddp_buckets import flat_views
 from gradsync.torch.handles import _synchronize_all, synchronize
 from gradsync.torch.wire import Sum
 
@@ -45,8 +46,7 @@ def broadcast_buffers(buffers, root, prefix, process_set):
     _synchronize_all([h for h, _, _ in pending])
     for _, flat, group in pending:
         if len(group) > 1:
-            pieces = torch.split(flat, [b.numel() for b in group])
-            _copy_all(group, [p.view_as(b) for p, b in zip(pieces, group)])
+            _copy_all(group, flat_views(flat, group))
 
 
 def hand_over_buffers(buffers, source, prefix, process_set):

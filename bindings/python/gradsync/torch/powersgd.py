@@ -26,6 +26,7 @@ from collections import OrderedDict
 import torch
 
 from gradsync.torch.comm_hooks import allreduce_future
+from gradsync.torch.ddp_buckets import flat_views
 from gradsync.torch.wire import Average, Sum
 
 _log = logging.getLogger(__name__)
@@ -147,6 +148,16 @@ def _lost(error, result):
         error.sub_(result)
 
 
+def _end_of_step(state, bucket, error, compressed):
+    """A compressed bucket's last steps: the error feedback's error, the factors dropped without
+    warm start, the step counted."""
+    _lost(error, compressed)
+    if not state.warm_start:
+        state.p_memory_dict.clear()
+        state.q_memory_dict.clear()
+    state.maybe_increase_iter(bucket)
+
+
 def _settle(result, step, fut):
     """Runs ``step(fut)`` and completes ``result`` with what it returns, or with its error: an
     error raised in a callback would otherwise stay in a future no one reads."""
@@ -263,15 +274,9 @@ def powerSGD_hook(state, bucket):
     def on_plain(fut):
         fut.value()
         if plain:
-            start = 0
-            for g in plain:
-                g.copy_(plain_flat[start:start + g.numel()].view_as(g))
-                start += g.numel()
-        _lost(error, buffer)
-        if not state.warm_start:
-            state.p_memory_dict.clear()
-            state.q_memory_dict.clear()
-        state.maybe_increase_iter(bucket)
+            for g, averaged in zip(plain, flat_views(plain_flat, plain)):
+                g.copy_(averaged)
+        _end_of_step(state, bucket, error, buffer)
         return buffer
 
     p_done.then(lambda f: _settle(result, on_ps, f))
@@ -315,12 +320,8 @@ def batched_powerSGD_hook(state, bucket):
     def on_q(fut):
         fut.value()
         torch.matmul(p, q.t(), out=matrix)
-        _lost(error, padded)
-        if not state.warm_start:
-            state.p_memory_dict.clear()
-            state.q_memory_dict.clear()
+        _end_of_step(state, bucket, error, padded)
         buffer.copy_(padded[:total])
-        state.maybe_increase_iter(bucket)
         return buffer
 
     allreduce_future(p, op=Sum).then(lambda f: _settle(result, on_p, f))
