@@ -80,6 +80,12 @@ class BusyDeviceBackend : public gradsync::DeviceBackend {
     Busy();
     return host_->ReduceScatterv(send, recv, counts, dtype, op);
   }
+  Status Adasum(void* data, DataType dtype, int64_t count,
+                const std::vector<gradsync::ElementRange>& tensors, double prescale,
+                double postscale) override {
+    Busy();
+    return host_->Adasum(data, dtype, count, tensors, prescale, postscale);
+  }
   Status CheckAsyncError() override { return host_->CheckAsyncError(); }
   void Abort(const Status& status) override { host_->Abort(status); }
 

@@ -125,6 +125,10 @@ class NoOpBackend : public gradsync::DeviceBackend {
                                   gradsync::ReduceOp) override {
     return gradsync::Status::OK();
   }
+  gradsync::Status Adasum(void*, DataType, int64_t, const std::vector<gradsync::ElementRange>&,
+                          double, double) override {
+    return gradsync::Status::OK();
+  }
   gradsync::Status CheckAsyncError() override { return gradsync::Status::OK(); }
   void Abort(const gradsync::Status&) override {}
 

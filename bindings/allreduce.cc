@@ -11,15 +11,11 @@
 namespace gradsync {
 namespace {
 
-// What Adasum (ops/mpi/adasum.h) combines: floating-point host tensors, over a power-of-two set.
+// What Adasum (ops/mpi/adasum.h) combines: floating-point tensors, over a power-of-two set.
 Status CheckAdasum(const TensorView& input, int set_size) {
   if (!IsFloatingPoint(input.dtype)) {
     return Status::InvalidArgument("Adasum reduces floating-point tensors, not " +
                                    DataTypeName(input.dtype));
-  }
-  if (input.device.kind != DeviceKind::kCpu) {
-    return Status::InvalidArgument("Adasum reduces host tensors; this one is on " +
-                                   DeviceName(input.device));
   }
   if (!IsPowerOfTwo(set_size)) {
     return Status::InvalidArgument("Adasum needs a process set of a power-of-two size, not " +

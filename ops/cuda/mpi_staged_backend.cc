@@ -151,6 +151,19 @@ Status MpiStagedBackend::Allreduce(const void* send, void* recv, int64_t count, 
   return Status::OK();
 }
 
+Status MpiStagedBackend::Adasum(void* data, DataType dtype, int64_t count,
+                                const std::vector<ElementRange>& tensors, double prescale,
+                                double postscale) {
+  const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
+  char* pinned = nullptr;
+  GRADSYNC_RETURN_IF_ERROR(Staging(bytes, &pinned));
+  Copy(pinned, data, bytes);
+  Settle();
+  GRADSYNC_RETURN_IF_ERROR(host_->Adasum(pinned, dtype, count, tensors, prescale, postscale));
+  Copy(data, pinned, bytes);
+  return Status::OK();
+}
+
 Status MpiStagedBackend::Allgatherv(const void* send, void* recv,
                                     const std::vector<int64_t>& counts, DataType dtype) {
   if (cuda_aware_) {

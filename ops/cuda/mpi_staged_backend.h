@@ -57,6 +57,9 @@ class MpiStagedBackend : public DeviceBackend {
                    const std::vector<int64_t>& recv_counts, DataType dtype) override;
   Status ReduceScatterv(const void* send, void* recv, const std::vector<int64_t>& counts,
                         DataType dtype, ReduceOp op) override;
+  // Staged through pinned host memory even where MPI is CUDA-aware: the host computes it.
+  Status Adasum(void* data, DataType dtype, int64_t count, const std::vector<ElementRange>& tensors,
+                double prescale, double postscale) override;
   Status CheckAsyncError() override { return Status::OK(); }
   void Abort(const Status& status) override { host_->Abort(status); }
 

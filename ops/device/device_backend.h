@@ -4,8 +4,8 @@
 // host memory with threads as streams and MPI as the collective (host_device_backend.h), which is
 // how the plane's logic runs in the tests of machines without a GPU.
 //
-// Every enqueueing call returns once the work is queued: the Status says whether queueing
-// worked. Failures while the work runs fail the stream, so that the events recorded on it after
+// Every enqueueing call returns once the work is queued (Adasum on NCCL excepted: see
+// nccl_backend.h): the Status says whether queueing worked. Failures while the work runs fail the stream, so that the events recorded on it after
 // that work complete with the failure.
 //
 // Thread safety: everything but CheckAsyncError and Abort is called by the background thread;
@@ -19,6 +19,7 @@
 #include "gradsync/status.h"
 #include "gradsync/types.h"
 #include "ops/device/batched_copy.h"
+#include "ops/element_range.h"
 #include "runtime/stream.h"
 
 namespace gradsync {
@@ -63,6 +64,16 @@ class DeviceBackend {
   // recv receives this rank's counts[rank()] of the result.
   virtual Status ReduceScatterv(const void* send, void* recv, const std::vector<int64_t>& counts,
                                 DataType dtype, ReduceOp op) = 0;
+
+  // Replaces `count` elements of `dtype` (floating point) at `data`, packed tensors `tensors`, by
+  // `postscale` times their Adasum over the backend's ranks of `prescale` times them, as
+  // AdasumBuffer (ops/mpi/adasum.h) combines host memory: no collective library offers Adasum, so
+  // the host computes it, over MPI, and a backend whose memory the host cannot read stages the
+  // bucket through host memory. The result is the MPI plane's for the same packed bucket, bit for
+  // bit.
+  virtual Status Adasum(void* data, DataType dtype, int64_t count,
+                        const std::vector<ElementRange>& tensors, double prescale,
+                        double postscale) = 0;
 
   // Errors the library reports outside any call (NCCL's asynchronous errors); OK otherwise.
   virtual Status CheckAsyncError() = 0;

@@ -164,9 +164,10 @@ Status DevicePlane::FusionBuffer(size_t bytes, void** buffer) {
 Status DevicePlane::Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) {
   GRADSYNC_RETURN_IF_ERROR(BeginCall());
   if (entries.empty()) return Status::OK();
-  if (spec.op == ReduceOp::kAdasum) {  // refused at enqueue; equal on every rank
-    return InContext(Status::InvalidArgument("Adasum reduces host tensors only"), "allreduce",
-                     entries);
+  if (spec.op == ReduceOp::kAdasum && !IsFloatingPoint(spec.dtype)) {  // refused at enqueue
+    return InContext(Status::InvalidArgument("Adasum reduces floating-point tensors, not " +
+                                             DataTypeName(spec.dtype)),
+                     "allreduce", entries);
   }
   const size_t element_size = DataTypeSize(spec.dtype);
   for (const TensorEntry* entry : entries) {
@@ -180,6 +181,7 @@ Status DevicePlane::Allreduce(const std::vector<TensorEntry*>& entries, const Re
   GRADSYNC_LAUNCH(WaitForInputs(entries), "allreduce", entries);
   MarkPhase("DEVICE_QUEUE");
   segments_.clear();
+  if (spec.op == ReduceOp::kAdasum) return AllreduceAdasum(entries, spec);
   // The count is the same on every rank, so an empty bucket skips the collective everywhere.
   const auto count = static_cast<int64_t>(layout_.bytes / element_size);
   if (count == 0) return FinishLaunch(entries, "DEVICE_ALLREDUCE");
@@ -233,6 +235,53 @@ Status DevicePlane::AllreduceFused(const std::vector<TensorEntry*>& entries, con
   for (size_t i = 0; i < entries.size(); ++i) {
     segments_[i] = {static_cast<char*>(fusion) + layout_.offsets[i], entries[i]->output.data,
                     entries[i]->input.num_elements(), postscale};
+  }
+  GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
+  return FinishLaunch(entries, "DEVICE_COPY_OUT");
+}
+
+// Adasum combines each tensor as itself, over the bucket packed back to back with no gap between
+// tensors, as the MPI plane packs it: both then halve it at the same elements and give the same
+// bits. The backend combines it, scales included (DeviceBackend::Adasum), where it lies when the
+// tensors are back to back already (copied first into outputs elsewhere), else in the fusion
+// buffer.
+Status DevicePlane::AllreduceAdasum(const std::vector<TensorEntry*>& entries,
+                                    const ReduceSpec& spec) {
+  const size_t element_size = DataTypeSize(spec.dtype);
+  adasum_tensors_.clear();
+  int64_t count = 0;
+  for (const TensorEntry* entry : entries) {
+    adasum_tensors_.push_back({count, count + entry->input.num_elements()});
+    count = adasum_tensors_.back().end;
+  }
+  if (count == 0) return FinishLaunch(entries, "DEVICE_ADASUM");
+  const void* input = nullptr;
+  void* output = nullptr;
+  const bool where_it_lies = FindBucketInPlace(entries, layout_, &input, &output);
+  void* bucket = output;
+  if (!where_it_lies) GRADSYNC_LAUNCH(FusionBuffer(layout_.bytes, &bucket), "allreduce", entries);
+  auto* packed = static_cast<char*>(bucket);
+  if (where_it_lies && input != output) {
+    segments_.push_back({input, output, count, 1.0});
+  } else if (!where_it_lies) {
+    for (size_t i = 0; i < entries.size(); ++i) {
+      segments_.push_back({entries[i]->input.data,
+                           packed + static_cast<size_t>(adasum_tensors_[i].begin) * element_size,
+                           adasum_tensors_[i].size(), 1.0});
+    }
+  }
+  if (!segments_.empty()) {
+    GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
+    MarkPhase("DEVICE_COPY_IN");
+  }
+  GRADSYNC_LAUNCH(backend_->Adasum(bucket, spec.dtype, count, adasum_tensors_, spec.prescale,
+                                   spec.postscale),
+                  "allreduce", entries);
+  if (where_it_lies) return FinishLaunch(entries, "DEVICE_ADASUM");
+  MarkPhase("DEVICE_ADASUM");
+  for (size_t i = 0; i < entries.size(); ++i) {
+    segments_[i] = {packed + static_cast<size_t>(adasum_tensors_[i].begin) * element_size,
+                    entries[i]->output.data, adasum_tensors_[i].size(), 1.0};
   }
   GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
   return FinishLaunch(entries, "DEVICE_COPY_OUT");

@@ -9,7 +9,9 @@
 // copy out with the postscale (and an average's division) folded in, and a recorded event that
 // TakeCompletion() hands to the finalizer. A bucket of one tensor, or one whose tensors already
 // lie back to back in memory as the fusion buffer would hold them (ops/device/bucket_layout.h),
-// skips the copies and is reduced where it lies (scaled in place when it must be). The fusion
+// skips the copies and is reduced where it lies (scaled in place when it must be). An Adasum
+// bucket, which no collective library reduces, is combined by the backend's host side instead of
+// the collective (DeviceBackend::Adasum), over the bucket packed without gaps. The fusion
 // buffer is the backend's memory, kept and reused; it grows when a bucket needs more, the old one
 // freed once the work using it has run.
 //
@@ -79,6 +81,8 @@ class DevicePlane : public DataPlane {
                               const void* input, void* output, int64_t count);
   Status AllreduceFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                         int64_t count);
+  // An Adasum bucket: its layout_ computed, its inputs waited for.
+  Status AllreduceAdasum(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec);
   // An average is reduced as a sum, then divided in the postscale.
   static ReduceOp CollectiveOp(const ReduceSpec& spec);
   double Postscale(const ReduceSpec& spec) const;
@@ -108,6 +112,7 @@ class DevicePlane : public DataPlane {
   std::vector<TimedPhase> phases_;           // the last launch's, while recorded
   BucketLayout layout_;                      // the last allreduce's
   std::vector<CopySegment> segments_;        // scratch
+  std::vector<ElementRange> adasum_tensors_;  // AllreduceAdasum's
   std::vector<StreamEvent*> ready_scratch_;  // WaitForInputs'
   mutable std::mutex abort_mu_;
   bool aborted_ = false;

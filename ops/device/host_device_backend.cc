@@ -117,10 +117,14 @@ void HostDeviceBackend::AwaitStuckCollective(const Status& aborted) {
 }
 
 Status HostDeviceBackend::Collective(const char* call, const std::function<int()>& mpi) {
+  return InCollective(call, [&] { return MpiResult(mpi(), call); });
+}
+
+Status HostDeviceBackend::InCollective(const char* call, const std::function<Status()>& work) {
   in_collective_.store(call);
-  const int result = mpi();
+  const Status status = work();
   in_collective_.store(nullptr);
-  return MpiResult(result, call);
+  return status;
 }
 
 void HostDeviceBackend::Enqueue(std::function<Status()> work) {
@@ -248,6 +252,18 @@ Status HostDeviceBackend::ReduceScatterv(const void* send, void* recv,
   Enqueue([=] {
     return Collective("MPI_Reduce_scatter", [&] {
       return MPI_Reduce_scatter(send, recv, ints.data(), type, mpi_op, comm);
+    });
+  });
+  return Status::OK();
+}
+
+Status HostDeviceBackend::Adasum(void* data, DataType dtype, int64_t count,
+                                 const std::vector<ElementRange>& tensors, double prescale,
+                                 double postscale) {
+  Enqueue([this, data, dtype, count, tensors, prescale, postscale] {
+    return InCollective("Adasum", [&] {
+      return AdasumBuffer(data, dtype, count, tensors, prescale, postscale, comm_,
+                          &adasum_scratch_);
     });
   });
   return Status::OK();

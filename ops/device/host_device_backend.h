@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "ops/device/device_backend.h"
+#include "ops/mpi/adasum.h"
 #include "runtime/host_stream.h"
 
 namespace gradsync {
@@ -57,6 +58,8 @@ class HostDeviceBackend : public DeviceBackend {
                    const std::vector<int64_t>& recv_counts, DataType dtype) override;
   Status ReduceScatterv(const void* send, void* recv, const std::vector<int64_t>& counts,
                         DataType dtype, ReduceOp op) override;
+  Status Adasum(void* data, DataType dtype, int64_t count, const std::vector<ElementRange>& tensors,
+                double prescale, double postscale) override;
   Status CheckAsyncError() override { return Status::OK(); }
   void Abort(const Status& status) override { stream_.Abort(status); }
 
@@ -82,6 +85,8 @@ class HostDeviceBackend : public DeviceBackend {
   HostDeviceBackend(MPI_Comm comm, std::chrono::nanoseconds stuck_limit);
   // Runs one MPI collective on the stream's thread, named by `call` while it runs.
   Status Collective(const char* call, const std::function<int()>& mpi);
+  // Runs `work`, which is or holds collectives, on the stream's thread, named by `call`.
+  Status InCollective(const char* call, const std::function<Status()>& work);
   // The destructor's wait, after `aborted`, for the item the stream's thread runs: a collective
   // still running after stuck_limit_ goes to the handler.
   void AwaitStuckCollective(const Status& aborted);
@@ -93,6 +98,7 @@ class HostDeviceBackend : public DeviceBackend {
   std::vector<void*> unfreed_;  // given to FreeAfterWork, not yet freed by the stream
   int rank_ = 0;
   int size_ = 1;
+  AdasumScratch adasum_scratch_;  // the stream's thread's
   HostStream stream_;  // last: its thread stops before the communicator is freed
 };
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "ops/scale.h"
+#include "runtime/half.h"
 #include "runtime/mpi_context.h"
 
 namespace gradsync {
@@ -158,5 +160,43 @@ template Status AdasumInPlace<float>(float*, int64_t, const std::vector<ElementR
                                      std::vector<float>*);
 template Status AdasumInPlace<double>(double*, int64_t, const std::vector<ElementRange>&, MPI_Comm,
                                       std::vector<double>*);
+
+Status AdasumBuffer(void* data, DataType dtype, int64_t count,
+                    const std::vector<ElementRange>& tensors, double prescale, double postscale,
+                    MPI_Comm comm, AdasumScratch* scratch) {
+  switch (dtype) {
+    case DataType::kFloat32:
+    case DataType::kFloat64: {
+      ScaledCopy(data, data, count, dtype, prescale);
+      const Status status =
+          dtype == DataType::kFloat32
+              ? AdasumInPlace(static_cast<float*>(data), count, tensors, comm, &scratch->floats)
+              : AdasumInPlace(static_cast<double*>(data), count, tensors, comm, &scratch->doubles);
+      if (status.ok()) ScaledCopy(data, data, count, dtype, postscale);
+      return status;
+    }
+    case DataType::kFloat16:
+    case DataType::kBFloat16: {
+      const bool bfloat = dtype == DataType::kBFloat16;
+      const auto pre = static_cast<float>(prescale);
+      const auto post = static_cast<float>(postscale);
+      auto* narrow = static_cast<uint16_t*>(data);
+      scratch->wide.resize(static_cast<size_t>(count));
+      float* wide = scratch->wide.data();
+      for (int64_t k = 0; k < count; ++k) {
+        wide[k] = pre * (bfloat ? BFloat16ToFloat(narrow[k]) : HalfToFloat(narrow[k]));
+      }
+      GRADSYNC_RETURN_IF_ERROR(AdasumInPlace(wide, count, tensors, comm, &scratch->floats));
+      for (int64_t k = 0; k < count; ++k) {
+        const float value = post * wide[k];
+        narrow[k] = bfloat ? FloatToBFloat16(value) : FloatToHalf(value);
+      }
+      return Status::OK();
+    }
+    default:
+      return Status::InvalidArgument("Adasum reduces floating-point tensors, not " +
+                                     DataTypeName(dtype));
+  }
+}
 
 }  // namespace gradsync

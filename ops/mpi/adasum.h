@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "gradsync/status.h"
+#include "gradsync/types.h"
 #include "ops/element_range.h"
 
 namespace gradsync {
@@ -36,6 +37,24 @@ namespace gradsync {
 template <typename T>
 Status AdasumInPlace(T* data, int64_t count, const std::vector<ElementRange>& tensors,
                      MPI_Comm comm, std::vector<T>* scratch);
+
+// AdasumBuffer's working memory, kept between calls: the partner's halves, and half precision
+// widened to float32.
+struct AdasumScratch {
+  std::vector<float> floats;
+  std::vector<double> doubles;
+  std::vector<float> wide;
+};
+
+// Replaces `count` elements of `dtype` at `data`, host memory holding the packed tensors `tensors`,
+// by `postscale` times the Adasum over `comm` of `prescale` times them, as AdasumInPlace combines.
+// float32 and float64 are scaled and combined where they lie; float16 and bfloat16 are widened to
+// float32, scaled and combined there, and narrowed back, so that a large prescale undone by the
+// postscale does not overflow 16 bits in between. Every caller that packs a bucket the same way
+// (the MPI plane, the device backends staging through the host) gets the same bits.
+Status AdasumBuffer(void* data, DataType dtype, int64_t count,
+                    const std::vector<ElementRange>& tensors, double prescale, double postscale,
+                    MPI_Comm comm, AdasumScratch* scratch);
 
 inline bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
 

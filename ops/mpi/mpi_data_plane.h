@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ops/data_plane.h"
+#include "ops/mpi/adasum.h"
 #include "ops/mpi/allreduce_calibration.h"
 #include "ops/mpi/hierarchical_allreduce.h"
 #include "ops/mpi/node_shared_memory.h"
@@ -136,13 +137,8 @@ class MpiDataPlane : public DataPlane {
   int64_t piece_bytes_ = 0;
   bool last_allreduce_shared_ = false;
   Timeline* timeline_;
-  // AllreduceAdasum's working memory beside the fusion buffer (the partner's halves; a half
-  // precision tensor's 16-bit copy), kept between buckets.
-  struct AdasumMemory {
-    std::vector<float> float_scratch;
-    std::vector<double> double_scratch;
-    std::vector<uint16_t> narrow;
-  } adasum_;
+  // AllreduceAdasum's working memory beside the fusion buffer, kept between buckets.
+  AdasumScratch adasum_scratch_;
 };
 
 }  // namespace gradsync

@@ -52,7 +52,7 @@ int NcclRedOpOf(ReduceOp op) {
     case ReduceOp::kSum:
     case ReduceOp::kAverage:
       return ncclSum;
-    case ReduceOp::kAdasum:  // refused before a device plane (DevicePlane::Allreduce)
+    case ReduceOp::kAdasum:  // never a collective's op: NcclBackend::Adasum (adasum.cc)
       break;
   }
   return ncclSum;
@@ -83,14 +83,20 @@ Status NcclBackend::Create(MPI_Comm comm, int device, bool copy_tables,
   GRADSYNC_NCCL_CALL(ncclCommInitRank(&nccl_comm, size, id, rank), device);
   created->comm_ = nccl_comm;
   GRADSYNC_RETURN_IF_ERROR(CudaBatchedCopier::Create(device, copy_tables, &created->copier_));
+  GRADSYNC_MPI_CALL(MPI_Comm_dup(comm, &created->adasum_comm_));
   *backend = std::move(created);
   return Status::OK();
 }
 
 NcclBackend::~NcclBackend() {
   std::lock_guard<std::timed_mutex> lock(mu_);
+  if (adasum_comm_ != MPI_COMM_NULL) MPI_Comm_free(&adasum_comm_);
   cudaSetDevice(device_);
   copier_.reset();  // waits for the kernels that read its staging blocks
+  if (adasum_staging_ != nullptr) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(cuda_stream()));  // a copy back may read it
+    cudaFreeHost(adasum_staging_);
+  }
   if (comm_ == nullptr) return;
   if (aborted_) return;  // ncclCommAbort freed it
   cudaStreamSynchronize(static_cast<cudaStream_t>(cuda_stream()));

@@ -3,6 +3,12 @@
 // its own file (allreduce.cc, allgather.cc, broadcast.cc, alltoall.cc, reducescatter.cc), as the
 // MPI plane's do.
 //
+// Adasum, which NCCL does not offer, is combined by the host over MPI (adasum.cc): the bucket is
+// staged through pinned host memory, and the call returns only once the combination is done and
+// its copy back queued, having waited for the stream (the bucket's producers and the work queued
+// before it) on the launching thread, as an Adasum bucket of host tensors holds that thread for
+// its MPI exchanges.
+//
 // Abort calls ncclCommAbort, which releases kernels stuck waiting on peers, and fails the stream.
 // A mutex keeps it from racing with an enqueue on the background thread; when that enqueue is
 // itself stuck inside NCCL (connecting to a peer that is gone), Abort stops waiting for the mutex
@@ -20,6 +26,7 @@
 #include "ops/cuda/cuda_batched_copy.h"
 #include "ops/cuda/cuda_stream.h"
 #include "ops/device/device_backend.h"
+#include "ops/mpi/adasum.h"
 
 namespace gradsync {
 
@@ -49,6 +56,8 @@ class NcclBackend : public DeviceBackend {
                    const std::vector<int64_t>& recv_counts, DataType dtype) override;
   Status ReduceScatterv(const void* send, void* recv, const std::vector<int64_t>& counts,
                         DataType dtype, ReduceOp op) override;
+  Status Adasum(void* data, DataType dtype, int64_t count, const std::vector<ElementRange>& tensors,
+                double prescale, double postscale) override;
   Status CheckAsyncError() override;
   void Abort(const Status& status) override;
 
@@ -68,6 +77,12 @@ class NcclBackend : public DeviceBackend {
   std::atomic<bool> aborted_{false};
   std::mutex abort_mu_;  // abort_status_
   Status abort_status_;
+  // Adasum's: MPI over the same ranks (a duplicate of Create's communicator), pinned host memory
+  // the buckets are staged through, and the combination's working memory.
+  MPI_Comm adasum_comm_ = MPI_COMM_NULL;
+  char* adasum_staging_ = nullptr;
+  size_t adasum_staging_capacity_ = 0;
+  AdasumScratch adasum_scratch_;
 };
 
 // Whether every rank's count is the same: one NCCL collective then serves, not a group.

@@ -83,6 +83,10 @@ class RefusingAllocations : public DeviceBackend {
                         DataType dtype, ReduceOp op) override {
     return host_->ReduceScatterv(send, recv, counts, dtype, op);
   }
+  Status Adasum(void* data, DataType dtype, int64_t count, const std::vector<ElementRange>& tensors,
+                double prescale, double postscale) override {
+    return host_->Adasum(data, dtype, count, tensors, prescale, postscale);
+  }
   Status CheckAsyncError() override { return host_->CheckAsyncError(); }
   void Abort(const Status& status) override { host_->Abort(status); }
 
