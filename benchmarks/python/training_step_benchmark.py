@@ -18,6 +18,9 @@ same model, from the same initial weights, with SGD and momentum, on the same sy
   ddp-powersgd, gs-ddp-powersgd
             the two wrappers with DDP's PowerSGD hook and state (rank 1, compressing from the
             third step; not run unless named in --modes): read one against the other
+  gs-adasum gradsync.torch.DistributedOptimizer(op=Adasum), Horovod's Adasum optimizer: each
+            rank steps alone and the steps are combined (not run unless named in --modes; its
+            parameters are its own, not DDP's)
 
 The modes are interleaved in rounds (each round runs --steps-per-round steps of every mode, in a
 rotated order), after --warmup steps each, so that a drift of the machine's speed reaches every
@@ -55,7 +58,7 @@ import gradsync.torch as hvd
 
 MODES = ("none", "ddp", "gs-opt", "gs-ddp")
 MORE_MODES = ("ddp-views", "gs-ddp-views", "ddp-fp16", "gs-ddp-fp16", "ddp-powersgd",
-              "gs-ddp-powersgd")
+              "gs-ddp-powersgd", "gs-adasum")
 
 
 def parse_args():
@@ -154,10 +157,11 @@ class Mode:
             self.module.register_comm_hook(
                 powersgd.PowerSGDState(process_group=None, start_powerSGD_iter=2),
                 powersgd.powerSGD_hook)
-        if name == "gs-opt":
+        if name in ("gs-opt", "gs-adasum"):
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-            optimizer = hvd.DistributedOptimizer(optimizer,
-                                                 named_parameters=model.named_parameters())
+            optimizer = hvd.DistributedOptimizer(
+                optimizer, named_parameters=model.named_parameters(),
+                op=hvd.Adasum if name == "gs-adasum" else hvd.Average)
         self.optimizer = optimizer
         self.times = []
 

@@ -5,8 +5,8 @@
 // how the plane's logic runs in the tests of machines without a GPU.
 //
 // Every enqueueing call returns once the work is queued (Adasum on NCCL excepted: see
-// nccl_backend.h): the Status says whether queueing worked. Failures while the work runs fail the stream, so that the events recorded on it after
-// that work complete with the failure.
+// nccl_backend.h): the Status says whether queueing worked. Failures while the work runs fail the
+// stream, so that the events recorded on it after that work complete with the failure.
 //
 // Thread safety: everything but CheckAsyncError and Abort is called by the background thread;
 // those two by the finalizer, at any time.

@@ -274,9 +274,9 @@ Status DevicePlane::AllreduceAdasum(const std::vector<TensorEntry*>& entries,
     GRADSYNC_LAUNCH(backend_->BatchedCopy(segments_, spec.dtype), "allreduce", entries);
     MarkPhase("DEVICE_COPY_IN");
   }
-  GRADSYNC_LAUNCH(backend_->Adasum(bucket, spec.dtype, count, adasum_tensors_, spec.prescale,
-                                   spec.postscale),
-                  "allreduce", entries);
+  GRADSYNC_LAUNCH(
+      backend_->Adasum(bucket, spec.dtype, count, adasum_tensors_, spec.prescale, spec.postscale),
+      "allreduce", entries);
   if (where_it_lies) return FinishLaunch(entries, "DEVICE_ADASUM");
   MarkPhase("DEVICE_ADASUM");
   for (size_t i = 0; i < entries.size(); ++i) {

@@ -109,11 +109,11 @@ class DevicePlane : public DataPlane {
   // The call's entries whose output could not be allocated (they fail on this rank alone).
   std::vector<const TensorEntry*> failed_here_;
   bool record_phases_ = false;
-  std::vector<TimedPhase> phases_;           // the last launch's, while recorded
-  BucketLayout layout_;                      // the last allreduce's
-  std::vector<CopySegment> segments_;        // scratch
+  std::vector<TimedPhase> phases_;            // the last launch's, while recorded
+  BucketLayout layout_;                       // the last allreduce's
+  std::vector<CopySegment> segments_;         // scratch
   std::vector<ElementRange> adasum_tensors_;  // AllreduceAdasum's
-  std::vector<StreamEvent*> ready_scratch_;  // WaitForInputs'
+  std::vector<StreamEvent*> ready_scratch_;   // WaitForInputs'
   mutable std::mutex abort_mu_;
   bool aborted_ = false;
   Status abort_status_;

@@ -99,7 +99,7 @@ class HostDeviceBackend : public DeviceBackend {
   int rank_ = 0;
   int size_ = 1;
   AdasumScratch adasum_scratch_;  // the stream's thread's
-  HostStream stream_;  // last: its thread stops before the communicator is freed
+  HostStream stream_;             // last: its thread stops before the communicator is freed
 };
 
 }  // namespace gradsync

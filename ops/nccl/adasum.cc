@@ -34,12 +34,12 @@ Status NcclBackend::Adasum(void* data, DataType dtype, int64_t count,
         cudaMemcpyAsync(adasum_staging_, data, bytes, cudaMemcpyDeviceToHost, stream), device_);
   }
   GRADSYNC_CUDA_CALL(cudaStreamSynchronize(stream), device_);
-  GRADSYNC_RETURN_IF_ERROR(AdasumBuffer(adasum_staging_, dtype, count, tensors, prescale,
-                                        postscale, adasum_comm_, &adasum_scratch_));
+  GRADSYNC_RETURN_IF_ERROR(AdasumBuffer(adasum_staging_, dtype, count, tensors, prescale, postscale,
+                                        adasum_comm_, &adasum_scratch_));
   std::lock_guard<std::timed_mutex> lock(mu_);
   GRADSYNC_RETURN_IF_ERROR(Enter());
-  GRADSYNC_CUDA_CALL(
-      cudaMemcpyAsync(data, adasum_staging_, bytes, cudaMemcpyHostToDevice, stream), device_);
+  GRADSYNC_CUDA_CALL(cudaMemcpyAsync(data, adasum_staging_, bytes, cudaMemcpyHostToDevice, stream),
+                     device_);
   return Status::OK();
 }
 

@@ -289,3 +289,49 @@ def test_cuda_powersgd_trains_as_on_the_host(batched, device, rank, size):
     on_gpu = trained(device)
     assert on_gpu.device == device
     assert torch.allclose(on_gpu.cpu(), trained(torch.device("cpu")), rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+def test_cuda_adasum_gets_the_host_tensors_bits(dtype, device, rank, size):
+    """op=Adasum on CUDA tensors, which the runtime combines on the host side (no collective
+    library has Adasum), packs each bucket as host tensors' are packed: the same bits, grouped and
+    alone."""
+    if size & (size - 1):
+        pytest.skip("Adasum needs a power-of-two number of ranks")
+    gen = torch.Generator().manual_seed(rank)
+    tensors = [torch.randn(n, generator=gen, dtype=torch.float64).to(dtype)
+               for n in (1, 7, 1000, 0, 4099)]
+    on_host = hvd.grouped_allreduce(tensors, op=hvd.Adasum, name="cuda.adasum.host.%s" % dtype)
+    on_gpu = hvd.grouped_allreduce([t.to(device) for t in tensors], op=hvd.Adasum,
+                                   name="cuda.adasum.gpu.%s" % dtype)
+    for host, gpu in zip(on_host, on_gpu):
+        assert gpu.device == device
+        assert torch.equal(gpu.cpu(), host)
+    alone = hvd.allreduce(tensors[2].to(device), op=hvd.Adasum, prescale_factor=2.0,
+                          name="cuda.adasum.alone.%s" % dtype)
+    assert torch.equal(alone.cpu(), hvd.allreduce(tensors[2], op=hvd.Adasum, prescale_factor=2.0,
+                                                  name="cuda.adasum.alone.host.%s" % dtype))
+
+
+def test_cuda_adasum_optimizer_trains_as_on_the_host(device, rank, size):
+    """DistributedOptimizer(op=Adasum) with the parameters on the GPU: the host's training."""
+    if size & (size - 1):
+        pytest.skip("Adasum needs a power-of-two number of ranks")
+    from test_adasum import batch, make_model
+
+    def trained(on):
+        model = make_model().to(on)
+        optimizer = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+            named_parameters=[("%s.%s" % (on.type, n), p) for n, p in model.named_parameters()],
+            op=hvd.Adasum)
+        for step in range(4):
+            x, y = batch(step, rank)
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x.to(on)), y.to(on)).backward()
+            optimizer.step()
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    on_gpu = trained(device)
+    assert on_gpu.device == device
+    assert torch.allclose(on_gpu.cpu(), trained(torch.device("cpu")), rtol=0, atol=1e-9)

@@ -23,7 +23,8 @@ class _DistributedAdasumOptimizer:
     change; every rank ends the step with the same parameters. A parameter that had no gradient
     on a rank takes part with no change there.
 
-    Adasum combines host tensors (parameters on the CPU), over a process set of a power-of-two
+    Adasum combines floating-point parameters, on the host or on a GPU (whose changes the runtime
+    combines on the host: docs/user_guide.md, "Adasum"), over a process set of a power-of-two
     size; a rank outside ``process_set`` steps on its own. As under Horovod, the step happens in
     backward, so nothing between backward and ``step()`` changes it (gradient clipping, a
     ``GradScaler``'s unscaling), ``synchronize()`` does nothing and ``skip_synchronize()`` raises.
@@ -35,10 +36,6 @@ class _DistributedAdasumOptimizer:
         all_params = [p for g in self.param_groups for p in g["params"]]
         if isinstance(self, torch.optim.LBFGS):
             raise ValueError("op=Adasum steps each parameter alone, which LBFGS cannot do")
-        on_device = [p for p in all_params if p.device.type != "cpu"]
-        if on_device:
-            raise ValueError("op=Adasum combines host tensors; %d parameters are on %s"
-                             % (len(on_device), on_device[0].device))
         not_floating = [p for p in all_params if not p.is_floating_point()]
         if not_floating:
             raise ValueError("op=Adasum combines floating-point parameters, not %s"
