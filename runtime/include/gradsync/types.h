@@ -31,8 +31,8 @@ enum class ReduceOp : uint8_t {
   kMin = 2,
   kMax = 3,
   kProduct = 4,
-  // Horovod's adaptive summation (ops/mpi/adasum.h): allreduce of floating-point host tensors on
-  // a process set of a power-of-two size.
+  // Horovod's adaptive summation (ops/mpi/adasum.h): allreduce of floating-point tensors (a
+  // device's combined on the host) on a process set of a power-of-two size.
   kAdasum = 5,
 };
 constexpr int kNumReduceOps = 6;
