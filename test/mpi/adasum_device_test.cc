@@ -1,8 +1,8 @@
 // op=Adasum on device tensors, through the whole path (the API, negotiation and the locked
 // schedule, the device plane, the finalizer) with the device plane's backend on the host
-// (MakeHostBackedDevicePlane: host memory labelled cuda:0). The device plane packs an Adasum
-// bucket as the MPI plane packs it, so device tensors must get the very bytes host tensors get,
-// besides matching the tree. Part of adasum_test (1, 2 and 4 ranks).
+// (AdasumTest's MakeHostBackedDevicePlane: host memory labelled cuda:0). The device plane packs an
+// Adasum bucket as the MPI plane packs it, so device tensors must get the very bytes host tensors
+// get, besides matching the tree. Part of adasum_test (1, 2 and 4 ranks).
 #include <mpi.h>
 
 #include <cmath>
@@ -11,30 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "ops/device/device_plane_factory.h"
 #include "test/mpi/adasum_reference.h"
 #include "test/mpi/multi_rank_test.h"
 
 namespace gradsync {
 namespace testing {
 namespace {
-
-class AdasumOnDeviceTest : public MultiRankTest {
- protected:
-  void SetUp() override {
-    SetDevicePlaneFactoryForTesting(&MakeHostBackedDevicePlane);
-    MultiRankTest::SetUp();
-  }
-  void TearDown() override {
-    MultiRankTest::TearDown();
-    SetDevicePlaneFactoryForTesting(nullptr);
-  }
-};
-
-TensorView OnDevice(TensorView view) {
-  view.device = Device::Cuda(0);
-  return view;
-}
 
 // Tensors of `sizes` elements holding Input(rank, seed + t, ...), combined by Adasum with
 // `options`' scales, on the host or the device: as one group, or each alone and waited for before
@@ -51,7 +33,7 @@ std::vector<std::unique_ptr<HostTensor>> Combined(int rank, DataType dtype,
     for (int64_t i = 0; i < sizes[t]; ++i) {
       tensors.back()->Set(i, Input(rank, seed + static_cast<int>(t), i));
     }
-    views.push_back(device ? OnDevice(tensors.back()->view()) : tensors.back()->view());
+    views.push_back(Placed(tensors.back()->view(), device));
     names.push_back("adasum." + std::string(device ? "device." : "host.") + DataTypeName(dtype) +
                     "." + std::to_string(seed) + (grouped ? ".group." : ".alone.") +
                     std::to_string(t));
@@ -93,7 +75,7 @@ std::vector<std::unique_ptr<HostTensor>> Combined(int rank, DataType dtype,
 // Sizes that put the tensors off the device layout's 16-byte boundaries, and an empty one.
 const std::vector<int64_t> kSizes{1, 7, 1000, 0, 33, 4099};
 
-TEST_F(AdasumOnDeviceTest, DeviceTensorsGetTheHostsBytesInEveryFloatingDtype) {
+TEST_F(AdasumTest, DeviceTensorsGetTheHostsBytesInEveryFloatingDtype) {
   for (DataType dtype :
        {DataType::kFloat64, DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
     for (bool grouped : {true, false}) {
@@ -120,7 +102,7 @@ TEST_F(AdasumOnDeviceTest, DeviceTensorsGetTheHostsBytesInEveryFloatingDtype) {
 
 // Gradients as views into one allocation, back to back (bucket views): combined where they lie,
 // with the same bytes as separate host tensors in one group.
-TEST_F(AdasumOnDeviceTest, ViewsBackToBackAreCombinedWhereTheyLie) {
+TEST_F(AdasumTest, ViewsBackToBackAreCombinedWhereTheyLie) {
   const std::vector<int64_t> sizes{16, 1000, 4, 64};  // whole 16-byte units: a packed layout
   int64_t total = 0;
   for (int64_t n : sizes) total += n;
@@ -146,83 +128,6 @@ TEST_F(AdasumOnDeviceTest, ViewsBackToBackAreCombinedWhereTheyLie) {
         << "tensor " << t;
     at += sizes[t];
   }
-}
-
-// Out of place: the result lands in the output, the input stays as it was.
-TEST_F(AdasumOnDeviceTest, OutOfPlaceLeavesTheInput) {
-  auto host = Combined(rank_, DataType::kFloat64, {77}, 4, false, false, AllreduceOptions());
-  HostTensor in(DataType::kFloat64, {77});
-  HostTensor out(DataType::kFloat64, {77});
-  for (int64_t i = 0; i < in.size(); ++i) in.Set(i, Input(rank_, 4, i));
-  AllreduceOptions options;
-  options.op = ReduceOp::kAdasum;
-  ASSERT_TRUE(Succeeds(allreduce(OnDevice(in.view()), OnDevice(out.view()), options)));
-  EXPECT_TRUE(SameBytes(&out, host[0].get(), sizeof(double)));
-  for (int64_t i = 0; i < in.size(); ++i) ASSERT_EQ(in.Get(i), Input(rank_, 4, i)) << i;
-}
-
-// A training loop's steps on the device: the same names every step, which the loop locks.
-TEST_F(AdasumOnDeviceTest, StepAfterStepNegotiatedAndLocked) {
-  const std::vector<int64_t> sizes{40, 3, 700};
-  for (int step = 0; step < 8; ++step) {
-    std::vector<std::unique_ptr<HostTensor>> grads;
-    std::vector<Handle> handles;
-    for (size_t t = 0; t < sizes.size(); ++t) {
-      grads.push_back(
-          std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{sizes[t]}));
-      for (int64_t i = 0; i < sizes[t]; ++i) grads.back()->Set(i, Input(rank_, step + t, i));
-      AllreduceOptions options;
-      options.op = ReduceOp::kAdasum;
-      options.name = "adasum.device.step." + std::to_string(t);
-      handles.push_back(allreduce(OnDevice(grads.back()->view()), options));
-    }
-    for (const Handle& h : handles) ASSERT_TRUE(Succeeds(h)) << "step " << step;
-    for (size_t t = 0; t < sizes.size(); ++t) {
-      const Vector want = Reference(size_, step + static_cast<int>(t), sizes[t]);
-      for (int64_t i = 0; i < sizes[t]; ++i) {
-        ASSERT_NEAR(grads[t]->Get(i), want[i], 1e-5 * (1 + std::fabs(want[i])))
-            << "step " << step << ", tensor " << t << ", element " << i;
-      }
-    }
-  }
-}
-
-// A joined rank's stand-in holds zeros, which leave the other side of each pair as it is.
-TEST_F(AdasumOnDeviceTest, JoinedRanksLeaveTheOthersResultAsItIs) {
-  const int running = std::max(1, size_ / 2);
-  HostTensor t(DataType::kFloat64, {90});
-  for (int64_t i = 0; i < t.size(); ++i) t.Set(i, Input(rank_, 9, i));
-  if (rank_ < running) {
-    AllreduceOptions options;
-    options.op = ReduceOp::kAdasum;
-    options.name = "adasum.device.joined";
-    ASSERT_TRUE(Succeeds(allreduce(OnDevice(t.view()), options)));
-  }
-  join();
-  if (rank_ >= running) return;
-  std::vector<Vector> of_rank(static_cast<size_t>(size_), Vector(90, 0.0));
-  for (int r = 0; r < running; ++r) {
-    for (int64_t i = 0; i < 90; ++i) of_rank[r][i] = Input(r, 9, i);
-  }
-  const Vector want = Tree(of_rank);
-  for (int64_t i = 0; i < 90; ++i) ASSERT_NEAR(t.Get(i), want[i], 1e-12 * (1 + std::fabs(want[i])));
-}
-
-TEST_F(AdasumOnDeviceTest, RefusesIntegersAndSetsOfOtherSizes) {
-  AllreduceOptions options;
-  options.op = ReduceOp::kAdasum;
-  HostTensor ints(DataType::kInt32, {4});
-  EXPECT_TRUE(ThrowsWith([&] { allreduce(OnDevice(ints.view()), options); },
-                         StatusCode::kInvalidArgument, "floating-point"));
-  if (size_ < 4) return;
-  HostTensor floats(DataType::kFloat32, {4});
-  ProcessSet three = add_process_set({0, 1, 2});
-  if (three.included()) {
-    options.process_set = three;
-    EXPECT_TRUE(ThrowsWith([&] { allreduce(OnDevice(floats.view()), options); },
-                           StatusCode::kInvalidArgument, "power-of-two size, not 3"));
-  }
-  remove_process_set(three);
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
-// What op=Adasum must give, for adasum_test's cases on host tensors and on device tensors: every
-// rank's inputs combined up Adasum's tree in double precision, and a check that every rank holds
-// the same bytes.
+// adasum_test's fixture, and what op=Adasum must give, for its cases on host tensors and on device
+// tensors: every rank's inputs combined up Adasum's tree in double precision, and a check that
+// every rank holds the same bytes.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cmath>
@@ -10,10 +11,31 @@
 #include <vector>
 
 #include "gradsync/types.h"
+#include "ops/device/device_plane_factory.h"
 #include "test/mpi/multi_rank_test.h"
 
 namespace gradsync {
 namespace testing {
+
+// adasum_test's cases: host tensors, and device tensors (host memory labelled cuda:0) through a
+// device plane whose backend is the host's (MakeHostBackedDevicePlane).
+class AdasumTest : public MultiRankTest {
+ protected:
+  void SetUp() override {
+    SetDevicePlaneFactoryForTesting(&MakeHostBackedDevicePlane);
+    MultiRankTest::SetUp();
+  }
+  void TearDown() override {
+    MultiRankTest::TearDown();
+    SetDevicePlaneFactoryForTesting(nullptr);
+  }
+};
+
+// `view`, relabelled as a device tensor where `device`.
+inline TensorView Placed(TensorView view, bool device) {
+  if (device) view.device = Device::Cuda(0);
+  return view;
+}
 
 using Vector = std::vector<double>;
 
@@ -75,6 +97,24 @@ inline bool SameOnEveryRank(HostTensor* t, size_t element_size) {
   int same = root == mine ? 1 : 0, all = 0;
   MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
   return all == 1;
+}
+
+// Whether `t` holds tensor `seed`'s tree when only ranks below `running` ran it: the others joined
+// and took part with zeros.
+inline ::testing::AssertionResult IsTreeWithJoined(const HostTensor& t, int size, int running,
+                                                   int seed) {
+  std::vector<Vector> of_rank(static_cast<size_t>(size), Vector(static_cast<size_t>(t.size())));
+  for (int r = 0; r < running; ++r) {
+    for (int64_t i = 0; i < t.size(); ++i) of_rank[r][i] = Input(r, seed, i);
+  }
+  const Vector want = Tree(of_rank);
+  for (int64_t i = 0; i < t.size(); ++i) {
+    if (std::fabs(t.Get(i) - want[i]) > 1e-12 * (1 + std::fabs(want[i]))) {
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << t.Get(i) << ", wanted " << want[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
 }
 
 }  // namespace testing

@@ -17,8 +17,6 @@ namespace gradsync {
 namespace testing {
 namespace {
 
-using AdasumTest = MultiRankTest;
-
 TEST_F(AdasumTest, FusedAndAloneMatchTheTreeInEveryFloatingDtype) {
   const std::vector<int64_t> sizes{1, 7, 1000, 0, 33, 4099};
   for (DataType dtype :
@@ -87,18 +85,21 @@ TEST_F(AdasumTest, OrthogonalAddUpEqualStayAndZeroChangesNothing) {
   }
 }
 
-// Out of place: the result lands in the output, the input stays as it was.
+// Out of place, host and device tensors: the result lands in the output, the input stays.
 TEST_F(AdasumTest, OutOfPlaceLeavesTheInput) {
-  HostTensor in(DataType::kFloat64, {77});
-  HostTensor out(DataType::kFloat64, {77});
-  for (int64_t i = 0; i < in.size(); ++i) in.Set(i, Input(rank_, 4, i));
-  AllreduceOptions options;
-  options.op = ReduceOp::kAdasum;
-  ASSERT_TRUE(Succeeds(allreduce(in.view(), out.view(), options)));
-  const Vector want = Reference(size_, 4, in.size());
-  for (int64_t i = 0; i < in.size(); ++i) {
-    ASSERT_EQ(in.Get(i), Input(rank_, 4, i)) << i;
-    ASSERT_NEAR(out.Get(i), want[i], 1e-12 * (1 + std::fabs(want[i]))) << i;
+  for (bool device : {false, true}) {
+    HostTensor in(DataType::kFloat64, {77});
+    HostTensor out(DataType::kFloat64, {77});
+    for (int64_t i = 0; i < in.size(); ++i) in.Set(i, Input(rank_, 4, i));
+    AllreduceOptions options;
+    options.op = ReduceOp::kAdasum;
+    ASSERT_TRUE(
+        Succeeds(allreduce(Placed(in.view(), device), Placed(out.view(), device), options)));
+    const Vector want = Reference(size_, 4, in.size());
+    for (int64_t i = 0; i < in.size(); ++i) {
+      ASSERT_EQ(in.Get(i), Input(rank_, 4, i)) << i;
+      ASSERT_NEAR(out.Get(i), want[i], 1e-12 * (1 + std::fabs(want[i]))) << i;
+    }
   }
 }
 
@@ -127,28 +128,33 @@ TEST_F(AdasumTest, ScalesApplyBeforeAndAfter) {
   }
 }
 
-// A training loop's steps: the same names every step, which the loop locks after a few.
+// A training loop's steps, host and device tensors: the same names every step, which the loop
+// locks after a few.
 TEST_F(AdasumTest, StepAfterStepNegotiatedAndLocked) {
   const std::vector<int64_t> sizes{40, 3, 700};
-  for (int step = 0; step < 8; ++step) {
-    std::vector<std::unique_ptr<HostTensor>> grads;
-    std::vector<Handle> handles;
-    for (size_t t = 0; t < sizes.size(); ++t) {
-      grads.push_back(
-          std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{sizes[t]}));
-      const int seed = static_cast<int>(t) + step;
-      for (int64_t i = 0; i < sizes[t]; ++i) grads.back()->Set(i, Input(rank_, seed, i));
-      AllreduceOptions options;
-      options.op = ReduceOp::kAdasum;
-      options.name = "adasum.step." + std::to_string(t);
-      handles.push_back(allreduce(grads.back()->view(), options));
-    }
-    for (const Handle& h : handles) ASSERT_TRUE(Succeeds(h)) << "step " << step;
-    for (size_t t = 0; t < sizes.size(); ++t) {
-      const Vector want = Reference(size_, static_cast<int>(t) + step, sizes[t]);
-      for (int64_t i = 0; i < sizes[t]; ++i) {
-        ASSERT_NEAR(grads[t]->Get(i), want[i], 1e-5 * (1 + std::fabs(want[i])))
-            << "step " << step << ", tensor " << t << ", element " << i;
+  for (bool device : {false, true}) {
+    for (int step = 0; step < 8; ++step) {
+      std::vector<std::unique_ptr<HostTensor>> grads;
+      std::vector<Handle> handles;
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        grads.push_back(
+            std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{sizes[t]}));
+        const int seed = static_cast<int>(t) + step;
+        for (int64_t i = 0; i < sizes[t]; ++i) grads.back()->Set(i, Input(rank_, seed, i));
+        AllreduceOptions options;
+        options.op = ReduceOp::kAdasum;
+        options.name =
+            std::string(device ? "adasum.step.device." : "adasum.step.") + std::to_string(t);
+        handles.push_back(allreduce(Placed(grads.back()->view(), device), options));
+      }
+      for (const Handle& h : handles) ASSERT_TRUE(Succeeds(h)) << "step " << step;
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        const Vector want = Reference(size_, static_cast<int>(t) + step, sizes[t]);
+        for (int64_t i = 0; i < sizes[t]; ++i) {
+          ASSERT_NEAR(grads[t]->Get(i), want[i], 1e-5 * (1 + std::fabs(want[i])))
+              << (device ? "device" : "host") << ", step " << step << ", tensor " << t
+              << ", element " << i;
+        }
       }
     }
   }
@@ -185,47 +191,52 @@ TEST_F(AdasumTest, ABatchCombinesEachTensorAsItself) {
   }
 }
 
-// A joined rank takes part with zeros, which leave the other side of each pair as it is.
+// A joined rank takes part with zeros (a device plane's stand-in holds them in its memory), which
+// leave the other side of each pair as it is.
 TEST_F(AdasumTest, JoinedRanksLeaveTheOthersResultAsItIs) {
-  const bool runs = rank_ < std::max(1, size_ / 2);
-  HostTensor t(DataType::kFloat64, {90});
-  for (int64_t i = 0; i < t.size(); ++i) t.Set(i, Input(rank_, 9, i));
-  if (runs) {
-    AllreduceOptions options;
-    options.op = ReduceOp::kAdasum;
-    options.name = "adasum.joined";
-    ASSERT_TRUE(Succeeds(allreduce(t.view(), options)));
+  const int running = std::max(1, size_ / 2);
+  for (bool device : {false, true}) {
+    HostTensor t(DataType::kFloat64, {90});
+    for (int64_t i = 0; i < t.size(); ++i) t.Set(i, Input(rank_, 9, i));
+    if (rank_ < running) {
+      AllreduceOptions options;
+      options.op = ReduceOp::kAdasum;
+      options.name = device ? "adasum.joined.device" : "adasum.joined";
+      ASSERT_TRUE(Succeeds(allreduce(Placed(t.view(), device), options)));
+    }
+    join();
+    if (rank_ < running) {
+      EXPECT_TRUE(IsTreeWithJoined(t, size_, running, 9)) << (device ? "device" : "host");
+    }
   }
-  join();
-  if (!runs) return;
-  std::vector<Vector> of_rank(static_cast<size_t>(size_), Vector(90, 0.0));
-  for (int r = 0; r < std::max(1, size_ / 2); ++r) {
-    for (int64_t i = 0; i < 90; ++i) of_rank[r][i] = Input(r, 9, i);
-  }
-  const Vector want = Tree(of_rank);
-  for (int64_t i = 0; i < 90; ++i) ASSERT_NEAR(t.Get(i), want[i], 1e-12 * (1 + std::fabs(want[i])));
 }
 
+// Enqueue refuses these before any plane sees them, host and device tensors alike.
 TEST_F(AdasumTest, RefusesWhatItCannotCombine) {
   AllreduceOptions options;
   options.op = ReduceOp::kAdasum;
   HostTensor ints(DataType::kInt32, {4});
-  EXPECT_TRUE(ThrowsWith([&] { allreduce(ints.view(), options); }, StatusCode::kInvalidArgument,
-                         "floating-point"));
   HostTensor floats(DataType::kFloat32, {4});
-  ReducescatterOptions scatter;
-  scatter.op = ReduceOp::kAdasum;
-  std::unique_ptr<HostTensor> share;
-  EXPECT_TRUE(ThrowsWith([&] { reducescatter(floats.view(), Into(&share), scatter); },
-                         StatusCode::kInvalidArgument, "allreduce op"));
-  if (size_ < 4) return;
-  ProcessSet three = add_process_set({0, 1, 2});
-  if (three.included()) {
-    options.process_set = three;
-    EXPECT_TRUE(ThrowsWith([&] { allreduce(floats.view(), options); }, StatusCode::kInvalidArgument,
-                           "power-of-two size, not 3"));
+  for (bool device : {false, true}) {
+    const TensorView ints_view = Placed(ints.view(), device);
+    const TensorView floats_view = Placed(floats.view(), device);
+    EXPECT_TRUE(ThrowsWith([&] { allreduce(ints_view, options); }, StatusCode::kInvalidArgument,
+                           "floating-point"));
+    ReducescatterOptions scatter;
+    scatter.op = ReduceOp::kAdasum;
+    std::unique_ptr<HostTensor> share;
+    EXPECT_TRUE(ThrowsWith([&] { reducescatter(floats_view, Into(&share), scatter); },
+                           StatusCode::kInvalidArgument, "allreduce op"));
+    if (size_ < 4) continue;
+    ProcessSet three = add_process_set({0, 1, 2});
+    if (three.included()) {
+      AllreduceOptions in_three = options;
+      in_three.process_set = three;
+      EXPECT_TRUE(ThrowsWith([&] { allreduce(floats_view, in_three); },
+                             StatusCode::kInvalidArgument, "power-of-two size, not 3"));
+    }
+    remove_process_set(three);
   }
-  remove_process_set(three);
 }
 
 // A process set of two, at 4 ranks: each pair combines its own.
