@@ -15,12 +15,6 @@ namespace gradsync {
 namespace testing {
 namespace {
 
-std::vector<std::string> Labels(std::vector<DataPlane::TimedPhase> phases) {
-  std::vector<std::string> labels;
-  for (const DataPlane::TimedPhase& phase : phases) labels.push_back(phase.label);
-  return labels;
-}
-
 ::testing::AssertionResult IsTheTree(const HostTensor& tensor, int size, int t) {
   const Vector want = Reference(size, t, tensor.size());
   for (int64_t i = 0; i < tensor.size(); ++i) {

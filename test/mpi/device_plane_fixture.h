@@ -72,6 +72,13 @@ class DevicePlaneTest : public ::testing::Test {
   std::unique_ptr<DevicePlane> plane_;
 };
 
+// The labels of a launch's recorded phases, in order.
+inline std::vector<std::string> Labels(const std::vector<DataPlane::TimedPhase>& phases) {
+  std::vector<std::string> labels;
+  for (const DataPlane::TimedPhase& phase : phases) labels.push_back(phase.label);
+  return labels;
+}
+
 inline void Fill(HostTensor* tensor, ReduceOp op, int rank) {
   for (int64_t i = 0; i < tensor->size(); ++i) tensor->Set(i, Value(op, rank, i));
 }

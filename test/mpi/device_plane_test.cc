@@ -196,12 +196,6 @@ class Views {
   bool out_of_place_ = false;
 };
 
-std::vector<std::string> Labels(const std::vector<DataPlane::TimedPhase>& phases) {
-  std::vector<std::string> labels;
-  for (const DataPlane::TimedPhase& phase : phases) labels.push_back(phase.label);
-  return labels;
-}
-
 // A bucket whose tensors lie back to back in bucket order, each a whole number of 16 bytes but
 // the last (a flat gradient buffer's views), is reduced where it lies: no copy unless a scale
 // needs one, in place or into outputs that lie the same way.
