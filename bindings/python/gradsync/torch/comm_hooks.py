@@ -18,6 +18,7 @@ Thread safety: one wrapper's hooks run on the thread of its backward.
 """
 
 import contextlib
+import importlib
 import threading
 
 import torch
@@ -264,3 +265,48 @@ class HookRunner:
         params = bucket.parameters()
         return [(bucket.index(), p, piece if piece.dtype == p.dtype else piece.to(p.dtype))
                 for p, piece in zip(params, flat_views(value.reshape(-1), params))]
+
+
+def _wrapped_by_compress_wrapper(hook):
+    """(DDP's wrapper maker, the hook it wraps) where ``hook`` is DDP's fp16_compress_wrapper or
+    bf16_compress_wrapper around a hook, else None. The wrapper is a closure of DDP's over that
+    one hook."""
+    try:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    except ImportError:
+        return None
+    if getattr(hook, "__module__", None) != default_hooks.__name__:
+        return None
+    maker = getattr(default_hooks, hook.__qualname__.split(".")[0], None)
+    cells = [c.cell_contents for c in (getattr(hook, "__closure__", None) or ())]
+    inner = [c for c in cells if callable(c)]
+    if maker is None or not hook.__qualname__.endswith("_compress_wrapper_hook") or len(inner) != 1:
+        return None
+    return maker, inner[0]
+
+
+def _pytorch_hooks():
+    """PyTorch DDP's hooks that gradsync runs in its own form: (their module, name, ours)."""
+    from gradsync.torch import local_sgd, powersgd  # they build on this module
+    return [("powerSGD_hook", "powerSGD_hook", powersgd.powerSGD_hook),
+            ("powerSGD_hook", "batched_powerSGD_hook", powersgd.batched_powerSGD_hook),
+            ("post_localSGD_hook", "post_localSGD_hook", local_sgd.post_localSGD_hook)]
+
+
+def gradsync_form_of(hook):
+    """The hook ``register_comm_hook`` runs for ``hook``: gradsync's for PyTorch's PowerSGD and
+    post-local SGD hooks, also inside DDP's fp16_compress_wrapper or bf16_compress_wrapper;
+    ``hook`` itself otherwise."""
+    wrapped = _wrapped_by_compress_wrapper(hook)
+    if wrapped is not None:
+        maker, inner = wrapped
+        ours = gradsync_form_of(inner)
+        return hook if ours is inner else maker(ours)
+    for module, name, ours in _pytorch_hooks():
+        try:
+            theirs = importlib.import_module("torch.distributed.algorithms.ddp_comm_hooks." + module)
+        except ImportError:
+            continue
+        if hook is getattr(theirs, name, None):
+            return ours
+    return hook

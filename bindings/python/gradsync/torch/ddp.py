@@ -11,7 +11,7 @@ import torch
 from gradsync import _core
 from gradsync.torch.allreduce import allreduce, allreduce_async_, grouped_allreduce_async_
 from gradsync.torch.bucket_views import BucketViews
-from gradsync.torch.comm_hooks import HookRunner
+from gradsync.torch.comm_hooks import HookRunner, gradsync_form_of
 from gradsync.torch.compression import Compression, compression_of_comm_hook
 from gradsync.torch.ddp_buckets import buckets_of
 from gradsync.torch.ddp_buffers import broadcast_buffers, hand_over_buffers
@@ -19,7 +19,6 @@ from gradsync.torch.functions import broadcast_parameters
 from gradsync.torch.grad_hooks import _weakly, queue_end_of_backward, register_grad_ready_hook
 from gradsync.torch.gradient_batch import GradientBatch
 from gradsync.torch.handles import _results_in_turn, synchronize
-from gradsync.torch.powersgd import gradsync_form_of
 from gradsync.torch.process_sets import _collective_prefix, _id_of, global_process_set
 from gradsync.torch.sync_batch_norm import warn_of_torch_sync_batch_norm
 from gradsync.torch.wire import (_CORE_OPS, Average, Sum, _note_producer, _release_after_consumer,
