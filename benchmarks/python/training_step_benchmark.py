@@ -18,6 +18,11 @@ same model, from the same initial weights, with SGD and momentum, on the same sy
   ddp-powersgd, gs-ddp-powersgd
             the two wrappers with DDP's PowerSGD hook and state (rank 1, compressing from the
             third step; not run unless named in --modes): read one against the other
+  ddp-localsgd, gs-ddp-localsgd
+            the two wrappers with DDP's post_localSGD_hook (local from the third step, within this
+            node's ranks: every rank, on one host) and PyTorch's PostLocalSGDOptimizer averaging the parameters every
+            fourth step from the third (DDP: PyTorch's PeriodicModelAverager; gradsync: its own;
+            not run unless named in --modes)
   gs-adasum gradsync.torch.DistributedOptimizer(op=Adasum), Horovod's Adasum optimizer: each
             rank steps alone and the steps are combined (not run unless named in --modes; its
             parameters are its own, not DDP's)
@@ -58,7 +63,7 @@ import gradsync.torch as hvd
 
 MODES = ("none", "ddp", "gs-opt", "gs-ddp")
 MORE_MODES = ("ddp-views", "gs-ddp-views", "ddp-fp16", "gs-ddp-fp16", "ddp-powersgd",
-              "gs-ddp-powersgd", "gs-adasum")
+              "gs-ddp-powersgd", "ddp-localsgd", "gs-ddp-localsgd", "gs-adasum")
 
 
 def parse_args():
@@ -130,6 +135,25 @@ class Workload:
         return torch.nn.functional.cross_entropy(model(self.inputs), self.targets)
 
 
+def post_local_sgd(module, optimizer, gradsync):
+    """Post-local SGD from the third step, the parameters averaged every fourth step from then."""
+    from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as post_local
+    from torch.distributed.optim import PostLocalSGDOptimizer
+    if gradsync:
+        from gradsync.torch.local_sgd import PeriodicModelAverager
+    else:
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    # The subgroup is the node's ranks: gradsync's default, and on one host DDP's whole world
+    # (PyTorch's own default makes groups of as many ranks as the node has GPUs).
+    import torch.distributed as dist
+    subgroup = None if gradsync else dist.group.WORLD
+    module.register_comm_hook(
+        post_local.PostLocalSGDState(process_group=None, subgroup=subgroup, start_localSGD_iter=2),
+        post_local.post_localSGD_hook)
+    return PostLocalSGDOptimizer(optim=optimizer,
+                                 averager=PeriodicModelAverager(period=4, warmup_steps=2))
+
+
 class Mode:
     """One way of training: its module (the one called) and its optimizer."""
 
@@ -157,6 +181,8 @@ class Mode:
             self.module.register_comm_hook(
                 powersgd.PowerSGDState(process_group=None, start_powerSGD_iter=2),
                 powersgd.powerSGD_hook)
+        if name.endswith("-localsgd"):
+            optimizer = post_local_sgd(self.module, optimizer, name.startswith("gs-"))
         if name in ("gs-opt", "gs-adasum"):
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             optimizer = hvd.DistributedOptimizer(
