@@ -145,3 +145,15 @@ def test_what_it_cannot_take_is_refused():
         local_sgd.post_localSGD_hook)
     with pytest.raises(ValueError, match="ProcessSet or None"):
         loss_of(model, *batch(0, 0)).backward()
+
+
+def test_a_wrapper_over_a_process_set_needs_the_subgroup(subgroups, size):
+    """The default subgroup, this node's ranks, is for a wrapper over every rank."""
+    if size < 2:
+        pytest.skip("needs a process set that is not every rank")
+    model = hvd.DistributedDataParallel(make_model(), process_set=subgroups)
+    model.register_comm_hook(
+        local_sgd.PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=0),
+        local_sgd.post_localSGD_hook)
+    with pytest.raises(ValueError, match="subgroup given"):
+        loss_of(model, *batch(0, 0)).backward()

@@ -127,6 +127,12 @@ def _complete(future):
         future.set_result(result)
 
 
+def hook_process_set():
+    """Within a hook or its callbacks, the wrapper's process set; elsewhere the global set."""
+    context = getattr(_local, "context", None)
+    return context.runner.process_set if context is not None else global_process_set
+
+
 def allreduce_future(tensor, op=Average, name=None, process_set=None):
     """Starts reducing ``tensor`` in place over the ranks; returns a ``torch.futures.Future``
     whose value is ``tensor`` once reduced (not a list, unlike ``torch.distributed``'s).
@@ -138,7 +144,7 @@ def allreduce_future(tensor, op=Average, name=None, process_set=None):
     if name is None and context is not None:
         name = context.next_name()
     if process_set is None:
-        process_set = context.runner.process_set if context is not None else global_process_set
+        process_set = hook_process_set()
     future = _HookFuture(allreduce_async_(tensor, name=name, op=op, process_set=process_set),
                          context)
     if context is not None:

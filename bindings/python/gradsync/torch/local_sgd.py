@@ -21,7 +21,7 @@ import torch
 from gradsync.torch import basics
 from gradsync.torch.allgather import allgather
 from gradsync.torch.allreduce import grouped_allreduce_
-from gradsync.torch.comm_hooks import allreduce_future
+from gradsync.torch.comm_hooks import allreduce_future, hook_process_set
 from gradsync.torch.process_sets import ProcessSet, add_process_set, global_process_set
 from gradsync.torch.wire import Average
 
@@ -68,8 +68,9 @@ def post_localSGD_hook(state, bucket):
         local.set_result(bucket.buffer())
         return local
     if state.subgroup is None:
-        if state.process_group is not None:
-            raise ValueError("post-local SGD over a process set needs its subgroup given")
+        if state.process_group is not None or hook_process_set().process_set_id != 0:
+            raise ValueError("post-local SGD over a process set needs its subgroup given: the "
+                             "default, this node's ranks, is for a wrapper over every rank")
         state.subgroup = node_process_set()
     return allreduce_future(bucket.buffer(), process_set=_process_set(state.subgroup, "subgroup"))
 
