@@ -401,7 +401,8 @@ class DistributedDataParallel(torch.nn.Module):
         ``fp16_compress_hook`` and ``bf16_compress_hook`` (gradients travel in that dtype), whose
         ``state`` (DDP's process group) is unused: the wrapper's ``process_set`` plays its part.
         DDP's ``powerSGD_hook`` and ``batched_powerSGD_hook`` run as gradsync's
-        (``gradsync.torch.powersgd``), with the ``PowerSGDState`` given. As under DDP, every rank
+        (``gradsync.torch.powersgd``), with the ``PowerSGDState`` given, and DDP's
+        ``post_localSGD_hook`` as ``gradsync.torch.local_sgd``'s. As under DDP, every rank
         registers the same, once, before its first backward."""
         if not callable(hook):
             raise TypeError("register_comm_hook takes a callable hook, not %r" % (hook,))
