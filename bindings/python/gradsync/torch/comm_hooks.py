@@ -172,7 +172,9 @@ class HookRunner:
         self._waiting = {}  # bucket index -> (GradBucket) of a bucket whose turn has not come
         self._called = []  # (GradBucket, its hook's future), in bucket order
         self._error = None
-        self._host_buffers = {}  # bucket index -> its flat host buffer, kept from step to step
+        # bucket index -> (its flat host buffer, the gradients' views into it), kept from step to
+        # step: making 2 views a gradient every step cost more than the hook's own work
+        self._host_buffers = {}
 
     def note_error(self, error):
         if self._error is None:
@@ -201,10 +203,12 @@ class HookRunner:
         if first.is_cuda:
             return torch.cat([g.reshape(-1) for g in grads])
         size = sum(g.numel() for g in grads)
-        buffer = self._host_buffers.get(index)
-        if buffer is None or buffer.numel() != size or buffer.dtype != first.dtype:
-            buffer = self._host_buffers[index] = torch.empty(size, dtype=first.dtype)
-        for g, slot in zip(grads, flat_views(buffer, grads)):
+        kept = self._host_buffers.get(index)
+        if kept is None or kept[0].numel() != size or kept[0].dtype != first.dtype:
+            buffer = torch.empty(size, dtype=first.dtype)
+            kept = self._host_buffers[index] = (buffer, flat_views(buffer, grads))
+        buffer, slots = kept
+        for g, slot in zip(grads, slots):
             if g.data_ptr() != slot.data_ptr():  # a gradient written there last step is there
                 slot.copy_(g)
         return buffer
@@ -253,8 +257,7 @@ class HookRunner:
         # hook's callbacks did not look at its result.
         raise error
 
-    @staticmethod
-    def _results(bucket, future):
+    def _results(self, bucket, future):
         if not future.done():
             raise RuntimeError("DistributedDataParallel: the communication hook's future for "
                                "bucket %d was not complete at the end of backward: complete it "
@@ -269,8 +272,18 @@ class HookRunner:
                                "bucket %d must hold a tensor of the bucket's %d elements, not "
                                "%r" % (bucket.index(), size, value))
         params = bucket.parameters()
+        pieces = self._pieces(bucket.index(), value.reshape(-1), params)
         return [(bucket.index(), p, piece if piece.dtype == p.dtype else piece.to(p.dtype))
-                for p, piece in zip(params, flat_views(value.reshape(-1), params))]
+                for p, piece in zip(params, pieces)]
+
+    def _pieces(self, index, flat, params):
+        """Each parameter's part of a bucket's result: the kept views where the result is the
+        bucket's host buffer (a hook that reduced it in place)."""
+        kept = self._host_buffers.get(index)
+        if (kept is not None and kept[0].data_ptr() == flat.data_ptr() and
+                kept[0].numel() == flat.numel() and kept[0].dtype == flat.dtype):
+            return kept[1]
+        return flat_views(flat, params)
 
 
 def _wrapped_by_compress_wrapper(hook):
@@ -289,6 +302,9 @@ def _wrapped_by_compress_wrapper(hook):
     if maker is None or not hook.__qualname__.endswith("_compress_wrapper_hook") or len(inner) != 1:
         return None
     return maker, inner[0]
+
+
+_PYTORCH_HOOKS_PACKAGE = "torch.distributed.algorithms.ddp_comm_hooks."
 
 
 def _pytorch_hooks():
@@ -310,7 +326,7 @@ def gradsync_form_of(hook):
         return hook if ours is inner else maker(ours)
     for module, name, ours in _pytorch_hooks():
         try:
-            theirs = importlib.import_module("torch.distributed.algorithms.ddp_comm_hooks." + module)
+            theirs = importlib.import_module(_PYTORCH_HOOKS_PACKAGE + module)
         except ImportError:
             continue
         if hook is getattr(theirs, name, None):
