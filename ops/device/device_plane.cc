@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "ops/device/producer_readiness.h"
+#include "ops/mpi/adasum.h"
 #include "ops/mpi/mpi_types.h"
 #include "runtime/fusion_buffer.h"
 #include "runtime/mpi_context.h"
@@ -248,12 +249,7 @@ Status DevicePlane::AllreduceFused(const std::vector<TensorEntry*>& entries, con
 Status DevicePlane::AllreduceAdasum(const std::vector<TensorEntry*>& entries,
                                     const ReduceSpec& spec) {
   const size_t element_size = DataTypeSize(spec.dtype);
-  adasum_tensors_.clear();
-  int64_t count = 0;
-  for (const TensorEntry* entry : entries) {
-    adasum_tensors_.push_back({count, count + entry->input.num_elements()});
-    count = adasum_tensors_.back().end;
-  }
+  const int64_t count = PackedAdasumRanges(entries, &adasum_tensors_);
   if (count == 0) return FinishLaunch(entries, "DEVICE_ADASUM");
   const void* input = nullptr;
   void* output = nullptr;

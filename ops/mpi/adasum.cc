@@ -161,6 +161,17 @@ template Status AdasumInPlace<float>(float*, int64_t, const std::vector<ElementR
 template Status AdasumInPlace<double>(double*, int64_t, const std::vector<ElementRange>&, MPI_Comm,
                                       std::vector<double>*);
 
+int64_t PackedAdasumRanges(const std::vector<TensorEntry*>& entries,
+                           std::vector<ElementRange>* ranges) {
+  ranges->clear();
+  int64_t total = 0;
+  for (const TensorEntry* entry : entries) {
+    ranges->push_back({total, total + entry->input.num_elements()});
+    total = ranges->back().end;
+  }
+  return total;
+}
+
 Status AdasumBuffer(void* data, DataType dtype, int64_t count,
                     const std::vector<ElementRange>& tensors, double prescale, double postscale,
                     MPI_Comm comm, AdasumScratch* scratch) {

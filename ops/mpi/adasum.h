@@ -27,6 +27,7 @@
 #include "gradsync/status.h"
 #include "gradsync/types.h"
 #include "ops/element_range.h"
+#include "runtime/tensor_entry.h"
 
 namespace gradsync {
 
@@ -45,6 +46,12 @@ struct AdasumScratch {
   std::vector<double> doubles;
   std::vector<float> wide;
 };
+
+// Where each of `entries`' inputs lies in its Adasum bucket: back to back with no gap, as every
+// Adasum bucket is packed (the MPI plane's and the device plane's alike, so that both halve it at
+// the same elements and give the same bits). Returns the bucket's element count.
+int64_t PackedAdasumRanges(const std::vector<TensorEntry*>& entries,
+                           std::vector<ElementRange>* ranges);
 
 // Replaces `count` elements of `dtype` at `data`, host memory holding the packed tensors `tensors`,
 // by `postscale` times the Adasum over `comm` of `prescale` times them, as AdasumInPlace combines.

@@ -17,13 +17,7 @@ Status MpiDataPlane::AllreduceAdasum(const std::vector<TensorEntry*>& entries,
                                      const ReduceSpec& spec) {
   TimelineActivity activity(timeline_, entries, "ADASUM_ALLREDUCE");
   std::vector<ElementRange> tensors;
-  tensors.reserve(entries.size());
-  int64_t total = 0;
-  for (const TensorEntry* entry : entries) {
-    const int64_t n = entry->input.num_elements();
-    tensors.push_back({total, total + n});
-    total += n;
-  }
+  const int64_t total = PackedAdasumRanges(entries, &tensors);
   if (entries.size() == 1 && entries[0]->segments == nullptr) {
     // A tensor alone is combined where its result goes: no copy but the input's to an output
     // elsewhere.

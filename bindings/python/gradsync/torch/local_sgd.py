@@ -115,10 +115,12 @@ def average_parameters(params, process_set=None, name="local_sgd.average"):
     """Averages the parameters (or parameter groups) that have a gradient over ``process_set``
     (None: every rank), in place, in one grouped allreduce."""
     chosen = _parameters_to_average(params)
+    if process_set is None:
+        process_set = global_process_set
     if chosen:
         with torch.no_grad():
             grouped_allreduce_([p.data for p in chosen], op=Average, name=name,
-                               process_set=process_set or global_process_set)
+                               process_set=process_set)
 
 
 class PeriodicModelAverager:
