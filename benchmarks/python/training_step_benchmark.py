@@ -20,9 +20,12 @@ same model, from the same initial weights, with SGD and momentum, on the same sy
             third step; not run unless named in --modes): read one against the other
   ddp-localsgd, gs-ddp-localsgd
             the two wrappers with DDP's post_localSGD_hook (local from the third step, within this
-            node's ranks: every rank, on one host) and PyTorch's PostLocalSGDOptimizer averaging the parameters every
-            fourth step from the third (DDP: PyTorch's PeriodicModelAverager; gradsync: its own;
-            not run unless named in --modes)
+            node's ranks: every rank, on one host) and PyTorch's PostLocalSGDOptimizer averaging
+            the parameters every fourth step from the third (DDP: PyTorch's PeriodicModelAverager;
+            gradsync: its own; not run unless named in --modes)
+  ddp-gradsync
+            torch.nn.parallel.DistributedDataParallel over gradsync as a torch.distributed backend
+            (gradsync.torch.process_group; not run unless named in --modes): read against ddp
   gs-adasum gradsync.torch.DistributedOptimizer(op=Adasum), Horovod's Adasum optimizer: each
             rank steps alone and the steps are combined (not run unless named in --modes; its
             parameters are its own, not DDP's)
@@ -63,7 +66,8 @@ import gradsync.torch as hvd
 
 MODES = ("none", "ddp", "gs-opt", "gs-ddp")
 MORE_MODES = ("ddp-views", "gs-ddp-views", "ddp-fp16", "gs-ddp-fp16", "ddp-powersgd",
-              "gs-ddp-powersgd", "ddp-localsgd", "gs-ddp-localsgd", "gs-adasum")
+              "gs-ddp-powersgd", "ddp-localsgd", "gs-ddp-localsgd", "gs-adasum",
+              "ddp-gradsync")
 
 
 def parse_args():
@@ -167,8 +171,10 @@ class Mode:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         views = name.endswith("-views")
         if name.startswith("ddp"):
+            group = gradsync_group() if name == "ddp-gradsync" else None
             self.module = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=ddp_device_ids, gradient_as_bucket_view=views)
+                model, device_ids=ddp_device_ids, gradient_as_bucket_view=views,
+                process_group=group)
         elif name.startswith("gs-ddp"):
             self.module = hvd.DistributedDataParallel(model, gradient_as_bucket_view=views)
         else:
@@ -200,6 +206,12 @@ class Mode:
         synchronize_device(self.workload.device)
         if timed:
             self.times.append(time.perf_counter() - start)
+
+
+def gradsync_group():
+    """Every rank in a torch.distributed group of the gradsync backend."""
+    import torch.distributed as dist
+    return dist.new_group(backend="gradsync")
 
 
 def synchronize_device(device):

@@ -335,3 +335,34 @@ def test_cuda_adasum_optimizer_trains_as_on_the_host(device, rank, size):
     on_gpu = trained(device)
     assert on_gpu.device == device
     assert torch.allclose(on_gpu.cpu(), trained(torch.device("cpu")), rtol=0, atol=1e-9)
+
+
+def test_cuda_pytorch_ddp_over_the_gradsync_backend(device, rank, size):
+    """torch.distributed over the gradsync backend with CUDA tensors: a collective's result on
+    the device, ordered on the caller's stream, and PyTorch's own DDP on the GPU training as it
+    does on the host."""
+    from gradsync.torch import process_group
+    from test_process_group import batch, make_model
+    dist = torch.distributed
+    process_group.init_process_group()
+    try:
+        t = torch.full((1000,), float(rank + 1), device=device)
+        dist.all_reduce(t)
+        assert torch.equal(t.cpu(), torch.full((1000,), size * (size + 1) / 2.0))
+
+        def trained(on):
+            model = torch.nn.parallel.DistributedDataParallel(
+                make_model().to(on), device_ids=[on.index] if on.type == "cuda" else None)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            for step in range(4):
+                optimizer.zero_grad()
+                x, y = batch(step, rank)
+                torch.nn.functional.mse_loss(model(x.to(on)), y.to(on)).backward()
+                optimizer.step()
+            return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+        on_gpu = trained(device)
+        assert on_gpu.device == device
+        assert torch.allclose(on_gpu.cpu(), trained(torch.device("cpu")), rtol=0, atol=1e-9)
+    finally:
+        dist.destroy_process_group()

@@ -29,3 +29,4 @@ from gradsync.torch.process_sets import (ProcessSet, add_process_set, global_pro
                                          remove_process_set)
 from gradsync.torch.sync_batch_norm import SyncBatchNorm
 from gradsync.torch import elastic  # noqa: E402  (it uses the modules above)
+from gradsync.torch import process_group  # noqa: E402  (registers the torch.distributed backend)

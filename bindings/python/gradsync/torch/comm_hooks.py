@@ -7,7 +7,9 @@ the same on every rank). It returns a ``torch.futures.Future`` whose value is th
 reduced flat tensor (or a list holding it, as the futures of ``torch.distributed`` do); the
 wrapper writes it into the gradients at the end of backward.
 
-A hook communicates with ``allreduce_future``: it starts a gradsync allreduce and returns a
+A hook may call ``torch.distributed`` over the gradsync backend (``gradsync.torch.process_group``),
+as hooks written for DDP do; the wrapper waits for those futures at the end of backward. Or it
+communicates with ``allreduce_future``: it starts a gradsync allreduce and returns a
 future that the wrapper completes on the thread of the backward: when a later bucket's hook is
 called and the operation has finished, and at the end of backward, oldest first. Callbacks
 chained with ``then`` therefore run on that thread, never on gradsync's own threads, and may
@@ -23,6 +25,7 @@ import threading
 
 import torch
 
+from gradsync.torch.process_group_work import wait_for_pending
 from gradsync.torch.allreduce import allreduce_async_
 from gradsync.torch.ddp_buckets import flat_views
 from gradsync.torch.handles import poll, synchronize
@@ -242,6 +245,10 @@ class HookRunner:
         try:
             while self.pending:
                 _complete(self.pending.pop(0))
+            if not all(future.done() for _, future in self._called):
+                # A hook that called torch.distributed over the gradsync backend: its futures
+                # complete on that backend's thread.
+                wait_for_pending()
             if self._error is None:
                 return [triple for bucket, future in self._called
                         for triple in self._results(bucket, future)]

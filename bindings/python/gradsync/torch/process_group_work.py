@@ -1,0 +1,135 @@
+"""The Work and futures of gradsync's torch.distributed backend (gradsync.torch.process_group).
+
+A collective's future is completed by one thread of this module, in the order the operations
+started, with its result or its error; torch's Work around it is what its callers wait for.
+
+Thread safety: ``submit`` and ``wait_for_pending`` may be called from any thread.
+"""
+
+import collections
+import threading
+
+import torch
+import torch.distributed as dist
+
+
+class _Work(dist.Work):
+    """What a collective returns under PyTorch 2, whose C++ callers (DDP's reducer) call a Python
+    Work's methods: ``wait`` raises the runtime's error, as gloo's and NCCL's do."""
+
+    def __init__(self, future):
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout=None):
+        del timeout  # gradsync's stall inspector bounds every wait
+        self._future.wait()
+        return True
+
+    def get_future(self):
+        return self._future
+
+    def is_completed(self):
+        return self._future.done()
+
+    def is_success(self):
+        return self._future.done() and self.exception() is None
+
+    def exception(self):
+        if not self._future.done():
+            return None
+        try:
+            self._future.value()
+        except Exception as error:
+            return error
+        return None
+
+    def result(self):
+        return self._future.value()
+
+
+# PyTorch 1.13's C++ callers cannot call a Python Work's methods: there a collective returns
+# torch's Work around its future, whose wait() does not raise (its future's does).
+PYTHON_WORK = int(torch.__version__.split(".")[0]) >= 2
+
+
+def work_of(future):
+    if PYTHON_WORK:
+        return _Work(future)
+    return torch._C._distributed_c10d._create_work_from_future(future)
+
+
+class _Completer:
+    """The thread that completes the backend's futures, oldest operation first."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._queue = collections.deque()  # (wait, finish, future, on_error)
+        self._unfinished = 0
+        self._thread = None
+
+    def submit(self, wait, finish, future, on_error=None):
+        """Completes ``future`` with ``finish(wait())``, or with a _Failure of what either
+        raised, which ``on_error`` is told first."""
+        with self._cv:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="gradsync-futures",
+                                                daemon=True)
+                self._thread.start()
+            self._queue.append((wait, finish, future, on_error))
+            self._unfinished += 1
+            self._cv.notify_all()
+
+    def drain(self):
+        """Returns once every future submitted so far is complete, its callbacks run."""
+        with self._cv:
+            while self._unfinished:
+                self._cv.wait()
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                wait, finish, future, on_error = self._queue.popleft()
+            try:
+                value = finish(wait())
+            except Exception as error:  # the runtime's error goes to the future's consumers
+                if on_error is not None:
+                    on_error(error)
+                future.set_result(_Failure(error))
+            else:
+                future.set_result(value)
+            with self._cv:
+                self._unfinished -= 1
+                self._cv.notify_all()
+
+
+class _Failure:
+    """A failed operation's error, as its source future's value."""
+
+    def __init__(self, error):
+        self.error = error
+
+
+def _raise_failure(source):
+    value = source.value()
+    if isinstance(value, _Failure):
+        raise value.error
+    return value
+
+
+def future_of(source):
+    """The future a collective's consumers get: its source's value, or the source's _Failure
+    raised. torch's own set_exception reaches only the Python object it is called on, not the
+    copies torch's Work and C++ callers (DDP's reducer) hold, while an error raised in a callback
+    reaches every consumer."""
+    return source.then(_raise_failure)
+
+
+completer = _Completer()
+
+
+def wait_for_pending():
+    """Returns once the futures of every operation started through the backend are complete."""
+    completer.drain()
