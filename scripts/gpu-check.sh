@@ -330,6 +330,15 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
       PYTHONPATH=$work/build/python GRADSYNC_GPU_BACKEND=mpi timeout 300 mpirun -np 2 \
         --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND "${train[@]}" --model resnet50 \
         --batch 16 --modes none,gs-opt,gs-adasum --rounds 1 || failed=1
+      # PyTorch's own DDP over gradsync as a torch.distributed backend (gradsync.torch's
+      # process_group), beside DDP on NCCL (1 rank) and on gloo (2 ranks sharing the GPU, where
+      # gradsync's goes through its MPI backend), in runs of their own too.
+      echo "gpu-check: ResNet-50 with PyTorch DDP over the gradsync backend"
+      PYTHONPATH=$work/build/python timeout 300 mpirun -np 1 -x PYTHONPATH "${train[@]}" \
+        --model resnet50 --modes none,ddp,ddp-gradsync --rounds 1 || failed=1
+      PYTHONPATH=$work/build/python GRADSYNC_GPU_BACKEND=mpi timeout 300 mpirun -np 2 \
+        --oversubscribe -x PYTHONPATH -x GRADSYNC_GPU_BACKEND "${train[@]}" --model resnet50 \
+        --batch 16 --modes none,ddp,ddp-gradsync --rounds 1 || failed=1
       [ "$scope" = full ] || exit "$failed"  # the block runs in a subshell (a pipeline's)
       # The same without the locked schedule, gradsync's modes only: the lock's before and after.
       echo "gpu-check: ResNet-50 at 1 rank with GRADSYNC_LOCKED_SCHEDULE=0"

@@ -230,3 +230,63 @@ def test_groups_over_some_ranks_run_on_their_process_set(rank, size):
     dist.destroy_process_group(groups[mine])
     for s in sets:
         hvd.remove_process_set(s)
+
+
+def parameters_with_gradients(*tensors):
+    """What the averagers average: parameters that have a gradient."""
+    params = [torch.nn.Parameter(t) for t in tensors]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    return params
+
+
+def test_pytorch_model_averagers_over_gradsync(rank, size):
+    """PyTorch's periodic and hierarchical model averagers, which call torch.distributed
+    themselves (the hierarchical one over subgroups made with dist.new_subgroups)."""
+    from torch.distributed.algorithms.model_averaging import averagers
+    params = parameters_with_gradients(torch.full((3,), float(rank)),
+                                       torch.full((2, 2), float(2 * rank)))
+    averagers.PeriodicModelAverager(period=2, warmup_steps=0).average_parameters(params)
+    mean = (size - 1) / 2.0
+    assert torch.equal(params[0].data, torch.full((3,), mean))
+    assert torch.equal(params[1].data, torch.full((2, 2), 2 * mean))
+
+
+def test_pytorch_hierarchical_model_averager_over_process_sets(rank, size):
+    if size < 4:
+        pytest.skip("needs pairs of ranks smaller than the world")
+    hierarchical = pytest.importorskip(
+        "torch.distributed.algorithms.model_averaging.hierarchical_model_averager")
+    pairs = [hvd.add_process_set([r, r + 1]) for r in range(0, size, 2)]
+    try:
+        averager = hierarchical.HierarchicalModelAverager({1: 2, 2: size}, warmup_steps=0)
+    except ValueError as error:
+        if "CUDA" not in str(error):  # PyTorch 1.13's dist.new_subgroups
+            raise
+        pytest.skip(str(error))
+    mean = (size - 1) / 2.0
+    params = parameters_with_gradients(torch.full((3,), float(rank)))
+    averager.average_parameters(params)  # step 0: every period divides it, the whole world's
+    assert torch.equal(params[0].data, torch.full((3,), mean))
+    params = parameters_with_gradients(torch.full((3,), float(rank)))
+    averager.step = 1
+    averager.average_parameters(params)  # step 1: within each pair
+    assert torch.equal(params[0].data, torch.full((3,), float(rank - rank % 2) + 0.5))
+    for s in pairs:
+        hvd.remove_process_set(s)
+
+
+def test_zero_redundancy_optimizer_over_gradsync(rank, size):
+    """PyTorch's ZeroRedundancyOptimizer (each rank steps its share, then broadcasts it) with
+    PyTorch's DDP: the replicas' training."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    model = torch.nn.parallel.DistributedDataParallel(make_model())
+    optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD,
+                                        lr=0.1, momentum=0.9)
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        x, y = batch(step, rank)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    trained = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert torch.allclose(trained, simulated(size), rtol=0, atol=1e-12)
