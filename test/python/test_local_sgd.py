@@ -137,13 +137,13 @@ def test_what_it_cannot_take_is_refused():
         local_sgd.PeriodicModelAverager(period=0)
     with pytest.raises(ValueError, match="warmup_steps"):
         local_sgd.PeriodicModelAverager(period=2, warmup_steps=-1)
-    with pytest.raises(ValueError, match="ProcessSet or None"):
+    with pytest.raises(ValueError, match="gradsync ProcessSet or a torch.distributed group"):
         local_sgd.PeriodicModelAverager(period=2, process_group=object())
     model = hvd.DistributedDataParallel(make_model())
     model.register_comm_hook(
         local_sgd.PostLocalSGDState(process_group=object(), subgroup=None, start_localSGD_iter=1),
         local_sgd.post_localSGD_hook)
-    with pytest.raises(ValueError, match="ProcessSet or None"):
+    with pytest.raises(ValueError, match="gradsync ProcessSet or a torch.distributed group"):
         loss_of(model, *batch(0, 0)).backward()
 
 

@@ -173,12 +173,14 @@ def train(model, rank, steps=STEPS):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def simulated(size):
-    """Every replica in this process, gradients averaged over all of them each step."""
-    models = [make_model() for _ in range(size)]
+def simulated(ranks):
+    """The replicas of ``ranks`` in this process, gradients averaged over them each step."""
+    ranks = list(ranks)
+    size = len(ranks)
+    models = [make_model() for _ in ranks]
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
     for step in range(STEPS):
-        for r, m in enumerate(models):
+        for r, m in zip(ranks, models):
             m.zero_grad()
             x, y = batch(step, r)
             torch.nn.functional.mse_loss(m(x), y).backward()
@@ -193,7 +195,7 @@ def simulated(size):
 
 def test_pytorch_ddp_over_gradsync_trains_as_the_replicas_would(rank, size):
     model = torch.nn.parallel.DistributedDataParallel(make_model(), bucket_cap_mb=0.0001)
-    assert torch.allclose(train(model, rank), simulated(size), rtol=0, atol=1e-12)
+    assert torch.allclose(train(model, rank), simulated(range(size)), rtol=0, atol=1e-12)
 
 
 def torch_distributed_hook(state, bucket):
@@ -207,7 +209,7 @@ def test_hooks_written_against_torch_distributed_run_on_gradsync_ddp(rank, size)
     for hook, state in ((torch_distributed_hook, None), (default_hooks.allreduce_hook, None)):
         model = hvd.DistributedDataParallel(make_model(), bucket_cap_mb=0.0001)
         model.register_comm_hook(state, hook)
-        assert torch.allclose(train(model, rank), simulated(size), rtol=0, atol=1e-12)
+        assert torch.allclose(train(model, rank), simulated(range(size)), rtol=0, atol=1e-12)
 
 
 def test_groups_over_some_ranks_run_on_their_process_set(rank, size):
@@ -289,4 +291,25 @@ def test_zero_redundancy_optimizer_over_gradsync(rank, size):
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
     trained = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    assert torch.allclose(trained, simulated(size), rtol=0, atol=1e-12)
+    assert torch.allclose(trained, simulated(range(size)), rtol=0, atol=1e-12)
+
+
+def test_gradsync_ddp_takes_a_group_of_the_backend_for_its_process_set(rank, size):
+    model = hvd.DistributedDataParallel(make_model(), bucket_cap_mb=0.0001,
+                                        process_group=dist.group.WORLD)
+    assert torch.allclose(train(model, rank), simulated(range(size)), rtol=0, atol=1e-12)
+    if size < 2:
+        return
+    halves = [list(range(size // 2)), list(range(size // 2, size))]
+    sets = [hvd.add_process_set(h) for h in halves]
+    groups = [dist.new_group(h) for h in halves]
+    mine = 0 if rank in halves[0] else 1
+    model = hvd.DistributedDataParallel(make_model(), process_group=groups[mine])
+    assert model.process_set.ranks == halves[mine]
+    assert torch.allclose(train(model, rank), simulated(halves[mine]), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="not both"):
+        hvd.DistributedDataParallel(make_model(), process_group=groups[mine],
+                                    process_set=sets[mine])
+    dist.destroy_process_group(groups[mine])
+    for s in sets:
+        hvd.remove_process_set(s)

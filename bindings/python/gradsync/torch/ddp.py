@@ -19,6 +19,7 @@ from gradsync.torch.functions import broadcast_parameters
 from gradsync.torch.grad_hooks import _weakly, queue_end_of_backward, register_grad_ready_hook
 from gradsync.torch.gradient_batch import GradientBatch
 from gradsync.torch.handles import _results_in_turn, synchronize
+from gradsync.torch.process_group import process_set_of_group
 from gradsync.torch.process_sets import _collective_prefix, _id_of, global_process_set
 from gradsync.torch.sync_batch_norm import warn_of_torch_sync_batch_norm
 from gradsync.torch.wire import (_CORE_OPS, Average, Sum, _note_producer, _release_after_consumer,
@@ -82,8 +83,10 @@ class DistributedDataParallel(torch.nn.Module):
 
     ``device_ids``, ``output_device``, ``dim``, ``check_reduction`` and ``static_graph`` are
     accepted for DDP's signature and change nothing here: the module stays on its device and is
-    called with the inputs as they are. Beyond DDP, ``process_set`` restricts the replicas to a
-    process set and ``compression`` compresses gradients on the wire.
+    called with the inputs as they are. ``process_group`` may be a ``torch.distributed`` group of
+    the gradsync backend (``gradsync.torch.process_group``), which stands for its process set.
+    Beyond DDP, ``process_set`` restricts the replicas to a process set and ``compression``
+    compresses gradients on the wire.
     The wrappers of one process set must be created in the same order on each of its ranks: their
     collectives are named after that order.
     """
@@ -96,8 +99,10 @@ class DistributedDataParallel(torch.nn.Module):
         super().__init__()
         del device_ids, output_device, dim, check_reduction, static_graph
         if process_group is not None:
-            raise ValueError("gradsync's DistributedDataParallel takes a process_set, not a "
-                             "torch.distributed process_group")
+            if process_set is not global_process_set:
+                raise ValueError("give DistributedDataParallel a process_group or a process_set, "
+                                 "not both")
+            process_set = process_set_of_group(process_group)
         if bucket_cap_mb is None or bucket_cap_mb <= 0:
             raise ValueError("bucket_cap_mb must be positive")
         if not _core.is_initialized():

@@ -8,9 +8,9 @@ all with ``post_local_gradient_allreduce=False``, so that the replicas drift apa
 steps from ``warmup_steps`` on, it averages the parameters over its process set.
 
 ``register_comm_hook`` also takes PyTorch's own ``post_localSGD_hook`` and ``PostLocalSGDState``
-(with ``process_group`` and ``subgroup`` None or gradsync process sets) and runs them as these, and
-PyTorch's ``PostLocalSGDOptimizer`` takes this module's averager in place of its own, which needs
-a ``torch.distributed`` process group.
+(with ``process_group`` and ``subgroup`` None, gradsync process sets or ``torch.distributed``
+groups of the gradsync backend) and runs them as these, and PyTorch's ``PostLocalSGDOptimizer``
+takes this module's averager, or PyTorch's own where gradsync is the ``torch.distributed`` backend.
 
 Thread safety: a state serves one wrapper, whose hooks run on the thread of its backward; an
 averager is called by the training loop's thread.
@@ -22,6 +22,7 @@ from gradsync.torch import basics
 from gradsync.torch.allgather import allgather
 from gradsync.torch.allreduce import grouped_allreduce_
 from gradsync.torch.comm_hooks import allreduce_future, hook_process_set
+from gradsync.torch.process_group import process_set_of_group
 from gradsync.torch.process_sets import ProcessSet, add_process_set, global_process_set
 from gradsync.torch.wire import Average
 
@@ -49,10 +50,11 @@ class PostLocalSGDState:
 
 
 def _process_set(group, what):
+    """``group`` as a gradsync ProcessSet: None, a set, or a torch.distributed group of the
+    gradsync backend."""
     if group is None or isinstance(group, ProcessSet):
         return group
-    raise ValueError("post-local SGD's %s must be a gradsync ProcessSet or None, not %r "
-                     "(gradsync makes no torch.distributed process group)" % (what, group))
+    return process_set_of_group(group, "post-local SGD's " + what)
 
 
 def post_localSGD_hook(state, bucket):

@@ -262,6 +262,15 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     send = recv = recv_anysource = _point_to_point
 
 
+def process_set_of_group(group, what="process_group"):
+    """The gradsync ProcessSet that ``group``, a ``torch.distributed`` group of the gradsync
+    backend, runs on: what gradsync's own forms take where PyTorch's take a group."""
+    if isinstance(group, ProcessGroupGradsync):
+        return group.process_set
+    raise ValueError("%s must be a gradsync ProcessSet or a torch.distributed group of the gradsync "
+                     "backend, not %r" % (what, group))
+
+
 def _process_set_of(ranks):
     """The gradsync process set of exactly ``ranks`` (global ranks), or why there is none."""
     if ranks == list(range(_core.size())):
