@@ -313,3 +313,22 @@ def test_gradsync_ddp_takes_a_group_of_the_backend_for_its_process_set(rank, siz
     dist.destroy_process_group(groups[mine])
     for s in sets:
         hvd.remove_process_set(s)
+
+
+def test_pytorch_powersgd_on_pytorch_ddp_over_gradsync(rank, size):
+    """PyTorch's PowerSGD hook, whose callbacks start allreduces and wait for them (on the
+    backend's completing thread), on PyTorch's DDP over the backend: gradsync's own PowerSGD's
+    training on its wrapper (which test_powersgd.py ties to PyTorch's on the full batch)."""
+    from gradsync.torch import powersgd
+    from test_powersgd import make_model as matrices, batch as rows, train as train_with_hook
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as theirs
+
+    def mine(step):
+        return [rows(step, rank)]
+
+    ours = train_with_hook(hvd.DistributedDataParallel(matrices()), powersgd.powerSGD_hook,
+                           powersgd.PowerSGDState(start_powerSGD_iter=2), mine)
+    pytorch = train_with_hook(torch.nn.parallel.DistributedDataParallel(matrices()),
+                              theirs.powerSGD_hook,
+                              theirs.PowerSGDState(process_group=None, start_powerSGD_iter=2), mine)
+    assert torch.allclose(pytorch, ours, rtol=0, atol=1e-9)

@@ -7,9 +7,9 @@ ranks, the stall inspector. Under ``mpirun`` or Slurm, ``init_process_group()`` 
 starts gradsync and makes it torch's default group; no address, port or rendezvous is needed.
 
 The collectives are gradsync's own, unnamed, so every rank of a group must call them in the same
-order, as ``torch.distributed`` requires. Each returns a ``Work`` whose future one thread of this
-module completes, in the order the operations started; callbacks chained with ``then`` run
-there. Point-to-point operations (``send``, ``recv``) are not supported: gradsync is collective.
+order, as ``torch.distributed`` requires. Each returns a ``Work`` whose future a thread of the backend
+completes (``process_group_work``); callbacks chained with ``then`` run there and may wait for
+later collectives. Point-to-point operations (``send``, ``recv``) are not supported: gradsync is collective.
 
 A group over some of the ranks (``dist.new_group(ranks)``) runs on the gradsync process set of
 those ranks, which every rank must have added (``gradsync.torch.add_process_set``) first: torch

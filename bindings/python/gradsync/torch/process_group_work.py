@@ -1,7 +1,8 @@
 """The Work and futures of gradsync's torch.distributed backend (gradsync.torch.process_group).
 
-A collective's future is completed by one thread of this module, in the order the operations
-started, with its result or its error; torch's Work around it is what its callers wait for.
+A collective's future is completed by a thread of this module, which takes the operations in the
+order they started, with its result or its error; torch's Work around it is what its callers
+wait for.
 
 Thread safety: ``submit`` and ``wait_for_pending`` may be called from any thread.
 """
@@ -60,37 +61,43 @@ def work_of(future):
 
 
 class _Completer:
-    """The thread that completes the backend's futures, oldest operation first."""
+    """The threads that complete the backend's futures. Each waits for one operation at a time,
+    oldest first, and runs its future's callbacks; a new thread starts when every one is busy,
+    so that a callback that waits for a later operation (PyTorch's PowerSGD hook waits inside
+    its callbacks) never waits for the thread it runs on."""
 
     def __init__(self):
-        self._cv = threading.Condition()
+        lock = threading.Lock()
+        self._queued = threading.Condition(lock)  # an operation added, for idle threads
+        self._finished = threading.Condition(lock)  # one completed, for drain()
         self._queue = collections.deque()  # (wait, finish, future, on_error)
         self._unfinished = 0
-        self._thread = None
+        self._idle = 0  # threads waiting for an operation
 
     def submit(self, wait, finish, future, on_error=None):
         """Completes ``future`` with ``finish(wait())``, or with a _Failure of what either
         raised, which ``on_error`` is told first."""
-        with self._cv:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="gradsync-futures",
-                                                daemon=True)
-                self._thread.start()
+        with self._queued:
             self._queue.append((wait, finish, future, on_error))
             self._unfinished += 1
-            self._cv.notify_all()
+            if self._idle > len(self._queue) - 1:
+                self._queued.notify()
+                return
+            self._idle += 1  # the new thread's, counted before it runs
+        threading.Thread(target=self._run, name="gradsync-futures", daemon=True).start()
 
     def drain(self):
         """Returns once every future submitted so far is complete, its callbacks run."""
-        with self._cv:
+        with self._finished:
             while self._unfinished:
-                self._cv.wait()
+                self._finished.wait()
 
     def _run(self):
         while True:
-            with self._cv:
+            with self._queued:
                 while not self._queue:
-                    self._cv.wait()
+                    self._queued.wait()
+                self._idle -= 1
                 wait, finish, future, on_error = self._queue.popleft()
             try:
                 value = finish(wait())
@@ -100,9 +107,10 @@ class _Completer:
                 future.set_result(_Failure(error))
             else:
                 future.set_result(value)
-            with self._cv:
+            with self._queued:
                 self._unfinished -= 1
-                self._cv.notify_all()
+                self._idle += 1
+                self._finished.notify_all()
 
 
 class _Failure:
