@@ -95,12 +95,12 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     def _work(self, handles, finish, tensors):
         """A torch ``Work`` whose future holds ``finish(results)`` once ``handles`` are done.
-        CUDA results are ordered after the operations on the completing thread's stream, which
-        the future's consumers wait for, as they wait for NCCL's."""
+        CUDA results are ordered after the operations on a stream of the backend's, which the
+        future's consumers wait for when they wait, as they wait for NCCL's."""
         devices = sorted({t.device for t in tensors if t.is_cuda}, key=str)
         source = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
         completer.submit(lambda: [synchronize(h) for h in handles], finish, source,
-                          None if PYTHON_WORK else self._note_failure)
+                         None if PYTHON_WORK else self._note_failure, devices)
         return work_of(future_of(source))
 
     def _note_failure(self, error):

@@ -8,6 +8,7 @@ Thread safety: ``submit`` and ``wait_for_pending`` may be called from any thread
 """
 
 import collections
+import contextlib
 import threading
 
 import torch
@@ -60,6 +61,22 @@ def work_of(future):
     return torch._C._distributed_c10d._create_work_from_future(future)
 
 
+_side_streams = {}  # CUDA device -> the backend's stream there
+
+
+def _streams_of_the_backend(devices):
+    """Makes the backend's stream of each CUDA device current. Not the device's default stream,
+    which the trainer's kernels run on: ordering that after an operation as it completes would
+    hold back the backward's later kernels until the operation is done."""
+    stack = contextlib.ExitStack()
+    for device in devices:
+        stream = _side_streams.get(device)
+        if stream is None:
+            stream = _side_streams.setdefault(device, torch.cuda.Stream(device))
+        stack.enter_context(torch.cuda.stream(stream))
+    return stack
+
+
 class _Completer:
     """The threads that complete the backend's futures. Each waits for one operation at a time,
     oldest first, and runs its future's callbacks; a new thread starts when every one is busy,
@@ -70,15 +87,17 @@ class _Completer:
         lock = threading.Lock()
         self._queued = threading.Condition(lock)  # an operation added, for idle threads
         self._finished = threading.Condition(lock)  # one completed, for drain()
-        self._queue = collections.deque()  # (wait, finish, future, on_error)
+        self._queue = collections.deque()  # (wait, finish, future, on_error, devices)
         self._unfinished = 0
         self._idle = 0  # threads waiting for an operation
 
-    def submit(self, wait, finish, future, on_error=None):
+    def submit(self, wait, finish, future, on_error=None, devices=()):
         """Completes ``future`` with ``finish(wait())``, or with a _Failure of what either
-        raised, which ``on_error`` is told first."""
+        raised, which ``on_error`` is told first. On CUDA ``devices`` the three run with the
+        backend's own stream of each device current: the results are ordered there, and the
+        future's consumers wait for that stream when they wait, not before."""
         with self._queued:
-            self._queue.append((wait, finish, future, on_error))
+            self._queue.append((wait, finish, future, on_error, tuple(devices)))
             self._unfinished += 1
             if self._idle > len(self._queue) - 1:
                 self._queued.notify()
@@ -98,15 +117,16 @@ class _Completer:
                 while not self._queue:
                     self._queued.wait()
                 self._idle -= 1
-                wait, finish, future, on_error = self._queue.popleft()
-            try:
-                value = finish(wait())
-            except Exception as error:  # the runtime's error goes to the future's consumers
-                if on_error is not None:
-                    on_error(error)
-                future.set_result(_Failure(error))
-            else:
-                future.set_result(value)
+                wait, finish, future, on_error, devices = self._queue.popleft()
+            with _streams_of_the_backend(devices):
+                try:
+                    value = finish(wait())
+                except Exception as error:  # the runtime's error goes to the consumers
+                    if on_error is not None:
+                        on_error(error)
+                    future.set_result(_Failure(error))
+                else:
+                    future.set_result(value)
             with self._queued:
                 self._unfinished -= 1
                 self._idle += 1
