@@ -144,6 +144,8 @@ def test_a_mismatch_fails_every_rank_instead_of_hanging(rank, size):
     if process_group_work.PYTHON_WORK:
         with pytest.raises(RuntimeError, match="shape"):
             work.wait()
+        with pytest.raises(RuntimeError, match="shape"):  # waited for on the caller's thread
+            dist.all_reduce(torch.zeros(5 + rank))
     else:  # PyTorch 1.13's Work.wait() cannot raise: the group's next operation does
         work.wait()
         with pytest.raises(RuntimeError, match="earlier operation of this gradsync group"):

@@ -31,7 +31,8 @@ from gradsync.torch.alltoall import alltoall_async
 from gradsync.torch.basics import init
 from gradsync.torch.broadcast import broadcast_async_
 from gradsync.torch.handles import synchronize
-from gradsync.torch.process_group_work import PYTHON_WORK, completer, future_of, work_of
+from gradsync.torch.process_group_work import (PYTHON_WORK, complete, completer, future_of,
+                                               work_of)
 from gradsync.torch.process_sets import ProcessSet, global_process_set
 from gradsync.torch.reducescatter import reducescatter_async
 from gradsync.torch.wire import Average, Max, Min, Product, Sum
@@ -93,14 +94,23 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def group_desc(self):
         return self._group_desc
 
-    def _work(self, handles, finish, tensors):
-        """A torch ``Work`` whose future holds ``finish(results)`` once ``handles`` are done.
+    def _work(self, handles, finish, tensors, opts, wait=None):
+        """A torch ``Work`` whose future holds ``finish(results)`` once ``handles`` are done
+        (or ``wait()`` returns).
         CUDA results are ordered after the operations on a stream of the backend's, which the
-        future's consumers wait for when they wait, as they wait for NCCL's."""
+        future's consumers wait for when they wait, as they wait for NCCL's. A call that torch
+        waits for as soon as it returns (``opts.asyncOp`` false, PyTorch 2's synchronous
+        calls) is completed here instead, on the caller's thread and streams, with no hand-off
+        to the backend's threads."""
         devices = sorted({t.device for t in tensors if t.is_cuda}, key=str)
         source = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
-        completer.submit(lambda: [synchronize(h) for h in handles], finish, source,
-                         None if PYTHON_WORK else self._note_failure, devices)
+        on_error = None if PYTHON_WORK else self._note_failure
+        if wait is None:
+            wait = lambda: [synchronize(h) for h in handles]  # noqa: E731
+        if opts is not None and getattr(opts, "asyncOp", True) is False:
+            complete(wait, finish, source, on_error)
+        else:
+            completer.submit(wait, finish, source, on_error, devices)
         return work_of(future_of(source))
 
     def _note_failure(self, error):
@@ -127,7 +137,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         op = _reduce_op(_option(opts, "reduceOp", dist.ReduceOp.SUM))
         handle = grouped_allreduce_async_(list(tensors), op=op, process_set=self.process_set)
-        return self._work([handle], lambda _: list(tensors), tensors)
+        return self._work([handle], lambda _: list(tensors), tensors, opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -140,7 +150,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         root = self._global_ranks[_option(opts, "rootRank", 0)]
         handles = [broadcast_async_(t, root, process_set=self.process_set) for t in tensors]
-        return self._work(handles, lambda _: list(tensors), tensors)
+        return self._work(handles, lambda _: list(tensors), tensors, opts)
 
     def allgather(self, output_lists, inputs, opts=None):
         handles = [allgather_async(_rows(t), process_set=self.process_set) for t in inputs]
@@ -151,7 +161,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                     output.copy_(row.reshape(output.shape))
             return output_lists
 
-        return self._work(handles, finish, list(inputs))
+        return self._work(handles, finish, list(inputs), opts)
 
     def _allgather_base(self, output, tensor, opts=None):
         handle = allgather_async(_rows(tensor), process_set=self.process_set)
@@ -160,7 +170,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
             output.copy_(gathered[0].reshape(output.shape))
             return [output]
 
-        return self._work([handle], finish, [output])
+        return self._work([handle], finish, [output], opts)
 
     all_gather_single = _allgather_base  # its name in PyTorch 2
 
@@ -172,7 +182,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 output.copy_(rows.reshape(output.shape))
             return list(outputs)
 
-        return self._work(handles, finish, list(outputs))
+        return self._work(handles, finish, list(outputs), opts)
 
     def gather(self, output_lists, inputs, opts=None):
         """An allgather of which only the root keeps the rows (only it passes outputs)."""
@@ -188,7 +198,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 output.copy_(row.reshape(output.shape))
             return list(outputs)
 
-        return self._work(handles, finish, list(outputs))
+        return self._work(handles, finish, list(outputs), opts)
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         rows = [torch.stack([t.reshape(-1) for t in inputs]) for inputs in input_lists]
@@ -213,7 +223,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
             output.copy_(received.reshape(output.shape))
             return [output]
 
-        return self._work([handle], finish, [output])
+        return self._work([handle], finish, [output], opts)
 
     def alltoall(self, outputs, inputs, opts=None):
         flat = torch.cat([t.reshape(-1) for t in inputs])
@@ -226,7 +236,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 output.copy_(piece.reshape(output.shape))
             return list(outputs)
 
-        return self._work([handle], finish, list(outputs))
+        return self._work([handle], finish, list(outputs), opts)
 
     def scatter(self, outputs, input_lists, opts=None):
         """The root's i-th tensor to rank i: an alltoall in which only the root sends."""
@@ -243,14 +253,11 @@ class ProcessGroupGradsync(dist.ProcessGroup):
             output.copy_(received[0][0].reshape(output.shape))
             return [output]
 
-        return self._work([handle], finish, [output])
+        return self._work([handle], finish, [output], opts)
 
     def barrier(self, opts=None):
         pending = _core.barrier(self.process_set._require_id())
-        source = torch.futures.Future()
-        completer.submit(pending.wait, lambda _: [], source,
-                          None if PYTHON_WORK else self._note_failure)
-        return work_of(future_of(source))
+        return self._work([], lambda _: [], [], opts, wait=pending.wait)
 
     def monitored_barrier(self, opts=None, wait_all_ranks=False):
         self.barrier(opts).wait()

@@ -61,6 +61,19 @@ def work_of(future):
     return torch._C._distributed_c10d._create_work_from_future(future)
 
 
+def complete(wait, finish, future, on_error=None):
+    """Completes ``future`` with ``finish(wait())``, or with a _Failure of what either raised,
+    which ``on_error`` is told first; here, on the calling thread."""
+    try:
+        value = finish(wait())
+    except Exception as error:  # the runtime's error goes to the future's consumers
+        if on_error is not None:
+            on_error(error)
+        future.set_result(_Failure(error))
+    else:
+        future.set_result(value)
+
+
 _side_streams = {}  # CUDA device -> the backend's stream there
 
 
@@ -119,14 +132,7 @@ class _Completer:
                 self._idle -= 1
                 wait, finish, future, on_error, devices = self._queue.popleft()
             with _streams_of_the_backend(devices):
-                try:
-                    value = finish(wait())
-                except Exception as error:  # the runtime's error goes to the consumers
-                    if on_error is not None:
-                        on_error(error)
-                    future.set_result(_Failure(error))
-                else:
-                    future.set_result(value)
+                complete(wait, finish, future, on_error)
             with self._queued:
                 self._unfinished -= 1
                 self._idle += 1
