@@ -9,8 +9,8 @@ from gradsync.torch.compression import Compression
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.wire import (_CORE_OPS, _DEVICE_CPU, _DEVICE_CUDA, _DTYPES, Adasum, Average,
-                                 Max, Min, Product, _args, _check, _consumer, _device, _name, _op_of, _ready_stream,
-                                 _stream_of, _to_wire, _wire_op)
+                                 Max, Min, Product, _args, _check, _consumer, _device, _name,
+                                 _op_of, _ready_stream, _stream_of, _to_wire, _wire_op)
 
 
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
@@ -21,11 +21,12 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
         # carries as it is goes straight to its output, and the handle returns the output.
         if tensor.is_cuda:
             device = tensor.device
-            kind, index, ready, consumer = _DEVICE_CUDA, device.index or 0, _stream_of(device), device
+            kind, index = _DEVICE_CUDA, device.index or 0
+            ready, consumer = _stream_of(device), device
         else:
             kind, index, ready, consumer = _DEVICE_CPU, -1, 0, None
-        return _core.allreduce(tensor.data_ptr(), output.data_ptr(), code, tensor.shape, kind, index,
-                               _name("allreduce", name), _CORE_OPS[op], prescale_factor,
+        return _core.allreduce(tensor.data_ptr(), output.data_ptr(), code, tensor.shape, kind,
+                               index, _name("allreduce", name), _CORE_OPS[op], prescale_factor,
                                postscale_factor, _id_of(process_set), ready, tensor, output, None,
                                consumer)
     op = _wire_op(tensor.dtype, op)

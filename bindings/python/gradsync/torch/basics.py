@@ -32,7 +32,8 @@ def _apply_horovod_environment():
 
 
 def _comm_to_fint(comm):
-    """An mpi4py communicator (or a list of global ranks, as Horovod accepts) as a Fortran handle."""
+    """An mpi4py communicator (or a list of global ranks, as Horovod accepts) as a Fortran
+    handle."""
     if comm is None:
         return -1
     if hasattr(comm, "py2f"):

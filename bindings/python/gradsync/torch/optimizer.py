@@ -327,8 +327,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     into a division before and after the sum; ``num_groups`` or ``groups`` (lists of parameters)
     reduce parameters together as grouped allreduces; ``sparse_as_dense`` densifies sparse
     gradients (otherwise they are reduced by gathering every rank's entries, as Horovod's
-    ``sparse_allreduce_async``); ``process_set`` reduces among its members only, and a rank outside it steps on
-    its own gradients.
+    ``sparse_allreduce_async``); ``process_set`` reduces among its members only, and a rank
+    outside it steps on its own gradients.
     """
     if op not in (mpi_ops.Average, mpi_ops.Sum, mpi_ops.Adasum):
         raise ValueError("DistributedOptimizer supports op=Average, op=Sum and op=Adasum")

@@ -7,9 +7,10 @@ ranks, the stall inspector. Under ``mpirun`` or Slurm, ``init_process_group()`` 
 starts gradsync and makes it torch's default group; no address, port or rendezvous is needed.
 
 The collectives are gradsync's own, unnamed, so every rank of a group must call them in the same
-order, as ``torch.distributed`` requires. Each returns a ``Work`` whose future a thread of the backend
-completes (``process_group_work``); callbacks chained with ``then`` run there and may wait for
-later collectives. Point-to-point operations (``send``, ``recv``) are not supported: gradsync is collective.
+order, as ``torch.distributed`` requires. Each returns a ``Work`` whose future a thread of the
+backend completes (``process_group_work``); callbacks chained with ``then`` run there and may
+wait for later collectives. Point-to-point operations (``send``, ``recv``) are not supported:
+gradsync has collectives only.
 
 A group over some of the ranks (``dist.new_group(ranks)``) runs on the gradsync process set of
 those ranks, which every rank must have added (``gradsync.torch.add_process_set``) first: torch
@@ -38,7 +39,6 @@ from gradsync.torch.reducescatter import reducescatter_async
 from gradsync.torch.wire import Average, Max, Min, Product, Sum
 
 BACKEND = "gradsync"
-
 
 
 def _reduce_op(reduce_op):
@@ -95,13 +95,12 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._group_desc
 
     def _work(self, handles, finish, tensors, opts, wait=None):
-        """A torch ``Work`` whose future holds ``finish(results)`` once ``handles`` are done
-        (or ``wait()`` returns).
-        CUDA results are ordered after the operations on a stream of the backend's, which the
-        future's consumers wait for when they wait, as they wait for NCCL's. A call that torch
-        waits for as soon as it returns (``opts.asyncOp`` false, PyTorch 2's synchronous
-        calls) is completed here instead, on the caller's thread and streams, with no hand-off
-        to the backend's threads."""
+        """A torch ``Work`` whose future holds ``finish(results)`` once ``handles`` are done (or
+        ``wait()`` returns). CUDA results are ordered after the operations on a stream of the
+        backend's, which the future's consumers wait for when they wait, as they wait for
+        NCCL's. A call that torch waits for as soon as it returns (``opts.asyncOp`` false,
+        PyTorch 2's synchronous calls) is completed here instead, on the caller's thread and
+        streams, with no hand-off to the backend's threads."""
         devices = sorted({t.device for t in tensors if t.is_cuda}, key=str)
         source = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
         on_error = None if PYTHON_WORK else self._note_failure
@@ -119,15 +118,20 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 self._failure = error
 
     @property
-    def process_set(self):
-        """The gradsync process set the group's collectives run on. Under PyTorch 1.13, whose
-        ``Work.wait()`` cannot raise, it raises a failed operation's error first, once."""
+    def _target(self):
+        """The process set a collective starts on. Under PyTorch 1.13, whose ``Work.wait()``
+        cannot raise, it raises a failed operation's error first, once."""
         if self._failure is not None:
             with self._lock:
                 error, self._failure = self._failure, None
             if error is not None:
                 raise RuntimeError("an earlier operation of this gradsync group failed: %s"
                                    % (error,)) from error
+        return self.process_set
+
+    @property
+    def process_set(self):
+        """The gradsync process set the group's collectives run on."""
         if isinstance(self._found, str):
             # Raised here, by the members' first collective, not where torch makes the group:
             # members failing there would leave the others in torch's barrier after it.
@@ -136,7 +140,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         op = _reduce_op(_option(opts, "reduceOp", dist.ReduceOp.SUM))
-        handle = grouped_allreduce_async_(list(tensors), op=op, process_set=self.process_set)
+        handle = grouped_allreduce_async_(list(tensors), op=op, process_set=self._target)
         return self._work([handle], lambda _: list(tensors), tensors, opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -149,11 +153,11 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         root = self._global_ranks[_option(opts, "rootRank", 0)]
-        handles = [broadcast_async_(t, root, process_set=self.process_set) for t in tensors]
+        handles = [broadcast_async_(t, root, process_set=self._target) for t in tensors]
         return self._work(handles, lambda _: list(tensors), tensors, opts)
 
     def allgather(self, output_lists, inputs, opts=None):
-        handles = [allgather_async(_rows(t), process_set=self.process_set) for t in inputs]
+        handles = [allgather_async(_rows(t), process_set=self._target) for t in inputs]
 
         def finish(gathered):
             for outputs, rows in zip(output_lists, gathered):
@@ -164,7 +168,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._work(handles, finish, list(inputs), opts)
 
     def _allgather_base(self, output, tensor, opts=None):
-        handle = allgather_async(_rows(tensor), process_set=self.process_set)
+        handle = allgather_async(_rows(tensor), process_set=self._target)
 
         def finish(gathered):
             output.copy_(gathered[0].reshape(output.shape))
@@ -175,7 +179,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     all_gather_single = _allgather_base  # its name in PyTorch 2
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        handles = [allgather_async(_rows(t), process_set=self.process_set) for t in inputs]
+        handles = [allgather_async(_rows(t), process_set=self._target) for t in inputs]
 
         def finish(gathered):
             for output, rows in zip(outputs, gathered):
@@ -190,7 +194,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     def _reduce_scatter_rows(self, outputs, row_tensors, opts):
         op = _reduce_op(_option(opts, "reduceOp", dist.ReduceOp.SUM))
-        handles = [reducescatter_async(rows, op=op, process_set=self.process_set)
+        handles = [reducescatter_async(rows, op=op, process_set=self._target)
                    for rows in row_tensors]
 
         def finish(scattered):
@@ -216,7 +220,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def alltoall_base(self, output, tensor, output_split_sizes, input_split_sizes, opts=None):
         del output_split_sizes  # what each rank sends says it
         splits = list(input_split_sizes) or None
-        handle = alltoall_async(tensor, splits=splits, process_set=self.process_set)
+        handle = alltoall_async(tensor, splits=splits, process_set=self._target)
 
         def finish(received):
             received = received[0][0] if splits is not None else received[0]
@@ -228,7 +232,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def alltoall(self, outputs, inputs, opts=None):
         flat = torch.cat([t.reshape(-1) for t in inputs])
         handle = alltoall_async(flat, splits=[t.numel() for t in inputs],
-                                process_set=self.process_set)
+                                process_set=self._target)
 
         def finish(received):
             pieces = received[0][0].split([t.numel() for t in outputs])
@@ -247,7 +251,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         else:
             rows = output.new_empty((0, output.numel()))
             splits = [0] * self.size()
-        handle = alltoall_async(rows, splits=splits, process_set=self.process_set)
+        handle = alltoall_async(rows, splits=splits, process_set=self._target)
 
         def finish(received):
             output.copy_(received[0][0].reshape(output.shape))
@@ -256,7 +260,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._work([handle], finish, [output], opts)
 
     def barrier(self, opts=None):
-        pending = _core.barrier(self.process_set._require_id())
+        pending = _core.barrier(self._target._require_id())
         return self._work([], lambda _: [], [], opts, wait=pending.wait)
 
     def monitored_barrier(self, opts=None, wait_all_ranks=False):
@@ -274,8 +278,8 @@ def process_set_of_group(group, what="process_group"):
     backend, runs on: what gradsync's own forms take where PyTorch's take a group."""
     if isinstance(group, ProcessGroupGradsync):
         return group.process_set
-    raise ValueError("%s must be a gradsync ProcessSet or a torch.distributed group of the gradsync "
-                     "backend, not %r" % (what, group))
+    raise ValueError("%s must be a gradsync ProcessSet or a torch.distributed group of the "
+                     "gradsync backend, not %r" % (what, group))
 
 
 def _process_set_of(ranks):

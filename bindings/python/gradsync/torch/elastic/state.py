@@ -4,8 +4,8 @@
 ``gradsyncrun --min-np/--max-np``, hands the copy to a writer thread that makes it durable in the
 job's checkpoint directory (store.py); then it asks whether the launcher has seen the hosts change
 (``check_host_updates``). ``restore()`` goes back to the last commit in memory; ``sync()`` makes
-every rank's state a root rank's. A new world loads the newest durable commit (gradsync.torch.elastic
-run), so a job that lost a host goes on from its last commit.
+every rank's state a root rank's. A new world loads the newest durable commit
+(gradsync.torch.elastic run), so a job that lost a host goes on from its last commit.
 
 Every rank must commit at the same points of the program, as it must reduce the same gradients.
 """
