@@ -334,3 +334,19 @@ def test_pytorch_powersgd_on_pytorch_ddp_over_gradsync(rank, size):
                               theirs.powerSGD_hook,
                               theirs.PowerSGDState(process_group=None, start_powerSGD_iter=2), mine)
     assert torch.allclose(pytorch, ours, rtol=0, atol=1e-9)
+
+
+def test_a_result_the_future_refuses_still_wakes_its_consumers():
+    """A value the future's set_result raises on (a tensor on a device it was not made for)
+    becomes the consumers' error rather than a future that never completes."""
+
+    class Refusing(torch.futures.Future):
+        def set_result(self, value):
+            if not isinstance(value, process_group_work._Failure):
+                raise RuntimeError("refused")
+            super().set_result(value)
+
+    source = Refusing()
+    process_group_work.complete(lambda: [1], lambda results: results, source)
+    with pytest.raises(RuntimeError, match="refused"):
+        process_group_work.future_of(source).wait()

@@ -69,9 +69,11 @@ def complete(wait, finish, future, on_error=None):
     except Exception as error:  # the runtime's error goes to the future's consumers
         if on_error is not None:
             on_error(error)
-        future.set_result(_Failure(error))
-    else:
+        value = _Failure(error)
+    try:
         future.set_result(value)
+    except Exception as error:  # a value the future refuses: its consumers must still wake
+        future.set_result(_Failure(error))
 
 
 _side_streams = {}  # CUDA device -> the backend's stream there
@@ -131,12 +133,14 @@ class _Completer:
                     self._queued.wait()
                 self._idle -= 1
                 wait, finish, future, on_error, devices = self._queue.popleft()
-            with _streams_of_the_backend(devices):
-                complete(wait, finish, future, on_error)
-            with self._queued:
-                self._unfinished -= 1
-                self._idle += 1
-                self._finished.notify_all()
+            try:
+                with _streams_of_the_backend(devices):
+                    complete(wait, finish, future, on_error)
+            finally:
+                with self._queued:
+                    self._unfinished -= 1
+                    self._idle += 1
+                    self._finished.notify_all()
 
 
 class _Failure:
