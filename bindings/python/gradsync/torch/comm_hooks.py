@@ -25,10 +25,10 @@ import threading
 
 import torch
 
-from gradsync.torch.process_group_work import wait_for_pending
 from gradsync.torch.allreduce import allreduce_async_
 from gradsync.torch.ddp_buckets import flat_views
 from gradsync.torch.handles import poll, synchronize
+from gradsync.torch.process_group_work import wait_for_pending
 from gradsync.torch.process_sets import global_process_set
 from gradsync.torch.wire import Average
 

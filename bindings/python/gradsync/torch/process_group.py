@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from gradsync import _core
 from gradsync.torch.allgather import allgather_async
-from gradsync.torch.allreduce import grouped_allreduce_async_
+from gradsync.torch.allreduce import allreduce_, grouped_allreduce_async_
 from gradsync.torch.alltoall import alltoall_async
 from gradsync.torch.basics import init
 from gradsync.torch.broadcast import broadcast_async_
@@ -167,17 +167,6 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
         return self._work(handles, finish, list(inputs), opts)
 
-    def _allgather_base(self, output, tensor, opts=None):
-        handle = allgather_async(_rows(tensor), process_set=self._target)
-
-        def finish(gathered):
-            output.copy_(gathered[0].reshape(output.shape))
-            return [output]
-
-        return self._work([handle], finish, [output], opts)
-
-    all_gather_single = _allgather_base  # its name in PyTorch 2
-
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         handles = [allgather_async(_rows(t), process_set=self._target) for t in inputs]
 
@@ -187,6 +176,11 @@ class ProcessGroupGradsync(dist.ProcessGroup):
             return list(outputs)
 
         return self._work(handles, finish, list(outputs), opts)
+
+    def _allgather_base(self, output, tensor, opts=None):
+        return self.allgather_into_tensor_coalesced([output], [tensor], opts)
+
+    all_gather_single = _allgather_base  # its name in PyTorch 2
 
     def gather(self, output_lists, inputs, opts=None):
         """An allgather of which only the root keeps the rows (only it passes outputs)."""
@@ -317,9 +311,7 @@ class CollectiveStore(dist.Store):
         self._values = {}
 
     def add(self, key, amount):
-        total = torch.tensor([int(amount)], dtype=torch.int64)
-        handle = grouped_allreduce_async_([total], op=Sum, process_set=global_process_set)
-        synchronize(handle)
+        total = allreduce_(torch.tensor([int(amount)], dtype=torch.int64), op=Sum)
         value = int(self._values.get(key, 0)) + int(total.item())
         self._values[key] = value
         return value
