@@ -42,6 +42,16 @@ def _comm_to_fint(comm):
                      "ranks, pass process_sets=[...] and use the returned sets instead")
 
 
+# How many times init() has started gradsync in this process: what is cached per job (process sets
+# made from the ranks' layout) is cached per start, since a restart renumbers the sets.
+_starts = 0
+
+
+def starts():
+    """How many times ``init`` has started gradsync in this process."""
+    return _starts
+
+
 def init(comm=None, process_sets=None):
     """Starts gradsync on ``comm`` (MPI_COMM_WORLD by default): collective over its ranks.
 
@@ -50,12 +60,14 @@ def init(comm=None, process_sets=None):
     """
     from gradsync.torch import process_sets as _sets
 
+    global _starts
     if _core.is_initialized():
         return
     _apply_horovod_environment()
     requested = list(process_sets or [])
     rank_lists = [_sets._ranks_of(s) for s in requested]
     _core.init(_comm_to_fint(comm), rank_lists)
+    _starts += 1
     _sets._after_init(requested)
 
 

@@ -77,13 +77,14 @@ def post_localSGD_hook(state, bucket):
     return allreduce_future(bucket.buffer(), process_set=_process_set(state.subgroup, "subgroup"))
 
 
-_node_sets = {}  # (rank, size) -> this rank's node's ProcessSet, made once per job
+_node_sets = {}  # (start, rank, size) -> this rank's node's ProcessSet, made once per start
 
 
 def node_process_set():
     """The process set of the ranks on this rank's node (the global set where that is every
-    rank). The first call is collective over every rank: each node's set is added everywhere."""
-    key = (basics.rank(), basics.size())
+    rank). The first call after each init is collective over every rank: each node's set is added
+    everywhere."""
+    key = (basics.starts(), basics.rank(), basics.size())
     if key not in _node_sets:
         nodes = allgather(torch.tensor([basics.cross_rank()]), name="local_sgd.nodes").tolist()
         mine = None

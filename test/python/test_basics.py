@@ -1,0 +1,43 @@
+"""Starting gradsync again in the same process: what the package made for the first start is made
+again for the second, not reused with the first start's numbering.
+
+MPI cannot start twice in a process, so gradsync starts again only where the application started
+MPI: with GRADSYNC_TEST_APPLICATION_MPI=1 this module starts it through mpi4py when collected,
+before the first init (ctest runs it alone so; the package's other tests leave MPI to gradsync)."""
+
+import os
+
+import pytest
+import torch
+
+import gradsync.torch as hvd
+from gradsync.torch import basics, local_sgd
+
+APPLICATION_MPI = os.environ.get("GRADSYNC_TEST_APPLICATION_MPI") == "1"
+if APPLICATION_MPI:
+    from mpi4py import MPI  # noqa: F401
+
+pytestmark = pytest.mark.skipif(not APPLICATION_MPI,
+                                reason="gradsync starts again only where the application started "
+                                       "MPI (GRADSYNC_TEST_APPLICATION_MPI=1)")
+
+
+def test_a_restart_makes_the_node_set_again(monkeypatch, rank, size):
+    """Each rank alone on a node of its own (as reported to the package): the first start adds one
+    set per rank; the second start has none until the node's set is added again."""
+    monkeypatch.setattr(basics, "cross_rank", lambda: rank)
+    before = local_sgd.node_process_set()
+    starts = basics.starts()
+    hvd.shutdown()
+    hvd.init()
+    assert basics.starts() == starts + 1
+    if size == 1:
+        assert before is hvd.global_process_set
+        assert local_sgd.node_process_set() is hvd.global_process_set
+        return
+    assert before.ranks == [rank]
+    after = local_sgd.node_process_set()  # the first start's set would name no set now
+    assert after is not before
+    assert after.ranks == [rank]
+    value = torch.tensor([float(rank + 1)])
+    assert hvd.allreduce(value, op=hvd.Sum, process_set=after).item() == rank + 1
