@@ -64,26 +64,31 @@ Status NcclBackend::Create(MPI_Comm comm, int device, bool copy_tables,
   int size = 1;
   GRADSYNC_MPI_CALL(MPI_Comm_rank(comm, &rank));
   GRADSYNC_MPI_CALL(MPI_Comm_size(comm, &size));
-  GRADSYNC_CUDA_CALL(cudaSetDevice(device), device);
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
-  Status made;
-  if (rank == 0) made = NcclResult(ncclGetUniqueId(&id), "ncclGetUniqueId", device);
-  // Rank 0's failure travels with the id (an all-zero id), so no rank waits for a communicator
-  // that will never form.
-  int ok = made.ok() ? 1 : 0;
-  GRADSYNC_MPI_CALL(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
-  GRADSYNC_MPI_CALL(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm));
-  if (!ok) {
-    return made.ok() ? Status(StatusCode::kCudaError, "ncclGetUniqueId failed on rank 0") : made;
+  Status ready = CudaResult(cudaSetDevice(device), "cudaSetDevice", device);
+  if (ready.ok() && rank == 0) ready = NcclResult(ncclGetUniqueId(&id), "ncclGetUniqueId", device);
+  // One agreement before the collectives below: a rank that cannot take part says so, and no rank
+  // waits in a collective (or for a communicator) that another never joins.
+  int ok = ready.ok() ? 1 : 0;
+  int all_ok = 0;
+  GRADSYNC_MPI_CALL(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm));
+  if (!all_ok) {
+    return ready.ok() ? Status(StatusCode::kCudaError,
+                               "another rank of the process set could not start NCCL (its log "
+                               "says why)")
+                      : ready;
   }
+  GRADSYNC_MPI_CALL(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm));
   std::unique_ptr<NcclBackend> created(new NcclBackend(device, rank, size));
-  GRADSYNC_RETURN_IF_ERROR(CudaStream::Create(device, &created->stream_));
+  GRADSYNC_MPI_CALL(MPI_Comm_dup(comm, &created->adasum_comm_));
   ncclComm_t nccl_comm = nullptr;
   GRADSYNC_NCCL_CALL(ncclCommInitRank(&nccl_comm, size, id, rank), device);
   created->comm_ = nccl_comm;
+  // This rank's own from here: a failure reaches the others through the device plane factory's
+  // agreement, which every rank calls next.
+  GRADSYNC_RETURN_IF_ERROR(CudaStream::Create(device, &created->stream_));
   GRADSYNC_RETURN_IF_ERROR(CudaBatchedCopier::Create(device, copy_tables, &created->copier_));
-  GRADSYNC_MPI_CALL(MPI_Comm_dup(comm, &created->adasum_comm_));
   *backend = std::move(created);
   return Status::OK();
 }
@@ -99,7 +104,7 @@ NcclBackend::~NcclBackend() {
   }
   if (comm_ == nullptr) return;
   if (aborted_) return;  // ncclCommAbort freed it
-  cudaStreamSynchronize(static_cast<cudaStream_t>(cuda_stream()));
+  if (stream_ != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(cuda_stream()));
   ncclCommDestroy(static_cast<ncclComm_t>(comm_));
 }
 

@@ -33,7 +33,10 @@ namespace gradsync {
 class NcclBackend : public DeviceBackend {
  public:
   // Collective over `comm`: rank 0 makes the NCCL unique id, MPI broadcasts it, every rank joins
-  // the communicator on `device`. `copy_tables`: as CudaBatchedCopier::Create's `tables`.
+  // the communicator on `device`. A failure before the collectives (selecting the device, making
+  // the id) fails every rank; one after them (the stream, the copier) fails this rank alone, which
+  // the caller's agreement then tells the others. `copy_tables`: as CudaBatchedCopier::Create's
+  // `tables`.
   static Status Create(MPI_Comm comm, int device, bool copy_tables,
                        std::unique_ptr<NcclBackend>* backend);
   ~NcclBackend() override;
