@@ -161,6 +161,33 @@ def test_cuda_allreduce_never_waits_for_the_producer_on_the_host(device, rank, s
     assert torch.equal(t.cpu(), torch.full((1 << 20,), float(size * (size + 1) // 2)))
 
 
+def test_cuda_converted_copies_outlive_a_consumer_on_another_stream(monkeypatch, device, rank,
+                                                                    size):
+    """A bool or int16 tensor travels as a converted copy made on the enqueuing stream. Waited for
+    on another stream, the copy is handed to the caching allocator only once told to wait for that
+    stream, which copies the result out of it after the collective has read and written it."""
+    recorded = []
+    record = torch.Tensor.record_stream
+    monkeypatch.setattr(torch.Tensor, "record_stream",
+                        lambda t, stream: recorded.append(stream) or record(t, stream))
+    flags = torch.tensor([rank == 0, False, True], device=device)
+    counts = torch.full((4,), rank + 1, dtype=torch.int16, device=device)
+    rooted = torch.full((3,), rank, dtype=torch.int16, device=device)
+    handles = [hvd.allreduce_async_(flags, op=hvd.Max, name="cuda.converted.bool"),
+               hvd.grouped_allreduce_async_([counts], op=hvd.Sum, name="cuda.converted.group"),
+               hvd.broadcast_async_(rooted, 0, name="cuda.converted.broadcast")]
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for h in handles:
+            hvd.synchronize(h)
+    assert recorded == [side] * 3
+    torch.cuda.current_stream(device).wait_stream(side)
+    assert flags.cpu().tolist() == [True, False, True]
+    assert counts.cpu().tolist() == [size * (size + 1) // 2] * 4
+    assert rooted.cpu().tolist() == [0] * 3
+
+
 @pytest.mark.parametrize("wrapper", ["optimizer", "ddp", "ddp-views"])
 def test_cuda_backward_hooks_never_wait_for_the_gpu(wrapper, device, rank, size):
     """Backward returns while the GPU still runs the step's first kernels, as with PyTorch DDP,

@@ -6,7 +6,8 @@ from gradsync import _core
 from gradsync.torch.allreduce import allreduce
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
-from gradsync.torch.wire import Average, _args, _check, _consumer, _name, _ready_stream, _to_wire
+from gradsync.torch.wire import (Average, _args, _check, _consumer, _name, _ready_stream,
+                                 _release_after_consumer, _stream_of, _to_wire)
 
 
 def _broadcast_async(tensor, output, root_rank, name, process_set):
@@ -16,10 +17,12 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
     wire = _to_wire(output)
     h = _core.broadcast(*_args(wire), root_rank, _name("broadcast", name), _id_of(process_set),
                         _ready_stream(wire))
+    made_on = _stream_of(output.device) if wire is not output and output.is_cuda else None
 
     def finish():
         if wire is not output:
             output.copy_(wire)
+        _release_after_consumer(wire, made_on)
         return output
 
     return _register([h], (tensor, output, wire), finish, _consumer(wire))
