@@ -85,27 +85,33 @@ class PooledEvent : public CudaEvent {
   bool timed_;
 };
 
+// An event belongs to the device current at its creation, and the calling thread may be on
+// another (the background thread recording a caller's readiness for a second GPU, a caller
+// launching a bucket with its own device current): made on `device`, the thread's own restored.
+Status CreateEventOn(int device, bool timed, cudaEvent_t* event) {
+  int current = -1;
+  cudaError_t error = cudaGetDevice(&current);
+  if (error != cudaSuccess) return CudaFailure("cudaGetDevice", device, error);
+  if (current != device && (error = cudaSetDevice(device)) != cudaSuccess) {
+    return CudaFailure("cudaSetDevice", device, error);
+  }
+  error = cudaEventCreateWithFlags(event, timed ? cudaEventDefault : cudaEventDisableTiming);
+  const cudaError_t restored = current != device ? cudaSetDevice(current) : cudaSuccess;
+  if (error != cudaSuccess) return CudaFailure("cudaEventCreateWithFlags", device, error);
+  if (restored != cudaSuccess) {
+    cudaEventDestroy(*event);
+    *event = nullptr;
+    return CudaFailure("cudaSetDevice", current, restored);
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Status TakePooledEvent(int device, void** event, bool timed) {
   cudaEvent_t taken = nullptr;
-  if (!Pool(timed).Take(device, &taken)) {
-    // An event belongs to the device current at its creation, and the taker may be on another
-    // (the background thread recording a caller's readiness for a second GPU).
-    int current = -1;
-    cudaError_t error = cudaGetDevice(&current);
-    if (error != cudaSuccess) return CudaFailure("cudaGetDevice", device, error);
-    if (current != device && (error = cudaSetDevice(device)) != cudaSuccess) {
-      return CudaFailure("cudaSetDevice", device, error);
-    }
-    error = cudaEventCreateWithFlags(&taken, timed ? 0 : cudaEventDisableTiming);
-    const cudaError_t restored = current != device ? cudaSetDevice(current) : cudaSuccess;
-    if (error != cudaSuccess) return CudaFailure("cudaEventCreateWithFlags", device, error);
-    if (restored != cudaSuccess) {
-      cudaEventDestroy(taken);
-      return CudaFailure("cudaSetDevice", current, restored);
-    }
-  }
+  if (!Pool(timed).Take(device, &taken))
+    GRADSYNC_RETURN_IF_ERROR(CreateEventOn(device, timed, &taken));
   *event = taken;
   return Status::OK();
 }
@@ -238,10 +244,9 @@ Status CudaStream::FreshAnchor(std::shared_ptr<const CudaClockAnchor>* anchor) {
   }
   auto fresh = std::make_shared<CudaClockAnchor>();
   cudaEvent_t event = nullptr;
-  cudaError_t error = cudaEventCreate(&event);
-  if (error != cudaSuccess) return CudaFailure("cudaEventCreate", device_, error);
+  GRADSYNC_RETURN_IF_ERROR(CreateEventOn(device_, /*timed=*/true, &event));
   fresh->event = event;
-  error = cudaEventRecord(event, static_cast<cudaStream_t>(stream_));
+  cudaError_t error = cudaEventRecord(event, static_cast<cudaStream_t>(stream_));
   if (error != cudaSuccess) return CudaFailure("cudaEventRecord", device_, error);
   error = cudaEventSynchronize(event);
   if (error != cudaSuccess) return CudaFailure("cudaEventSynchronize", device_, error);
