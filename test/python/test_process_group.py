@@ -3,6 +3,8 @@ collectives against the values every rank can compute, PyTorch's own Distributed
 against a simulation of every replica, hooks written against torch.distributed on gradsync's
 wrapper, groups over some of the ranks, and errors that reach every rank instead of a hang."""
 
+import types
+
 import pytest
 import torch
 
@@ -67,6 +69,48 @@ def test_all_gather_and_gather_into_one_tensor(rank, size):
     output = torch.zeros(size, 5)
     into(output, values(rank))
     assert torch.equal(output, torch.stack([values(r) for r in range(size)]))
+
+
+@pytest.mark.filterwarnings("ignore:.*all_gather_coalesced.* will be deprecated")
+def test_all_gather_coalesced_and_gather_single(rank, size):
+    outputs = [[torch.zeros(5), torch.zeros(2)] for _ in range(size)]
+    dist.all_gather_coalesced(outputs, [values(rank), values(rank, 2) * 2])
+    for r, (first, second) in enumerate(outputs):
+        assert torch.equal(first, values(r)) and torch.equal(second, values(r, 2) * 2)
+    gather_single = getattr(dist, "gather_single", None)
+    if gather_single is not None:  # PyTorch 2's, which PyTorch 1.13 lacks
+        root = size - 1
+        output = torch.zeros(size * 5) if rank == root else None
+        gather_single(values(rank), output, dst=root)
+        if rank == root:
+            assert torch.equal(output, torch.cat([values(r) for r in range(size)]))
+
+
+def test_lists_without_a_tensor_for_each_rank_are_refused_before_anything_starts(rank, size):
+    with pytest.raises(ValueError, match="one tensor for each"):
+        dist.all_gather([torch.zeros(5)] * (size + 1), values(rank))
+    with pytest.raises(ValueError, match="one tensor for each"):
+        dist.reduce_scatter(torch.zeros(5), [values(rank)] * (size + 1))
+    dist.barrier()  # nothing started above: every rank is still in step
+
+
+def test_a_group_torch_numbers_otherwise_than_gradsync_is_refused(rank, size):
+    """Its collectives would follow gradsync's numbering: roots and outputs would be another
+    rank's. The members' first collective raises, not the group's making (as for a group
+    without a process set)."""
+    reversed_ranks = list(reversed(range(size)))
+    options = types.SimpleNamespace(global_ranks_in_group=reversed_ranks,
+                                    group_rank=reversed_ranks.index(rank), group_size=size)
+    misnumbered = types.SimpleNamespace(global_ranks_in_group=[], group_rank=(rank + 1) % size,
+                                        group_size=size)
+    if size > 1:
+        with pytest.raises(ValueError, match="ascending order"):
+            process_group._create(options).process_set
+        with pytest.raises(ValueError, match="torch's ranks must be MPI's"):
+            process_group._create(misnumbered).process_set
+    assert process_group._create(types.SimpleNamespace(
+        global_ranks_in_group=[], group_rank=rank, group_size=size)).process_set is \
+        hvd.global_process_set
 
 
 def test_objects_travel_through_the_backend(rank, size):

@@ -109,7 +109,9 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         if opts is not None and getattr(opts, "asyncOp", True) is False:
             complete(wait, finish, source, on_error)
         else:
-            completer.submit(wait, finish, source, on_error, devices)
+            # A process set's operations complete in the order they start.
+            completer.submit(wait, finish, source, on_error, devices,
+                             order=self.process_set.process_set_id)
         return work_of(future_of(source))
 
     def _note_failure(self, error):
@@ -156,7 +158,19 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         handles = [broadcast_async_(t, root, process_set=self._target) for t in tensors]
         return self._work(handles, lambda _: list(tensors), tensors, opts)
 
+    def _each_rank(self, lists, what):
+        """Refuses lists that do not hold one tensor for each rank of the group, as gloo does,
+        before anything starts."""
+        for tensors in lists:
+            if len(tensors) != self.size():
+                raise ValueError("%s takes one tensor for each of the group's %d ranks, not %d"
+                                 % (what, self.size(), len(tensors)))
+
     def allgather(self, output_lists, inputs, opts=None):
+        self._each_rank(output_lists, "all_gather's output list")
+        return self._gather(output_lists, inputs, opts)
+
+    def _gather(self, output_lists, inputs, opts):
         handles = [allgather_async(_rows(t), process_set=self._target) for t in inputs]
 
         def finish(gathered):
@@ -182,9 +196,37 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     all_gather_single = _allgather_base  # its name in PyTorch 2
 
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        """``output_lists[r][i]`` gets rank r's ``inputs[i]``."""
+        if len(output_lists) != self.size():
+            raise ValueError("all_gather_coalesced takes an output list for each of the group's "
+                             "%d ranks, not %d" % (self.size(), len(output_lists)))
+        handles = [allgather_async(_rows(t), process_set=self._target) for t in inputs]
+
+        def finish(gathered):
+            for i, rows in enumerate(gathered):
+                for outputs, row in zip(output_lists, rows):
+                    outputs[i].copy_(row.reshape(outputs[i].shape))
+            return output_lists
+
+        return self._work(handles, finish, list(inputs), opts)
+
     def gather(self, output_lists, inputs, opts=None):
         """An allgather of which only the root keeps the rows (only it passes outputs)."""
-        return self.allgather(output_lists, inputs, opts)
+        return self._gather(output_lists, inputs, opts)
+
+    def gather_single(self, output, tensor, opts=None):
+        """PyTorch 2's gather into one tensor, which only the root passes with elements."""
+        keep = output is not None and output.numel() > 0
+        outputs = [output] if keep else [tensor.new_empty((0,))]
+        handles = [allgather_async(_rows(tensor), process_set=self._target)]
+
+        def finish(gathered):
+            if keep:
+                output.copy_(gathered[0].reshape(output.shape))
+            return outputs
+
+        return self._work(handles, finish, [tensor], opts)
 
     def _reduce_scatter_rows(self, outputs, row_tensors, opts):
         op = _reduce_op(_option(opts, "reduceOp", dist.ReduceOp.SUM))
@@ -199,6 +241,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._work(handles, finish, list(outputs), opts)
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
+        self._each_rank(input_lists, "reduce_scatter's input list")
         rows = [torch.stack([t.reshape(-1) for t in inputs]) for inputs in input_lists]
         return self._reduce_scatter_rows(outputs, rows, opts)
 
@@ -257,8 +300,10 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         pending = _core.barrier(self._target._require_id())
         return self._work([], lambda _: [], [], opts, wait=pending.wait)
 
-    def monitored_barrier(self, opts=None, wait_all_ranks=False):
-        self.barrier(opts).wait()
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """A barrier; the stall inspector, not ``timeout``, names a rank that never comes."""
+        del timeout, wait_all_ranks
+        self.barrier().wait()
 
     def _point_to_point(self, *args, **kwargs):
         raise RuntimeError("the gradsync backend has no point-to-point operations (send, recv): "
@@ -294,8 +339,18 @@ def _create(options, backend_options=None):
     """torch's maker of a group (its extended form, which names the group's global ranks)."""
     del backend_options
     init()
-    ranks = sorted(int(r) for r in options.global_ranks_in_group) or list(range(_core.size()))
-    return ProcessGroupGradsync(ranks, options.group_rank, options.group_size)
+    ranks = [int(r) for r in options.global_ranks_in_group] or list(range(_core.size()))
+    group = ProcessGroupGradsync(sorted(ranks), options.group_rank, options.group_size)
+    if ranks != sorted(ranks):
+        group._found = ("the gradsync backend runs groups whose ranks are in ascending order, as "
+                        "its process sets are, not %s (torch's order unless sort_ranks=False)"
+                        % (ranks,))
+    elif (options.group_size, options.group_rank) != (len(ranks), ranks.index(_core.rank())):
+        group._found = ("torch numbers this rank %d of %d in the group, gradsync %d of %d: torch's "
+                        "ranks must be MPI's (gradsync.torch.process_group.init_process_group "
+                        "passes them)" % (options.group_rank, options.group_size,
+                                          ranks.index(_core.rank()), len(ranks)))
+    return group
 
 
 class CollectiveStore(dist.Store):

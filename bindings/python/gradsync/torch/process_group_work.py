@@ -61,19 +61,40 @@ def work_of(future):
     return torch._C._distributed_c10d._create_work_from_future(future)
 
 
-def complete(wait, finish, future, on_error=None):
-    """Completes ``future`` with ``finish(wait())``, or with a _Failure of what either raised,
-    which ``on_error`` is told first; here, on the calling thread."""
+def _outcome(wait, finish, on_error):
+    """``finish(wait())``, or a _Failure of what either raised. ``on_error`` is told what
+    ``wait`` raised, the runtime's error, which every rank of the operation gets alike (not what
+    ``finish`` raised on this rank alone)."""
     try:
-        value = finish(wait())
+        result = wait()
     except Exception as error:  # the runtime's error goes to the future's consumers
         if on_error is not None:
-            on_error(error)
-        value = _Failure(error)
+            try:
+                on_error(error)
+            except Exception:  # noqa: S110 (the future still gets the error)
+                pass
+        return _Failure(error)
+    try:
+        return finish(result)
+    except Exception as error:
+        return _Failure(error)
+
+
+def _deliver(future, value):
+    """Completes ``future`` with ``value``, which runs its callbacks; never raises."""
     try:
         future.set_result(value)
     except Exception as error:  # a value the future refuses: its consumers must still wake
-        future.set_result(_Failure(error))
+        try:
+            future.set_result(_Failure(error))
+        except Exception:  # noqa: S110 (completed by the first call after all)
+            pass
+
+
+def complete(wait, finish, future, on_error=None):
+    """Completes ``future`` with ``_outcome(wait, finish, on_error)``, here, on the calling
+    thread."""
+    _deliver(future, _outcome(wait, finish, on_error))
 
 
 _side_streams = {}  # CUDA device -> the backend's stream there
@@ -92,33 +113,47 @@ def _streams_of_the_backend(devices):
     return stack
 
 
+_END = object()  # what _Completer._take gives a thread that is to end
+
+
 class _Completer:
-    """The threads that complete the backend's futures. Each waits for one operation at a time,
-    oldest first, and runs its future's callbacks; a new thread starts when every one is busy,
-    so that a callback that waits for a later operation (PyTorch's PowerSGD hook waits inside
-    its callbacks) never waits for the thread it runs on."""
+    """The threads that complete the backend's futures.
+
+    Operations of one order (a process set's) complete in the order they started: none waits
+    for a later one of its order to make progress. So one thread at a time waits for an order's
+    operations, oldest first, and the order's later operations wait for it, not for threads of
+    their own. Once its operation is done the thread passes the order on (to an idle thread, or
+    to one it starts when none is idle) and runs the future's callbacks, which may wait for
+    later operations (PyTorch's PowerSGD hook does) without waiting for the thread they run on.
+    Threads are as many as orders in flight and callbacks running at once; one idle for
+    IDLE_SECONDS ends while another is left."""
+
+    IDLE_SECONDS = 5.0
 
     def __init__(self):
         lock = threading.Lock()
-        self._queued = threading.Condition(lock)  # an operation added, for idle threads
-        self._finished = threading.Condition(lock)  # one completed, for drain()
-        self._queue = collections.deque()  # (wait, finish, future, on_error, devices)
+        self._available = threading.Condition(lock)  # an order to take, for idle threads
+        self._finished = threading.Condition(lock)  # a future completed, for drain()
+        self._orders = {}  # order -> deque of (wait, finish, future, on_error, devices)
+        self._ready = collections.deque()  # orders with operations and no thread waiting on them
         self._unfinished = 0
-        self._idle = 0  # threads waiting for an operation
+        self._threads = 0
+        self._idle = 0
 
-    def submit(self, wait, finish, future, on_error=None, devices=()):
-        """Completes ``future`` with ``finish(wait())``, or with a _Failure of what either
-        raised, which ``on_error`` is told first. On CUDA ``devices`` the three run with the
-        backend's own stream of each device current: the results are ordered there, and the
-        future's consumers wait for that stream when they wait, not before."""
-        with self._queued:
-            self._queue.append((wait, finish, future, on_error, tuple(devices)))
+    def submit(self, wait, finish, future, on_error=None, devices=(), order=None):
+        """Completes ``future`` with ``_outcome(wait, finish, on_error)`` after the operations
+        submitted before it in ``order``. On CUDA ``devices`` the three run with the backend's own stream of each device
+        current: the results are ordered there, and the future's consumers wait for that stream
+        when they wait, not before."""
+        with self._available:
+            queue = self._orders.get(order)
             self._unfinished += 1
-            if self._idle > len(self._queue) - 1:
-                self._queued.notify()
+            job = (wait, finish, future, on_error, tuple(devices))
+            if queue is not None:  # a thread has the order, and takes this in turn
+                queue.append(job)
                 return
-            self._idle += 1  # the new thread's, counted before it runs
-        threading.Thread(target=self._run, name="gradsync-futures", daemon=True).start()
+            self._orders[order] = collections.deque([job])
+            self._offer(order)
 
     def drain(self):
         """Returns once every future submitted so far is complete, its callbacks run."""
@@ -126,18 +161,58 @@ class _Completer:
             while self._unfinished:
                 self._finished.wait()
 
+    def _offer(self, order):
+        """Hands ``order`` to an idle thread, or to a new one. Called with the lock held."""
+        self._ready.append(order)
+        if self._idle > len(self._ready) - 1:
+            self._available.notify()
+            return
+        self._threads += 1
+        self._idle += 1  # the new thread's, counted before it runs
+        threading.Thread(target=self._run, name="gradsync-futures", daemon=True).start()
+
+    def _take(self):
+        """The next ready order, or _END when this thread is to end (idle, and not the last)."""
+        with self._available:
+            while not self._ready:
+                if (not self._available.wait(self.IDLE_SECONDS) and not self._ready
+                        and self._threads > 1):
+                    self._threads -= 1
+                    self._idle -= 1
+                    return _END
+            self._idle -= 1
+            return self._ready.popleft()
+
+    def _pass_on(self, order):
+        """The order's operation is done: its next one (if any) goes to another thread."""
+        with self._available:
+            queue = self._orders[order]
+            queue.popleft()
+            if queue:
+                self._offer(order)
+            else:
+                del self._orders[order]
+
     def _run(self):
         while True:
-            with self._queued:
-                while not self._queue:
-                    self._queued.wait()
-                self._idle -= 1
-                wait, finish, future, on_error, devices = self._queue.popleft()
+            order = self._take()
+            if order is _END:
+                return
+            with self._available:
+                wait, finish, future, on_error, devices = self._orders[order][0]
+            passed_on = False
             try:
                 with _streams_of_the_backend(devices):
-                    complete(wait, finish, future, on_error)
+                    value = _outcome(wait, finish, on_error)
+                    self._pass_on(order)
+                    passed_on = True
+                    _deliver(future, value)
+            except Exception as error:  # the backend's streams could not be made current
+                if not passed_on:
+                    self._pass_on(order)
+                _deliver(future, _Failure(error))
             finally:
-                with self._queued:
+                with self._available:
                     self._unfinished -= 1
                     self._idle += 1
                     self._finished.notify_all()
