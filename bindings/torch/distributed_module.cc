@@ -7,6 +7,7 @@
 #endif
 
 #include <algorithm>
+#include <exception>
 #include <functional>
 #include <stdexcept>
 #include <unordered_set>
@@ -16,28 +17,45 @@ namespace gradsync {
 namespace torch {
 namespace {
 
-DataType DataTypeOf(const ::torch::Tensor& t) {
+// gradsync's dtype of `t`; false where gradsync carries none (bool, int16, complex).
+bool CarriedType(const ::torch::Tensor& t, DataType* dtype) {
   switch (t.scalar_type()) {
     case ::torch::kUInt8:
-      return DataType::kUInt8;
+      *dtype = DataType::kUInt8;
+      return true;
     case ::torch::kInt8:
-      return DataType::kInt8;
+      *dtype = DataType::kInt8;
+      return true;
     case ::torch::kInt32:
-      return DataType::kInt32;
+      *dtype = DataType::kInt32;
+      return true;
     case ::torch::kInt64:
-      return DataType::kInt64;
+      *dtype = DataType::kInt64;
+      return true;
     case ::torch::kFloat16:
-      return DataType::kFloat16;
+      *dtype = DataType::kFloat16;
+      return true;
     case ::torch::kBFloat16:
-      return DataType::kBFloat16;
+      *dtype = DataType::kBFloat16;
+      return true;
     case ::torch::kFloat32:
-      return DataType::kFloat32;
+      *dtype = DataType::kFloat32;
+      return true;
     case ::torch::kFloat64:
-      return DataType::kFloat64;
+      *dtype = DataType::kFloat64;
+      return true;
     default:
-      throw Error(Status::InvalidArgument(std::string("gradsync cannot reduce tensors of ") +
-                                          c10::toString(t.scalar_type())));
+      return false;
   }
+}
+
+DataType DataTypeOf(const ::torch::Tensor& t) {
+  DataType dtype = DataType::kFloat32;
+  if (!CarriedType(t, &dtype)) {
+    throw Error(Status::InvalidArgument(std::string("gradsync cannot reduce tensors of ") +
+                                        c10::toString(t.scalar_type())));
+  }
+  return dtype;
 }
 
 // gradsync's view of a contiguous tensor.
@@ -79,18 +97,36 @@ class BeforeAccumulation : public ::torch::autograd::FunctionPreHook {
   std::function<void()> check_;
 };
 
-// Broadcasts each tensor in place (through a contiguous copy where it is not contiguous).
+// Broadcasts each tensor in place (through a contiguous copy where it is not contiguous); a dtype
+// gradsync does not reduce (a bool mask, int16, complex) travels as its bytes. CUDA tensors wait
+// on the device for the stream current now, where the kernels that wrote them may be queued.
 void BroadcastTensors(const std::vector<std::pair<std::string, ::torch::Tensor>>& tensors, int root,
                       const ProcessSet& process_set, const std::string& prefix) {
   ::torch::NoGradGuard no_grad;
   std::vector<::torch::Tensor> wires;
   std::vector<Handle> handles;
-  for (const auto& [name, tensor] : tensors) {
-    wires.push_back(tensor.is_contiguous() ? tensor : tensor.contiguous());
-    BroadcastOptions options;
-    options.name = prefix + "." + name;
-    options.process_set = process_set;
-    handles.push_back(broadcast(View(wires.back()), root, options));
+  try {
+    for (const auto& [name, tensor] : tensors) {
+      wires.push_back(tensor.is_contiguous() ? tensor : tensor.contiguous());
+      const ::torch::Tensor& wire = wires.back();
+      DataType dtype = DataType::kUInt8;
+      BroadcastOptions options;
+      options.name = prefix + "." + name;
+      options.process_set = process_set;
+      if (wire.is_cuda()) options.ready.cuda_stream = CurrentStream(wire);
+      handles.push_back(broadcast(
+          View(CarriedType(wire, &dtype) ? wire : wire.reshape({-1}).view(::torch::kUInt8)), root,
+          options));
+    }
+  } catch (...) {
+    // Those already enqueued still write their copies: not let go before they are done.
+    for (Handle& h : handles) {
+      try {
+        h.wait();
+      } catch (const Error&) {
+      }
+    }
+    throw;
   }
   for (size_t i = 0; i < handles.size(); ++i) {
     handles[i].wait();
@@ -148,8 +184,13 @@ DistributedModule::DistributedModule(::torch::nn::Module& module, Options option
   bucket_of_.assign(params_.size(), 0);
   int64_t filled = 0;
   for (size_t k = params_.size(); k-- > 0;) {
-    const int64_t bytes = params_[k].numel() * params_[k].element_size();
-    if (buckets_.empty() || (filled > 0 && filled + bytes > options_.bucket_bytes)) {
+    const ::torch::Tensor& p = params_[k];
+    const int64_t bytes = p.numel() * p.element_size();
+    // A bucket keeps to one device and dtype: its readiness and consumer are one device's stream.
+    const bool apart =
+        !buckets_.empty() && (p.device() != params_[buckets_.back().params[0]].device() ||
+                              p.scalar_type() != params_[buckets_.back().params[0]].scalar_type());
+    if (buckets_.empty() || apart || (filled > 0 && filled + bytes > options_.bucket_bytes)) {
       buckets_.emplace_back();
       filled = 0;
     }
@@ -179,7 +220,22 @@ DistributedModule::DistributedModule(::torch::nn::Module& module, Options option
   }
 }
 
-DistributedModule::~DistributedModule() { *alive_ = false; }
+DistributedModule::~DistributedModule() {
+  *alive_ = false;
+  std::lock_guard<std::mutex> lock(mu_);
+  DrainLaunched();
+}
+
+void DistributedModule::DrainLaunched() {
+  for (Bucket& bucket : buckets_) {
+    for (Handle& h : bucket.handles) {
+      try {
+        h.wait();
+      } catch (const Error&) {  // the step failed already; its error was reported
+      }
+    }
+  }
+}
 
 void DistributedModule::MakeBucketViews() {
   if (options_.compression != Compression::kNone) {
@@ -257,9 +313,9 @@ void DistributedModule::ReturnToView(size_t k) {
 
 void DistributedModule::BeforeGradient(size_t param) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!syncing_) return;
   // A second accumulation would race with the reduction of its bucket, which may be under way:
-  // refused before it happens.
+  // refused before it happens, inside no_sync() too (a synchronized backward not yet
+  // synchronized).
   if (produced_[param]) {
     throw Error(Status::InvalidArgument(
         "gradsync::torch::DistributedModule: the gradient of parameter '" + names_[param] +
@@ -267,12 +323,12 @@ void DistributedModule::BeforeGradient(size_t param) {
         "accumulate over several backward passes inside no_sync() (after a backward that failed "
         "part way, synchronize() on every rank starts afresh)"));
   }
-  produced_[param] = true;
+  if (syncing()) produced_[param] = true;
 }
 
 void DistributedModule::OnGradientReady(size_t param) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!syncing_) return;
+  if (!syncing()) return;
   const size_t b = bucket_of_[param];
   if (++buckets_[b].ready == buckets_[b].params.size()) Launch(b);
 }
@@ -288,6 +344,8 @@ void DistributedModule::Launch(size_t b) {
   GroupedAllreduceOptions options;
   options.op = options_.op;
   options.process_set = options_.process_set;
+  // A launch that threw part way (in a hook) is made again whole by synchronize().
+  bucket.wires.clear();
   for (size_t k : bucket.params) {
     ::torch::Tensor& param = params_[k];
     if (!param.grad().defined()) param.mutable_grad() = ::torch::zeros_like(param);
@@ -333,12 +391,17 @@ void DistributedModule::LaunchFlat(size_t b) {
 
 void DistributedModule::synchronize() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!syncing_) return;  // inside no_sync(): the gradients stay local
+  if (!syncing()) return;  // inside no_sync(): the gradients stay local
   // However this ends, the next backward starts a fresh step: a launch or a wait that throws
-  // must not leave every later backward refused as producing its gradients twice.
+  // must not leave every later backward refused as producing its gradients twice, nor let go of
+  // copies the runtime may still write.
   struct StartAfresh {
     DistributedModule* module;
-    ~StartAfresh() { module->ResetStep(); }
+    int unwinding = std::uncaught_exceptions();
+    ~StartAfresh() {
+      if (std::uncaught_exceptions() > unwinding) module->DrainLaunched();
+      module->ResetStep();
+    }
   } afresh{this};
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (!buckets_[b].launched) Launch(b);

@@ -1,8 +1,9 @@
 // gradsync::torch::DistributedModule with gradient_as_bucket_view: the gradients are views into
 // flat buckets that lie back to back, backward accumulates into them, the results are the average
 // the module gives without views, and the cases that cannot be views are refused. With views and
-// without: tied parameters are reduced once, and a gradient produced twice before synchronize()
-// throws. On the host (CPU tensors), at 1, 2 and 4 ranks.
+// without: tied parameters are reduced once, buckets keep to one dtype, and a gradient produced
+// twice before synchronize() throws (inside no_sync() too); buffers of dtypes gradsync does not
+// reduce are broadcast. On the host (CPU tensors), at 1, 2 and 4 ranks.
 #include <gradsync/torch.h>
 #include <torch/torch.h>
 
@@ -269,12 +270,101 @@ TEST_F(DistributedModuleTest, WhatCannotBeAViewIsRefused) {
   options.compression = torch::Compression::kFloat16;
   EXPECT_TRUE(ThrowsWith([&] { torch::DistributedModule sync(compressed, options); },
                          StatusCode::kInvalidArgument, "Compression::kNone"));
-  Net mixed;
-  mixed.second->to(::torch::kFloat64);
-  options = ViewOptions("refused.mixed");
-  options.bucket_bytes = int64_t{1} << 20;  // one bucket: float32 and float64 together
-  EXPECT_TRUE(ThrowsWith([&] { torch::DistributedModule sync(mixed, options); },
-                         StatusCode::kInvalidArgument, "one dtype and device"));
+}
+
+// A float64 layer between float32 ones: with room for every parameter in one bucket, the buckets
+// still keep to one dtype (and device), with views and without, and the averages are right.
+struct Mixed : ::torch::nn::Module {
+  Mixed() {
+    ::torch::manual_seed(5);
+    first = register_module("first", ::torch::nn::Linear(3, 4));
+    middle = register_module("middle", ::torch::nn::Linear(4, 4));
+    last = register_module("last", ::torch::nn::Linear(4, 2));
+    middle->to(::torch::kFloat64);
+  }
+  ::torch::Tensor forward(const ::torch::Tensor& x) {
+    ::torch::Tensor h = ::torch::tanh(first->forward(x)).to(::torch::kFloat64);
+    return last->forward(::torch::tanh(middle->forward(h)).to(::torch::kFloat32));
+  }
+  ::torch::nn::Linear first{nullptr}, middle{nullptr}, last{nullptr};
+};
+
+TEST_F(DistributedModuleTest, BucketsKeepToOneDtype) {
+  for (bool views : {false, true}) {
+    Mixed net;
+    torch::Options options = ViewOptions(views ? "mixed.views" : "mixed.plain");
+    options.gradient_as_bucket_view = views;
+    options.bucket_bytes = int64_t{1} << 20;
+    torch::DistributedModule sync(net, options);
+    EXPECT_EQ(sync.num_buckets(), 3u);
+    ::torch::manual_seed(rank_);
+    net.forward(::torch::randn({2, 3})).pow(2).sum().backward();
+    sync.synchronize();
+    Mixed alone;
+    ::torch::Tensor total = ::torch::zeros({});
+    for (int r = 0; r < size_; ++r) {
+      ::torch::manual_seed(r);
+      total = total + alone.forward(::torch::randn({2, 3})).pow(2).sum();
+    }
+    (total / size_).backward();
+    const std::vector<::torch::Tensor> got = net.parameters();
+    const std::vector<::torch::Tensor> want = alone.parameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(::torch::allclose(got[i].grad(), want[i].grad(), 0, 1e-6))
+          << (views ? "views" : "plain") << ", parameter " << i;
+    }
+  }
+}
+
+// A bool buffer (a mask) and an int16 one are broadcast as their bytes: rank 0's everywhere.
+struct Masked : ::torch::nn::Module {
+  explicit Masked(int rank) {
+    layer = register_module("layer", ::torch::nn::Linear(2, 2));
+    mask = register_buffer("mask", ::torch::tensor({rank == 0, false, true}));
+    counts = register_buffer("counts", ::torch::full({2, 3}, rank + 7, ::torch::kInt16));
+  }
+  ::torch::nn::Linear layer{nullptr};
+  ::torch::Tensor mask, counts;
+};
+
+TEST_F(DistributedModuleTest, BuffersGradsyncDoesNotReduceAreBroadcastAsBytes) {
+  Masked net(rank_);
+  torch::Options options;
+  options.name = "masked";
+  torch::DistributedModule sync(net, options);
+  EXPECT_TRUE(::torch::equal(net.mask, ::torch::tensor({true, false, true})));
+  EXPECT_TRUE(::torch::equal(net.counts, ::torch::full({2, 3}, 7, ::torch::kInt16)));
+}
+
+// Guards nest; a backward inside no_sync() before the synchronized one was synchronized would
+// accumulate into gradients under reduction: refused, as a second synchronized backward is.
+TEST_F(DistributedModuleTest, NoSyncGuardsNestAndKeepToTheirPlace) {
+  Net net, alone;
+  torch::Options options;
+  options.name = "nosync.nested";
+  torch::DistributedModule sync(net, options);
+  {
+    torch::DistributedModule::NoSync outer = sync.no_sync();
+    { torch::DistributedModule::NoSync inner = sync.no_sync(); }
+    Backward(net, rank_, 0);  // still inside the outer guard: local
+  }
+  Backward(net, rank_, 1);
+  try {
+    torch::DistributedModule::NoSync late = sync.no_sync();
+    Backward(net, rank_, 2);
+    ADD_FAILURE() << "a backward inside no_sync() before synchronize() did not throw";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("produced twice"), std::string::npos) << e.what();
+  }
+  sync.synchronize();
+  ::torch::Tensor total = ::torch::zeros({});
+  for (int r = 0; r < size_; ++r) {
+    for (int step : {0, 1}) total = total + alone.forward(Input(r, step), true).pow(2).mean();
+  }
+  (total / size_).backward();
+  std::vector<::torch::Tensor> expected;
+  for (const ::torch::Tensor& p : alone.parameters()) expected.push_back(p.grad());
+  EXPECT_TRUE(GradientsAre(net, expected));
 }
 
 TEST_F(DistributedModuleTest, OnlyAveragesAndSumsReduceGradients) {

@@ -31,8 +31,14 @@
 // stream after the reductions (the host blocks only until they are launched), so the optimizer's
 // kernels queued there read reduced gradients. Work on another stream must wait for that one.
 //
-// Thread safety: one trainer thread drives a DistributedModule (the hooks run on the thread that
-// runs backward). gradsync must be initialized first and outlive the object.
+// Which parameters are reduced, and on which device and dtype, is fixed when the object is made:
+// make it after the module is on its device and after freezing (requires_grad) is decided. A
+// parameter no rank produced a gradient for in a step gets zeros, which an optimizer with momentum
+// or weight decay still applies (DDP leaves such a gradient undefined).
+//
+// Thread safety: one trainer thread drives a DistributedModule (the hooks run on the threads that
+// run backward: the caller's, and autograd's device threads for CUDA gradients, one at a time).
+// gradsync must be initialized first and outlive the object.
 #pragma once
 
 #include <gradsync/gradsync.h>
@@ -74,9 +80,10 @@ void broadcast_state(::torch::nn::Module& module, int root = 0,
 class DistributedModule {
  public:
   // Collective: broadcasts rank 0's parameters and buffers, then hooks every parameter that
-  // requires a gradient.
+  // requires a gradient. Buckets keep to one device and dtype.
   explicit DistributedModule(::torch::nn::Module& module, Options options = {});
-  // The hooks stay registered with the accumulators but do nothing afterwards.
+  // Waits for the reductions still in flight (a backward that threw part way), dropping their
+  // errors; the hooks stay registered with the accumulators but do nothing afterwards.
   ~DistributedModule();
   DistributedModule(const DistributedModule&) = delete;
   DistributedModule& operator=(const DistributedModule&) = delete;
@@ -85,12 +92,13 @@ class DistributedModule {
   // gradients. Call after backward and before the optimizer step. Throws gradsync::Error.
   void synchronize();
 
-  // While the returned guard lives, backward accumulates gradients locally and reduces nothing
-  // (DDP's no_sync): the first backward after it reduces the accumulated gradients.
+  // While the returned guard lives (guards may nest), backward accumulates gradients locally and
+  // reduces nothing (DDP's no_sync): the first backward after it reduces the accumulated
+  // gradients. A backward inside it before synchronize() of a synchronized one is refused.
   class NoSync {
    public:
-    explicit NoSync(DistributedModule* owner) : owner_(owner) { owner_->syncing_ = false; }
-    ~NoSync() { owner_->syncing_ = true; }
+    explicit NoSync(DistributedModule* owner) : owner_(owner) { ++owner_->no_sync_depth_; }
+    ~NoSync() { --owner_->no_sync_depth_; }
     NoSync(const NoSync&) = delete;
     NoSync& operator=(const NoSync&) = delete;
 
@@ -132,6 +140,10 @@ class DistributedModule {
   void ReturnToView(size_t k);
   // Forgets the step's buckets and gradients (synchronize()'s end, even when it throws).
   void ResetStep();
+  // Waits for every launched bucket's reduction on the host, dropping errors: before memory the
+  // runtime may still write is let go after a failure.
+  void DrainLaunched();
+  bool syncing() const { return no_sync_depth_ == 0; }
 
   ::torch::nn::Module& module_;
   Options options_;
@@ -144,7 +156,7 @@ class DistributedModule {
   std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   std::mutex mu_;
-  bool syncing_ = true;
+  int no_sync_depth_ = 0;  // NoSync guards alive
 };
 
 }  // namespace torch
