@@ -98,7 +98,8 @@ Status BackgroundLoop::ExecuteBucket(ProcessSetRuntime* set, const Response& fir
                                      DataPlane** plane_used) {
   TensorEntry* first_entry = members.front();
   DataPlane* plane = nullptr;
-  GRADSYNC_RETURN_IF_ERROR(set->PlaneFor(first.device, &plane));
+  // This rank's own device, not the response's (rank 0's): each rank's GPU is its own.
+  GRADSYNC_RETURN_IF_ERROR(set->PlaneFor(first_entry->input.device, &plane));
   *plane_used = plane;  // PlaneFor gives a plane whenever it returns OK
   if (first.device.kind != DeviceKind::kCpu) plane->RecordPhases(record_phases);
   switch (first.type) {
@@ -173,7 +174,7 @@ Status BackgroundLoop::StandIn(ProcessSetRuntime* set, const Response& response,
   entry.op = OpType::kAllreduce;
   entry.input.dtype = response.dtype;
   entry.input.shape = response.shape;
-  entry.input.device = response.device;
+  entry.input.device = set->OwnDevice(response.device);
   const int64_t count = entry.input.num_elements();
   stand_in.buffer.resize(static_cast<size_t>(entry.input.num_bytes()));
   FillReductionIdentity(stand_in.buffer.data(), count, response.dtype, response.reduce_op);
@@ -185,7 +186,7 @@ Status BackgroundLoop::StandIn(ProcessSetRuntime* set, const Response& response,
   *stand_in_entry = &entry;
   if (response.device.kind == DeviceKind::kCpu) return Status::OK();
   DataPlane* plane = nullptr;
-  GRADSYNC_RETURN_IF_ERROR(set->PlaneFor(response.device, &plane));
+  GRADSYNC_RETURN_IF_ERROR(set->PlaneFor(entry.input.device, &plane));
   return plane->AdoptStandIn(&entry);
 }
 

@@ -153,10 +153,13 @@ bool AllgatherShapeMatches(const Response& response, const RequestFields& reques
 }  // namespace
 
 // Scalar fields first: this runs for every cached tensor of every step, and they are cheapest.
+// Of the device, the kind alone: each rank's GPU is its own (cuda:1 on a node's second rank where
+// the response, rank 0's, says cuda:0), as negotiation checks only that the ranks agree on the
+// kind.
 bool ParametersMatch(const Response& response, const RequestFields& request) {
   if (response.dtype != request.dtype || response.reduce_op != request.reduce_op ||
       response.prescale != request.prescale || response.postscale != request.postscale ||
-      response.root != request.root || response.device != request.device ||
+      response.root != request.root || response.device.kind != request.device.kind ||
       response.group_size != request.group_size) {
     return false;
   }

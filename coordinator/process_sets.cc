@@ -65,6 +65,13 @@ ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Com
   host_plane_->set_piece_bytes(config.allreduce_piece_bytes);
 }
 
+Device ProcessSetRuntime::OwnDevice(const Device& negotiated) const {
+  for (const DevicePlaneSlot& slot : device_planes_) {
+    if (slot.device.kind == negotiated.kind) return slot.device;
+  }
+  return negotiated;
+}
+
 Status ProcessSetRuntime::PlaneFor(const Device& device, DataPlane** plane) {
   if (device.kind == DeviceKind::kCpu) {
     *plane = host_plane_.get();

@@ -61,6 +61,9 @@ class ProcessSetRuntime {
   // same one on every member), which fails when this build or machine cannot serve the device;
   // the failure is kept and returned for every later operation there.
   Status PlaneFor(const Device& device, DataPlane** plane);
+  // This rank's device of `negotiated`'s kind, for a joined rank's stand-in, which has no tensor
+  // to say: the device of the set's plane of that kind, or `negotiated` (rank 0's) before any.
+  Device OwnDevice(const Device& negotiated) const;
   // The joined ranks' stand-ins every device plane holds are not needed any more.
   void ReleaseStandIns();
   // How this set's buckets are planned: the configured settings, with the in-place cutoff taken

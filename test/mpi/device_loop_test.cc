@@ -38,8 +38,12 @@ class FailingOncePlane : public DevicePlane {
   }
 };
 
-Status HostBackedPlane(const Config& config, MPI_Comm comm, const Device&,
+// The devices this rank's planes were made for.
+std::vector<Device> planes_made_for;
+
+Status HostBackedPlane(const Config& config, MPI_Comm comm, const Device& device,
                        std::unique_ptr<DataPlane>* plane) {
+  planes_made_for.push_back(device);
   std::unique_ptr<HostDeviceBackend> backend;
   GRADSYNC_RETURN_IF_ERROR(HostDeviceBackend::Create(comm, &backend));
   *plane =
@@ -60,9 +64,9 @@ class DeviceLoopTest : public MultiRankTest {
 };
 
 // A host tensor relabelled as a device tensor.
-TensorView OnDevice(HostTensor* tensor) {
+TensorView OnDevice(HostTensor* tensor, int gpu = 0) {
   TensorView view = tensor->view();
-  view.device = Device::Cuda(0);
+  view.device = Device::Cuda(gpu);
   return view;
 }
 
@@ -405,6 +409,57 @@ TEST_F(DeviceLoopTest, AnOutputThatCannotBeAllocatedFailsOnlyOnceTheDeviceIsDone
     EXPECT_EQ(sent->Get(0), 1);
     EXPECT_EQ(share->Get(0), sum);
   }
+}
+
+// One GPU per rank, as on a node with several (rank r's tensors on cuda:r): the responses carry
+// rank 0's device, yet each rank reduces on its own GPU's plane (a plane for rank 0's would read
+// another GPU's memory, and take the ranks for sharing one), its cached tensors match every
+// step, and the schedule locks; a joined rank's stand-ins go to its own plane too.
+TEST_F(DeviceLoopTest, EachRankReducesOnItsOwnGpu) {
+  const fs::path path =
+      fs::temp_directory_path() / ("gradsync_device_own_" + std::to_string(getpid()) + ".json");
+  start_timeline(path.string());
+  planes_made_for.clear();
+  for (int step = 0; step < 8; ++step) {
+    std::vector<std::unique_ptr<HostTensor>> grads;
+    std::vector<Handle> handles;
+    for (int g = 0; g < 4; ++g) {
+      grads.push_back(std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{33}));
+      for (int64_t k = 0; k < 33; ++k) grads.back()->Set(k, rank_ + step + g);
+      AllreduceOptions options;
+      options.name = "own.gpu." + std::to_string(g);
+      handles.push_back(allreduce(OnDevice(grads.back().get(), rank_), options));
+    }
+    for (size_t g = 0; g < handles.size(); ++g) {
+      ASSERT_TRUE(Succeeds(handles[g])) << "step " << step;
+      ASSERT_EQ(grads[g]->Get(5), size_ * (size_ - 1) / 2.0 + size_ * (step + g));
+    }
+  }
+  // The last rank joins early: the others' next step goes on with its stand-ins.
+  HostTensor last(DataType::kFloat32, {33});
+  for (int64_t k = 0; k < 33; ++k) last.Set(k, 1);
+  if (rank_ != size_ - 1) {
+    AllreduceOptions options;
+    options.name = "own.gpu.after";
+    Handle h = allreduce(OnDevice(&last, rank_), options);
+    ASSERT_TRUE(Succeeds(h));
+    EXPECT_EQ(last.Get(0), size_ - 1);
+  }
+  join();
+  stop_timeline();
+  ASSERT_FALSE(planes_made_for.empty());
+  for (const Device& device : planes_made_for) {
+    EXPECT_EQ(device, Device::Cuda(rank_)) << "a plane for " << DeviceName(device);
+  }
+  if (rank_ != 0) return;
+  const Trace trace = LoadTrace(path);
+  fs::remove(path);
+  ASSERT_TRUE(trace.ok);
+  size_t locks = 0;
+  for (const Json& e : trace.events) {
+    if (StringField(e, "ph") == "i" && StringField(e, "name").rfind("LOCK set 0", 0) == 0) ++locks;
+  }
+  EXPECT_EQ(locks, 1u) << "the loop locked";
 }
 
 TEST_F(DeviceLoopTest, ProcessSetsGetDevicePlanesOfTheirOwn) {
