@@ -80,7 +80,8 @@ std::vector<RankResult> RunLocked(const LockedRun& run) {
           }
         }
         LockedCycle out;
-        result.failure = schedule.RunCycle(fresh, false, "", &out);
+        const bool release = run.unlock_at && run.unlock_at(rank, cycle);
+        result.failure = schedule.RunCycle(fresh, release, release ? "the test unlocks" : "", &out);
         if (!result.failure.ok()) return;
         for (const CycleOutcome& bucket : out.buckets) {
           std::vector<std::string> names;
@@ -347,11 +348,15 @@ TEST_P(LockedScheduleRanksTest, ABlockingUnlockOnEveryRankLeavesTogether) {
   };
   // Each rank asks at another moment; the first to ask waits for the rest.
   run.unlock_at = [](int rank, int cycle) { return cycle == 5 + 7 * rank; };
+  run.settings.wait_seconds = 5.0;  // grad.4's bucket waits longer than the test takes
   const std::vector<RankResult> results = RunLocked(run);
   ExpectSameBucketsEverywhere(results);
   ASSERT_EQ(results[0].ran.size(), 1u);
   EXPECT_EQ(results[0].returned, std::vector<std::string>{"grad.4"});
   for (const RankResult& r : results) EXPECT_TRUE(r.unlocked);
+  // Rank 0, first to ask, left by its release, not by the wait for grad.4's bucket. The others
+  // follow its release, or its nudge.
+  EXPECT_EQ(results[0].reason, "the test unlocks");
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, LockedScheduleRanksTest, ::testing::Values(1, 2, 4),
