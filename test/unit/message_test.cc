@@ -105,13 +105,16 @@ TEST(MessageTest, CacheHitNeedsEveryAgreedParameter) {
   other_rank.rank = 0;
   other_rank.waited_seconds = 99.0;
   EXPECT_TRUE(ResponseMatches(p, FieldsOf(other_rank)));  // sender and wait time are not parameters
+  Request own_gpu = q;
+  own_gpu.device = Device::Cuda(q.device.index + 1);
+  EXPECT_TRUE(ResponseMatches(p, FieldsOf(own_gpu)));  // nor which GPU: each rank's is its own
 
   std::vector<Request> misses(9, q);
   misses[0].name = "b";
   misses[1].op = OpType::kBroadcast;
   misses[2].dtype = DataType::kFloat32;
   misses[3].shape = {4, 3, 1};
-  misses[4].device = Device::Cuda(0);
+  misses[4].device = Device::Cpu();
   misses[5].reduce_op = ReduceOp::kSum;
   misses[6].prescale = 1.0;
   misses[7].postscale = 0.5;
