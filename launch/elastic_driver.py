@@ -80,7 +80,11 @@ class Discovery:
             log("host discovery script %s exited with %d: %s"
                 % (self.script, done.returncode, done.stderr.strip()))
             return None
-        return parse_discovery_output(done.stdout, self.script)
+        try:
+            return parse_discovery_output(done.stdout, self.script)
+        except ElasticError as e:  # a bad answer is kept out, as a failed run is
+            log(str(e))
+            return None
 
 
 class HostsEndpoint:
@@ -124,6 +128,10 @@ def address_towards(host):
         return socket.gethostbyname(socket.gethostname())
 
 
+class Terminated(ElasticError):
+    """SIGTERM or SIGHUP reached the driver, which ended the world running then."""
+
+
 # mpirun's reports of the rank that failed: a signal, or an exit status.
 _SIGNALED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 _EXITED = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]")
@@ -158,6 +166,16 @@ def failed_host(lines, layout):
         return host_of(rank), "rank %d on %s exited with status %s" % (
             rank, host_of(rank), code.group(1) if code else "?")
     return None, "the world ended without saying which rank failed"
+
+
+def _end_world(process):
+    """Ends mpirun's session (it and the ranks it started), unless it has ended."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        process.wait()
 
 
 class Driver:
@@ -210,17 +228,24 @@ class Driver:
             time.sleep(self.interval)
 
     def run(self):
-        first_host = None
         endpoint = None
-        world, resets = 0, 0
+        world, resets, unnamed = 0, 0, 0
         reason = "the job starts"
+
+        def terminate(signum, frame):
+            del frame
+            raise Terminated("%s reached the launcher" % signal.Signals(signum).name)
+
+        # mpirun runs in a session of its own (so that a failed world's whole tree can be
+        # ended): a signal that ends the driver must end the world too, not leave it running.
+        previous = {signum: signal.signal(signum, terminate)
+                    for signum in (signal.SIGTERM, signal.SIGHUP)}
         try:
             while True:
                 hosts = self.wait_for_hosts()
                 layout = self.layout(hosts)
                 np = sum(s for _, s in layout)
                 if endpoint is None:
-                    first_host = layout[0][0]
                     endpoint = HostsEndpoint("0.0.0.0")
                 log("world %d: %d ranks on %s (%s)" % (
                     world, np, ",".join("%s:%d" % h for h in layout), reason))
@@ -231,7 +256,8 @@ class Driver:
                 # host, before it kills.
                 env.setdefault("OMPI_MCA_odls_base_sigkill_timeout", "0")
                 env.update({
-                    "GRADSYNC_ELASTIC_DRIVER": "%s:%d" % (address_towards(first_host),
+                    # Towards this world's first host, where rank 0 runs.
+                    "GRADSYNC_ELASTIC_DRIVER": "%s:%d" % (address_towards(layout[0][0]),
                                                           endpoint.port),
                     "GRADSYNC_ELASTIC_HOSTS_VERSION": str(endpoint.version),
                     "GRADSYNC_ELASTIC_WORLD": str(world),
@@ -249,12 +275,23 @@ class Driver:
                     if host is not None:
                         self.left_out[host] = time.monotonic() + self.cooldown
                         reason += "; %s left out for %g s" % (host, self.cooldown)
+                        unnamed = 0
+                    else:
+                        # Nothing to leave out: the next world waits, longer each time, rather
+                        # than start at once on what may be the same dead host.
+                        unnamed += 1
+                        pause = min(self.cooldown, self.interval * 2 ** unnamed)
+                        reason += "; the next world starts in %g s" % pause
                 log("world %d ended (status %d): %s" % (world, status, reason))
+                if status != EXIT_RESTART and host is None:
+                    time.sleep(pause)
                 resets += 1
                 if self.reset_limit is not None and resets > self.reset_limit:
                     raise ElasticError("reset limit %d reached: %s" % (self.reset_limit, reason))
                 world += 1
         finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
             if endpoint is not None:
                 endpoint.close()
 
@@ -290,9 +327,8 @@ class Driver:
                     announced = True
                     log("hosts changed to %s: asking world's ranks to commit and restart"
                         % ",".join("%s:%d" % h for h in self.layout(hosts)))
-        except KeyboardInterrupt:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait()
+        except BaseException:  # Ctrl-C, SIGTERM or SIGHUP, or the driver's own failure
+            _end_world(process)
             raise
         reader.join(timeout=5)
         return process.returncode, lines

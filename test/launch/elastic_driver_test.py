@@ -2,8 +2,10 @@
 and the world loop itself, whose worlds here are small scripts that end the way mpirun's do."""
 import io
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from contextlib import redirect_stderr
@@ -29,6 +31,19 @@ class DiscoveryTest(unittest.TestCase):
             with redirect_stderr(io.StringIO()) as err:
                 self.assertIsNone(ed.Discovery(script=f.name).hosts())
             self.assertIn("exited with 3: broken", err.getvalue())
+        finally:
+            os.unlink(f.name)
+
+
+    def test_a_script_that_prints_nonsense_gives_no_answer(self):
+        """As a failing one: the world running goes on, and the next waits for a good answer."""
+        with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as f:
+            f.write("#!/bin/sh\necho 'WARNING: token expired'\necho node1:2\n")
+        os.chmod(f.name, 0o755)
+        try:
+            with redirect_stderr(io.StringIO()) as err:
+                self.assertIsNone(ed.Discovery(script=f.name).hosts())
+            self.assertIn("slots", err.getvalue())
         finally:
             os.unlink(f.name)
 
@@ -147,6 +162,39 @@ class DriverTest(unittest.TestCase):
         status, log = self.run_driver(driver)
         self.assertIn("reset limit 1 reached: world 1 failed", status)
         self.assertEqual(len(self.layouts), 2)
+
+    def test_a_failure_that_names_no_host_delays_the_next_world_longer_each_time(self):
+        driver = self.driver([("h1", 2)], "sys.exit(1)", reset_limit=2, cooldown=30.0,
+                             discovery_interval=0.05)
+        status, log = self.run_driver(driver)
+        self.assertIn("reset limit 2 reached", status)
+        self.assertIn("without saying which rank failed; the next world starts in 0.1 s", log)
+        self.assertIn("without saying which rank failed; the next world starts in 0.2 s", log)
+
+    def test_sigterm_to_the_launcher_ends_the_world(self):
+        with tempfile.TemporaryDirectory() as work:
+            pid_file = os.path.join(work, "pid")
+            body = ("open(%r, 'w').write(str(os.getpid()))\n"
+                    "import time\n"
+                    "time.sleep(60)\n" % pid_file)
+            driver = self.driver([("h1", 2)], body)
+
+            def send_sigterm():
+                deadline = time.monotonic() + 20
+                while not os.path.exists(pid_file) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+            threading.Thread(target=send_sigterm, daemon=True).start()
+            started = time.monotonic()
+            status, _ = self.run_driver(driver)
+            self.assertEqual(status, "SIGTERM reached the launcher")
+            self.assertLess(time.monotonic() - started, 30.0)
+            with open(pid_file) as f:
+                world = int(f.read())
+            with self.assertRaises(ProcessLookupError):  # ended and reaped, not left running
+                os.kill(world, 0)
+        self.assertIs(signal.getsignal(signal.SIGTERM), signal.SIG_DFL)
 
     def test_too_few_slots_for_too_long(self):
         driver = self.driver([("h1", 1)], "sys.exit(0)", elastic_timeout=0.2)

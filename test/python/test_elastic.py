@@ -2,17 +2,21 @@
 epoch across restarts with other numbers of ranks, and the state's commit, restore and resume.
 The launcher's scenarios (hosts failing and coming back) are in test/elastic/."""
 
+import http.server
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 
+import numpy
 import pytest
 import torch
 
 import gradsync.torch as hvd
-from gradsync.torch.elastic import _resume, store
+from gradsync.torch.elastic import _resume, notices, store
 from gradsync.torch.elastic.sampler import ElasticSampler
 
 
@@ -24,6 +28,29 @@ def test_commits_are_numbered_pruned_and_read_back(tmp_path):
     assert store.commits(directory) == [2, 3]  # the newest two are kept
     assert store.latest(directory) == 3
     assert store.read(directory, 3)["step"] == 3
+
+
+class Progress:
+    """A value of the script's own class, which a state keeps as it is."""
+
+    def __init__(self, seen):
+        self.seen = seen
+
+
+def test_a_commit_holds_what_a_state_keeps_beside_tensors(tmp_path):
+    """A module's and an optimizer's state, a numpy scalar and an object of the script's: read
+    back whole under PyTorch 2.6 and later too, whose torch.load takes only tensors by default."""
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    directory = str(tmp_path / "commits")
+    store.write(directory, 1, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                               "loss": numpy.float64(0.25), "progress": Progress([1, 2])})
+    back = store.read(directory, 1)
+    assert torch.equal(back["model"]["weight"], model.weight.detach())
+    assert back["optimizer"]["state"][0]["momentum_buffer"] is not None
+    assert back["loss"] == 0.25 and back["progress"].seen == [1, 2]
 
 
 # Run in a process of its own (not forked from this one, which MPI has started): it begins commit
@@ -243,3 +270,32 @@ def test_a_snapshot_the_writer_still_reads_is_never_reused(tmp_path, monkeypatch
     if writes:
         # Commit 1 was read unchanged throughout; 2 to 4 were replaced unwritten; 5 was written.
         assert seen == [(1, True, 1.0), (5, True, 5.0)]
+
+
+def test_the_hosts_watch_reaches_the_launcher_past_a_proxy(monkeypatch):
+    """Rank 0 polls the launcher directly: an http_proxy set for the hosts' traffic is not used."""
+    class Launcher(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"version": 1}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Launcher)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # nothing listens there
+    try:
+        watch = notices._HostWatch("127.0.0.1:%d" % server.server_address[1], 0)
+        deadline = time.monotonic() + 10
+        while not watch.changed() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watch.changed()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -75,7 +75,7 @@ def run(func):
         if notices.world() > 0:
             state.on_reset()
         try:
-            return func(state, *args, **kwargs)
+            result = func(state, *args, **kwargs)
         except HostsUpdatedInterrupt:
             state.flush()
             barrier()  # every rank's commit is on disk before any rank leaves
@@ -83,5 +83,9 @@ def run(func):
             sys.stdout.flush()
             sys.stderr.flush()
             raise SystemExit(notices.EXIT_RESTART)
+        # The last commits on disk before the world reports training finished: the writer's
+        # thread would not outlive the process.
+        state.flush()
+        return result
 
     return wrapper

@@ -13,6 +13,7 @@ the network; ``State.check_host_updates`` broadcasts its answer to the other ran
 
 import json
 import os
+import sys
 import threading
 import time
 import urllib.request
@@ -49,14 +50,24 @@ class _HostWatch:
             return self._seen != self._started_with
 
     def _run(self):
+        # Straight to the launcher: an http_proxy set for the hosts' own traffic would send the
+        # polls where they never reach it.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        told = False
         while True:
             try:
-                with urllib.request.urlopen(self._url, timeout=5) as reply:
+                with opener.open(self._url, timeout=5) as reply:
                     version = int(json.loads(reply.read().decode())["version"])
                 with self._lock:
                     self._seen = version
-            except (OSError, ValueError, KeyError):
-                pass  # the launcher restarts the world if it is gone; nothing to announce here
+            except (OSError, ValueError, KeyError) as error:
+                # The launcher restarts the world if it is gone; one that cannot be reached is
+                # said once, since the job then never hears of other hosts.
+                if not told:
+                    told = True
+                    print("gradsync: the elastic launcher at %s cannot be reached (%s); hosts "
+                          "added or leaving go unnoticed until it can" % (self._url, error),
+                          file=sys.stderr, flush=True)
             time.sleep(_POLL_SECONDS)
 
 
