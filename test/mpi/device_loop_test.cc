@@ -72,6 +72,15 @@ TensorView OnDevice(HostTensor* tensor, int gpu = 0) {
 
 Allocator IntoDevice(std::unique_ptr<HostTensor>* out) { return Into(out); }
 
+// How often the timeline shows the global set's schedule locking.
+size_t LocksOfTheGlobalSet(const Trace& trace) {
+  size_t locks = 0;
+  for (const Json& e : trace.events) {
+    if (StringField(e, "ph") == "i" && StringField(e, "name").rfind("LOCK set 0", 0) == 0) ++locks;
+  }
+  return locks;
+}
+
 TEST_F(DeviceLoopTest, DeviceAndHostTensorsInFlightTogether) {
   for (int step = 0; step < 3; ++step) {
     std::vector<std::unique_ptr<HostTensor>> tensors;
@@ -337,11 +346,7 @@ TEST_F(DeviceLoopTest, AFlatGradientBufferIsReducedWhereItLiesNegotiatedAndLocke
   const Trace trace = LoadTrace(path);
   fs::remove(path);
   ASSERT_TRUE(trace.ok);
-  size_t locks = 0;
-  for (const Json& e : trace.events) {
-    if (StringField(e, "ph") == "i" && StringField(e, "name").rfind("LOCK set 0", 0) == 0) ++locks;
-  }
-  EXPECT_EQ(locks, 1u) << "the loop locked";
+  EXPECT_EQ(LocksOfTheGlobalSet(trace), 1u) << "the loop locked";
   for (size_t g = 0; g < counts.size(); ++g) {
     const std::vector<Phase> phases = PhasesOf(trace, "device.flat." + std::to_string(g));
     EXPECT_EQ(phases.size(), 2u * 8) << "a queue and a collective each step, gradient " << g;
@@ -455,11 +460,7 @@ TEST_F(DeviceLoopTest, EachRankReducesOnItsOwnGpu) {
   const Trace trace = LoadTrace(path);
   fs::remove(path);
   ASSERT_TRUE(trace.ok);
-  size_t locks = 0;
-  for (const Json& e : trace.events) {
-    if (StringField(e, "ph") == "i" && StringField(e, "name").rfind("LOCK set 0", 0) == 0) ++locks;
-  }
-  EXPECT_EQ(locks, 1u) << "the loop locked";
+  EXPECT_EQ(LocksOfTheGlobalSet(trace), 1u) << "the loop locked";
 }
 
 TEST_F(DeviceLoopTest, ProcessSetsGetDevicePlanesOfTheirOwn) {

@@ -142,9 +142,9 @@ class _Completer:
 
     def submit(self, wait, finish, future, on_error=None, devices=(), order=None):
         """Completes ``future`` with ``_outcome(wait, finish, on_error)`` after the operations
-        submitted before it in ``order``. On CUDA ``devices`` the three run with the backend's own stream of each device
-        current: the results are ordered there, and the future's consumers wait for that stream
-        when they wait, not before."""
+        submitted before it in ``order``. On CUDA ``devices`` the three run with the backend's own
+        stream of each device current: the results are ordered there, and the future's consumers
+        wait for that stream when they wait, not before."""
         with self._available:
             queue = self._orders.get(order)
             self._unfinished += 1
