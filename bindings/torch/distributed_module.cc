@@ -231,7 +231,7 @@ void DistributedModule::DrainLaunched() {
     for (Handle& h : bucket.handles) {
       try {
         h.wait();
-      } catch (const Error&) {  // the step failed already; its error was reported
+      } catch (...) {  // the step failed already (and a destructor must not throw)
       }
     }
   }
