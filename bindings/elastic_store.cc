@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <utility>
 
 namespace gradsync {
@@ -67,6 +69,34 @@ Status WriteAll(int fd, const std::string& bytes, const std::string& path) {
   return Status::OK();
 }
 
+// Whether process `pid` of this machine still runs (one that cannot be signalled does).
+bool Alive(long pid) { return kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH; }
+
+// Removes the temporary files of writers on this host whose process is gone (killed mid-commit):
+// each is a commit's size, and a job that restarts often would fill the disk with them. Another
+// host's, or a live writer's, are left alone.
+void PruneLeftovers(const std::string& directory, const std::string& host) {
+  const std::string mark = std::string(kSuffix) + "." + host + ".";
+  DIR* dir = opendir(directory.c_str());
+  if (dir == nullptr) return;
+  std::vector<std::string> gone;
+  while (const dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    const size_t at = name.find(mark);
+    const size_t tmp = name.rfind(".tmp");
+    if (name.compare(0, sizeof(kPrefix) - 1, kPrefix) != 0 || at == std::string::npos ||
+        tmp == std::string::npos || tmp + 4 != name.size() || tmp <= at + mark.size()) {
+      continue;
+    }
+    const std::string digits = name.substr(at + mark.size(), tmp - at - mark.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long pid = std::stol(digits);
+    if (pid != static_cast<long>(getpid()) && !Alive(pid)) gone.push_back(directory + "/" + name);
+  }
+  closedir(dir);
+  for (const std::string& path : gone) unlink(path.c_str());
+}
+
 }  // namespace
 
 std::vector<int64_t> ListCommits(const std::string& directory) {
@@ -116,6 +146,7 @@ Status WriteCommit(const std::string& directory, int64_t number, const std::stri
   for (size_t i = 0; i + kKeep < numbers.size(); ++i) {
     unlink(PathOf(directory, numbers[i]).c_str());  // another host may have pruned it first
   }
+  PruneLeftovers(directory, host);
   return Status::OK();
 }
 

@@ -5,6 +5,7 @@
 #include <gradsync/elastic.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -71,6 +72,28 @@ TEST_F(ElasticTest, CommitFilesAreWholeNumberedAndPruned) {
   EXPECT_EQ(bytes, StateOf(3));
   EXPECT_FALSE(elastic::ReadCommit(dir, 1, &bytes).ok());  // pruned
   EXPECT_FALSE(elastic::WriteCommit("/proc/no/such/place", 1, "x").ok());
+}
+
+// The temporary files of this host's writers that were killed mid-commit go with the next
+// commit; another host's, and a live writer's, stay.
+TEST_F(ElasticTest, AKilledWritersTemporaryFileIsRemovedByTheNextCommit) {
+  const std::string dir = Directory(/*shared=*/false) + "/leftovers";
+  ASSERT_TRUE(elastic::WriteCommit(dir, 1, StateOf(1)).ok());
+  char host[256] = "host";
+  gethostname(host, sizeof(host) - 1);
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  waitpid(child, nullptr, 0);  // a pid no process has now
+  const std::string stem = dir + "/commit-0000000002.bin.";
+  const std::string dead = stem + host + "." + std::to_string(child) + ".tmp";
+  const std::string live = stem + host + "." + std::to_string(getppid()) + ".tmp";
+  const std::string elsewhere = stem + "another-host." + std::to_string(child) + ".tmp";
+  for (const std::string& path : {dead, live, elsewhere}) std::ofstream(path) << "half";
+  ASSERT_TRUE(elastic::WriteCommit(dir, 2, StateOf(2)).ok());
+  EXPECT_NE(access(dead.c_str(), F_OK), 0) << dead;
+  EXPECT_EQ(access(live.c_str(), F_OK), 0) << live;
+  EXPECT_EQ(access(elsewhere.c_str(), F_OK), 0) << elsewhere;
 }
 
 TEST_F(ElasticTest, ANewWorldResumesFromTheLastCommitOnASharedDirectory) {

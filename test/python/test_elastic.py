@@ -6,6 +6,7 @@ import http.server
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +29,25 @@ def test_commits_are_numbered_pruned_and_read_back(tmp_path):
     assert store.commits(directory) == [2, 3]  # the newest two are kept
     assert store.latest(directory) == 3
     assert store.read(directory, 3)["step"] == 3
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_commit(tmp_path):
+    """This host's leftovers of a writer that is gone go; another host's and a live one's stay."""
+    directory = str(tmp_path / "commits")
+    store.write(directory, 1, {"step": 1})
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid no process has now
+    host = socket.gethostname()
+    stem = os.path.join(directory, "commit-0000000002.pt.")
+    dead = "%s%s.%d.tmp" % (stem, host, gone.pid)
+    live = "%s%s.%d.tmp" % (stem, host, os.getppid())
+    elsewhere = "%sanother-host.%d.tmp" % (stem, gone.pid)
+    for path in (dead, live, elsewhere):
+        with open(path, "w") as f:
+            f.write("half")
+    store.write(directory, 2, {"step": 2})
+    assert not os.path.exists(dead)
+    assert os.path.exists(live) and os.path.exists(elsewhere)
 
 
 class Progress:

@@ -22,6 +22,7 @@ import threading
 import torch
 
 _NAME = re.compile(r"commit-(\d{10})\.pt\Z")
+_LEFTOVER = re.compile(r"commit-\d{10}\.pt\.(.+)\.(\d+)\.tmp\Z")  # a writer's, by host and pid
 _KEEP = 2
 
 
@@ -80,6 +81,39 @@ def write(directory, number, payload):
             os.unlink(_path(directory, old))
         except OSError:
             pass  # another host pruned it first
+    _prune_leftovers(directory)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's: it runs
+    return True
+
+
+def _prune_leftovers(directory):
+    """Removes the temporary files of writers on this host whose process is gone (killed
+    mid-commit): each is a commit's size, and a job that restarts often would fill the disk with
+    them. Another host's, or a live writer's, are left alone."""
+    host = socket.gethostname()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        match = _LEFTOVER.match(name)
+        if match is None or match.group(1) != host:
+            continue
+        pid = int(match.group(2))
+        if pid == os.getpid() or _alive(pid):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+        except OSError:
+            pass
 
 
 def read(directory, number):
