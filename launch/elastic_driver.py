@@ -264,6 +264,7 @@ class Driver:
                     "GRADSYNC_ELASTIC_CHECKPOINT_DIR": self.checkpoint_dir,
                 })
                 status, lines = self.run_world(layout, env, endpoint)
+                pause = 0.0
                 if status == 0:
                     log("world %d: training finished" % world)
                     return 0
@@ -283,8 +284,7 @@ class Driver:
                         pause = min(self.cooldown, self.interval * 2 ** unnamed)
                         reason += "; the next world starts in %g s" % pause
                 log("world %d ended (status %d): %s" % (world, status, reason))
-                if status != EXIT_RESTART and host is None:
-                    time.sleep(pause)
+                time.sleep(pause)
                 resets += 1
                 if self.reset_limit is not None and resets > self.reset_limit:
                     raise ElasticError("reset limit %d reached: %s" % (self.reset_limit, reason))

@@ -23,29 +23,28 @@ class DiscoveryTest(unittest.TestCase):
         with self.assertRaisesRegex(ed.ElasticError, "line 1: slots"):
             ed.parse_discovery_output("node1:x\n", "s")
 
-    def test_a_failing_script_gives_no_answer(self):
+    def answer_of(self, body):
+        """What discovery makes of a script with this body, and what it logged."""
         with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as f:
-            f.write("#!/bin/sh\necho broken >&2\nexit 3\n")
+            f.write("#!/bin/sh\n" + body)
         os.chmod(f.name, 0o755)
         try:
             with redirect_stderr(io.StringIO()) as err:
-                self.assertIsNone(ed.Discovery(script=f.name).hosts())
-            self.assertIn("exited with 3: broken", err.getvalue())
+                hosts = ed.Discovery(script=f.name).hosts()
+            return hosts, err.getvalue()
         finally:
             os.unlink(f.name)
 
+    def test_a_failing_script_gives_no_answer(self):
+        hosts, log = self.answer_of("echo broken >&2\nexit 3\n")
+        self.assertIsNone(hosts)
+        self.assertIn("exited with 3: broken", log)
 
     def test_a_script_that_prints_nonsense_gives_no_answer(self):
         """As a failing one: the world running goes on, and the next waits for a good answer."""
-        with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as f:
-            f.write("#!/bin/sh\necho 'WARNING: token expired'\necho node1:2\n")
-        os.chmod(f.name, 0o755)
-        try:
-            with redirect_stderr(io.StringIO()) as err:
-                self.assertIsNone(ed.Discovery(script=f.name).hosts())
-            self.assertIn("slots", err.getvalue())
-        finally:
-            os.unlink(f.name)
+        hosts, log = self.answer_of("echo 'WARNING: token expired'\necho node1:2\n")
+        self.assertIsNone(hosts)
+        self.assertIn("slots", log)
 
 
 class FailedHostTest(unittest.TestCase):

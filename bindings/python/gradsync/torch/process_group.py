@@ -166,12 +166,16 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 raise ValueError("%s takes one tensor for each of the group's %d ranks, not %d"
                                  % (what, self.size(), len(tensors)))
 
+    def _allgathers(self, inputs):
+        """An allgather of each input's elements as one row."""
+        return [allgather_async(_rows(t), process_set=self._target) for t in inputs]
+
     def allgather(self, output_lists, inputs, opts=None):
         self._each_rank(output_lists, "all_gather's output list")
         return self._gather(output_lists, inputs, opts)
 
     def _gather(self, output_lists, inputs, opts):
-        handles = [allgather_async(_rows(t), process_set=self._target) for t in inputs]
+        handles = self._allgathers(inputs)
 
         def finish(gathered):
             for outputs, rows in zip(output_lists, gathered):
@@ -182,7 +186,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._work(handles, finish, list(inputs), opts)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        handles = [allgather_async(_rows(t), process_set=self._target) for t in inputs]
+        handles = self._allgathers(inputs)
 
         def finish(gathered):
             for output, rows in zip(outputs, gathered):
@@ -201,7 +205,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         if len(output_lists) != self.size():
             raise ValueError("all_gather_coalesced takes an output list for each of the group's "
                              "%d ranks, not %d" % (self.size(), len(output_lists)))
-        handles = [allgather_async(_rows(t), process_set=self._target) for t in inputs]
+        handles = self._allgathers(inputs)
 
         def finish(gathered):
             for i, rows in enumerate(gathered):
@@ -216,17 +220,11 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._gather(output_lists, inputs, opts)
 
     def gather_single(self, output, tensor, opts=None):
-        """PyTorch 2's gather into one tensor, which only the root passes with elements."""
-        keep = output is not None and output.numel() > 0
-        outputs = [output] if keep else [tensor.new_empty((0,))]
-        handles = [allgather_async(_rows(tensor), process_set=self._target)]
-
-        def finish(gathered):
-            if keep:
-                output.copy_(gathered[0].reshape(output.shape))
-            return outputs
-
-        return self._work(handles, finish, [tensor], opts)
+        """PyTorch 2's gather into one tensor, which only the root passes with elements: an
+        allgather into it there, one that keeps nothing elsewhere."""
+        if output is not None and output.numel() > 0:
+            return self._allgather_base(output, tensor, opts)
+        return self._gather([], [tensor], opts)
 
     def _reduce_scatter_rows(self, outputs, row_tensors, opts):
         op = _reduce_op(_option(opts, "reduceOp", dist.ReduceOp.SUM))
