@@ -1,5 +1,8 @@
 // The public C++ API's process sets and join: operations that change which ranks take part.
+#include <atomic>
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "bindings/runtime.h"
 #include "coordinator/process_sets.h"
@@ -34,17 +37,49 @@ ProcessSet MakeProcessSet(int id) {
   return set;
 }
 
+namespace {
+
+// The counters behind generated names: the global set's unnamed operations by type, then the
+// process-set changes.
+std::vector<int64_t> NameCounters(const Runtime& rt) {
+  std::vector<int64_t> counters;
+  counters.reserve(kNumOpTypes + 1);
+  for (const std::atomic<uint64_t>& counter : rt.unnamed_counters) {
+    counters.push_back(static_cast<int64_t>(counter.load()));
+  }
+  counters.push_back(static_cast<int64_t>(rt.process_set_calls.load()));
+  return counters;
+}
+
+void RaiseTo(std::atomic<uint64_t>* counter, int64_t agreed) {
+  uint64_t seen = counter->load();
+  while (seen < static_cast<uint64_t>(agreed) &&
+         !counter->compare_exchange_weak(seen, static_cast<uint64_t>(agreed))) {
+  }
+}
+
+}  // namespace
+
 int join() {
   RequireCallerThread("join");
   Runtime& rt = ActiveRuntime("join");
   // One join per rank at a time, so a fixed name pairs up every rank's join.
   auto entry = NewEntry(rt, OpType::kJoin, "gradsync.join", nullptr);
+  // A joined rank serves the others' unnamed allreduces and barriers without naming them, so its
+  // counters fall behind theirs: the join agrees on the highest (see ExecuteBucket), and every
+  // rank's next unnamed operation gets the same name again.
+  entry->splits = NameCounters(rt);
   std::shared_ptr<OpState> state = entry->state;
   Handle joined = Submit(rt, std::move(entry), Status::OK());
   // After the join is submitted, so that this rank's stand-ins serve the others' negotiated
   // buckets while it takes part in their lanes.
   TakePartInLanesOnJoin(rt);
   joined.wait();
+  const std::vector<int64_t>& agreed = state->received_splits;
+  if (agreed.size() == static_cast<size_t>(kNumOpTypes) + 1) {
+    for (int op = 0; op < kNumOpTypes; ++op) RaiseTo(&rt.unnamed_counters[op], agreed[op]);
+    RaiseTo(&rt.process_set_calls, agreed.back());
+  }
   return state->result;
 }
 

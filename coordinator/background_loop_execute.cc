@@ -93,6 +93,23 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
   return fatal;
 }
 
+namespace {
+
+// A join carries this rank's counters of generated names (unnamed operations, process-set
+// changes; see join() in the bindings). While a rank was joined it served the others' unnamed
+// allreduces and barriers without counting them, and refused changes counted only where they
+// were called, so the counters drifted apart: every rank leaves the join with the highest of
+// each, which its operation's received_splits carry back. Every rank runs its join here, alone.
+Status AgreeOnNameCounters(MPI_Comm comm, TensorEntry* join) {
+  std::vector<int64_t>& counters = join->splits;
+  GRADSYNC_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, counters.data(), static_cast<int>(counters.size()),
+                                  MPI_INT64_T, MPI_MAX, comm));
+  join->state->received_splits = counters;
+  return Status::OK();
+}
+
+}  // namespace
+
 Status BackgroundLoop::ExecuteBucket(ProcessSetRuntime* set, const Response& first,
                                      const std::vector<TensorEntry*>& members, bool record_phases,
                                      DataPlane** plane_used) {
@@ -121,6 +138,7 @@ Status BackgroundLoop::ExecuteBucket(ProcessSetRuntime* set, const Response& fir
       return Status::OK();
     case ResponseType::kJoin:
       first_entry->state->result = first.root;
+      GRADSYNC_RETURN_IF_ERROR(AgreeOnNameCounters(mpi_.data_comm(), first_entry));
       // Every rank is back: the stand-ins (as large as the gradients) are not needed any more.
       // The join runs alone, after every bucket that used them has completed (device buckets
       // once the finalizer has them done).
@@ -177,7 +195,8 @@ Status BackgroundLoop::StandIn(ProcessSetRuntime* set, const Response& response,
   entry.input.device = set->OwnDevice(response.device);
   const int64_t count = entry.input.num_elements();
   stand_in.buffer.resize(static_cast<size_t>(entry.input.num_bytes()));
-  FillReductionIdentity(stand_in.buffer.data(), count, response.dtype, response.reduce_op);
+  FillJoinedContribution(stand_in.buffer.data(), count, response.dtype, response.reduce_op,
+                         response.prescale);
   entry.input.data = stand_in.buffer.data();
   entry.output = entry.input;
   entry.reduce_op = response.reduce_op;

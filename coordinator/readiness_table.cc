@@ -198,6 +198,36 @@ void ReadinessTable::TakeRunnable(std::vector<std::string>* runnable) {
   completed_.clear();
 }
 
+namespace {
+
+// Whether an operation that the ranks in `absent` joined without submitting can run: they stand in
+// for allreduces and barriers only, each with the op's identity, which every contribution's
+// prescale scales too: min and max keep theirs under any factor (FillJoinedContribution), a
+// product's 1 only under 0 and 1.
+Status RunsBesideJoinedRanks(const std::string& name, OpType op, const Response& response,
+                             const std::vector<int>& absent) {
+  const std::string while_joined =
+      " cannot run while " + std::string(absent.size() == 1 ? "rank " : "ranks ") +
+      RankListString(absent) + (absent.size() == 1 ? " has" : " have") + " joined";
+  if (op != OpType::kAllreduce && op != OpType::kBarrier) {
+    return Status::Unsupported(OpTypeName(op) + " of tensor '" + name + "'" + while_joined +
+                               " without submitting it; only allreduce and barrier run "
+                               "alongside join()");
+  }
+  if (op == OpType::kAllreduce && response.reduce_op == ReduceOp::kProduct &&
+      response.prescale != 1.0 && response.prescale != 0.0) {
+    std::ostringstream factor;
+    factor << response.prescale;
+    return Status::Unsupported("allreduce of tensor '" + name + "' with op product and prescale " +
+                               factor.str() + while_joined +
+                               ": the joined ranks' contributions of 1 would be scaled too; scale "
+                               "the tensor before the allreduce instead");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Response ReadinessTable::TakeReady(const std::string& name) {
   auto it = rows_.find(name);
   const Row& row = it->second;
@@ -214,13 +244,7 @@ Response ReadinessTable::TakeReady(const std::string& name) {
   Response response;
   Status status = ValidateRequests(present, size_, &response);
   const OpType op = present.front().op;
-  if (status.ok() && !absent.empty() && op != OpType::kAllreduce && op != OpType::kBarrier) {
-    status = Status::Unsupported(
-        OpTypeName(op) + " of tensor '" + name + "' cannot run while " +
-        (absent.size() == 1 ? "rank " : "ranks ") + RankListString(absent) +
-        (absent.size() == 1 ? " has" : " have") +
-        " joined without submitting it; only allreduce and barrier run alongside join()");
-  }
+  if (status.ok() && !absent.empty()) status = RunsBesideJoinedRanks(name, op, response, absent);
   if (!status.ok()) {
     response = Response();
     response.type = ResponseType::kError;

@@ -326,4 +326,17 @@ void FillReductionIdentity(void* dst, int64_t count, DataType dtype, ReduceOp op
   }
 }
 
+void FillJoinedContribution(void* dst, int64_t count, DataType dtype, ReduceOp op,
+                            double prescale) {
+  ReduceOp fill = op;
+  if (prescale == 0.0) {
+    fill = ReduceOp::kSum;
+  } else if (prescale < 0.0 && op == ReduceOp::kMin) {
+    fill = ReduceOp::kMax;
+  } else if (prescale < 0.0 && op == ReduceOp::kMax) {
+    fill = ReduceOp::kMin;
+  }
+  FillReductionIdentity(dst, count, dtype, fill);
+}
+
 }  // namespace gradsync

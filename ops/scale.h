@@ -38,6 +38,13 @@ void CombineInto(const void* const* inputs, int num_inputs, void* out, int64_t c
 // type's largest and lowest value (+inf and -inf for floating types).
 void FillReductionIdentity(void* dst, int64_t count, DataType dtype, ReduceOp op);
 
+// Fills what a rank without the tensor (a joined rank's stand-in) contributes to an allreduce
+// that scales every contribution by `prescale` before reducing: values that, once scaled, change
+// no other rank's result. Scaling is monotonic, so for min and max an identity's extreme scales
+// to the extreme of every scaled value, the opposite one under a negative factor; a factor of 0
+// makes every contribution 0. A product's 1 survives no other factor (negotiation refuses it).
+void FillJoinedContribution(void* dst, int64_t count, DataType dtype, ReduceOp op, double prescale);
+
 // inout[i] = inout[i] (op) in[i], for float16/bfloat16 with float32 arithmetic. `op` is sum, min,
 // max or product.
 void ReduceHalfPrecision(const void* in, void* inout, int64_t count, DataType dtype, ReduceOp op);

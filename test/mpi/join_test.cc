@@ -182,6 +182,89 @@ TEST_F(JoinTest, ABatchReducedByItsCallersJoinsToo) {
   EXPECT_EQ(batch.caller_reductions() - before_join, CallerReduces(size_) ? 2u : 0u);
 }
 
+// A joined rank's stand-in is scaled by the prescale like every contribution: under a negative
+// factor min's +inf would become -inf (and max's -inf +inf), so it must contribute the other
+// extreme; a product's 1 cannot survive a factor, so that allreduce fails on every rank.
+TEST_F(JoinTest, AJoinedRankChangesNoScaledMinMaxOrProduct) {
+  if (size_ < 2) GTEST_SKIP() << "needs two ranks";
+  int last = -1;
+  if (rank_ == 0) {
+    last = join();
+  } else {
+    struct Case {
+      ReduceOp op;
+      DataType dtype;
+      double prescale;
+      double want;
+    };
+    const std::vector<Case> cases = {
+        {ReduceOp::kMin, DataType::kFloat32, -1.0, -static_cast<double>(size_)},
+        {ReduceOp::kMax, DataType::kFloat64, -2.0, -4.0},  // rank 1's 2, scaled
+        {ReduceOp::kMin, DataType::kFloat16, 0.5, 1.0},
+        {ReduceOp::kMax, DataType::kInt32, -1.0, -2.0},
+        {ReduceOp::kMin, DataType::kFloat32, 0.0, 0.0},
+    };
+    for (const Case& c : cases) {
+      HostTensor t(c.dtype, {3});
+      for (int i = 0; i < 3; ++i) t.Set(i, rank_ + 1);
+      AllreduceOptions options = Named("", c.op);
+      options.prescale = c.prescale;
+      ASSERT_TRUE(Succeeds(allreduce(t.view(), options)));
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(t.Get(i), c.want)
+            << ReduceOpName(c.op) << " " << DataTypeName(c.dtype) << " prescale " << c.prescale;
+      }
+    }
+    HostTensor t(DataType::kFloat32, {3});
+    for (int i = 0; i < 3; ++i) t.Set(i, rank_ + 1);
+    AllreduceOptions scaled = Named("join.scaled_product", ReduceOp::kProduct);
+    scaled.prescale = 2.0;
+    EXPECT_TRUE(FailsWith(allreduce(t.view(), scaled), StatusCode::kMismatch,
+                          "with op product and prescale 2 cannot run while rank 0 has joined"));
+    ASSERT_TRUE(Succeeds(allreduce(t.view(), Named("join.product", ReduceOp::kProduct))));
+    double want = 1;
+    for (int r = 1; r < size_; ++r) want *= r + 1;
+    EXPECT_EQ(t.Get(0), want);
+    last = join();
+  }
+  ExpectAgreedOnEveryRank(last);
+}
+
+// Unnamed operations are named from a count on each rank, which a joined rank does not advance
+// while it serves the others' unnamed allreduces and barriers: after the join every rank names
+// its next ones alike again.
+TEST_F(JoinTest, UnnamedOperationsMatchAgainAfterAnUnevenJoin) {
+  for (int step = 0; step < 1 + rank_; ++step) {
+    ASSERT_TRUE(Succeeds(barrier("")));
+    HostTensor t(DataType::kFloat32, {2});
+    t.Set(0, 1);
+    ASSERT_TRUE(Succeeds(allreduce(t.view(), Named("", ReduceOp::kSum))));
+  }
+  ExpectAgreedOnEveryRank(join());
+  ASSERT_TRUE(Succeeds(barrier("")));
+  HostTensor t(DataType::kFloat32, {2});
+  t.Set(0, 1);
+  ASSERT_TRUE(Succeeds(allreduce(t.view(), Named("", ReduceOp::kSum))));
+  EXPECT_EQ(t.Get(0), size_);
+}
+
+// A process-set change that fails because a rank has joined counts on the ranks that called it
+// only; after the join the next change is named alike on every rank again.
+TEST_F(JoinTest, AProcessSetChangeRefusedWhileARankHasJoinedLeavesTheRanksInStep) {
+  if (size_ < 2) GTEST_SKIP() << "needs two ranks";
+  int last = -1;
+  if (rank_ == 0) {
+    last = join();
+  } else {
+    EXPECT_THROW(add_process_set({0}), Error);
+    last = join();
+  }
+  ExpectAgreedOnEveryRank(last);
+  const ProcessSet first = add_process_set({0});
+  EXPECT_EQ(first.size(), 1);
+  remove_process_set(first);
+}
+
 TEST_F(JoinTest, EveryRankJoiningAtOnce) {
   const int last = join();
   EXPECT_GE(last, 0);
