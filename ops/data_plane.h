@@ -60,9 +60,10 @@ class DataPlane {
  public:
   virtual ~DataPlane() = default;
 
-  // Reduces every entry's input into its output. One entry is reduced directly on its own buffers
-  // (no copy); several are packed into the fusion buffer at aligned offsets, reduced with one
-  // collective, and unpacked. kAverage is a sum with postscale divided by the number of ranks.
+  // Reduces every entry's input into its output. Several entries are packed into a fusion buffer
+  // at aligned offsets, reduced with one collective, and unpacked; one entry may be reduced on its
+  // own buffers where the plane's path allows. kAverage is a sum with postscale divided by the
+  // number of ranks.
   virtual Status Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) = 0;
 
   // Concatenates along the first dimension; first_dims[r] is rank r's first dimension. Allocates

@@ -81,9 +81,6 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
   const int64_t n = entry->input.num_elements();
   // Every rank holds the same shape, so every rank skips together.
   if (n == 0) return Status::OK();
-  // A tensor in pieces goes as a bucket of one, copied into the fusion buffer and back: the same
-  // collective as a whole tensor's, on every path.
-  if (entry->segments != nullptr) return AllreduceFused({entry}, spec, type, op);
   const size_t elem_size = DataTypeSize(spec.dtype);
   const size_t bytes = static_cast<size_t>(n) * elem_size;
   bool hierarchical = false;
@@ -96,6 +93,9 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
     GRADSYNC_RETURN_IF_ERROR(shared_memory_.Prepare(bytes, &shared));
     if (shared) return AllreduceFused({entry}, spec, type, op);
   }
+  // The path is chosen from the size alone, whether the tensor is whole or in pieces (a batch's
+  // bucket of one, beside a joined rank's whole stand-in): a bucket's path would differ.
+  if (entry->segments != nullptr) return AllreduceOnePacked(entry, spec, hierarchical, type, op);
   void* out = entry->output.data;
   const void* in = entry->input.data;
   if (hierarchical) {
@@ -111,6 +111,27 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
     GRADSYNC_RETURN_IF_ERROR(
         AllreduceInPieces(send, out, n, elem_size, type, op, comm_, piece_bytes_, scaling));
   }
+  return Status::OK();
+}
+
+Status MpiDataPlane::AllreduceOnePacked(TensorEntry* entry, const ReduceSpec& spec,
+                                        bool hierarchical, MPI_Datatype type, MPI_Op op) {
+  const int64_t n = entry->input.num_elements();
+  const size_t elem_size = DataTypeSize(spec.dtype);
+  auto* buffer = static_cast<char*>(fusion_buffer_.Get(static_cast<size_t>(n) * elem_size));
+  const std::vector<TensorEntry*> entries = {entry};
+  const std::vector<size_t> offsets = {0};
+  const std::vector<int64_t> counts = {n};
+  PackFused(entries, spec, offsets, counts, buffer);
+  {
+    TimelineActivity activity(timeline_, entry,
+                              hierarchical ? "HIERARCHICAL_ALLREDUCE" : "MPI_ALLREDUCE");
+    GRADSYNC_RETURN_IF_ERROR(
+        hierarchical
+            ? hierarchical_.AllreduceInPlace(buffer, n, elem_size, type, op, piece_bytes_)
+            : AllreduceInPieces(MPI_IN_PLACE, buffer, n, elem_size, type, op, comm_, piece_bytes_));
+  }
+  UnpackFused(entries, offsets, counts, buffer, spec.postscale);
   return Status::OK();
 }
 

@@ -85,6 +85,10 @@ class MpiDataPlane : public DataPlane {
   // A bucket of op=Adasum (ops/mpi/adasum.h), which no other path serves.
   Status AllreduceAdasum(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec);
   Status AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MPI_Datatype type, MPI_Op op);
+  // A lone tensor in pieces, packed into the fusion buffer around the collective a whole tensor of
+  // its size takes outside shared memory (hierarchical or flat).
+  Status AllreduceOnePacked(TensorEntry* entry, const ReduceSpec& spec, bool hierarchical,
+                            MPI_Datatype type, MPI_Op op);
   Status AllreduceFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                         MPI_Datatype type, MPI_Op op);
   // The fused bucket through node shared memory: each rank packs its tensors into its own region,

@@ -216,6 +216,17 @@ TEST_P(HostAllreduceTest, TensorsInPieces) {
   }
 }
 
+// A lone tensor in pieces on some ranks and whole on others (a joined rank's stand-in beside a
+// batch's bucket of one): every path must issue the same collectives either way.
+TEST_P(HostAllreduceTest, ALoneTensorInPiecesOnSomeRanksOnly) {
+  in_pieces_ = rank_ % 2 == 0;
+  for (int64_t n : {int64_t{4099}, int64_t{70001}, int64_t{1}}) {
+    ASSERT_NO_FATAL_FAILURE(ReduceAndCheck(DataType::kFloat32, ReduceOp::kSum, {n}));
+    ASSERT_NO_FATAL_FAILURE(
+        ReduceAndCheck(DataType::kFloat64, ReduceOp::kAverage, {n}, 0, 2.0, 0.25));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Paths, HostAllreduceTest,
     ::testing::Values(PlaneShape{"MpiMessages", 0, 0},
