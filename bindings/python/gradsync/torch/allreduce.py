@@ -9,9 +9,9 @@ from gradsync.torch.compression import Compression
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.wire import (_CORE_OPS, _DEVICE_CPU, _DEVICE_CUDA, _DTYPES, Adasum, Average,
-                                 Max, Min, Product, _args, _check, _consumer, _device, _name,
-                                 _op_of, _ready_stream, _release_after_consumer, _stream_of,
-                                 _to_wire, _wire_op)
+                                 Max, Min, Product, _args, _check, _check_in_place, _consumer,
+                                 _device, _name, _op_of, _ready_stream, _release_after_consumer,
+                                 _stream_of, _to_wire, _wire_op)
 
 
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
@@ -80,8 +80,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                                    prescale_factor, postscale_factor, 0, 0, tensor, tensor, None,
                                    None)
     op = _op_of(op, average)
-    if not tensor.is_contiguous():
-        raise ValueError("Tensor is required to be contiguous.")
+    # A non-contiguous tensor is reduced as a contiguous copy, and the result copied back.
+    _check_in_place(tensor)
     return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor,
                             process_set)
 
@@ -192,8 +192,9 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     op = _op_of(op, average)
-    if any(not t.is_contiguous() for t in tensors):
-        raise ValueError("Tensors are required to be contiguous.")
+    # Non-contiguous members are reduced as contiguous copies, and the results copied back.
+    for t in tensors:
+        _check_in_place(t)
     return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor,
                                     process_set)
 

@@ -6,8 +6,8 @@ from gradsync import _core
 from gradsync.torch.allreduce import allreduce
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
-from gradsync.torch.wire import (Average, _args, _check, _consumer, _name, _ready_stream,
-                                 _release_after_consumer, _stream_of, _to_wire)
+from gradsync.torch.wire import (Average, _args, _check, _check_in_place, _consumer, _name,
+                                 _ready_stream, _release_after_consumer, _stream_of, _to_wire)
 
 
 def _broadcast_async(tensor, output, root_rank, name, process_set):
@@ -35,8 +35,9 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    if not tensor.is_contiguous():
-        raise ValueError("Tensor is required to be contiguous.")
+    """Starts overwriting ``tensor`` with ``root_rank``'s; returns a handle."""
+    # A non-contiguous tensor receives into a contiguous copy, which is copied back.
+    _check_in_place(tensor)
     return _broadcast_async(tensor, tensor, root_rank, name, process_set)
 
 

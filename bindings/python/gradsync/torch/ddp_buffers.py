@@ -38,8 +38,9 @@ def broadcast_buffers(buffers, root, prefix, process_set):
     # (ResNet-50 has 161, each a launch of its own on a GPU).
     pending = []
     for i, group in enumerate(_buffer_groups(buffers)):
-        flat = (group[0].reshape(-1) if len(group) == 1 else
-                torch.cat([b.reshape(-1) for b in group]))
+        # A lone buffer is broadcast into itself: the broadcast receives a non-contiguous one
+        # into a copy and copies it back, where a reshape's copy would be received and dropped.
+        flat = group[0] if len(group) == 1 else torch.cat([b.reshape(-1) for b in group])
         h = broadcast_async_(flat, root, name="%s.buffers.%d" % (prefix, i),
                              process_set=process_set)
         pending.append((h, flat, group))

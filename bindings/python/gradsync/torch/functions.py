@@ -15,15 +15,16 @@ from gradsync.torch.process_sets import global_process_set
 def broadcast_parameters(params, root_rank, process_set=global_process_set):
     """Overwrites every parameter and buffer with ``root_rank``'s, in place.
 
-    ``params`` is a ``state_dict()`` or an iterable of ``(name, tensor)`` such as
-    ``named_parameters()``. The broadcasts are enqueued together, so they fuse.
+    ``params`` is a ``state_dict()``, an iterable of ``(name, tensor)`` such as
+    ``named_parameters()``, or of tensors such as ``list(model.parameters())``. The broadcasts
+    are enqueued together, so they fuse.
     """
     if isinstance(params, dict):
         items = sorted(params.items())
-    elif isinstance(params, list) or isinstance(params, collections.abc.Iterable):
-        items = list(params)
-        if items and not isinstance(items[0], tuple):
-            raise ValueError("params must be a dict or an iterable of (name, tensor) pairs")
+    elif isinstance(params, collections.abc.Iterable):
+        # As Horovod takes them: a tensor without a name is broadcast unnamed, so its name is
+        # made up in call order, the same on every rank.
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
     else:
         raise ValueError("invalid params of type: %s" % type(params))
     handles = []

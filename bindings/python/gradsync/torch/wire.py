@@ -1,7 +1,9 @@
 """How torch tensors and Horovod's arguments become the runtime's: dtypes, devices, reduce ops.
 
 int16 and bool tensors, which the runtime does not carry, travel as int32 and uint8 copies (bool
-sums and maxima are logical or, minima and products logical and).
+sums and maxima are logical or, minima and products logical and); non-contiguous ones (a
+channels_last model's, a transposed view) as contiguous copies. An in-place call copies the result
+back into its tensor.
 """
 
 import torch
@@ -138,6 +140,17 @@ def _check(tensor):
         raise ValueError("Tensor type %s is not supported." % tensor.type())
     if tensor.is_sparse:
         raise ValueError("sparse tensors are not supported: densify them (sparse_as_dense=True)")
+
+
+def _check_in_place(tensor):
+    """``_check`` for a tensor an in-place collective writes its result into: one whose elements
+    share memory (an expanded tensor) is refused before anything is enqueued, as PyTorch's own
+    in-place ops refuse it, since its result could not be copied back."""
+    _check(tensor)
+    if not tensor.is_contiguous() and any(stride == 0 and extent > 1 for stride, extent
+                                          in zip(tensor.stride(), tensor.shape)):
+        raise ValueError("an in-place collective cannot write into a tensor whose elements share "
+                         "memory (an expanded one): clone() it first")
 
 
 def _args(tensor):
