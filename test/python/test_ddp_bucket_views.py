@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gradsync.torch as hvd
-from test_ddp import (TOLERANCE, Branchy, batch, flat, loss_of, make_model, perturbed_model,
+from test_ddp import (TOLERANCE, batch, flat, loss_of, make_model, perturbed_model,
                       reference)
 
 
@@ -126,24 +126,6 @@ def test_a_gradient_with_a_graph_of_its_own(rank, size):
     want = make_model()
     sum(loss_of(want, *batch(0, r)) for r in range(size)).div(size).backward()
     assert torch.allclose(grads, flat(p.grad for p in want.parameters()), atol=TOLERANCE, rtol=0)
-
-
-def test_an_unused_parameter_keeps_its_accumulated_gradient(rank, size):
-    """With find_unused_parameters, a gradient accumulated under no_sync() into its view stays as
-    it was through a synchronized backward that no rank's loss took it into."""
-    inner = Branchy(lambda r: True)
-    model = hvd.DistributedDataParallel(inner, find_unused_parameters=True,
-                                        gradient_as_bucket_view=True)
-    x, y = batch(0, rank)
-    loss_of(model, x, y).backward()  # the views are the gradients from here on
-    model.zero_grad(set_to_none=False)
-    with model.no_sync():
-        loss_of(model, x, y).backward()
-    kept = inner.side.weight.grad.clone()
-    assert torch.count_nonzero(kept) > 0
-    inner.used_on = lambda r: False
-    loss_of(model, x, y).backward()
-    assert torch.equal(inner.side.weight.grad, kept)
 
 
 def test_consecutive_buckets_are_adjacent_slices_of_one_allocation(rank, size):

@@ -163,18 +163,25 @@ class BucketViews:
         self._batch.start(flat, flat)
 
     def finish(self, locally_unused, keep_their_gradients):
-        """Starts the buckets still short of gradients, the missing ones as zeros, and completes
-        every bucket. Returns ``(p, reduced)`` for the parameters backward did not produce here,
-        whose reduced gradient the wrapper writes where it must. With ``keep_their_gradients``
-        (``find_unused_parameters``) such a parameter whose gradient is its view gets a copy of
-        it first, so that it keeps its value if no rank used it, or None where ``prefill()`` gave
-        it the view."""
+        """Starts the buckets still short of gradients, each missing one as the gradient its
+        parameter holds (accumulated under ``no_sync()``, in its view or not) or as zeros, and
+        completes every bucket. Returns ``(p, reduced)`` for the parameters backward did not
+        produce here, whose reduced gradient the wrapper writes where it must. With
+        ``keep_their_gradients`` (``find_unused_parameters``) such a parameter whose gradient is
+        its view gets a copy of it first, so that it keeps its value if no rank used it, or None
+        where ``prefill()`` gave it the view."""
         try:
             for p in locally_unused:
-                view = self._slot[id(p)][2]
-                if keep_their_gradients and p.grad is view:
-                    p.grad = None if id(p) in self._filled else view.clone()
-                view.zero_()
+                view = self._current_view(p)
+                grad = p.grad
+                if grad is view:
+                    if keep_their_gradients:
+                        p.grad = None if id(p) in self._filled else view.clone()
+                elif grad is None:
+                    view.zero_()
+                else:
+                    with torch.no_grad():
+                        view.copy_(grad)
             for k in range(len(self._flats)):
                 if self._ready[k] < len(self._params[k]):
                     self._start(k)

@@ -16,7 +16,8 @@ from gradsync.torch.compression import Compression, compression_of_comm_hook
 from gradsync.torch.ddp_buckets import buckets_of
 from gradsync.torch.ddp_buffers import broadcast_buffers, hand_over_buffers
 from gradsync.torch.functions import broadcast_parameters
-from gradsync.torch.grad_hooks import _weakly, queue_end_of_backward, register_grad_ready_hook
+from gradsync.torch.grad_hooks import (_weakly, accumulator_of, queue_end_of_backward,
+                                       register_grad_ready_hook)
 from gradsync.torch.gradient_batch import GradientBatch
 from gradsync.torch.handles import _results_in_turn, synchronize
 from gradsync.torch.process_group import process_set_of_group
@@ -54,6 +55,18 @@ def _tensors_in(output):
             yield from _tensors_in(item)
 
 
+def _held_gradient(param):
+    """What a parameter that backward did not reach contributes: a copy of the gradient it holds
+    (accumulated under ``no_sync()``), so that it keeps its own where no rank used it, or zeros."""
+    grad = param.grad
+    if grad is None:
+        return torch.zeros_like(param, memory_format=torch.contiguous_format)
+    if grad.is_sparse:
+        raise ValueError("DistributedDataParallel does not reduce sparse gradients "
+                         "(parameter of shape %s)" % (tuple(param.shape),))
+    return grad.detach().clone(memory_format=torch.contiguous_format)
+
+
 class DistributedDataParallel(torch.nn.Module):
     """Wraps ``module`` so that backward leaves every gradient averaged over the ranks.
 
@@ -77,9 +90,10 @@ class DistributedDataParallel(torch.nn.Module):
     communication hook (``register_comm_hook``), in DDP's buckets handed to the hook.
 
     Parameters that took no part in this backward never hang it: every gradient is reduced in
-    every synchronized backward, the missing ones counting as zeros. With
-    ``find_unused_parameters=True`` a gradient that no rank produced is left as it was (``None``
-    stays ``None``), as DDP leaves it; without, it becomes zeros and a warning names it once.
+    every synchronized backward, a missing one counting as the gradient it holds (accumulated
+    under ``no_sync()``) or zeros. With ``find_unused_parameters=True`` a gradient that no rank
+    produced since the last synchronized backward is left as it was (``None`` stays ``None``), as
+    DDP leaves it; without, it is reduced and a warning names it once.
 
     ``device_ids``, ``output_device``, ``dim``, ``check_reduction`` and ``static_graph`` are
     accepted for DDP's signature and change nothing here: the module stays on its device and is
@@ -129,6 +143,9 @@ class DistributedDataParallel(torch.nn.Module):
         self._comm_hook = None
         self._hooks = None  # the HookRunner of a hook of the script's own
         self._warned_unused = set()
+        # Parameters whose gradient backward accumulated under no_sync() since the last
+        # synchronized backward: that one reduces what they hold, even where it did not touch them.
+        self._accumulated = set()
         self._views = self._make_views() if gradient_as_bucket_view else None
         self._gradients = self._make_batch() if self._views is None else None
 
@@ -137,6 +154,8 @@ class DistributedDataParallel(torch.nn.Module):
                              process_set=process_set)
         self._hook_handles = [register_grad_ready_hook(p, self._on_grad_ready)
                               for p in self._params]
+        # In backward's order, roughly, so that the first looked at is usually reached.
+        self._accumulators = [accumulator_of(p) for p in reversed(self._params)]
         warn_of_torch_sync_batch_norm(module, process_set)
 
     # ------------------------------------------------------------------------------------------
@@ -234,11 +253,21 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _on_output_grad(self, grad):
         del grad  # left as it is
-        if self._sync_next_backward:
+        if self._sync_next_backward and self._backward_reaches_parameters():
             self._begin_backward()
+
+    def _backward_reaches_parameters(self):
+        """Whether the backward pass under way will accumulate into some parameter's gradient:
+        ``torch.autograd.grad`` through the output (a gradient penalty's) will not, and must leave
+        the step to the ``backward()`` that follows, as DDP's hooks on the accumulators do."""
+        will_run = getattr(torch._C, "_will_engine_execute_node", None)
+        if will_run is None:
+            return True
+        return any(will_run(node) for node in self._accumulators)
 
     def _on_grad_ready(self, p):
         if not self._sync_next_backward:
+            self._accumulated.add(id(p))
             return
         self._begin_backward()
         if self._batched_backward:
@@ -296,12 +325,16 @@ class DistributedDataParallel(torch.nn.Module):
 
     @staticmethod
     def _bucket_gradients(bucket):
-        """The bucket's gradients, contiguous, zeros standing in for those backward did not make."""
+        """The bucket's gradients, contiguous; for those backward did not make, a copy of the
+        gradient the parameter holds (accumulated under ``no_sync()``) or zeros."""
         grads = []
         ready = bucket.ready
         for p in bucket.params:
+            if id(p) not in ready:
+                grads.append(_held_gradient(p))
+                continue
             # Read once: each read of .grad goes through PyTorch's attribute machinery.
-            grad = p.grad if id(p) in ready else None
+            grad = p.grad
             if grad is None:
                 grads.append(torch.zeros_like(p, memory_format=torch.contiguous_format))
             elif grad.is_sparse:
@@ -316,7 +349,10 @@ class DistributedDataParallel(torch.nn.Module):
         try:
             produced = (self._started if self._batched_backward else
                         {pid for b in self._buckets for pid in b.ready})
-            usage = self._launch_usage(produced) if self.find_unused_parameters else None
+            # As DDP counts use over a no_sync() session: a gradient accumulated there and not
+            # touched now is still this rank's to average.
+            used = produced | self._accumulated if self._accumulated else produced
+            usage = self._launch_usage(used) if self.find_unused_parameters else None
             locally_unused = [p for p in self._params if id(p) not in produced]
             if self._batched_backward:
                 written = self._finish_batch(locally_unused)
@@ -334,19 +370,21 @@ class DistributedDataParallel(torch.nn.Module):
                 bucket.streams.clear()
                 bucket.launched = None
             self._started.clear()
+            self._accumulated.clear()
             self._in_backward = False
             self._sync_next_backward = False
 
     def _finish_batch(self, locally_unused):
-        """Starts zeros for the parameters without a gradient and completes the batch; returns
-        those zeros, reduced, to be written where some rank used the parameter."""
+        """Starts the parameters backward did not reach, each as a copy of the gradient it holds
+        or as zeros, and completes the batch; returns those copies, reduced, to be written where
+        some rank used the parameter."""
         if self._views is not None:
             return self._views.finish(locally_unused, self.find_unused_parameters)
         stand_ins = []
         for p in locally_unused:
-            zeros = torch.zeros_like(p, memory_format=torch.contiguous_format)
-            self._gradients.start(p, zeros)
-            stand_ins.append((p, zeros))
+            held = _held_gradient(p)
+            self._gradients.start(p, held)
+            stand_ins.append((p, held))
         self._gradients.finish()
         return stand_ins
 
@@ -396,7 +434,8 @@ class DistributedDataParallel(torch.nn.Module):
         new = [names.get(id(p), "?") for p in fresh]
         self._warned_unused.update(id(p) for p in params)
         warnings.warn("DistributedDataParallel: these parameters got no gradient in this "
-                      "backward on this rank and were reduced as zeros: %s. Pass "
+                      "backward on this rank and were reduced as zeros (or as the gradient "
+                      "they held): %s. Pass "
                       "find_unused_parameters=True to leave the gradients of parameters that "
                       "no rank used untouched." % ", ".join(new))
 

@@ -21,9 +21,15 @@ def register_grad_ready_hook(param, hook):
     hook = _weakly(hook)
     if hasattr(param, "register_post_accumulate_grad_hook"):
         return param.register_post_accumulate_grad_hook(hook)
-    accumulator = param.expand_as(param).grad_fn.next_functions[0][0]
+    accumulator = accumulator_of(param)
     accumulator.register_hook(lambda *_: hook(param))
     return accumulator
+
+
+def accumulator_of(param):
+    """The autograd node that accumulates into ``param.grad``. It lives only as long as something
+    refers to it, and a backward meets the same node only while it does."""
+    return param.expand_as(param).grad_fn.next_functions[0][0]
 
 
 def _weakly(hook):
