@@ -104,16 +104,41 @@ class _DistributedOptimizer:
 
     @staticmethod
     def _group_of(groups, all_params):
-        """Parameter id -> group index, from Horovod's ``groups`` (a count or lists of params)."""
+        """Parameter id -> group index, from Horovod's ``groups`` (a count or lists of params).
+
+        Only the optimizer's trainable parameters are kept, as Horovod keeps them: a group waits
+        for each member's gradient before it is reduced, and a frozen parameter or one the
+        optimizer does not hold never produces one, so its group would never be reduced and
+        every rank would step on its own gradients. A group left with no members is dropped.
+        """
         if groups is None:
             return {}
+        trainable = [p for p in all_params if p.requires_grad]
         if isinstance(groups, int):
             if groups <= 0:
                 return {}
-            trainable = [p for p in all_params if p.requires_grad]
             size = (len(trainable) + groups - 1) // groups
             return {id(p): i // size for i, p in enumerate(trainable)}
-        return {id(p): gi for gi, members in enumerate(groups) for p in members}
+        groups = list(groups)
+        if any(isinstance(members, torch.Tensor) for members in groups):
+            # A flat list of parameters would be read as groups of their rows, none of which
+            # the optimizer holds: every group would be dropped without a word.
+            raise ValueError("groups must be a list of lists of parameters")
+        # Read once: a group may be given as a generator, model.parameters() say.
+        groups = [list(members) for members in groups]
+        listed = set()
+        for members in groups:
+            for p in members:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must be lists of torch.Tensor parameters")
+                # One parameter's gradient can be reduced in only one group.
+                if id(p) in listed:
+                    raise ValueError("a parameter can appear only once in groups")
+                listed.add(id(p))
+        trainable_ids = {id(p) for p in trainable}
+        # Each group keeps its index in ``groups``: its reduction's name, the same on every rank.
+        return {id(p): gi for gi, members in enumerate(groups) for p in members
+                if id(p) in trainable_ids}
 
     def _make_batch(self):
         """The batch of the parameters it can carry (none with compression)."""
