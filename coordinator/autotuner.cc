@@ -12,13 +12,14 @@ constexpr int64_t kMinBucket = 1 << 20;
 
 }  // namespace
 
-Autotuner::Autotuner(const TunableSettings& start, int64_t max_fusion, bool tune_cycle_time)
+Autotuner::Autotuner(const TunableSettings& start, int64_t max_fusion, const TunedParameters& tuned)
     : start_(start),
       candidate_(start),
       best_(start),
       max_fusion_(std::max<int64_t>(max_fusion, 1)) {
-  order_ = {"inplace_threshold", "fusion_threshold"};
-  if (tune_cycle_time) order_.push_back("cycle_time");
+  if (tuned.inplace_threshold) order_.push_back("inplace_threshold");
+  if (tuned.fusion_threshold) order_.push_back("fusion_threshold");
+  if (tuned.cycle_time) order_.push_back("cycle_time");
 }
 
 std::string Autotuner::Header() {
@@ -48,7 +49,9 @@ void Autotuner::PlanParameter() {
       }
     } else if (name == "fusion_threshold") {
       const int64_t at = best_.fusion_threshold_bytes;
-      for (int64_t v : {std::max(kMinBucket, at / 4), std::min(max_fusion_, at * 4), max_fusion_}) {
+      // Below 1 MiB a bucket saves too little to try, unless the largest allowed is smaller.
+      const int64_t quarter = std::min(max_fusion_, std::max(kMinBucket, at / 4));
+      for (int64_t v : {quarter, std::min(max_fusion_, at * 4), max_fusion_}) {
         s.fusion_threshold_bytes = v;
         values.push_back(s);
       }

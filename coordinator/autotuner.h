@@ -33,14 +33,22 @@ struct TunableSettings {
   }
 };
 
+// Which settings a tuner may change: not one the user set (GRADSYNC_INPLACE_THRESHOLD,
+// GRADSYNC_FUSION_THRESHOLD), nor the cycle time of a process set other than the global one,
+// which share the loop's cycle.
+struct TunedParameters {
+  bool inplace_threshold = true;
+  bool fusion_threshold = true;
+  bool cycle_time = true;
+};
+
 class Autotuner {
  public:
   static constexpr int kStepsPerWindow = 3;
 
   // `start`: the calibrated settings. `max_fusion`: GRADSYNC_FUSION_THRESHOLD, which no candidate
-  // exceeds. `tune_cycle_time`: false for process sets other than the global one, which share the
-  // loop's cycle.
-  Autotuner(const TunableSettings& start, int64_t max_fusion, bool tune_cycle_time);
+  // exceeds.
+  Autotuner(const TunableSettings& start, int64_t max_fusion, const TunedParameters& tuned);
 
   bool done() const { return done_; }
   // What to plan with now: the candidate being measured, or once done, the best seen.

@@ -232,7 +232,7 @@ bool BackgroundLoop::RunSetCycle(ProcessSetRuntime* set, bool on_caller, bool* p
   // Only a rank that runs no other set may lock: a locked set's buckets start once the exchange
   // completes, which each rank sees in a cycle of its own, so a rank could sit in one of them
   // while another waits for it in a different set's negotiation round.
-  const bool want_lock = set->lock().WantsToLock() && sets_.RunsOnlyGlobal();
+  const bool want_lock = set->lock().WantsToLock() && sets_.RunsOnlyGlobal() && !set->tuning();
   const Status negotiated = set->negotiator().RunCycle(
       set->fresh(), global && shutdown_requested_.load(), &outcome, want_lock);
   set->fresh().clear();

@@ -187,10 +187,14 @@ void ProcessSetRuntime::MeasureCosts() {
 void ProcessSetRuntime::StartAutotune() {
   if (!config_.autotune || ranks_.size() < 2) return;
   tuning_ = std::make_unique<Tuning>();
+  TunedParameters tuned;
+  tuned.inplace_threshold = !config_.inplace_threshold_pinned;
+  tuned.fusion_threshold = !config_.fusion_threshold_pinned;
+  tuned.cycle_time = id_ == 0;
   tuning_->tuner = std::make_unique<Autotuner>(
       TunableSettings{fusion_.inplace_threshold_bytes, fusion_.fusion_threshold_bytes,
                       config_.cycle_time_ms},
-      config_.fusion_threshold_bytes, id_ == 0);
+      config_.fusion_threshold_bytes, tuned);
   int rank = 0;
   MPI_Comm_rank(data_comm_, &rank);
   if (rank != 0) return;
@@ -272,6 +276,8 @@ void ProcessSetRuntime::ObserveForAutotune(const std::vector<const Response*>& r
     return;
   }
 }
+
+bool ProcessSetRuntime::tuning() const { return tuning_ != nullptr && !tuning_->tuner->done(); }
 
 double ProcessSetRuntime::cycle_time_ms() const {
   return tuning_ ? tuning_->tuner->current().cycle_time_ms : config_.cycle_time_ms;

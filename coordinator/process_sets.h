@@ -81,6 +81,9 @@ class ProcessSetRuntime {
   void ObserveForAutotune(const std::vector<const Response*>& responses);
   // The cycle time the set's tuner plans with; the configured one without a tuner.
   double cycle_time_ms() const;
+  // Whether the set's tuner is still trying settings: a schedule locked meanwhile would keep the
+  // buckets of the candidate it locked under, whatever the tuner went on to measure and choose.
+  bool tuning() const;
   // Entries drained for this set since its last cycle.
   std::vector<TensorEntry*>& fresh() { return fresh_; }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GRADSYNC_AUTOTUNE end to end: the demo trainer at 2 ranks tunes during its first steps and must
 # still train to identical replicas that match one process; rank 0's trajectory must start from
-# the calibrated settings, take at most 10 windows, and end in a "settled" line of the log.
+# the calibrated settings, take at most 10 windows, and end in a "settled" line of the log, before
+# the schedule locks (a plan locked meanwhile would keep the candidate it locked under).
 #   autotune_demo.sh MPIRUN DEMO_TRAINER WORK_DIR
 set -euo pipefail
 mpirun=$1 demo=$2 work=$3
@@ -15,6 +16,9 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 grep -q "^replicas identical: yes" <<<"$output" || fail "replicas differ"
 grep -q "^matches single-process run: yes" <<<"$output" || fail "training changed"
 grep -q "rank 0 info\] process set 0: autotuning settled: " <<<"$output" || fail "never settled"
+first_of() { grep -n "rank 0 info\] process set 0$1" <<<"$output" | head -1 | cut -d: -f1; }
+settled_at=$(first_of ": autotuning settled") locked_at=$(first_of " locked its schedule")
+[ -z "$locked_at" ] || [ "$locked_at" -gt "$settled_at" ] || fail "locked before tuning settled"
 head -1 "$work/trajectory.csv" | grep -q "^window,parameter,inplace_threshold_bytes," ||
   fail "no header"
 sed -n 2p "$work/trajectory.csv" | grep -q "^0,start," || fail "the first window is not the start"

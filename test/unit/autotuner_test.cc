@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <set>
@@ -12,6 +13,13 @@ namespace gradsync {
 namespace {
 
 const TunableSettings kStart{256 << 10, 8 << 20, 1.0};
+const TunedParameters kAll;
+
+TunedParameters AllButCycleTime() {
+  TunedParameters tuned;
+  tuned.cycle_time = false;
+  return tuned;
+}
 
 // Runs the tuner to the end against a step-time model; returns the lines it logged.
 std::vector<std::string> Tune(Autotuner* tuner,
@@ -26,7 +34,7 @@ std::vector<std::string> Tune(Autotuner* tuner,
 }
 
 TEST(AutotunerTest, SettlesWithinTenWindowsOnTheBestSettingsSeen) {
-  Autotuner tuner(kStart, 64 << 20, true);
+  Autotuner tuner(kStart, 64 << 20, kAll);
   // Faster with larger buckets and never alone; the cycle time does not matter.
   const auto model = [](const TunableSettings& s) {
     return 1.0 / std::log2(double(s.fusion_threshold_bytes)) +
@@ -48,13 +56,13 @@ TEST(AutotunerTest, SettlesWithinTenWindowsOnTheBestSettingsSeen) {
 }
 
 TEST(AutotunerTest, KeepsTheStartWhenNothingBeatsIt) {
-  Autotuner tuner(kStart, 64 << 20, true);
+  Autotuner tuner(kStart, 64 << 20, kAll);
   Tune(&tuner, [](const TunableSettings& s) { return s == kStart ? 0.1 : 0.2; });
   EXPECT_EQ(tuner.current(), kStart);
 }
 
 TEST(AutotunerTest, LeavesTheCycleTimeAloneWhenAskedTo) {
-  Autotuner tuner(kStart, 64 << 20, false);
+  Autotuner tuner(kStart, 64 << 20, AllButCycleTime());
   std::vector<TunableSettings> tried;
   const auto lines = Tune(
       &tuner, [](const TunableSettings& s) { return s.cycle_time_ms; }, &tried);
@@ -63,7 +71,7 @@ TEST(AutotunerTest, LeavesTheCycleTimeAloneWhenAskedTo) {
 }
 
 TEST(AutotunerTest, NeverTriesTheSameSettingsTwice) {
-  Autotuner tuner({64 << 10, 64 << 20, 0.1}, 64 << 20, true);  // already at the extremes
+  Autotuner tuner({64 << 10, 64 << 20, 0.1}, 64 << 20, kAll);  // already at the extremes
   std::vector<TunableSettings> tried;
   Tune(
       &tuner, [](const TunableSettings&) { return 0.1; }, &tried);
@@ -73,7 +81,7 @@ TEST(AutotunerTest, NeverTriesTheSameSettingsTwice) {
 }
 
 TEST(AutotunerTest, FromNeverAloneItTriesMediumAndLargeTensorsAlone) {
-  Autotuner tuner({int64_t{1} << 40, 8 << 20, 1.0}, 64 << 20, false);
+  Autotuner tuner({int64_t{1} << 40, 8 << 20, 1.0}, 64 << 20, AllButCycleTime());
   std::vector<TunableSettings> tried;
   Tune(
       &tuner,
@@ -86,12 +94,41 @@ TEST(AutotunerTest, FromNeverAloneItTriesMediumAndLargeTensorsAlone) {
 }
 
 TEST(AutotunerTest, LogLinesNameTheWindowAndTheSettings) {
-  Autotuner tuner(kStart, 64 << 20, true);
+  Autotuner tuner(kStart, 64 << 20, kAll);
   EXPECT_EQ(Autotuner::Header(),
             "window,parameter,inplace_threshold_bytes,fusion_threshold_bytes,cycle_time_ms,step_ms,"
             "best");
   EXPECT_EQ(tuner.Record(0.3), "0,start,262144,8388608,1,100.000,yes");
   EXPECT_EQ(tuner.Record(0.6), "1,inplace_threshold,65536,8388608,1,200.000,no");
+}
+
+TEST(AutotunerTest, NoBucketCandidateExceedsTheLargestAllowed) {
+  for (int64_t largest : {int64_t{0}, int64_t{512} << 10, int64_t{3} << 20}) {
+    Autotuner tuner({256 << 10, std::max<int64_t>(largest, 1), 1.0}, largest, kAll);
+    std::vector<TunableSettings> tried;
+    Tune(
+        &tuner, [](const TunableSettings& s) { return 1.0 / double(s.fusion_threshold_bytes); },
+        &tried);
+    for (const TunableSettings& s : tried) {
+      EXPECT_LE(s.fusion_threshold_bytes, std::max<int64_t>(largest, 1)) << largest;
+    }
+    EXPECT_LE(tuner.current().fusion_threshold_bytes, std::max<int64_t>(largest, 1));
+  }
+}
+
+TEST(AutotunerTest, LeavesWhatTheUserSetAlone) {
+  TunedParameters tuned;
+  tuned.inplace_threshold = false;
+  tuned.fusion_threshold = false;
+  Autotuner tuner(kStart, 64 << 20, tuned);
+  std::vector<TunableSettings> tried;
+  Tune(
+      &tuner, [](const TunableSettings& s) { return s.cycle_time_ms; }, &tried);
+  for (const TunableSettings& s : tried) {
+    EXPECT_EQ(s.inplace_threshold_bytes, kStart.inplace_threshold_bytes);
+    EXPECT_EQ(s.fusion_threshold_bytes, kStart.fusion_threshold_bytes);
+  }
+  EXPECT_EQ(tuner.current().cycle_time_ms, 0.1);
 }
 
 }  // namespace
