@@ -53,6 +53,19 @@ class HostsTest(unittest.TestCase):
         self.assertEqual(run.expand_tasks_per_node("2(x3),1", 4), [2, 2, 2, 1])
         self.assertEqual(run.expand_tasks_per_node("", 2), [1, 1])
 
+    def test_task_counts_for_other_nodes_are_refused(self):
+        # In `srun -N1 -n1 --pty bash` inside a 2-node job, Slurm sets the step's counts.
+        step = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "1"}
+        for argv in (["./t"], ["-np", "2", "./t"], ["--min-np", "2", "./t"]):
+            argv = ["--dry-run"] + argv  # nothing may start where the check is missing
+            with redirect_stderr(io.StringIO()) as err, redirect_stdout(io.StringIO()):
+                self.assertEqual(run.main(argv, step), 2, argv)
+            self.assertIn("SLURM_TASKS_PER_NODE=1 counts tasks on 1 node(s), but "
+                          "SLURM_JOB_NODELIST has 2 nodes", err.getvalue())
+            self.assertIn("-np N and -H", err.getvalue())
+        # Hosts given explicitly do not consult the allocation.
+        self.assertIn("a:1,b:1", command(["-np", "2", "-H", "a,b", "./t"], step))
+
 
 class CommandTest(unittest.TestCase):
     def test_settings_become_forwarded_variables(self):
@@ -96,21 +109,28 @@ class CommandTest(unittest.TestCase):
         self.assertEqual(cmd[:3], ["mpirun", "-np", "4"])
         self.assertIn("n1:2,n2:2", cmd)
 
-    def test_srun_ranks_yield_where_the_allocation_oversubscribes(self):
-        def srun_env(extra):
+    def test_ranks_yield_where_the_allocation_oversubscribes(self):
+        def launch_env(extra, pmix, argv=("./t",)):
             env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
                    "SLURM_TASKS_PER_NODE": "4(x2)"}
             env.update(extra)
-            return run.build_command(run.parse(["./t"], env), env, True)[1]
+            return run.build_command(run.parse(list(argv), env), env, pmix)[1]
 
-        for extra in ({"SLURM_OVERCOMMIT": "1"}, {"SLURM_JOB_CPUS_PER_NODE": "4,2"}):
-            self.assertEqual(srun_env(extra).get("OMPI_MCA_mpi_yield_when_idle"), "1", extra)
-        for extra in ({}, {"SLURM_JOB_CPUS_PER_NODE": "4(x2)"}, {"SLURM_JOB_CPUS_PER_NODE": "8,?"},
-                      {"SLURM_JOB_CPUS_PER_NODE": "2"}):
-            self.assertNotIn("OMPI_MCA_mpi_yield_when_idle", srun_env(extra), extra)
-        # The user's own setting stands.
-        env = srun_env({"SLURM_OVERCOMMIT": "1", "OMPI_MCA_mpi_yield_when_idle": "0"})
-        self.assertEqual(env["OMPI_MCA_mpi_yield_when_idle"], "0")
+        # srun (with PMIx) and mpirun on the allocation (without) alike.
+        for pmix in (True, False):
+            for extra in ({"SLURM_OVERCOMMIT": "1"}, {"SLURM_JOB_CPUS_PER_NODE": "4,2"}):
+                env = launch_env(extra, pmix)
+                self.assertEqual(env.get("OMPI_MCA_mpi_yield_when_idle"), "1", (pmix, extra))
+            for extra in ({}, {"SLURM_JOB_CPUS_PER_NODE": "4(x2)"},
+                          {"SLURM_JOB_CPUS_PER_NODE": "8,?"}, {"SLURM_JOB_CPUS_PER_NODE": "2"}):
+                env = launch_env(extra, pmix)
+                self.assertNotIn("OMPI_MCA_mpi_yield_when_idle", env, (pmix, extra))
+            # The user's own setting stands.
+            env = launch_env({"SLURM_OVERCOMMIT": "1", "OMPI_MCA_mpi_yield_when_idle": "0"}, pmix)
+            self.assertEqual(env["OMPI_MCA_mpi_yield_when_idle"], "0")
+        # mpirun on hosts the user gave knows their slots itself.
+        env = launch_env({"SLURM_OVERCOMMIT": "1"}, False, ["-np", "2", "-H", "a:2", "./t"])
+        self.assertNotIn("OMPI_MCA_mpi_yield_when_idle", env)
 
     def test_bad_flags(self):
         for argv, message in ((["-np", "2", "--bogus", "./t"], "unknown flag"),
@@ -118,10 +138,27 @@ class CommandTest(unittest.TestCase):
                               (["./t"], "-np N is required"),
                               (["-np", "0", "./t"], "positive"),
                               (["-np", "2", "--cycle-time-ms"], "needs a value"),
-                              (["-np", "2", "--fusion-threshold-mb", "lots", "./t"], "not a number"),
+                              (["-np", "2", "--fusion-threshold-mb", "lots", "./t"],
+                               "not a number"),
                               (["-np", "2", "--launcher", "ssh", "./t"], "--launcher")):
             with self.assertRaisesRegex(run.UsageError, message):
                 command(argv)
+
+    def test_sizes_in_mb_are_whole_bytes_of_zero_or_more(self):
+        for flag, name in (("--fusion-threshold-mb", "GRADSYNC_FUSION_THRESHOLD"),
+                           ("--inplace-threshold-mb", "GRADSYNC_INPLACE_THRESHOLD"),
+                           ("--shm-threshold-mb", "GRADSYNC_SHM_THRESHOLD")):
+            for mb, size in (("0", "0"), ("0.5", "524288"), ("16", "16777216"),
+                             ("1e-6", "1")):  # 1.05 bytes, rounded down
+                self.assertEqual(run.parse(["-np", "2", flag, mb, "./t"], {})["env"][name], size)
+            for bad, why in (("-1", "0 or more"), ("-0.5", "0 or more"), ("inf", "0 or more"),
+                             ("-inf", "0 or more"), ("nan", "0 or more"), ("1e400", "0 or more"),
+                             ("1e-9", "less than one byte"), ("lots", "not a number")):
+                argv = ["-np", "2", flag, bad, "--dry-run", "./t"]
+                with redirect_stderr(io.StringIO()) as err, redirect_stdout(io.StringIO()):
+                    self.assertEqual(run.main(argv, {}), 2, bad)
+                self.assertIn("%s: " % flag, err.getvalue())
+                self.assertIn(why, err.getvalue())
 
     def test_mpi_args_go_before_the_program(self):
         cmd = command(["-np", "2", "--mpi-args", "--mca btl tcp,self --report-bindings", "./t"])
@@ -132,6 +169,20 @@ class CommandTest(unittest.TestCase):
         self.assertEqual(bound[-3:], ["--bind-to", "core", "./t"])
         with self.assertRaisesRegex(run.UsageError, "--mpi-args"):
             command(["-np", "2", "--mpi-args", "'unbalanced", "./t"])
+
+    def test_any_binding_in_mpi_args_replaces_the_default(self):
+        # Open MPI takes one dash or two; PE=n and --cpus-per-proc bind to cores, and a
+        # --bind-to none beside them leaves the ranks unbound.
+        for args in ("--bind-to=core", "-bind-to core", "--bind-to-core", "-bind-to-socket",
+                     "--map-by slot:PE=2", "-map-by ppr:2:socket:pe=2", "--map-by=core:PE=2",
+                     "--map-by socket:span,PE=2", "--cpus-per-proc 2", "-cpus-per-rank 2"):
+            cmd = command(["-np", "2", "--mpi-args", args, "./t"])
+            self.assertNotIn("none", cmd, args)
+            self.assertEqual(cmd[-1 - len(args.split()):-1], args.split())
+        for args in ("--map-by slot", "--map-by ppr:2:socket --report-bindings",
+                     "--mca rmaps_base_mapping_policy core -x PE=2"):
+            cmd = command(["-np", "2", "--mpi-args", args, "./t"])
+            self.assertEqual(cmd[3:5], ["--bind-to", "none"], args)
 
     def test_dry_run_quotes_each_argument(self):
         import contextlib
