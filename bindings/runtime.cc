@@ -51,6 +51,31 @@ void NoteCallerWait(const OpState& state) {
   if (!state.done()) rt->queue.EndPause();
 }
 
+namespace {
+
+// Ranks whose settings differ would run different collectives (other buckets, a calibration or a
+// tuning window only some take part in) and hang or mix data: every rank fails init alike.
+Status CheckSharedSettings(const Config& config, MPI_Comm comm) {
+  const std::vector<std::pair<const char*, int64_t>> settings = config.SharedSettings();
+  std::vector<int64_t> lowest, highest;
+  for (const auto& setting : settings) lowest.push_back(setting.second);
+  highest = lowest;
+  const int count = static_cast<int>(settings.size());
+  GRADSYNC_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, lowest.data(), count, MPI_INT64_T, MPI_MIN, comm));
+  GRADSYNC_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, highest.data(), count, MPI_INT64_T, MPI_MAX, comm));
+  for (size_t i = 0; i < settings.size(); ++i) {
+    if (lowest[i] == highest[i]) continue;
+    return Status::InvalidArgument(
+        std::string(settings[i].first) +
+        " differs between ranks (set on some and not others, or to other values): every rank "
+        "must have the same, or none (mpirun -x " +
+        settings[i].first + " passes this shell's to every rank)");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 void init(MPI_Comm comm) {
   InitOptions options;
   options.comm = comm;
@@ -67,6 +92,8 @@ void init(const InitOptions& options) {
   status = MpiContext::Create(options.comm, &rt->mpi);
   if (!status.ok()) Throw(status);
   InitLogging(rt->mpi->rank(), rt->config.log_level);
+  status = CheckSharedSettings(rt->config, rt->mpi->control_comm());
+  if (!status.ok()) Throw(status);
   Log().debug("gradsync starting on {} ranks: {}", rt->mpi->size(), rt->config.ToString());
   status = SetUpLaunch(rt->config, *rt->mpi, options.comm, &rt->launch);
   if (!status.ok()) Throw(status);

@@ -229,6 +229,17 @@ Status ParseLogLevelVar(const Config::Getenv& getenv, const char* name, LogLevel
 
 }  // namespace
 
+std::vector<std::pair<const char*, int64_t>> Config::SharedSettings() const {
+  // Unpinned thresholds are calibrated alike on every rank: only a value set is compared.
+  return {{kFusionThreshold.name, fusion_threshold_pinned ? fusion_threshold_bytes : -1},
+          {kInplaceThreshold.name, inplace_threshold_pinned ? inplace_threshold_bytes : -1},
+          {kPipelineChunk.name, pipeline_chunk_bytes},
+          {"GRADSYNC_CALIBRATE", calibrate ? 1 : 0},
+          {"GRADSYNC_AUTOTUNE", autotune ? 1 : 0},
+          {"GRADSYNC_CACHE_CAPACITY", cache_capacity},
+          {"GRADSYNC_GPU_BACKEND", static_cast<int64_t>(gpu_backend)}};
+}
+
 // Parses into a copy so that a bad variable leaves *out untouched.
 Status Config::FromEnvironment(Config* out, const Getenv& getenv) {
   if (out == nullptr) return Status::InvalidArgument("Config::FromEnvironment: out is null");

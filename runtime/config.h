@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gradsync/status.h"
 
@@ -128,6 +130,11 @@ struct Config {
 
   // One line, "NAME=value" pairs, for the startup debug log.
   std::string ToString() const;
+
+  // The settings that decide which collectives a process set runs, and so must be the same on
+  // every rank (the buckets, calibration and tuning, pipelining, the response cache, the device
+  // backend), each as its variable and its value as an integer. init() checks them.
+  std::vector<std::pair<const char*, int64_t>> SharedSettings() const;
 };
 
 const char* LogLevelName(LogLevel level);

@@ -3,7 +3,6 @@ import importlib.machinery
 import io
 import importlib.util
 import os
-import sys
 import tempfile
 import unittest
 from contextlib import redirect_stderr, redirect_stdout

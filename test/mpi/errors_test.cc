@@ -412,6 +412,22 @@ TEST(LifecycleTest, BadConfigurationIsReportedAtInit) {
   EXPECT_FALSE(is_initialized());
 }
 
+// Settings that decide which collectives run, set on some ranks only (mpirun without -x on a
+// remote host): every rank's init fails, naming the variable, where the ranks would have hung.
+TEST(LifecycleTest, SettingsThatShapeCollectivesDifferingBetweenRanksFailInit) {
+  int world_rank = 0, world_size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  if (world_size < 2) GTEST_SKIP() << "needs two ranks";
+  for (const char* variable : {"GRADSYNC_FUSION_THRESHOLD", "GRADSYNC_AUTOTUNE"}) {
+    if (world_rank % 2 == 1) setenv(variable, "1", 1);
+    EXPECT_TRUE(ThrowsWith([] { init(); }, StatusCode::kInvalidArgument,
+                           std::string(variable) + " differs between ranks"));
+    unsetenv(variable);
+    EXPECT_FALSE(is_initialized());
+  }
+}
+
 TEST(LifecycleTest, InitOnASubCommunicator) {
   int world_rank = 0, world_size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
