@@ -115,9 +115,21 @@ Status MpiDataPlane::Alltoall(TensorEntry* entry) {
                 what));
   GRADSYNC_RETURN_IF_ERROR(InContext(local, what));
   GRADSYNC_RETURN_IF_ERROR(InContext(CheckPeers(receive.rows), what));
-  // Unlike the send side, this can fail on this rank alone, with the others already bound for
-  // MPI_Alltoallv; it takes more than INT_MAX bytes arriving at one rank.
-  GRADSYNC_RETURN_IF_ERROR(InContext(PlanSide(row_bytes, "received from", &receive), what));
+  // Unlike the send side, this can fail on this rank alone (more than INT_MAX bytes arriving
+  // here), which no other rank can tell from its counts: every rank learns whether all can take
+  // what arrives before any enters MPI_Alltoallv, which would wait for this one for good.
+  const Status received = PlanSide(row_bytes, "received from", &receive);
+  int fits = received.ok() ? 1 : 0;
+  int all_fit = 0;
+  GRADSYNC_RETURN_IF_ERROR(InContext(
+      MpiResult(MPI_Allreduce(&fits, &all_fit, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce"),
+      what));
+  GRADSYNC_RETURN_IF_ERROR(InContext(received, what));
+  if (all_fit == 0) {
+    return InContext(Status::Unsupported("another rank would receive more than MPI_Alltoallv's "
+                                         "int byte counts allow (see that rank's error)"),
+                     what);
+  }
 
   std::vector<int64_t> shape = input.shape;
   shape[0] = receive.total_rows;

@@ -1,6 +1,8 @@
 // Alltoall across ranks: explicit uneven splits for every dtype, equal splits by default (rows
 // that do not divide refused), empty inputs, the received splits, and validation errors at
 // enqueue.
+#include <sys/mman.h>
+
 #include <memory>
 
 #include "ops/data_plane.h"
@@ -65,6 +67,26 @@ class AlltoallTest : public MultiRankTest {
     }
   }
 };
+
+// Every rank sends all its rows to rank 0, which then receives more bytes than MPI_Alltoallv's int
+// counts carry, though no rank sends that many: every rank fails, where the others waited in
+// MPI_Alltoallv for rank 0. The input is reserved address space that is never touched.
+TEST_F(AlltoallTest, MoreThanTwoGibibytesArrivingAtOneRankFailsEveryRank) {
+  if (size_ < 2) GTEST_SKIP() << "needs two ranks sending to one";
+  const int64_t rows = int64_t{1100} << 20;  // 1.1 GB of uint8 from each rank
+  void* reserved = mmap(nullptr, static_cast<size_t>(rows), PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(reserved, MAP_FAILED);
+  AlltoallOptions options = Named("a2a.oversized");
+  options.splits.assign(size_, 0);
+  options.splits[0] = rows;
+  std::unique_ptr<HostTensor> out;
+  const Handle h = alltoall(TensorView(reserved, DataType::kUInt8, {rows}), Into(&out), options);
+  EXPECT_TRUE(FailsWith(
+      h, StatusCode::kUnsupported,
+      rank_ == 0 ? "MPI_Alltoallv's int byte counts" : "another rank would receive more"));
+  munmap(reserved, static_cast<size_t>(rows));
+}
 
 TEST_F(AlltoallTest, UnevenSplitsEveryDtype) {
   // Rank s sends (s + d + 1) % 3 rows to rank d: some pairs exchange nothing.
