@@ -84,17 +84,16 @@ int gradsync_wait(gradsync_handle* handle) {
 // A pending operation may still write into the handle (its output): wait for it first.
 int gradsync_release(gradsync_handle* handle) {
   if (handle == nullptr) return kOk;
-  int rc = GRADSYNC_OK;
-  if (!handle->handle.poll()) {
-    rc = Guarded("gradsync_release", [&] {
-      try {
-        handle->handle.wait();
-      } catch (const Error&) {
-        // The operation's own failure is not the release's.
-      }
-      return kOk;
-    });
-  }
+  // Waited on whether or not it is done, so that a release counts as one wait wherever the
+  // program releases, whatever the timing (the locked schedule cuts its buckets at waits).
+  const int rc = Guarded("gradsync_release", [&] {
+    try {
+      handle->handle.wait();
+    } catch (const Error&) {
+      // The operation's own failure is not the release's.
+    }
+    return kOk;
+  });
   delete handle;
   return rc;
 }
@@ -103,6 +102,9 @@ int gradsync_output(gradsync_handle* handle, const void** data, int* dtype, cons
                     int* ndim) {
   const char* call = "gradsync_output";
   if (int rc = CheckOut(handle, call, "handle")) return rc;
+  if (!handle->has_output) {
+    return Invalid("gradsync_output: only an allgather, reducescatter or alltoall has an output");
+  }
   if (!handle->handle.poll()) {
     return Invalid("gradsync_output: the operation has not finished; wait for it first");
   }
@@ -119,16 +121,22 @@ int gradsync_received_splits(gradsync_handle* handle, const int64_t** splits, in
   if (int rc = CheckOut(handle, call, "handle")) return rc;
   if (int rc = CheckOut(splits, call, "splits")) return rc;
   if (int rc = CheckOut(count, call, "count")) return rc;
+  if (!handle->has_received_splits) {
+    return Invalid("gradsync_received_splits: only an alltoall has received splits");
+  }
   if (!handle->handle.poll()) {
     return Invalid("gradsync_received_splits: the operation has not finished; wait for it first");
   }
-  if (!handle->finished) {
-    handle->received_splits = handle->handle.received_splits();
-    handle->finished = true;
-  }
-  *splits = handle->received_splits.data();
-  *count = static_cast<int>(handle->received_splits.size());
-  return kOk;
+  if (!handle->handle.status().ok()) return Fail(handle->handle.status());
+  return Guarded(call, [&] {
+    if (!handle->finished) {
+      handle->received_splits = handle->handle.received_splits();
+      handle->finished = true;
+    }
+    *splits = handle->received_splits.data();
+    *count = static_cast<int>(handle->received_splits.size());
+    return kOk;
+  });
 }
 
 int gradsync_add_process_set(const int* ranks, int count, int* process_set) {

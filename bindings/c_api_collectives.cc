@@ -55,8 +55,10 @@ int gradsync_alltoall_async(const char* name, const void* data, int dtype, const
   if (nsplits > 0 && splits == nullptr) return Invalid(std::string(call) + ": splits is NULL");
   if (nsplits > 0) options.splits.assign(splits, splits + nsplits);
   options.name = Name(name);
-  return Submit(call, handle,
-                [&](gradsync_handle* h) { h->handle = alltoall(view, IntoHandle(h), options); });
+  return Submit(call, handle, [&](gradsync_handle* h) {
+    h->has_received_splits = true;
+    h->handle = alltoall(view, IntoHandle(h), options);
+  });
 }
 
 int gradsync_reducescatter_async(const char* name, const void* data, int dtype,

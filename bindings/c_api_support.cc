@@ -64,6 +64,7 @@ int SetProcessSet(int id, const char* call, ProcessSet* set) {
 std::string Name(const char* name) { return name == nullptr ? std::string() : std::string(name); }
 
 Allocator IntoHandle(gradsync_handle* h) {
+  h->has_output = true;
   return [h](const std::vector<int64_t>& shape, DataType dtype) -> void* {
     int64_t elements = 1;
     for (int64_t d : shape) elements *= d;
@@ -76,8 +77,8 @@ Allocator IntoHandle(gradsync_handle* h) {
 
 int Allocated(gradsync_handle** out, const char* call) {
   if (int rc = CheckOut(out, call, "handle")) return rc;
-  *out = new gradsync_handle;
-  return kOk;
+  *out = new (std::nothrow) gradsync_handle;
+  return *out != nullptr ? kOk : Fail(StatusCode::kInternal, std::string(call) + ": out of memory");
 }
 
 int MakeViews(const char* call, int count, const void* const* data, const int* dtypes,

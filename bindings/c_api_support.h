@@ -4,6 +4,7 @@
 #pragma once
 
 #include <exception>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -18,7 +19,9 @@ struct gradsync_handle {
   std::vector<int64_t> output_shape;
   gradsync::DataType output_dtype = gradsync::DataType::kFloat32;
   std::vector<int64_t> received_splits;
-  bool finished = false;  // output_shape and received_splits filled
+  bool finished = false;             // output_shape and received_splits filled
+  bool has_output = false;           // an allgather, reducescatter or alltoall (IntoHandle)
+  bool has_received_splits = false;  // an alltoall
 };
 
 namespace gradsync {
@@ -92,17 +95,19 @@ int Submit(const char* call, gradsync_handle** out, Enqueue enqueue) {
 template <typename Enqueue>
 int SubmitGroup(const char* call, int count, gradsync_handle** out, Enqueue enqueue) {
   if (count > 0 && out == nullptr) return Invalid(std::string(call) + ": handles is NULL");
-  std::vector<gradsync_handle*> made;
-  for (int i = 0; i < count; ++i) made.push_back(new gradsync_handle);
+  // Owned here until every one is made and enqueued: none leaks when a later one fails.
+  std::vector<std::unique_ptr<gradsync_handle>> made;
   const int rc = Guarded(call, [&] {
-    std::vector<Handle> handles = enqueue(made);
+    std::vector<gradsync_handle*> handles_of;
+    for (int i = 0; i < count; ++i) {
+      made.push_back(std::make_unique<gradsync_handle>());
+      handles_of.push_back(made.back().get());
+    }
+    std::vector<Handle> handles = enqueue(handles_of);
     for (int i = 0; i < count; ++i) made[i]->handle = handles[i];
     return kOk;
   });
-  for (int i = 0; i < count; ++i) {
-    if (rc != GRADSYNC_OK) delete made[i];
-    out[i] = rc == GRADSYNC_OK ? made[i] : nullptr;
-  }
+  for (int i = 0; i < count; ++i) out[i] = rc == GRADSYNC_OK ? made[i].release() : nullptr;
   return rc;
 }
 

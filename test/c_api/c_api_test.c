@@ -223,7 +223,32 @@ static void MismatchThenWorking(void) {
                                  &h) == GRADSYNC_OK);
   CHECK(gradsync_wait(h) == GRADSYNC_OK);
   CHECK(y[1] == (float)size);
+  /* An allreduce has no output and no received splits of its own: asking is an error. */
+  const void* out = NULL;
+  const int64_t* out_shape = NULL;
+  int ndim = 0, dtype = -1;
+  CHECK_FAILS(gradsync_output(h, &out, &dtype, &out_shape, &ndim), GRADSYNC_ERROR_INVALID_ARGUMENT,
+              "only an allgather, reducescatter or alltoall has an output");
+  const int64_t* received = NULL;
+  int count = 0;
+  CHECK_FAILS(gradsync_received_splits(h, &received, &count), GRADSYNC_ERROR_INVALID_ARGUMENT,
+              "only an alltoall has received splits");
   gradsync_release(h);
+
+  /* A failed alltoall's received splits are its failure, not an empty success. */
+  if (size > 1) {
+    int64_t rows[4] = {0, 0, 0, 0};
+    int64_t splits[4] = {0, 0, 0, 0};
+    int64_t rshape[1] = {rank == 0 ? 0 : 1};
+    if (rank != 0) splits[0] = 1;
+    int32_t dtype_of_rank = rank == 0 ? GRADSYNC_INT64 : GRADSYNC_FLOAT64;
+    CHECK(gradsync_alltoall_async("c.a2a.mismatch", rows, dtype_of_rank, rshape, 1, splits, size,
+                                  GRADSYNC_GLOBAL_PROCESS_SET, &h) == GRADSYNC_OK);
+    CHECK(gradsync_wait(h) == GRADSYNC_ERROR_MISMATCH);
+    CHECK_FAILS(gradsync_received_splits(h, &received, &count), GRADSYNC_ERROR_MISMATCH,
+                "c.a2a.mismatch");
+    gradsync_release(h);
+  }
 }
 
 static void ProcessSetsJoinBarrierTimeline(void) {

@@ -6,6 +6,9 @@
  * Every argument is checked: null pointers, negative counts, unknown dtypes and ops get
  * GRADSYNC_ERROR_INVALID_ARGUMENT and a message, never a crash.
  *
+ * Memory: tensor data is host memory; the C API has no device argument, and a pointer into GPU
+ * memory is read and written as host memory (use the C++ API's Device::Cuda for CUDA tensors).
+ *
  * Ownership:
  *  - Tensor data passed in (`data`) stays the caller's. Keep it alive, and do not touch it, until
  *    the operation's handle reports completion (gradsync_wait, or gradsync_poll saying done).
@@ -18,8 +21,10 @@
  *    call into this API.
  *
  * Thread safety: as the C++ API (<gradsync/gradsync.h>): gradsync_init* and gradsync_shutdown
- * must not race with each other or with enqueues; everything else may be called from any thread.
- * A handle may be used by one thread at a time. */
+ * must not race with each other or with any other call (a wait, a query of the rank or a process
+ * set included), since shutdown frees what those read; everything else may be called from any
+ * thread. A handle may be used by one thread at a time. gradsync_release waits for a pending
+ * operation, and counts as a wait wherever it is called. */
 #ifndef GRADSYNC_C_API_H_
 #define GRADSYNC_C_API_H_
 

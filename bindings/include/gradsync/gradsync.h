@@ -5,8 +5,9 @@
 // are reported as gradsync::Error (a std::runtime_error carrying a Status): at enqueue for bad
 // input, at wait for a failed collective.
 //
-// Thread safety: init() and shutdown() must not race with each other or with enqueues; everything
-// else may be called from any thread. Output allocators run on gradsync's background thread;
+// Thread safety: init() and shutdown() must not race with each other or with any other call
+// (waits and queries of the rank or a process set included: shutdown frees what they read);
+// everything else may be called from any thread. Output allocators run on gradsync's background thread;
 // completion callbacks run there too, or, for device tensors, on its finalizer thread (or inside
 // the enqueue that launches a locked bucket, GRADSYNC_CALLER_LAUNCH); both run before the handle
 // reports completion: keep them short. The calls that block on those threads
