@@ -7,10 +7,10 @@
 //
 // Thread safety: init() and shutdown() must not race with each other or with any other call
 // (waits and queries of the rank or a process set included: shutdown frees what they read);
-// everything else may be called from any thread. Output allocators run on gradsync's background thread;
-// completion callbacks run there too, or, for device tensors, on its finalizer thread (or inside
-// the enqueue that launches a locked bucket, GRADSYNC_CALLER_LAUNCH); both run before the handle
-// reports completion: keep them short. The calls that block on those threads
+// everything else may be called from any thread. Output allocators run on gradsync's background
+// thread; completion callbacks run there too, or, for device tensors, on its finalizer thread (or
+// inside the enqueue that launches a locked bucket, GRADSYNC_CALLER_LAUNCH); both run before the
+// handle reports completion: keep them short. The calls that block on those threads
 // (Handle::wait, wait_for and synchronize_stream, init, shutdown, join, add_process_set and
 // remove_process_set) throw InvalidArgument when made inside one instead of deadlocking; poll(),
 // status() and enqueues are fine there. An exception a callback throws is logged and dropped.
