@@ -174,14 +174,18 @@ Status ParseThreadAffinity(const char* name, const std::string& text, PlacementR
     return Status::OK();
   }
   const char separator = text.find(';') != std::string::npos ? ';' : ',';
-  for (const std::string& part : Split(text, separator)) {
+  // A ';' at the end marks a list of CPU lists even for one local rank ("0,8;": CPUs 0 and 8).
+  const std::string lists =
+      separator == ';' && text.back() == ';' ? text.substr(0, text.size() - 1) : text;
+  for (const std::string& part : Split(lists, separator)) {
     CpuList cpus;
     const Status parsed = CpuList::Parse(part, &cpus);
     if (!parsed.ok()) {
       return Status::InvalidArgument(
           std::string(name) + "='" + text + "': " + parsed.message() +
           "; expected none, or one CPU or range per local rank separated by ',' (\"2,3\"), or "
-          "one CPU list per local rank separated by ';' (\"0-1,8;2-3,9\")");
+          "one CPU list per local rank separated by ';' (\"0-1,8;2-3,9\", or \"0,8;\" for "
+          "one local rank)");
     }
     out->thread_cpus_by_local_rank.push_back(cpus);
   }

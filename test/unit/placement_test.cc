@@ -190,6 +190,11 @@ TEST(PlacementTest, ThreadAffinityListPinsEachLocalRank) {
   EXPECT_EQ(Place(node, ranks, 1, request).thread_cpus, Cpus("2-3"));
   ASSERT_TRUE(ParseThreadAffinity("GRADSYNC_THREAD_AFFINITY", "none", &request).ok());
   EXPECT_TRUE(Place(node, ranks, 1, request).thread_cpus.empty());
+  // One local rank's list of CPUs apart: a trailing ';' says it is one list.
+  const std::vector<LocalRank> one = {BoundTo("0")};
+  ASSERT_TRUE(ParseThreadAffinity("GRADSYNC_THREAD_AFFINITY", "1,3;", &request).ok());
+  ASSERT_EQ(request.thread_cpus_by_local_rank.size(), 1u);
+  EXPECT_EQ(Place(node, one, 0, request).thread_cpus, Cpus("1,3"));
 }
 
 TEST(PlacementTest, ThreadAffinityListMustCoverTheNodeAndItsCpus) {
@@ -210,7 +215,7 @@ TEST(PlacementTest, ThreadAffinityListMustCoverTheNodeAndItsCpus) {
 
 TEST(PlacementTest, ParseThreadAffinityRejectsGarbage) {
   PlacementRequest request;
-  for (const char* bad : {"auto", "1,,2", "2-1", "1;", "x"}) {
+  for (const char* bad : {"auto", "1,,2", "2-1", "1;;2", ";", "x"}) {
     const Status status = ParseThreadAffinity("GRADSYNC_THREAD_AFFINITY", bad, &request);
     EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << bad;
   }
