@@ -60,6 +60,9 @@ Status Negotiator::RunCycle(const std::vector<TensorEntry*>& fresh, bool want_sh
   const double now = clock_();
   cached_.resize(cache_.num_bits());
   cached_bits_.resize(BitWords(cache_.num_bits()));
+  // Before the fresh entries look up their bits: last cycle's full round may have given the bit
+  // of an entry this rank still holds to another name, which may be among them.
+  if (cache_changed_) DemoteStale();
   std::vector<uint32_t> invalid;
   AddFresh(fresh, now, &invalid);
   // Before any response retires the join: a join enqueued this cycle may already let the others'
@@ -198,7 +201,6 @@ void Negotiator::KeepGroupsTogether() {
 }
 
 bool Negotiator::RefreshCachedState(double now, std::vector<uint32_t>* invalid) {
-  if (cache_changed_) DemoteStale();
   if (cached_count_ > 0 && now - cached_oldest_ >= config_.stall_warning_seconds) {
     // Cached tensors never reach rank 0's table; invalidating a long-waiting one sends it there,
     // so the stall inspector can name the ranks that are missing it.

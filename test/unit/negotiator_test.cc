@@ -84,9 +84,9 @@ std::vector<RankLog> RunRanks(int size, int cycles, const Config& config, const 
           ASSERT_NE(outcome.entries[i], nullptr) << r.name;
           EXPECT_EQ(outcome.entries[i]->name, r.name);
         }
-        // A full round may evict cached responses, so in such a cycle the outcome must own every
-        // response it points to.
-        if (outcome.full_round) {
+        // A full round that brings responses puts them in the cache, which may evict cached ones,
+        // so in such a cycle the outcome must own every response it points to.
+        if (outcome.full_round && !outcome.owned.empty()) {
           for (const Response* r : outcome.responses) {
             const bool owned = std::any_of(outcome.owned.begin(), outcome.owned.end(),
                                            [r](const ResponsePtr& p) { return p.get() == r; });
@@ -374,6 +374,29 @@ TEST(NegotiatorTest, ResponseEvictedByTheSameCyclesFullRoundStaysValid) {
     EXPECT_TRUE(log.cycles[1].full_round);
     EXPECT_EQ(Names(log.cycle_responses[1]), (std::vector<std::string>{"a", "b"}));
   }
+}
+
+// With room for one response, cycle 1's full round gives "a"'s bit to "b" while rank 0 still holds
+// its "a" there; "b" submitted again in the next cycle finds that bit: the stale "a" must leave it
+// first (it was taken for "b" negotiated twice, and the process aborted).
+TEST(NegotiatorTest, ABitEvictedWhileHeldServesItsNewNameInTheNextCycle) {
+  Config config;
+  config.cache_capacity = 1;
+  auto logs = RunRanks(2, 4, config, [](int rank, int cycle) {
+    switch (cycle) {
+      case 0:
+        return std::vector<Request>{MakeRequest("a")};
+      case 1:
+        return rank == 0 ? std::vector<Request>{MakeRequest("a"), MakeRequest("b")}
+                         : std::vector<Request>{MakeRequest("b")};
+      case 2:
+        return std::vector<Request>{MakeRequest("b")};
+      default:
+        return rank == 1 ? std::vector<Request>{MakeRequest("a")} : std::vector<Request>{};
+    }
+  });
+  ExpectSameOnEveryRank(logs);
+  EXPECT_EQ(Names(logs[0].responses), (std::vector<std::string>{"a", "b", "b", "a"}));
 }
 
 TEST(NegotiatorTest, MissingRankProducesStallShutdownNamingIt) {
