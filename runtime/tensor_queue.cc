@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "runtime/cpu_relax.h"
+#include "runtime/thread_role.h"
 #include "runtime/yield_until.h"
 
 namespace gradsync {
@@ -23,6 +24,15 @@ Status DuplicateName(const std::string& name) {
   return Status::InvalidArgument("tensor name '" + name +
                                  "' is already in flight; names must be unique until the "
                                  "operation completes");
+}
+
+// A completion callback runs on gradsync's own threads (or a caller's launching a locked bucket),
+// holding what completing the launched operation needs: waiting for it there would never end.
+Status StillOnTheDevice(const std::string& name) {
+  return Status::InvalidArgument(
+      "tensor name '" + name +
+      "' is still in flight on the device, and a completion callback (run on gradsync's own "
+      "thread) cannot wait for it to complete: enqueue it again from your own thread");
 }
 
 // A caller pushing a step's tensors and the thread completing its buckets take the queue's mutex
@@ -64,12 +74,14 @@ bool TensorQueue::HeldByLaunchedLocked(const TensorEntry& entry) const {
   return held != nullptr && (*held)->state != nullptr && (*held)->state->launched();
 }
 
-void TensorQueue::WaitOutLaunchedLocked(std::unique_lock<std::mutex>* lock,
-                                        const TensorEntry& entry) {
-  if (closed_flag_ || !HeldByLaunchedLocked(entry)) return;
+Status TensorQueue::WaitOutLaunchedLocked(std::unique_lock<std::mutex>* lock,
+                                          const TensorEntry& entry) {
+  if (closed_flag_ || !HeldByLaunchedLocked(entry)) return Status::OK();
+  if (OnBackgroundThread()) return StillOnTheDevice(entry.name);
   ++waiting_out_launched_;
   released_cv_.wait(*lock, [&] { return closed_flag_ || !HeldByLaunchedLocked(entry); });
   --waiting_out_launched_;
+  return Status::OK();
 }
 
 // Notifies only a sleeping waiter: on the hot enqueue path the background thread is usually busy
@@ -88,7 +100,7 @@ Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry, bool* due) {
     // `entry` untouched (NameTable moves the value in only once it has found room).
     while (!in_flight_.Insert(raw->key(), std::move(entry))) {
       if (!HeldByLaunchedLocked(*raw)) return DuplicateName(raw->name);
-      WaitOutLaunchedLocked(&lock, *raw);
+      GRADSYNC_RETURN_IF_ERROR(WaitOutLaunchedLocked(&lock, *raw));
       if (closed_flag_) return closed_;
     }
     raw->in_flight = true;
@@ -128,7 +140,7 @@ Status TensorQueue::PushAll(std::vector<std::unique_ptr<TensorEntry>> entries, b
         if (!batch.insert(entry->key()).second) return DuplicateName(entry->name);
       }
       if (taken == nullptr) break;
-      WaitOutLaunchedLocked(&lock, *taken);
+      GRADSYNC_RETURN_IF_ERROR(WaitOutLaunchedLocked(&lock, *taken));
     }
     for (auto& entry : entries) {
       TensorEntry* raw = entry.get();

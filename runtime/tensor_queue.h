@@ -89,8 +89,9 @@ class TensorQueue {
  private:
   // Whether the operation in flight under `entry`'s name is a launched device operation.
   bool HeldByLaunchedLocked(const TensorEntry& entry) const;
-  // Waits, releasing `lock` meanwhile, until no launched device operation holds `entry`'s name.
-  void WaitOutLaunchedLocked(std::unique_lock<std::mutex>* lock, const TensorEntry& entry);
+  // Waits, releasing `lock` meanwhile, until no launched device operation holds `entry`'s name;
+  // on gradsync's own threads, which that would deadlock, fails instead.
+  Status WaitOutLaunchedLocked(std::unique_lock<std::mutex>* lock, const TensorEntry& entry);
   // The burst-settling part of WaitForWork; `lock` holds mu_.
   void SettleLocked(std::unique_lock<std::mutex>* lock, std::chrono::nanoseconds settle_for);
   // Moves a pooled entry into spare_ if it is empty, so that the next NewEntry takes no lock.

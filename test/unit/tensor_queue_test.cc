@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/host_stream.h"
+#include "runtime/thread_role.h"
 #include "test/unit/tensor_queue_samples.h"
 
 namespace gradsync {
@@ -94,6 +95,29 @@ TEST(TensorQueueTest, CloseEndsAWaitForALaunchedName) {
   queue.Close(Status::Stalled("rank 1 never submitted 'grad.w'"));
   next_step.join();
   EXPECT_EQ(second.code(), StatusCode::kStalled);
+}
+
+// A completion callback that enqueues a name whose device operation is still running would wait
+// for a completion that its own thread has to deliver: it fails at once instead.
+TEST(TensorQueueTest, GradsyncsOwnThreadsDoNotWaitForALaunchedName) {
+  TensorQueue queue;
+  auto first = Entry("grad.w");
+  first->state->SetLaunched(std::make_shared<NeverAskedEvent>());
+  ASSERT_TRUE(queue.Push(std::move(first)).ok());
+  Status alone, batched;
+  std::thread callback([&] {
+    MarkBackgroundThread();
+    alone = queue.Push(Entry("grad.w"));
+    batched = queue.PushAll(Entries({"grad.b", "grad.w"}));
+  });
+  const auto started = steady_clock::now();
+  callback.join();
+  EXPECT_LT(steady_clock::now() - started, milliseconds(5000));
+  EXPECT_EQ(alone.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(alone.message().find("cannot wait for it to complete"), std::string::npos)
+      << alone.ToString();
+  EXPECT_EQ(batched.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Names(queue.Drain()), (std::vector<std::string>{"grad.w"}));  // the first alone
 }
 
 TEST(TensorQueueTest, NameIsAcceptedAgainAfterRelease) {
