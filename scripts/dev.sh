@@ -10,7 +10,8 @@
 # Debian's /usr/bin/python3, the interpreter python3-torch installs into) is the interpreter the
 # Python package is built and tested for. SANITIZE (default
 # address,undefined) names the sanitizers of the test command's second build, in
-# BUILD_DIR-sanitize; SANITIZE= (empty) skips that build.
+# BUILD_DIR-sanitize; SANITIZE= (empty) skips that build. GRADSYNC_WITH_CUDA (default AUTO: where
+# the CUDA toolkit and NCCL are found) says whether the test build compiles the device kernels.
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -30,9 +31,13 @@ test_packages=("${demo_packages[@]}" libgtest-dev libgmock-dev python3-dev pybin
                python3-torch python3-pytest python3-venv python3-mpi4py libtorch-dev iproute2
                slurm-wlm munge python3-matplotlib clang)
 
-# install_missing PACKAGE...
+# install_missing [--no-install-recommends] PACKAGE...
 install_missing() {
-  local missing=()
+  local missing=() options=()
+  if [ "$1" = --no-install-recommends ]; then
+    options+=("$1")
+    shift
+  fi
   for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
@@ -41,14 +46,16 @@ install_missing() {
   local sudo=""
   [ "$(id -u)" -ne 0 ] && sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+  # Through env: sudo drops the caller's environment.
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${options[@]}" "${missing[@]}"
 }
 
 # Everything: the parts a demo build left out are turned back on (their defaults).
 build() {
   cmake -S "$repo_root" -B "$build_dir" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" \
     -DPython_EXECUTABLE="$python" -DGRADSYNC_BUILD_TESTS=ON -DGRADSYNC_BUILD_BENCHMARKS=ON \
-    -DGRADSYNC_BUILD_EXAMPLES=ON -DGRADSYNC_BUILD_PYTHON=AUTO -DGRADSYNC_WITH_CUDA=AUTO
+    -DGRADSYNC_BUILD_EXAMPLES=ON -DGRADSYNC_BUILD_PYTHON=AUTO \
+    -DGRADSYNC_WITH_CUDA="${GRADSYNC_WITH_CUDA:-AUTO}" -DGRADSYNC_WERROR=ON
   cmake --build "$build_dir" -j "$jobs"
 }
 
@@ -99,12 +106,14 @@ sanitized_build() {
 # CMAKE_BUILD_PARALLEL_LEVEL: the jobs of the builds that tests run (python_pip_install's). The
 # unit tests (one process each, no MPI) run on every core; the rest one at a time unless CTEST_JOBS
 # says otherwise, since a multi-rank test keeps the cores busy by itself. Both parts always run.
+# A folder without tests (a build that failed) is a failure, not an empty success.
 run_tests() {
   local failed=0
-  ctest --test-dir "$1" --output-on-failure --timeout 600 -L '^unit$' -j "$jobs" || failed=1
+  ctest --test-dir "$1" --output-on-failure --no-tests=error --timeout 600 -L '^unit$' \
+    -j "$jobs" || failed=1
   CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$jobs} \
-    ctest --test-dir "$1" --output-on-failure --timeout 600 -LE '^unit$' -j "${CTEST_JOBS:-1}" ||
-    failed=1
+    ctest --test-dir "$1" --output-on-failure --no-tests=error --timeout 600 -LE '^unit$' \
+    -j "${CTEST_JOBS:-1}" || failed=1
   return "$failed"
 }
 
@@ -115,22 +124,32 @@ mpi_env() {
   fi
 }
 
+# One step a line: set -e does not apply inside a function called from an && list, so a failed
+# build there would go on to the next step.
 cmd=${1:-demo}
 case "$cmd" in
   demo)
-    install_missing "${demo_packages[@]}" && demo_build && mpi_env
+    # The demo's packages without the ones they recommend (a Fortran toolchain, manuals, image
+    # libraries): a third fewer to install on a fresh machine.
+    install_missing --no-install-recommends "${demo_packages[@]}"
+    demo_build
+    mpi_env
     "$repo_root/launch/gradsyncrun" -np "${2:-4}" "$build_dir/examples/demo_trainer/gradsync_demo_trainer"
     ;;
   test)
-    install_missing "${test_packages[@]}" && build && mpi_env
+    install_missing "${test_packages[@]}"
+    build
+    mpi_env
     run_tests "$build_dir"
     if [ -n "$sanitizers" ]; then
       echo "dev.sh: the suite again, built with -fsanitize=$sanitizers"
-      sanitized_build && run_tests "$sanitized_dir"
+      sanitized_build
+      run_tests "$sanitized_dir"
     fi
     ;;
   build)
-    install_missing "${test_packages[@]}" && build
+    install_missing "${test_packages[@]}"
+    build
     ;;
   *)
     echo "usage: scripts/dev.sh {demo [ranks]|test|build}" >&2

@@ -151,7 +151,8 @@ assert torch.cuda.is_available()
 print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
     {
       cmake -S "$repo_root" -B "$work/build-torch" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-        -DGRADSYNC_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-native}" \
+        -DGRADSYNC_WITH_CUDA=ON -DGRADSYNC_WERROR=ON \
+        -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-native}" \
         -DGRADSYNC_NCCL_LIBRARY="$nccl" -DMPI_HOME="$mpi_prefix" \
         -DCMAKE_PREFIX_PATH="$torch_prefix;$prefixes" \
         -DGRADSYNC_BUILD_PYTHON=OFF -DGRADSYNC_BUILD_BENCHMARKS=OFF -DGRADSYNC_BUILD_EXAMPLES=ON &&
@@ -161,7 +162,8 @@ print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
     torch_build_pid=$!
   fi
   cmake -S "$repo_root" -B "$work/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DGRADSYNC_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-native}" \
+    -DGRADSYNC_WITH_CUDA=ON -DGRADSYNC_WERROR=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-native}" \
     -DGRADSYNC_NCCL_LIBRARY="$nccl" -DMPI_HOME="$mpi_prefix" \
     -DCMAKE_PREFIX_PATH="$work/root/usr;$work/root/usr/lib/x86_64-linux-gnu/cmake" \
     "${python_args[@]}" -DGRADSYNC_BUILD_BENCHMARKS=ON -DGRADSYNC_BUILD_EXAMPLES=OFF \
@@ -462,7 +464,8 @@ tests() {
   out=$(cd "$out" && pwd)
   unpack_deps
   cmake -S "$repo_root" -B "$work/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DGRADSYNC_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-native}" \
+    -DGRADSYNC_WITH_CUDA=ON -DGRADSYNC_WERROR=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-native}" \
     -DGRADSYNC_NCCL_LIBRARY="$(nccl_library)" -DMPI_HOME="$mpi_prefix" \
     -DCMAKE_PREFIX_PATH="$work/root/usr;$work/root/usr/lib/x86_64-linux-gnu/cmake" \
     -DGRADSYNC_BUILD_PYTHON=OFF -DGRADSYNC_BUILD_BENCHMARKS=OFF -DGRADSYNC_BUILD_EXAMPLES=OFF \
