@@ -44,25 +44,38 @@ class HandleTable {
   }
   // Throws ValueError for a handle that is not pending.
   PendingCall Take(const py::handle& handle) {
-    auto it = Lookup(handle);
+    std::optional<PendingCall> call = TakeIfPending(handle);
+    if (!call) throw Unknown(handle);
+    return std::move(*call);
+  }
+  // Nothing for an integer that is no pending handle (one already synchronized), as Horovod's
+  // synchronize finds nothing in its map for it; throws ValueError for what is no integer.
+  std::optional<PendingCall> TakeIfPending(const py::handle& handle) {
+    auto it = Search(handle);
+    if (it == calls_.end()) return std::nullopt;
     PendingCall call = std::move(it->second);
     calls_.erase(it);
     return call;
   }
-  const PendingCall& Find(const py::handle& handle) { return Lookup(handle)->second; }
+  const PendingCall& Find(const py::handle& handle) {
+    auto it = Search(handle);
+    if (it == calls_.end()) throw Unknown(handle);
+    return it->second;
+  }
   void Clear() { calls_.clear(); }
   size_t size() const { return calls_.size(); }
 
  private:
-  std::unordered_map<int64_t, PendingCall>::iterator Lookup(const py::handle& handle) {
-    if (PyLong_Check(handle.ptr())) {
-      int overflow = 0;
-      const long long id = PyLong_AsLongLongAndOverflow(handle.ptr(), &overflow);
-      auto it = overflow == 0 ? calls_.find(id) : calls_.end();
-      if (it != calls_.end()) return it;
-    }
+  // The entry of an integer handle, or end(); throws ValueError for what is no integer.
+  std::unordered_map<int64_t, PendingCall>::iterator Search(const py::handle& handle) {
+    if (!PyLong_Check(handle.ptr())) throw Unknown(handle);
+    int overflow = 0;
+    const long long id = PyLong_AsLongLongAndOverflow(handle.ptr(), &overflow);
+    return overflow == 0 ? calls_.find(id) : calls_.end();
+  }
+  static py::value_error Unknown(const py::handle& handle) {
     const std::string shown = py::repr(handle);
-    throw py::value_error("unknown handle " + shown + " (already synchronized?)");
+    return py::value_error("unknown handle " + shown + " (already synchronized?)");
   }
 
   std::unordered_map<int64_t, PendingCall> calls_;
@@ -183,9 +196,13 @@ void BindHandleTable(py::module_& m) {
       py::arg("handles"), py::arg("keep"), py::arg("finish"), py::arg("consumer") = py::none());
   // `stream_of(consumer)` gives the cudaStream_t current on a consumer device, as an integer:
   // looked up at synchronize time, where the caller's current stream is the one to order.
+  // An integer that is no pending handle gives None, as Horovod's synchronize does for a handle
+  // already synchronized.
   m.def("synchronize_handle", [](const py::handle& handle, const py::object& stream_of) {
+    std::optional<PendingCall> call = Table().TakeIfPending(handle);
+    if (!call) return py::object(py::none());
     std::vector<PendingCall> calls;
-    calls.push_back(Table().Take(handle));
+    calls.push_back(std::move(*call));
     const py::list results = Synchronize(calls, stream_of);
     return py::object(results[0]);
   });

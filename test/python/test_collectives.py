@@ -82,8 +82,9 @@ def test_poll_becomes_true_and_handles_are_single_use(size):
     while not hvd.poll(handle):
         pass
     assert torch.equal(hvd.synchronize(handle), torch.ones(3))
+    assert hvd.synchronize(handle) is None  # as Horovod's: the handle was used up
     with pytest.raises(ValueError):
-        hvd.synchronize(handle)
+        hvd.poll(handle)
 
 
 def test_handles_keep_their_tensors_until_synchronized(size):
@@ -112,8 +113,11 @@ def test_handles_keep_their_tensors_until_synchronized(size):
                                                                           dtype=torch.int16))
     assert _core.pending_handles() == before
     for unknown in (handle, -1, 2**70, "7", None):
-        with pytest.raises(ValueError, match="unknown handle"):
-            hvd.synchronize(unknown)
+        if isinstance(unknown, int):
+            assert hvd.synchronize(unknown) is None  # as Horovod's, for a handle it does not hold
+        else:
+            with pytest.raises(ValueError, match="unknown handle"):
+                hvd.synchronize(unknown)
         with pytest.raises(ValueError, match="unknown handle"):
             hvd.poll(unknown)
 

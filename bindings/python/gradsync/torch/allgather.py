@@ -3,7 +3,7 @@
 import torch
 
 from gradsync import _core
-from gradsync.torch.allreduce import grouped_allreduce
+from gradsync.torch.allreduce import _check_one_device, grouped_allreduce
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.wire import (_DTYPES, Average, _args, _check, _device, _name, _output_tensor,
@@ -77,6 +77,8 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
         return _register([], (), lambda: [])
     for t in tensors:
         _check(t)
+    # The group's device is its first member's: the others must share it.
+    _check_one_device(tensors)
     wires = [_to_wire(t) for t in tensors]
     kind, index = _device(wires[0])
     names = [] if name is None else ["grouped_allgather.%s.%d" % (name, i)

@@ -1,6 +1,7 @@
 """allreduce and grouped allreduce: sync, async, in place, differentiable."""
 
 import functools
+import operator
 
 import torch
 
@@ -9,18 +10,24 @@ from gradsync.torch.compression import Compression
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.wire import (_CORE_OPS, _DEVICE_CPU, _DEVICE_CUDA, _DTYPES, Adasum, Average,
-                                 Max, Min, Product, _args, _check, _check_in_place, _consumer,
-                                 _device, _name, _op_of, _ready_stream, _release_after_consumer,
-                                 _stream_of, _to_wire, _wire_op)
+                                 Sum, _args, _check, _check_in_place, _consumer, _device, _name,
+                                 _op_of, _ready_stream, _release_after_consumer, _stream_of,
+                                 _to_wire, _wire_op)
+
+# Whether a tensor lies in host memory. Tensor.is_cpu (PyTorch 1.13 on) costs what is_cuda does,
+# a tenth of reading device.type, which older PyTorch needs; the short paths ask it every call.
+_on_host = (operator.attrgetter("is_cpu") if hasattr(torch.Tensor, "is_cpu")
+            else lambda tensor: tensor.device.type == "cpu")
 
 
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
     _check(tensor)
     code = _DTYPES.get(tensor.dtype)
-    if code is not None and tensor.is_contiguous():
+    on_cuda = tensor.is_cuda
+    if code is not None and (on_cuda or _on_host(tensor)) and tensor.is_contiguous():
         # The common case, kept short (a step enqueues every gradient): a tensor the runtime
         # carries as it is goes straight to its output, and the handle returns the output.
-        if tensor.is_cuda:
+        if on_cuda:
             device = tensor.device
             kind, index = _DEVICE_CUDA, device.index or 0
             ready, consumer = _stream_of(device), device
@@ -30,6 +37,9 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
                                index, _name("allreduce", name), _CORE_OPS[op], prescale_factor,
                                postscale_factor, _id_of(process_set), ready, tensor, output, None,
                                consumer)
+    # A tensor on another device (meta, mps, xla) is refused here, before a copy of it is made:
+    # the runtime could only read its pointer as host memory.
+    _device(tensor)
     op = _wire_op(tensor.dtype, op)
     wire = _to_wire(tensor)
     # A tensor the runtime carries as it is goes straight to its output; a converted copy is
@@ -66,11 +76,11 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                      postscale_factor=1.0, process_set=global_process_set):
     """Starts reducing ``tensor`` over the ranks in place; returns a handle."""
     # The short path: what a script enqueueing every gradient of a step passes (a dense,
-    # contiguous host tensor of a carried dtype, on the global set). Everything else, and every
-    # error, takes the general path below.
+    # contiguous host tensor of a carried dtype, on the global set). Everything else (a CUDA
+    # tensor, one on any other device), and every error, takes the general path below.
     core_op = _SHORT_PATH_OPS.get(op) if average is None else None
     if (core_op is not None and process_set is global_process_set
-            and isinstance(tensor, torch.Tensor) and not tensor.is_cuda
+            and isinstance(tensor, torch.Tensor) and _on_host(tensor)
             and not tensor.is_sparse and tensor.is_contiguous()):
         code = _DTYPES.get(tensor.dtype)
         if code is not None:
@@ -104,14 +114,30 @@ class _Allreduce(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        # The gradient of a sum (or average) over ranks is the same reduction of the gradients.
+        # Horovod's gradient, for every op it differentiates: the output's gradient reduced with
+        # the forward pass's op and scale factors (exact for Sum and Average; for Min, Max and
+        # Product what Horovod scripts were written against).
         grad = allreduce(grad_output, op=ctx.op, prescale_factor=ctx.scales[0],
                          postscale_factor=ctx.scales[1], process_set=ctx.process_set)
         return grad, None, None, None, None, None
 
 
-# Ops whose gradient is not the same reduction of the output's gradient.
-_NOT_DIFFERENTIABLE = (Min, Max, Product, Adasum)
+# Adasum's gradient is not an Adasum of the output's gradient, and Horovod's backward would take it
+# for one; gradsync refuses to record it instead.
+_NOT_DIFFERENTIABLE = (Adasum,)
+
+
+def _refuse_recording(op, tensors):
+    """Raises where autograd would record an allreduce of ``tensors`` with an ``op`` it cannot
+    differentiate: grad mode on and a tensor that requires a gradient. Under torch.no_grad() (an
+    evaluation's metrics, a parameter reduced by hand) nothing is recorded, so nothing is refused.
+    """
+    if (op in _NOT_DIFFERENTIABLE and torch.is_grad_enabled()
+            and any(t.requires_grad for t in tensors)):
+        raise NotImplementedError(
+            "autograd cannot record an Adasum allreduce, whose gradient is not an Adasum of the "
+            "output's (Sum and Average, Min, Max and Product it can): detach the tensor or "
+            "reduce it under torch.no_grad()")
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
@@ -119,8 +145,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """Returns ``tensor`` reduced over the ranks (Average by default); differentiable."""
     op = _op_of(op, average)
     compressed, ctx = compression.compress(tensor)
-    if op in _NOT_DIFFERENTIABLE and compressed.requires_grad:
-        raise NotImplementedError("the gradient of allreduce is defined for Sum and Average only")
+    _refuse_recording(op, (compressed,))
     reduced = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor,
                                process_set)
     return compression.decompress(reduced, ctx)
@@ -132,14 +157,9 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
         return _register([], (), lambda: [])
     for t in tensors:
         _check(t)
-    # Devices compare as torch.device values: one set of them per group, not a lookup each.
-    if len({t.device for t in tensors}) > 1:
-        raise ValueError("a group's tensors must all be on one device")
+    _check_one_device(tensors)
+    op = _group_wire_op(tensors, op)
     wires = [_to_wire(t) for t in tensors]
-    op = _wire_op(tensors[0].dtype, op)
-    dtypes = {t.dtype for t in tensors}
-    if any(_wire_op(dtype, op) != op for dtype in dtypes):
-        raise ValueError("a group's op must be defined for every tensor of the group")
     # Each group member is reduced in place: the tensor itself, its output holding a copy of it,
     # or its converted copy, which is copied out at the end.
     targets = []
@@ -173,6 +193,29 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
                                    (tensors, outputs, wires, targets),
                                    None if copies else list(outputs), finish if copies else None,
                                    _consumer(targets[0]))
+
+
+def _check_one_device(tensors):
+    """Refuses a group whose members lie on more than one device: the runtime takes one device
+    for the whole group and would read every member's memory as that device's."""
+    # Devices compare as torch.device values: one set of them per group, not a lookup each.
+    if len({t.device for t in tensors}) > 1:
+        raise ValueError("a group's tensors must all be on one device")
+
+
+def _group_wire_op(tensors, op):
+    """The one op the runtime reduces every member of a group with: ``op`` as each member's
+    dtype travels (a bool sum is a maximum, a bool product a minimum). A group whose members would
+    need two ops (bool and other dtypes under Sum or Product) is refused, whatever their order."""
+    wire_ops = {_wire_op(dtype, op) for dtype in {t.dtype for t in tensors}}
+    if len(wire_ops) > 1:
+        raise ValueError(
+            "op=%s reduces bool tensors as %s but the other tensors of this group as %s, and a "
+            "group is reduced with one op: a group mixing bool and other dtypes takes Max or Min "
+            "only; reduce the bool tensors in a group of their own"
+            % (("Sum", "Max (a logical or)", "a sum") if op == Sum
+               else ("Product", "Min (a logical and)", "a product")))
+    return wire_ops.pop()
 
 
 @functools.lru_cache(maxsize=64)
@@ -229,8 +272,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     if not tensors:
         return []
     compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
-    if op in _NOT_DIFFERENTIABLE and any(t.requires_grad for t in compressed):
-        raise NotImplementedError("the gradient of allreduce is defined for Sum and Average only")
+    _refuse_recording(op, compressed)
     reduced = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set,
                                       *compressed)
     return [compression.decompress(t, c) for t, c in zip(reduced, ctxs)]

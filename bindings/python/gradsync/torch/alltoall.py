@@ -30,8 +30,9 @@ def _splits_list(splits, tensor=None, process_set=None):
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts sending slices of ``tensor`` to every rank; returns a handle.
 
-    ``synchronize`` returns the received tensor, and with it the rows received from each rank
-    (``(output, received_splits)``) when ``splits`` were given.
+    ``synchronize`` returns ``(output, received_splits)``: the received tensor and the rows
+    received from each rank, with or without ``splits``, as Horovod's does (only ``alltoall``
+    leaves the splits out when none were given).
     """
     _check(tensor)
     split_list = _splits_list(splits, tensor, process_set)
@@ -40,10 +41,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
                        _id_of(process_set), _ready_stream(wire))
 
     def finish():
-        output = _output_tensor(h, tensor.dtype)
-        if splits is None:
-            return output
-        return output, torch.tensor(h.received_splits(), dtype=torch.int32)
+        return (_output_tensor(h, tensor.dtype),
+                torch.tensor(h.received_splits(), dtype=torch.int32))
 
     return _register([h], (tensor, wire), finish)
 

@@ -69,6 +69,7 @@ def init(comm=None, process_sets=None):
     _core.init(_comm_to_fint(comm), rank_lists)
     _starts += 1
     _sets._after_init(requested)
+    _learn_homogeneity()
 
 
 def shutdown():
@@ -99,9 +100,35 @@ def start_timeline(file_path, mark_cycles=False):
     _core.start_timeline(file_path)
 
 
+# Whether every node runs as many ranks as every other, as init found: a job-wide answer, the
+# same on every rank, which a rank's own local and cross sizes cannot give. On nodes of 3, 2 and
+# 1 ranks, local size * cross size is 3 * 3 at local rank 0 but 3 * 2, the job's 6, at local
+# rank 1.
+_homogeneous = True
+
+
+def _same_ranks_per_node(local_sizes):
+    """Whether the ranks whose local sizes these are all run on nodes of one size."""
+    return len(set(local_sizes)) <= 1
+
+
+def _learn_homogeneity():
+    """Gathers every rank's local size once per start: a collective, so it is not left to the
+    first is_homogeneous() call, which some ranks may make and others not."""
+    import torch
+
+    from gradsync.torch.allgather import allgather
+
+    global _homogeneous
+    local_sizes = allgather(torch.tensor([local_size()], dtype=torch.int32),
+                            name="gradsync.init.local_sizes")
+    _homogeneous = _same_ranks_per_node(local_sizes.tolist())
+
+
 def is_homogeneous():
-    """True when every node runs the same number of ranks."""
-    return size() == local_size() * cross_size()
+    """True when every node runs the same number of ranks; the same on every rank."""
+    size()  # raises, as every other query does, outside init and shutdown
+    return _homogeneous
 
 
 def mpi_enabled():

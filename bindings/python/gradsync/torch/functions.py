@@ -1,10 +1,16 @@
 """Whole-model helpers: broadcast parameters, optimizer state and Python objects; gather objects."""
 
 import collections
-import io
 import pickle
 
 import torch
+
+try:
+    # Horovod pickles objects with cloudpickle, which also takes lambdas, closures and classes
+    # defined in __main__; its pickles load with plain pickle too.
+    import cloudpickle as _pickler
+except ImportError:
+    _pickler = pickle
 
 from gradsync import _core
 from gradsync.torch import mpi_ops
@@ -37,36 +43,68 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
     _synchronize_all(handles)
 
 
+def _pickled(obj):
+    """``obj`` pickled, as a uint8 tensor."""
+    payload = _pickler.dumps(obj)
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+
+
+def _unpickled(data):
+    return _pickler.loads(data.numpy().tobytes())
+
+
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Returns ``root_rank``'s ``obj`` on every rank (pickled, so any picklable object)."""
-    name = name or type(obj).__name__
+    """Returns ``root_rank``'s ``obj`` on every rank: the root's own object on the root, an
+    unpickled copy elsewhere. cloudpickle, as Horovod uses, when it is installed (so lambdas and
+    closures travel), else pickle. When the root cannot pickle ``obj``, every rank raises: the
+    root its pickling error, the others ``pickle.PicklingError``."""
+    # Not named after the object's type, as Horovod names it: the ranks that only receive often
+    # pass None, and names that differ between ranks never match.
+    name = name or "broadcast_object"
+    data, failure = None, None
     if _core.rank() == root_rank:  # a global rank, as Horovod takes every root
-        payload = io.BytesIO()
-        pickle.dump(obj, payload)
-        data = torch.frombuffer(bytearray(payload.getvalue()), dtype=torch.uint8)
-        length = torch.tensor([data.numel()], dtype=torch.int64)
+        try:
+            data = _pickled(obj)
+        except Exception as error:  # whatever the pickler raises, the other ranks must hear of it
+            failure = error
+        # -1 tells the others that no data follows, so they raise rather than wait for it.
+        length = torch.tensor([-1 if failure else data.numel()], dtype=torch.int64)
     else:
-        data = None
         length = torch.tensor([0], dtype=torch.int64)
     mpi_ops.broadcast_(length, root_rank, name=name + ".length", process_set=process_set)
+    if failure is not None:
+        raise failure
+    if length.item() < 0:
+        raise pickle.PicklingError("broadcast_object %r: root rank %d could not pickle its object"
+                                   % (name, root_rank))
     if data is None:
         data = torch.empty(int(length.item()), dtype=torch.uint8)
     mpi_ops.broadcast_(data, root_rank, name=name + ".data", process_set=process_set)
-    return pickle.loads(data.numpy().tobytes())
+    return obj if _core.rank() == root_rank else _unpickled(data)
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
-    """Returns a list of every rank's ``obj`` in rank order (pickled)."""
-    name = name or type(obj).__name__
-    payload = pickle.dumps(obj)
-    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else \
-        torch.empty(0, dtype=torch.uint8)
-    lengths = mpi_ops.allgather(torch.tensor([data.numel()], dtype=torch.int64),
-                                name=name + ".lengths", process_set=process_set)
+    """Returns a list of every rank's ``obj`` in rank order (pickled as ``broadcast_object``
+    pickles). When some rank cannot pickle its ``obj``, every rank raises: that rank its pickling
+    error, the others ``pickle.PicklingError``."""
+    name = name or "allgather_object"  # the ranks' objects may differ in type
+    try:
+        data, failure = _pickled(obj), None
+    except Exception as error:  # whatever the pickler raises, the other ranks must hear of it
+        data, failure = torch.empty(0, dtype=torch.uint8), error
+    # A length of -1 says that this rank has nothing to send, so that no rank waits for the data.
+    length = torch.tensor([-1 if failure else data.numel()], dtype=torch.int64)
+    lengths = mpi_ops.allgather(length, name=name + ".lengths", process_set=process_set).tolist()
+    if failure is not None:
+        raise failure
+    unpicklable = [r for r, n in enumerate(lengths) if n < 0]
+    if unpicklable:
+        raise pickle.PicklingError("allgather_object %r: ranks %s of the process set could not "
+                                   "pickle their objects" % (name, unpicklable))
     gathered = mpi_ops.allgather(data, name=name + ".data", process_set=process_set)
     objects, offset = [], 0
-    for length in lengths.tolist():
-        objects.append(pickle.loads(gathered[offset:offset + length].numpy().tobytes()))
+    for length in lengths:
+        objects.append(_unpickled(gathered[offset:offset + length]))
         offset += length
     return objects
 

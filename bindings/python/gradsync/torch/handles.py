@@ -20,7 +20,8 @@ def _forget_handles():
 
 
 def poll(handle):
-    """True once the operation behind ``handle`` has finished. Never blocks."""
+    """True once the operation behind ``handle`` has finished. Never blocks. Raises ValueError
+    for anything but a pending handle, as Horovod's does."""
     return _core.poll_handle(handle)
 
 
@@ -33,7 +34,9 @@ def synchronize(handle):
     result while the host runs ahead. Work on another stream must wait for the current one.
 
     Raises HorovodInternalError (gradsync's GradsyncInternalError) with the runtime's message when
-    the operation failed: a mismatch between ranks, a stall, a shutdown.
+    the operation failed: a mismatch between ranks, a stall, a shutdown. Returns None for an
+    integer that is no pending handle (one already synchronized), as Horovod does; raises
+    ValueError for what is no integer.
     """
     return _core.synchronize_handle(handle, _stream_of)
 

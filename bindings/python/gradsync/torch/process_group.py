@@ -258,8 +258,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         handle = alltoall_async(tensor, splits=splits, process_set=self._target)
 
         def finish(received):
-            received = received[0][0] if splits is not None else received[0]
-            output.copy_(received.reshape(output.shape))
+            output.copy_(received[0][0].reshape(output.shape))
             return [output]
 
         return self._work([handle], finish, [output], opts)

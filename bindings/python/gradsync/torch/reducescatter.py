@@ -4,11 +4,12 @@ import torch
 
 from gradsync import _core
 from gradsync.torch.allgather import grouped_allgather
+from gradsync.torch.allreduce import _check_one_device, _group_wire_op
 from gradsync.torch.compression import Compression
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.wire import (_CORE_OPS, _DTYPES, Average, Sum, _check, _device, _op_of,
-                                 _output_tensor, _ready_stream, _to_wire, _wire_op)
+                                 _output_tensor, _ready_stream, _to_wire)
 
 
 def _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor, process_set,
@@ -17,7 +18,10 @@ def _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor, p
         return [], ()
     for t in tensors:
         _check(t)
-    op = _wire_op(tensors[0].dtype, op)
+    # The runtime takes one device (the first member's) and one op for the whole group: a member
+    # on another device, or of a dtype that would need another op, is refused.
+    _check_one_device(tensors)
+    op = _group_wire_op(tensors, op)
     wires = [_to_wire(t) for t in tensors]
     kind, index = _device(wires[0])
     names = [] if name is None else ["%s.%s.%d" % (prefix, name, i) for i in range(len(tensors))]
