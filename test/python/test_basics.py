@@ -41,3 +41,21 @@ def test_a_restart_makes_the_node_set_again(monkeypatch, rank, size):
     assert after.ranks == [rank]
     value = torch.tensor([float(rank + 1)])
     assert hvd.allreduce(value, op=hvd.Sum, process_set=after).item() == rank + 1
+
+
+def test_init_on_a_list_of_ranks(rank, size):
+    """As Horovod takes it: init(comm=[ranks of MPI_COMM_WORLD]), called by those ranks only."""
+    hvd.shutdown()
+    hvd.init(comm=list(range(size)))
+    assert hvd.size() == size and hvd.rank() == rank
+    assert hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item() == size
+    hvd.shutdown()
+    if rank == 0:
+        hvd.init(comm=[0])
+        assert hvd.size() == 1 and hvd.rank() == 0
+        hvd.shutdown()
+    else:
+        with pytest.raises(ValueError, match="is not among them"):
+            hvd.init(comm=[0])
+    hvd.init()
+    assert hvd.size() == size

@@ -31,15 +31,33 @@ def _apply_horovod_environment():
         os.environ[ours] = value
 
 
+# The communicator init(comm=[ranks]) made, kept for as long as gradsync runs on it.
+_ranks_comm = None
+
+
 def _comm_to_fint(comm):
-    """An mpi4py communicator (or a list of global ranks, as Horovod accepts) as a Fortran
-    handle."""
+    """An mpi4py communicator, or a list of ranks of MPI_COMM_WORLD (as Horovod takes them: only
+    those ranks call init), as a Fortran handle."""
+    global _ranks_comm
     if comm is None:
         return -1
     if hasattr(comm, "py2f"):
         return comm.py2f()
-    raise ValueError("init(comm=...) takes an mpi4py communicator; to run on a subset of the "
-                     "ranks, pass process_sets=[...] and use the returned sets instead")
+    if isinstance(comm, (list, tuple)) and all(isinstance(r, int) for r in comm):
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            raise ValueError("init(comm=[ranks]) makes its communicator with mpi4py, which is not "
+                             "installed; pass an mpi4py communicator, or process_sets=[...]")
+        world = MPI.COMM_WORLD
+        if world.Get_rank() not in comm:
+            raise ValueError("init(comm=%r): this rank (%d of MPI_COMM_WORLD) is not among them; "
+                             "only the listed ranks call init" % (list(comm), world.Get_rank()))
+        # Collective over the listed ranks only, which MPI_Comm_create_group allows.
+        _ranks_comm = world.Create_group(world.Get_group().Incl(sorted(set(comm))))
+        return _ranks_comm.py2f()
+    raise ValueError("init(comm=...) takes an mpi4py communicator or a list of ranks of "
+                     "MPI_COMM_WORLD, not %r" % (comm,))
 
 
 # How many times init() has started gradsync in this process: what is cached per job (process sets
@@ -76,8 +94,12 @@ def shutdown():
     """Fails what is still pending, stops the background thread and frees gradsync's MPI state."""
     from gradsync.torch.handles import _forget_handles
 
+    global _ranks_comm
     _core.shutdown()
     _forget_handles()
+    if _ranks_comm is not None:
+        _ranks_comm.Free()
+        _ranks_comm = None
 
 
 is_initialized = _core.is_initialized
