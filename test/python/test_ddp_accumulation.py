@@ -76,3 +76,35 @@ def test_a_gradient_penalty_through_the_output_leaves_the_step_to_backward(carri
         step(want, r)
     for got, expected in zip(model.parameters(), want.parameters()):
         assert torch.allclose(got.grad, expected.grad / size, atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("carrier", CARRIERS)
+def test_a_penalty_on_the_parameters_gradients_leaves_the_step_to_backward(carrier, rank, size):
+    """torch.autograd.grad with respect to the parameters themselves (a gradient-norm penalty)."""
+    def make():
+        torch.manual_seed(6)
+        return torch.nn.Linear(4, 1).double()
+
+    def step(model, r):
+        gen = torch.Generator().manual_seed(r)
+        x = torch.randn(3, 4, generator=gen, dtype=torch.float64)
+        loss = model(x).pow(2).sum()
+        grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
+        (loss + sum(g.pow(2).sum() for g in grads)).backward()
+
+    model = wrap(make(), carrier)
+    with carried_by(model, carrier):
+        step(model, rank)
+    want = make()
+    for r in range(size):
+        step(want, r)
+    for got, expected in zip(model.parameters(), want.parameters()):
+        assert torch.allclose(got.grad, expected.grad / size, atol=TOLERANCE, rtol=0)
+
+
+def test_a_wrapper_made_under_no_grad(rank, size):
+    with torch.no_grad():
+        model = wrap(Branchy(lambda r: True), "batch")
+    x, y = batch(0, rank)
+    loss_of(model, x, y).backward()
+    assert model.module.trunk.weight.grad is not None

@@ -263,7 +263,12 @@ class DistributedDataParallel(torch.nn.Module):
         will_run = getattr(torch._C, "_will_engine_execute_node", None)
         if will_run is None:
             return True
-        return any(will_run(node) for node in self._accumulators)
+        try:
+            return any(will_run(node) for node in self._accumulators)
+        except RuntimeError:
+            # PyTorch refuses to answer for an accumulator that torch.autograd.grad takes as an
+            # input (a gradient with respect to the parameters): it accumulates nothing either.
+            return False
 
     def _on_grad_ready(self, p):
         if not self._sync_next_backward:

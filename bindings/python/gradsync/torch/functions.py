@@ -7,7 +7,7 @@ import torch
 
 try:
     # Horovod pickles objects with cloudpickle, which also takes lambdas, closures and classes
-    # defined in __main__; its pickles load with plain pickle too.
+    # defined in __main__; plain pickle loads what it made where cloudpickle is installed too.
     import cloudpickle as _pickler
 except ImportError:
     _pickler = pickle

@@ -28,8 +28,10 @@ def register_grad_ready_hook(param, hook):
 
 def accumulator_of(param):
     """The autograd node that accumulates into ``param.grad``. It lives only as long as something
-    refers to it, and a backward meets the same node only while it does."""
-    return param.expand_as(param).grad_fn.next_functions[0][0]
+    refers to it, and a backward meets the same node only while it does. Found under enable_grad:
+    inside no_grad() (a wrapper or optimizer made there) the expand would record no graph."""
+    with torch.enable_grad():
+        return param.expand_as(param).grad_fn.next_functions[0][0]
 
 
 def _weakly(hook):
