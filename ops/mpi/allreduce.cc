@@ -118,18 +118,17 @@ Status MpiDataPlane::AllreduceOnePacked(TensorEntry* entry, const ReduceSpec& sp
                                         bool hierarchical, MPI_Datatype type, MPI_Op op) {
   const int64_t n = entry->input.num_elements();
   const size_t elem_size = DataTypeSize(spec.dtype);
-  auto* buffer = static_cast<char*>(fusion_buffer_.Get(static_cast<size_t>(n) * elem_size));
+  const size_t bytes = static_cast<size_t>(n) * elem_size;
   const std::vector<TensorEntry*> entries = {entry};
   const std::vector<size_t> offsets = {0};
   const std::vector<int64_t> counts = {n};
+  if (!hierarchical) return AllreduceFusedFlat(entries, spec, offsets, counts, bytes, type, op);
+  auto* buffer = static_cast<char*>(fusion_buffer_.Get(bytes));
   PackFused(entries, spec, offsets, counts, buffer);
   {
-    TimelineActivity activity(timeline_, entry,
-                              hierarchical ? "HIERARCHICAL_ALLREDUCE" : "MPI_ALLREDUCE");
+    TimelineActivity activity(timeline_, entry, "HIERARCHICAL_ALLREDUCE");
     GRADSYNC_RETURN_IF_ERROR(
-        hierarchical
-            ? hierarchical_.AllreduceInPlace(buffer, n, elem_size, type, op, piece_bytes_)
-            : AllreduceInPieces(MPI_IN_PLACE, buffer, n, elem_size, type, op, comm_, piece_bytes_));
+        hierarchical_.AllreduceInPlace(buffer, n, elem_size, type, op, piece_bytes_));
   }
   UnpackFused(entries, offsets, counts, buffer, spec.postscale);
   return Status::OK();
@@ -174,6 +173,14 @@ Status MpiDataPlane::AllreduceFused(const std::vector<TensorEntry*>& entries,
   if (pipeline_chunk_bytes_ > 0 && total >= 2 * static_cast<size_t>(pipeline_chunk_bytes_)) {
     return AllreduceFusedPipelined(entries, spec, offsets, counts, total, type, op);
   }
+  return AllreduceFusedFlat(entries, spec, offsets, counts, total, type, op);
+}
+
+Status MpiDataPlane::AllreduceFusedFlat(const std::vector<TensorEntry*>& entries,
+                                        const ReduceSpec& spec, const std::vector<size_t>& offsets,
+                                        const std::vector<int64_t>& counts, size_t total,
+                                        MPI_Datatype type, MPI_Op op) {
+  const size_t elem_size = DataTypeSize(spec.dtype);
   auto* buffer = static_cast<char*>(fusion_buffer_.Get(total));
   // Offsets are multiples of 64, hence of every element size: the span is whole elements.
   const auto count = static_cast<int64_t>(total / elem_size);

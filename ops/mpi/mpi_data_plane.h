@@ -89,6 +89,11 @@ class MpiDataPlane : public DataPlane {
   // its size takes outside shared memory (hierarchical or flat).
   Status AllreduceOnePacked(TensorEntry* entry, const ReduceSpec& spec, bool hierarchical,
                             MPI_Datatype type, MPI_Op op);
+  // A bucket through the fusion buffer and MPI's allreduce on comm_, in the set's pieces: the
+  // same MPI calls as one tensor of `total` bytes reduced where it lies.
+  Status AllreduceFusedFlat(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
+                            const std::vector<size_t>& offsets, const std::vector<int64_t>& counts,
+                            size_t total, MPI_Datatype type, MPI_Op op);
   Status AllreduceFused(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec,
                         MPI_Datatype type, MPI_Op op);
   // The fused bucket through node shared memory: each rank packs its tensors into its own region,
