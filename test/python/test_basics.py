@@ -46,9 +46,12 @@ def test_a_restart_makes_the_node_set_again(monkeypatch, rank, size):
 def test_init_on_a_list_of_ranks(rank, size):
     """As Horovod takes it: init(comm=[ranks of MPI_COMM_WORLD]), called by those ranks only."""
     hvd.shutdown()
-    hvd.init(comm=list(range(size)))
-    assert hvd.size() == size and hvd.rank() == rank
+    hvd.init(comm=list(reversed(range(size))))  # numbered in the list's order
+    assert hvd.size() == size and hvd.rank() == size - 1 - rank
     assert hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item() == size
+    hvd.shutdown()
+    hvd.init(comm=[])  # no ranks named: the whole world
+    assert hvd.size() == size and hvd.rank() == rank
     hvd.shutdown()
     if rank == 0:
         hvd.init(comm=[0])

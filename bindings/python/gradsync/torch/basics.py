@@ -39,11 +39,13 @@ def _comm_to_fint(comm):
     """An mpi4py communicator, or a list of ranks of MPI_COMM_WORLD (as Horovod takes them: only
     those ranks call init), as a Fortran handle."""
     global _ranks_comm
-    if comm is None:
-        return -1
+    if comm is None or (isinstance(comm, (list, tuple)) and not comm):
+        return -1  # no ranks named: all of MPI_COMM_WORLD
     if hasattr(comm, "py2f"):
         return comm.py2f()
     if isinstance(comm, (list, tuple)) and all(isinstance(r, int) for r in comm):
+        if len(set(comm)) != len(comm):
+            raise ValueError("init(comm=%r) names a rank twice" % (list(comm),))
         try:
             from mpi4py import MPI
         except ImportError:
@@ -53,8 +55,9 @@ def _comm_to_fint(comm):
         if world.Get_rank() not in comm:
             raise ValueError("init(comm=%r): this rank (%d of MPI_COMM_WORLD) is not among them; "
                              "only the listed ranks call init" % (list(comm), world.Get_rank()))
-        # Collective over the listed ranks only, which MPI_Comm_create_group allows.
-        _ranks_comm = world.Create_group(world.Get_group().Incl(sorted(set(comm))))
+        # Collective over the listed ranks only, which MPI_Comm_create_group allows; they are
+        # numbered in the list's order, as MPI_Group_incl numbers them.
+        _ranks_comm = world.Create_group(world.Get_group().Incl(list(comm)))
         return _ranks_comm.py2f()
     raise ValueError("init(comm=...) takes an mpi4py communicator or a list of ranks of "
                      "MPI_COMM_WORLD, not %r" % (comm,))
@@ -84,7 +87,11 @@ def init(comm=None, process_sets=None):
     _apply_horovod_environment()
     requested = list(process_sets or [])
     rank_lists = [_sets._ranks_of(s) for s in requested]
-    _core.init(_comm_to_fint(comm), rank_lists)
+    try:
+        _core.init(_comm_to_fint(comm), rank_lists)
+    except BaseException:
+        _free_ranks_comm()
+        raise
     _starts += 1
     _sets._after_init(requested)
     _learn_homogeneity()
@@ -94,9 +101,13 @@ def shutdown():
     """Fails what is still pending, stops the background thread and frees gradsync's MPI state."""
     from gradsync.torch.handles import _forget_handles
 
-    global _ranks_comm
     _core.shutdown()
     _forget_handles()
+    _free_ranks_comm()
+
+
+def _free_ranks_comm():
+    global _ranks_comm
     if _ranks_comm is not None:
         _ranks_comm.Free()
         _ranks_comm = None
