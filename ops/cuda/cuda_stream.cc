@@ -201,13 +201,25 @@ Status CudaStream::Create(int device, std::unique_ptr<CudaStream>* stream) {
   cudaStream_t raw = nullptr;
   error = cudaStreamCreateWithPriority(&raw, cudaStreamNonBlocking, greatest);
   if (error != cudaSuccess) return CudaFailure("cudaStreamCreateWithPriority", device, error);
-  stream->reset(new CudaStream(raw, device));
+  // Where clock anchors are recorded: a stream with no work, so that waiting for an anchor never
+  // waits for the collectives (or their producers) queued on the other.
+  cudaStream_t idle = nullptr;
+  error = cudaStreamCreateWithFlags(&idle, cudaStreamNonBlocking);
+  if (error != cudaSuccess) {
+    cudaStreamDestroy(raw);
+    return CudaFailure("cudaStreamCreateWithFlags", device, error);
+  }
+  stream->reset(new CudaStream(raw, idle, device));
   return Status::OK();
 }
 
-CudaStream::CudaStream(void* stream, int device) : stream_(stream), device_(device) {}
+CudaStream::CudaStream(void* stream, void* anchor_stream, int device)
+    : stream_(stream), anchor_stream_(anchor_stream), device_(device) {}
 
-CudaStream::~CudaStream() { cudaStreamDestroy(static_cast<cudaStream_t>(stream_)); }
+CudaStream::~CudaStream() {
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  cudaStreamDestroy(static_cast<cudaStream_t>(anchor_stream_));
+}
 
 std::shared_ptr<StreamEvent> CudaStream::Record() { return RecordEvent(false, nullptr); }
 
@@ -246,7 +258,10 @@ Status CudaStream::FreshAnchor(std::shared_ptr<const CudaClockAnchor>* anchor) {
   cudaEvent_t event = nullptr;
   GRADSYNC_RETURN_IF_ERROR(CreateEventOn(device_, /*timed=*/true, &event));
   fresh->event = event;
-  cudaError_t error = cudaEventRecord(event, static_cast<cudaStream_t>(stream_));
+  // On the idle stream: the device's clock now, however much work the stream has queued (a
+  // producer that never finishes would otherwise hold the launching thread here, past every
+  // timeout). Elapsed times between events of one device hold across its streams.
+  cudaError_t error = cudaEventRecord(event, static_cast<cudaStream_t>(anchor_stream_));
   if (error != cudaSuccess) return CudaFailure("cudaEventRecord", device_, error);
   error = cudaEventSynchronize(event);
   if (error != cudaSuccess) return CudaFailure("cudaEventSynchronize", device_, error);

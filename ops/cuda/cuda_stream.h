@@ -84,8 +84,8 @@ class CudaStream : public Stream {
 
   std::shared_ptr<StreamEvent> Record() override;
   // A timing-enabled event. The first one (and the first after 30 s, so that the float elapsed
-  // times keep microseconds) also records an anchor and waits on the host for the stream to reach
-  // it: only a caller that records the timeline pays that wait.
+  // times keep microseconds) also records an anchor on a stream of its own, with no work, and waits
+  // on the host for it: microseconds, paid only by a caller that records the timeline.
   std::shared_ptr<StreamEvent> RecordTimed() override;
   // `event` must be a CudaEvent; any other kind fails the stream with InvalidArgument.
   void WaitFor(std::shared_ptr<StreamEvent> event) override;
@@ -95,7 +95,7 @@ class CudaStream : public Stream {
   int device() const { return device_; }
 
  private:
-  CudaStream(void* stream, int device);
+  CudaStream(void* stream, void* anchor_stream, int device);
   // A new event recorded on the stream (timing-enabled when `timed`), or a failed one.
   std::shared_ptr<StreamEvent> RecordEvent(bool timed,
                                            std::shared_ptr<const CudaClockAnchor> anchor);
@@ -103,6 +103,7 @@ class CudaStream : public Stream {
   Status FreshAnchor(std::shared_ptr<const CudaClockAnchor>* anchor);
 
   void* stream_;
+  void* anchor_stream_;  // a cudaStream_t that never has work (see FreshAnchor)
   int device_;
   std::shared_ptr<CudaStreamFailure> failure_ = std::make_shared<CudaStreamFailure>();
   std::mutex anchor_mu_;
