@@ -38,7 +38,7 @@ Response FatalResponse(std::string message) {
 }  // namespace
 
 Negotiator::Negotiator(ControlChannel* channel, const Config& config, Clock clock,
-                       Timeline* timeline, std::vector<int> rank_labels)
+                       Timeline* timeline, std::vector<int> rank_labels, int32_t set_id)
     : channel_(channel),
       timeline_(timeline),
       config_(config),
@@ -50,7 +50,7 @@ Negotiator::Negotiator(ControlChannel* channel, const Config& config, Clock cloc
   if (rank_ == 0) {
     table_ = std::make_unique<ReadinessTable>(size_, rank_labels_);
     stall_ = std::make_unique<StallInspector>(config.stall_warning_seconds,
-                                              config.stall_shutdown_seconds);
+                                              config.stall_shutdown_seconds, set_id);
   }
 }
 

@@ -60,7 +60,7 @@ class Negotiator {
   // `timeline`, when not null, gets a mark on rank 0 as each rank's request for a tensor arrives.
   // Messages name channel rank r as rank_labels[r] (a process set's global ranks) when given.
   Negotiator(ControlChannel* channel, const Config& config, Clock clock = nullptr,
-             Timeline* timeline = nullptr, std::vector<int> rank_labels = {});
+             Timeline* timeline = nullptr, std::vector<int> rank_labels = {}, int32_t set_id = 0);
 
   // One cycle. `fresh` holds the entries that became ready on this rank since the last cycle (their
   // names are not pending); each stays valid, unchanged, until it comes back in an outcome. A

@@ -52,7 +52,7 @@ ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Com
                           "process set " + std::to_string(id) + "'s negotiation"})),
       // The global set's ranks are their own labels; a subset's messages name global ranks.
       negotiator_(std::make_unique<Negotiator>(channel_.get(), config, nullptr, timeline,
-                                               id_ == 0 ? std::vector<int>() : ranks_)),
+                                               id_ == 0 ? std::vector<int>() : ranks_, id_)),
       lock_(std::make_unique<LockedSchedule>(std::make_unique<NodeLockChannel>(control),
                                              LockSettings::From(config), id_)),
       host_plane_(std::make_unique<MpiDataPlane>(data, timeline, config.shm_threshold_bytes,

@@ -76,7 +76,8 @@ bool CarriesTensor(OpType op) {
 
 }  // namespace
 
-Status ValidateRequests(const std::vector<Request>& requests, int size, Response* response) {
+Status ValidateRequests(const std::vector<Request>& requests, int size, Response* response,
+                        const std::vector<int>& rank_labels) {
   GRADSYNC_RETURN_IF_ERROR(
       CheckAgree(requests, "operation", [](const Request& r) { return r.op; }));
   const OpType op = requests[0].op;
@@ -108,8 +109,11 @@ Status ValidateRequests(const std::vector<Request>& requests, int size, Response
         CheckAgree(requests, "postscale factor", [](const Request& r) { return r.postscale; }));
   }
   if (op == OpType::kBroadcast) {
-    GRADSYNC_RETURN_IF_ERROR(
-        CheckAgree(requests, "root rank", [](const Request& r) { return r.root; }));
+    // Roots are compared as sent, and named as the caller gave them: global ranks.
+    GRADSYNC_RETURN_IF_ERROR(CheckAgree(requests, "root rank", [&](const Request& r) {
+      const bool labelled = r.root >= 0 && static_cast<size_t>(r.root) < rank_labels.size();
+      return labelled ? rank_labels[r.root] : r.root;
+    }));
     const int root = requests[0].root;
     if (root < 0 || root >= size) {
       return Status::InvalidArgument("broadcast of tensor '" + requests[0].name + "': root rank " +
@@ -242,7 +246,7 @@ Response ReadinessTable::TakeReady(const std::string& name) {
     }
   }
   Response response;
-  Status status = ValidateRequests(present, size_, &response);
+  Status status = ValidateRequests(present, size_, &response, rank_labels_);
   const OpType op = present.front().op;
   if (status.ok() && !absent.empty()) status = RunsBesideJoinedRanks(name, op, response, absent);
   if (!status.ok()) {

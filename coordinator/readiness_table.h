@@ -79,6 +79,9 @@ class ReadinessTable {
 // returns a Mismatch status whose message names the tensor, the field, and which ranks hold which
 // value. `requests` holds one request per rank taking part (in rank order); messages name each by
 // its `rank` field. `size` is the number of ranks in the set, for the broadcast root's range.
-Status ValidateRequests(const std::vector<Request>& requests, int size, Response* response);
+// `rank_labels`: a process set's members' global ranks, which broadcast roots (set ranks on the
+// wire) are reported as; empty for the global set.
+Status ValidateRequests(const std::vector<Request>& requests, int size, Response* response,
+                        const std::vector<int>& rank_labels = {});
 
 }  // namespace gradsync

@@ -37,8 +37,8 @@ std::string DescribeStalled(const std::vector<ReadinessTable::Waiting>& waiting,
   return out;
 }
 
-StallInspector::StallInspector(double warning_seconds, double shutdown_seconds)
-    : warning_seconds_(warning_seconds), shutdown_seconds_(shutdown_seconds) {}
+StallInspector::StallInspector(double warning_seconds, double shutdown_seconds, int32_t set_id)
+    : warning_seconds_(warning_seconds), shutdown_seconds_(shutdown_seconds), set_id_(set_id) {}
 
 double StallInspector::inspection_interval() const {
   // Often enough that a shutdown fires close to its deadline, rarely enough to cost nothing.
@@ -63,11 +63,17 @@ Status StallInspector::Inspect(const ReadinessTable& table, double now, std::str
   if (shutdown_seconds_ > 0 && oldest_wait >= shutdown_seconds_) {
     // Every tensor past the warning time is named, not only those past the shutdown time: they
     // all fail now, and tensors submitted a few cycles after the first are as stuck as it.
+    const std::string set = "process set " + std::to_string(set_id_);
     return Status::Stalled(
-        "stalled for more than " + Seconds(shutdown_seconds_) +
+        (set_id_ == 0 ? std::string() : set + ": ") + "stalled for more than " +
+        Seconds(shutdown_seconds_) +
         " (GRADSYNC_STALL_SHUTDOWN_SECONDS); some ranks never submitted these collectives: " +
         DescribeStalled(waiting, now, std::min(warning_seconds_, shutdown_seconds_)) +
-        ". Every pending operation is failed and gradsync shuts down instead of hanging.");
+        (set_id_ == 0 ? ". Every pending operation is failed and gradsync shuts down instead of "
+                        "hanging."
+                      : ". Every pending operation of " + set +
+                            " is failed and the set is closed instead of hanging; the other sets "
+                            "go on."));
   }
   // Remember when each still-waiting name was last reported; names that completed are forgotten.
   std::unordered_map<std::string, double> last_warned;
@@ -84,6 +90,7 @@ Status StallInspector::Inspect(const ReadinessTable& table, double now, std::str
   last_warned_ = std::move(last_warned);
   if (warn) {
     const std::string text =
+        (set_id_ == 0 ? std::string() : "process set " + std::to_string(set_id_) + ": ") +
         "stall: ranks are waiting on collectives that other ranks have not submitted for more "
         "than " +
         Seconds(warning_seconds_) + ": " + DescribeStalled(waiting, now, warning_seconds_);

@@ -6,6 +6,7 @@
 // Owned and used by rank 0's background thread only.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <unordered_map>
 
@@ -16,8 +17,9 @@ namespace gradsync {
 
 class StallInspector {
  public:
-  // shutdown_seconds == 0 disables the shutdown.
-  StallInspector(double warning_seconds, double shutdown_seconds);
+  // shutdown_seconds == 0 disables the shutdown. `set_id` names a process set other than the
+  // global one in the messages, whose stall closes that set alone.
+  StallInspector(double warning_seconds, double shutdown_seconds, int32_t set_id = 0);
 
   // True when rank 0 should ask for a full negotiation round so Inspect can run: the table has
   // waiting names and the last inspection is older than the inspection interval.
@@ -32,6 +34,7 @@ class StallInspector {
  private:
   double warning_seconds_;
   double shutdown_seconds_;
+  int32_t set_id_;
   double last_inspection_ = -1e300;
   std::unordered_map<std::string, double> last_warned_;
 };

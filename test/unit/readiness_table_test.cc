@@ -55,6 +55,21 @@ TEST(ReadinessTableTest, JoiningCompletesWhatWaitedOnlyForTheJoinedRank) {
   EXPECT_EQ(waiting[0].missing_ranks, std::vector<int>{1});
 }
 
+// Broadcast roots travel as ranks within the set; a mismatch names them as the callers gave them,
+// global ranks, beside the ranks' own labels.
+TEST(ReadinessTableTest, MismatchedRootsInAProcessSetAreNamedAsGlobalRanks) {
+  ReadinessTable table(2, {1, 3});
+  Request a = From("b", 0, OpType::kBroadcast);
+  Request b = From("b", 1, OpType::kBroadcast);
+  a.root = 1;  // global rank 3
+  b.root = 0;  // global rank 1
+  table.Add(a, 0.0);
+  table.Add(b, 0.0);
+  Runnable(&table);
+  const Response r = table.TakeReady("b");
+  EXPECT_NE(r.error.find("rank 1 has 3; rank 3 has 1"), std::string::npos) << r.error;
+}
+
 TEST(ReadinessTableTest, JoinRunsOnceEveryRankJoinedAndNamesTheLast) {
   ReadinessTable table(3);
   table.Add(From("gradsync.join", 1, OpType::kJoin), 0.0);

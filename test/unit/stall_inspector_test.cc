@@ -48,6 +48,22 @@ TEST(StallInspectorTest, ShutsDownAfterTheShutdownTime) {
   EXPECT_NE(s.message().find("missing on ranks 0, 2"), std::string::npos) << s.message();
 }
 
+// A process set's stall closes that set alone: its messages name the set and say so.
+TEST(StallInspectorTest, AProcessSetsMessagesNameTheSet) {
+  ReadinessTable table(2, {1, 3});
+  table.Add(RequestFrom("a", 0), 0.0);
+  StallInspector inspector(1.0, 5.0, /*set_id=*/2);
+  std::string warning;
+  EXPECT_TRUE(inspector.Inspect(table, 1.5, &warning).ok());
+  EXPECT_EQ(warning.rfind("process set 2: stall:", 0), 0u) << warning;
+  const Status s = inspector.Inspect(table, 5.0);
+  ASSERT_EQ(s.code(), StatusCode::kStalled);
+  EXPECT_EQ(s.message().rfind("process set 2: stalled for more than", 0), 0u) << s.message();
+  EXPECT_NE(s.message().find("the set is closed instead of hanging"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(s.message().find("gradsync shuts down"), std::string::npos) << s.message();
+}
+
 TEST(StallInspectorTest, ShutdownNamesEveryTensorPastTheWarningTime) {
   ReadinessTable table(3);
   table.Add(RequestFrom("first", 1), 0.0);
