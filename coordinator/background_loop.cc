@@ -44,7 +44,10 @@ BackgroundLoop::BackgroundLoop(const Config& config, const MpiContext& mpi, Tens
       lanes_(config, lanes),
       finalizer_([this](const std::vector<TensorEntry*>& entries,
                         const Status& status) { Complete(entries, status); },
-                 timeline) {}
+                 timeline) {
+  finalizer_.set_slow_warning(std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(config.stall_warning_seconds)));
+}
 
 BackgroundLoop::~BackgroundLoop() {
   if (thread_.joinable()) Shutdown();

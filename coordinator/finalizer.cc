@@ -120,6 +120,7 @@ Finalizer::Bucket Finalizer::NewBucket(DataPlane* plane, int32_t process_set,
                         ? std::chrono::steady_clock::time_point::max()
                         : now + timeout;
   bucket.added = now;
+  bucket.next_warning = std::chrono::steady_clock::time_point::max();
   bucket.pacer = QueryPacer(now);
   return bucket;
 }
@@ -233,6 +234,7 @@ bool Finalizer::Adopt() {
     // An event tells its listener outside its own lock, and the wake-up never takes mu_.
     bucket.notifies = bucket.done->NotifyOnCompletion(wakeup_);
     spin_.Arrived(bucket.added, /*may_widen=*/!bucket.notifies);
+    if (slow_warning_.count() > 0) bucket.next_warning = bucket.added + slow_warning_;
     owned_.push_back(std::move(bucket));
   }
   adopted_ += inbox_.size();
@@ -284,7 +286,11 @@ size_t Finalizer::Sweep() {
                std::find(busy_planes.begin(), busy_planes.end(), it->plane) == busy_planes.end()) {
       busy_planes.push_back(it->plane);
     }
-    next_deadline_ = std::min(next_deadline_, it->deadline);
+    if (now >= it->next_warning) {
+      WarnOfSlowBucket(*it, now);
+      it->next_warning = now + slow_warning_;
+    }
+    next_deadline_ = std::min({next_deadline_, it->deadline, it->next_warning});
     polled_ = polled_ || (!contends && !it->notifies);
     ++it;
   }
@@ -309,6 +315,18 @@ size_t Finalizer::Sweep() {
     drained_.notify_all();
   }
   return finished.size();
+}
+
+void Finalizer::WarnOfSlowBucket(const Bucket& bucket, std::chrono::steady_clock::time_point now) {
+  const auto timeout = bucket.plane->completion_timeout();
+  const bool bounded = timeout < std::chrono::hours(24 * 365);
+  Log().warn(
+      "{} has not completed on the device {} after it was launched "
+      "(GRADSYNC_STALL_WARNING_SECONDS); {}",
+      Describe(bucket), Seconds(now - bucket.added),
+      bounded ? "it fails after " + Seconds(timeout) + " (GRADSYNC_NCCL_TIMEOUT_SECONDS)"
+              : std::string("GRADSYNC_NCCL_TIMEOUT_SECONDS is off, so it waits for good"));
+  slow_warnings_.fetch_add(1, std::memory_order_relaxed);
 }
 
 std::string Finalizer::Describe(const Bucket& bucket) {

@@ -93,6 +93,13 @@ class Finalizer {
   // How many times the finalizer was found asleep and woken (by Add, an event, or shutdown): each
   // cost the waking thread a system call.
   size_t sleeping_wakeups() const;
+  // GRADSYNC_STALL_WARNING_SECONDS: a bucket still on the device this long after it was added is
+  // logged, naming its tensors, and again every period after; zero: never. Negotiation is over for
+  // such a bucket, so no stall inspector sees it, and its timeout may be long or off. Set before
+  // the first bucket is added.
+  void set_slow_warning(std::chrono::nanoseconds every) { slow_warning_ = every; }
+  // How many such warnings were logged.
+  size_t slow_warnings() const { return slow_warnings_.load(std::memory_order_relaxed); }
 
  private:
   struct Bucket {
@@ -103,7 +110,8 @@ class Finalizer {
     std::chrono::steady_clock::time_point deadline;
     std::vector<DataPlane::TimedPhase> phases;
     std::chrono::steady_clock::time_point launched;
-    std::chrono::steady_clock::time_point added;  // handed to Add
+    std::chrono::steady_clock::time_point added;         // handed to Add
+    std::chrono::steady_clock::time_point next_warning;  // see set_slow_warning
     // Used when the event's query contends (StreamEvent::QueryContends).
     QueryPacer pacer{std::chrono::steady_clock::time_point()};
     // The event tells the finalizer when it completes (StreamEvent::NotifyOnCompletion).
@@ -120,6 +128,7 @@ class Finalizer {
   // Hands a bucket to the finalizer's thread, which it starts the first time.
   void Push(Bucket bucket);
   void Run();
+  void WarnOfSlowBucket(const Bucket& bucket, std::chrono::steady_clock::time_point now);
   // Moves what Add handed over into owned_, asking each event to tell of its completion. Returns
   // whether there was any.
   bool Adopt();
@@ -156,6 +165,8 @@ class Finalizer {
   std::chrono::steady_clock::time_point next_contended_query_ =
       std::chrono::steady_clock::time_point::max();
   // The earliest deadline of an owned bucket; max() when none is owned.
+  std::chrono::nanoseconds slow_warning_{0};
+  std::atomic<size_t> slow_warnings_{0};
   std::chrono::steady_clock::time_point next_deadline_ =
       std::chrono::steady_clock::time_point::max();
   // An owned bucket's event neither tells of its completion nor contends: it is looked at after

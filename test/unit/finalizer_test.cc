@@ -155,6 +155,28 @@ TEST(FinalizerTest, ALateBucketAbortsItsPlaneOnceNamingItsTensors) {
   }
 }
 
+// A bucket still on the device after the warning period is logged, and again every period, even
+// with the timeout off: nothing else watches work whose negotiation is over.
+TEST(FinalizerTest, ABucketStillOnTheDeviceIsWarnedOfEveryPeriod) {
+  Completions done;
+  FakePlane plane;
+  plane.timeout = std::chrono::nanoseconds::max();  // GRADSYNC_NCCL_TIMEOUT_SECONDS=0
+  Finalizer finalizer(done.Fn());
+  finalizer.set_slow_warning(milliseconds(50));
+  auto entry = Entry("slow");
+  const std::shared_ptr<HostEvent> event = plane.NewEvent();
+  finalizer.Add(&plane, 0, {entry.get()}, event);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (finalizer.slow_warnings() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  EXPECT_GE(finalizer.slow_warnings(), 2u);
+  event->Complete(Status::OK());
+  finalizer.Drain();
+  ASSERT_EQ(done.seen.size(), 1u);
+  EXPECT_TRUE(done.seen[0].second.ok());
+}
+
 TEST(FinalizerTest, AnAsynchronousErrorAbortsThePlane) {
   Completions done;
   FakePlane plane;
