@@ -337,7 +337,10 @@ const LockedSchedule* BackgroundLoop::LockedSet() {
 
 std::vector<TensorEntry*> BackgroundLoop::TakeFreshEntries() {
   std::vector<TensorEntry*> entries = queue_->Drain();
-  if ((held_ > 0 || !entries.empty()) && timeline_->active()) {
+  // A cycle that only looks again at what it holds marks the timeline only while cycles get work
+  // done: one that waits for a stalled or joined peer runs about every millisecond, for as long.
+  const bool marked = !entries.empty() || (held_ > 0 && unproductive_cycles_ == 0);
+  if (marked && timeline_->active()) {
     timeline_->CycleMark();
     for (const TensorEntry* entry : entries) {
       timeline_->ActivityEnd(entry->name);  // the QUEUE activity the enqueue started

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "test/mpi/multi_rank_test.h"
 #include "test/trace_reader.h"
@@ -150,6 +151,27 @@ TEST_F(TimelineTest, StartedAtRunTimeRecordsEveryPhase) {
 
 // A batch's last bucket: negotiated in the first step, reduced on the caller's thread after (past
 // two ranks of one node, where it goes through node shared memory, negotiated every step).
+// While a rank waits for a late peer its cycles hold the tensor and get nothing done: they do not
+// each mark the timeline (about a thousand marks a second, for as long as the wait).
+TEST_F(TimelineTest, CyclesWaitingForALatePeerDoNotFloodTheTimeline) {
+  if (size_ < 2) GTEST_SKIP() << "needs a late peer";
+  const fs::path path = TracePath("timeline_late_peer");
+  start_timeline(path.string());
+  auto tensor = Filled(16, 0);
+  if (rank_ == size_ - 1) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  AllreduceOptions options;
+  options.name = "tl.late";
+  ASSERT_TRUE(Succeeds(allreduce(tensor->view(), options)));
+  stop_timeline();
+  if (rank_ != 0) return;
+  const Trace trace = LoadTrace(path);
+  fs::remove(path);
+  ASSERT_TRUE(trace.ok);
+  ExpectAllClosed(trace);
+  EXPECT_GE(trace.Count("i", "CYCLE_START"), 1u);
+  EXPECT_LT(trace.Count("i", "CYCLE_START"), 20u);
+}
+
 TEST_F(TimelineTest, ABatchsLastBucketShowsWhereItWasReduced) {
   const fs::path path = TracePath("timeline_batch");
   start_timeline(path.string());
