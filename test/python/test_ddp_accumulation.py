@@ -54,12 +54,25 @@ def test_a_gradient_accumulated_under_no_sync_is_averaged_where_backward_skips_i
         assert torch.count_nonzero(inner.never.weight.grad) == 0
 
 
-@pytest.mark.parametrize("carrier", CARRIERS)
-def test_a_gradient_penalty_through_the_output_leaves_the_step_to_backward(carrier, rank, size):
+def expect_one_process_gradients(carrier, rank, size, seed, step):
+    """Runs ``step(model, rank)`` through the wrapper on every rank and checks its gradients are
+    the mean of one process running ``step`` for every rank on a plain copy."""
     def make():
-        torch.manual_seed(5)
+        torch.manual_seed(seed)
         return torch.nn.Linear(4, 1).double()
 
+    model = wrap(make(), carrier)
+    with carried_by(model, carrier):
+        step(model, rank)
+    want = make()
+    for r in range(size):
+        step(want, r)
+    for got, expected in zip(model.parameters(), want.parameters()):
+        assert torch.allclose(got.grad, expected.grad / size, atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("carrier", CARRIERS)
+def test_a_gradient_penalty_through_the_output_leaves_the_step_to_backward(carrier, rank, size):
     def step(model, r):
         gen = torch.Generator().manual_seed(r)
         real = torch.randn(3, 4, generator=gen, dtype=torch.float64)
@@ -68,23 +81,12 @@ def test_a_gradient_penalty_through_the_output_leaves_the_step_to_backward(carri
         penalty_of, = torch.autograd.grad(model(mixed).sum(), mixed, create_graph=True)
         (score.sum() + penalty_of.pow(2).sum()).backward()
 
-    model = wrap(make(), carrier)
-    with carried_by(model, carrier):
-        step(model, rank)
-    want = make()
-    for r in range(size):
-        step(want, r)
-    for got, expected in zip(model.parameters(), want.parameters()):
-        assert torch.allclose(got.grad, expected.grad / size, atol=TOLERANCE, rtol=0)
+    expect_one_process_gradients(carrier, rank, size, 5, step)
 
 
 @pytest.mark.parametrize("carrier", CARRIERS)
 def test_a_penalty_on_the_parameters_gradients_leaves_the_step_to_backward(carrier, rank, size):
     """torch.autograd.grad with respect to the parameters themselves (a gradient-norm penalty)."""
-    def make():
-        torch.manual_seed(6)
-        return torch.nn.Linear(4, 1).double()
-
     def step(model, r):
         gen = torch.Generator().manual_seed(r)
         x = torch.randn(3, 4, generator=gen, dtype=torch.float64)
@@ -92,14 +94,7 @@ def test_a_penalty_on_the_parameters_gradients_leaves_the_step_to_backward(carri
         grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
         (loss + sum(g.pow(2).sum() for g in grads)).backward()
 
-    model = wrap(make(), carrier)
-    with carried_by(model, carrier):
-        step(model, rank)
-    want = make()
-    for r in range(size):
-        step(want, r)
-    for got, expected in zip(model.parameters(), want.parameters()):
-        assert torch.allclose(got.grad, expected.grad / size, atol=TOLERANCE, rtol=0)
+    expect_one_process_gradients(carrier, rank, size, 6, step)
 
 
 def test_a_wrapper_made_under_no_grad(rank, size):

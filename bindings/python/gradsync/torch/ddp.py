@@ -9,12 +9,13 @@ import warnings
 import torch
 
 from gradsync import _core
-from gradsync.torch.allreduce import allreduce, allreduce_async_, grouped_allreduce_async_
+from gradsync.torch.allreduce import allreduce_async_, grouped_allreduce_async_
 from gradsync.torch.bucket_views import BucketViews
 from gradsync.torch.comm_hooks import HookRunner, gradsync_form_of
 from gradsync.torch.compression import Compression, compression_of_comm_hook
 from gradsync.torch.ddp_buckets import buckets_of
 from gradsync.torch.ddp_buffers import broadcast_buffers, hand_over_buffers
+from gradsync.torch.ddp_join import JoinState
 from gradsync.torch.functions import broadcast_parameters
 from gradsync.torch.grad_hooks import (_weakly, accumulator_of, queue_end_of_backward,
                                        register_grad_ready_hook)
@@ -25,16 +26,6 @@ from gradsync.torch.process_sets import _collective_prefix, _id_of, global_proce
 from gradsync.torch.sync_batch_norm import warn_of_torch_sync_batch_norm
 from gradsync.torch.wire import (_CORE_OPS, Average, Sum, _note_producer, _release_after_consumer,
                                  _wait_for_streams)
-
-
-class _JoinState:
-    """What ``join()`` changes in each step while its context is open."""
-
-    def __init__(self, divide_by_initial_world_size, throw_on_early_termination):
-        self.divide_by_initial_world_size = divide_by_initial_world_size
-        self.throw_on_early_termination = throw_on_early_termination
-        self.active_ranks = None  # ranks still training, from this step's forward
-        self.terminated_early = False
 
 
 def _first_rank(process_set):
@@ -170,7 +161,7 @@ class DistributedDataParallel(torch.nn.Module):
                                "on every rank")
         will_sync = torch.is_grad_enabled() and self.require_backward_grad_sync
         if self._join is not None and will_sync:
-            self._count_active_ranks()
+            self._join.count_active_ranks(self.process_set, self._prefix)
         if will_sync and self.broadcast_buffers and self._buffers_to_sync:
             self._sync_buffers()
         self._sync_next_backward = will_sync
@@ -186,19 +177,6 @@ class DistributedDataParallel(torch.nn.Module):
                 if tensor.requires_grad and tensor.grad_fn is not None:
                     tensor.register_hook(_weakly(self._on_output_grad))
         return output
-
-    def _count_active_ranks(self):
-        """Learns which ranks still train this step: joined ranks contribute zeros."""
-        mine = torch.zeros(self.process_set.size(), dtype=torch.int32)
-        mine[self.process_set.rank()] = 1
-        active = allreduce(mine, op=Sum, name="%s.active" % self._prefix,
-                           process_set=self.process_set)
-        self._join.active_ranks = [r for r, a in enumerate(active.tolist()) if a]
-        if (self._join.throw_on_early_termination and
-                len(self._join.active_ranks) < self.process_set.size()):
-            self._join.terminated_early = True
-            raise RuntimeError("Detected at least one rank that exhausted inputs. Throwing "
-                               "across all ranks.")
 
     def _sync_buffers(self):
         if self.process_set.size() == 1:
@@ -502,7 +480,7 @@ class DistributedDataParallel(torch.nn.Module):
             return
         if self.process_set is not global_process_set:
             raise ValueError("join() covers the global process set only")
-        self._join = _JoinState(divide_by_initial_world_size, throw_on_early_termination)
+        self._join = JoinState(divide_by_initial_world_size, throw_on_early_termination)
         state = self._join
         failed = False
         try:
@@ -512,18 +490,4 @@ class DistributedDataParallel(torch.nn.Module):
             raise
         finally:
             self._join = None
-            self._end_join(state, failed)
-
-    def _end_join(self, state, failed):
-        try:
-            _core.join()
-            if state.throw_on_early_termination:
-                flag = torch.tensor([int(state.terminated_early)], dtype=torch.int32)
-                anyone = allreduce(flag, op=Sum, name="%s.terminated" % self._prefix)
-                if int(anyone) and not state.terminated_early and not failed:
-                    raise RuntimeError("Detected at least one rank that exhausted inputs. "
-                                       "Throwing across all ranks.")
-        except Exception:
-            # The loop's own error is what the caller needs to see.
-            if not failed:
-                raise
+            state.end(failed, self._prefix)
