@@ -30,12 +30,16 @@ Status CheckMessageSize(size_t bytes, const char* what) {
 }  // namespace
 
 Status WaitWithBackoff(MPI_Request* request, const char* call, FirstLooks first_looks,
-                       const LongWaitWarning* long_wait) {
+                       const LongWait* long_wait) {
   const auto start = std::chrono::steady_clock::now();
-  const bool warns = long_wait != nullptr && long_wait->every_seconds > 0;
-  const auto warn_every = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double>(warns ? long_wait->every_seconds : 0));
-  auto next_warning = start + warn_every;
+  const auto after = [start](double seconds) {
+    return start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                       std::chrono::duration<double>(seconds));
+  };
+  const bool warns = long_wait != nullptr && long_wait->warn_every_seconds > 0;
+  const bool gives_up = long_wait != nullptr && long_wait->give_up_seconds > 0;
+  auto next_warning = warns ? after(long_wait->warn_every_seconds) : start;
+  const auto give_up_at = gives_up ? after(long_wait->give_up_seconds) : start;
   auto sleep = kFirstSleep;
   for (;;) {
     int done = 0;
@@ -46,12 +50,21 @@ Status WaitWithBackoff(MPI_Request* request, const char* call, FirstLooks first_
       if (first_looks == FirstLooks::kYield) std::this_thread::yield();
       continue;
     }
+    const double waited = std::chrono::duration<double>(now - start).count();
+    if (gives_up && now >= give_up_at) {
+      return Status::Stalled(fmt::format(
+          "{}: {} waited {:.1f} s for the other ranks (GRADSYNC_STALL_SHUTDOWN_SECONDS); a rank's "
+          "background thread does not take part in negotiation (stuck in a completion callback "
+          "or an output allocator, or its process stopped)",
+          long_wait->what, call, waited));
+    }
     if (warns && now >= next_warning) {
       Log().warn(
-          "{}: {} has waited {:.0f} s for the other ranks; a rank whose background thread does "
+          "{}: {} has waited {:.1f} s for the other ranks; a rank whose background thread does "
           "not take part in negotiation (blocked, or in another part of the protocol) holds it",
-          long_wait->what, call, std::chrono::duration<double>(now - start).count());
-      next_warning += warn_every;
+          long_wait->what, call, waited);
+      next_warning += std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(long_wait->warn_every_seconds));
     }
     std::this_thread::sleep_for(sleep);
     sleep =
@@ -59,65 +72,92 @@ Status WaitWithBackoff(MPI_Request* request, const char* call, FirstLooks first_
   }
 }
 
-MpiControlChannel::MpiControlChannel(MPI_Comm comm, bool spin_first, LongWaitWarning long_wait)
+MpiControlChannel::MpiControlChannel(MPI_Comm comm, bool spin_first, LongWait long_wait)
     : comm_(comm), spin_first_(spin_first), long_wait_(std::move(long_wait)) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
 }
 
-Status MpiControlChannel::Wait(MPI_Request* request, const char* call) const {
+MpiControlChannel::~MpiControlChannel() = default;
+
+Status MpiControlChannel::Wait(MPI_Request* request, const char* call) {
   const FirstLooks first_looks =
       patient_ ? FirstLooks::kNone : (spin_first_ ? FirstLooks::kSpin : FirstLooks::kYield);
-  return WaitWithBackoff(request, call, first_looks, &long_wait_);
+  Status status = WaitWithBackoff(request, call, first_looks, &long_wait_);
+  if (status.code() == StatusCode::kStalled) {
+    // The pending request may still write into the buffers, and touch the communicator (see the
+    // header): the buffers are held from a static, so that they outlive this channel and no leak
+    // checker counts them, and the communicator is never freed.
+    static auto* abandoned = new std::vector<std::unique_ptr<Buffers>>();
+    abandoned->push_back(std::move(buffers_));
+    AbandonCommunicator(comm_);
+    stalled_ = status;
+  }
+  return status;
 }
 
 Status MpiControlChannel::AllreduceAnd(std::vector<uint64_t>* words) {
+  GRADSYNC_RETURN_IF_ERROR(stalled_);
   GRADSYNC_RETURN_IF_ERROR(CheckMessageSize(words->size() * 8, "negotiation bit vector"));
+  std::vector<uint64_t>& reduced = buffers_->words;
+  reduced.assign(words->begin(), words->end());
   MPI_Request request;
-  GRADSYNC_MPI_CALL(MPI_Iallreduce(MPI_IN_PLACE, words->data(), static_cast<int>(words->size()),
+  GRADSYNC_MPI_CALL(MPI_Iallreduce(MPI_IN_PLACE, reduced.data(), static_cast<int>(reduced.size()),
                                    MPI_UINT64_T, MPI_BAND, comm_, &request));
-  return Wait(&request, "MPI_Iallreduce(negotiation bit vector)");
+  GRADSYNC_RETURN_IF_ERROR(Wait(&request, "MPI_Iallreduce(negotiation bit vector)"));
+  words->swap(reduced);
+  return Status::OK();
 }
 
 Status MpiControlChannel::Gather(const std::string& mine, std::vector<std::string>* all) {
+  GRADSYNC_RETURN_IF_ERROR(stalled_);
   GRADSYNC_RETURN_IF_ERROR(CheckMessageSize(mine.size(), "request list"));
-  int my_size = static_cast<int>(mine.size());
-  std::vector<int> sizes(rank_ == 0 ? size_ : 0);
+  Buffers& b = *buffers_;
+  b.send = mine;
+  b.count = static_cast<int>(mine.size());
+  b.counts.assign(rank_ == 0 ? size_ : 0, 0);
   MPI_Request request;
   GRADSYNC_MPI_CALL(
-      MPI_Igather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_, &request));
+      MPI_Igather(&b.count, 1, MPI_INT, b.counts.data(), 1, MPI_INT, 0, comm_, &request));
   GRADSYNC_RETURN_IF_ERROR(Wait(&request, "MPI_Igather(request list sizes)"));
 
-  std::vector<int> displs(sizes.size());
-  std::string packed;
+  b.displs.assign(b.counts.size(), 0);
   if (rank_ == 0) {
     size_t total = 0;
     for (int r = 0; r < size_; ++r) {
-      displs[r] = static_cast<int>(total);
-      total += static_cast<size_t>(sizes[r]);
+      b.displs[r] = static_cast<int>(total);
+      total += static_cast<size_t>(b.counts[r]);
     }
     GRADSYNC_RETURN_IF_ERROR(CheckMessageSize(total, "gathered request lists"));
-    packed.resize(total);
+    b.received.resize(total);
   }
-  GRADSYNC_MPI_CALL(MPI_Igatherv(mine.data(), my_size, MPI_BYTE, packed.data(), sizes.data(),
-                                 displs.data(), MPI_BYTE, 0, comm_, &request));
+  GRADSYNC_MPI_CALL(MPI_Igatherv(b.send.data(), b.count, MPI_BYTE, b.received.data(),
+                                 b.counts.data(), b.displs.data(), MPI_BYTE, 0, comm_, &request));
   GRADSYNC_RETURN_IF_ERROR(Wait(&request, "MPI_Igatherv(request lists)"));
   if (rank_ == 0) {
     all->resize(size_);
-    for (int r = 0; r < size_; ++r) (*all)[r] = packed.substr(displs[r], sizes[r]);
+    for (int r = 0; r < size_; ++r) (*all)[r].assign(b.received, b.displs[r], b.counts[r]);
   }
   return Status::OK();
 }
 
 Status MpiControlChannel::Broadcast(std::string* bytes) {
+  GRADSYNC_RETURN_IF_ERROR(stalled_);
   GRADSYNC_RETURN_IF_ERROR(CheckMessageSize(bytes->size(), "response list"));
-  int size = static_cast<int>(bytes->size());
+  Buffers& b = *buffers_;
+  b.count = static_cast<int>(bytes->size());
   MPI_Request request;
-  GRADSYNC_MPI_CALL(MPI_Ibcast(&size, 1, MPI_INT, 0, comm_, &request));
+  GRADSYNC_MPI_CALL(MPI_Ibcast(&b.count, 1, MPI_INT, 0, comm_, &request));
   GRADSYNC_RETURN_IF_ERROR(Wait(&request, "MPI_Ibcast(response list size)"));
-  bytes->resize(static_cast<size_t>(size));
-  GRADSYNC_MPI_CALL(MPI_Ibcast(bytes->data(), size, MPI_BYTE, 0, comm_, &request));
-  return Wait(&request, "MPI_Ibcast(response list)");
+  if (rank_ == 0) {
+    b.received.swap(*bytes);
+  } else {
+    b.received.resize(static_cast<size_t>(b.count));
+  }
+  GRADSYNC_MPI_CALL(MPI_Ibcast(b.received.data(), b.count, MPI_BYTE, 0, comm_, &request));
+  GRADSYNC_RETURN_IF_ERROR(Wait(&request, "MPI_Ibcast(response list)"));
+  bytes->assign(b.received);
+  return Status::OK();
 }
 
 }  // namespace gradsync

@@ -48,8 +48,9 @@ ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Com
       owned_comms_(std::move(owned)),
       channel_(std::make_unique<MpiControlChannel>(
           control, spin_first,
-          LongWaitWarning{config.stall_warning_seconds,
-                          "process set " + std::to_string(id) + "'s negotiation"})),
+          LongWait{config.stall_warning_seconds,
+                   "process set " + std::to_string(id) + "'s negotiation",
+                   config.stall_shutdown_seconds})),
       // The global set's ranks are their own labels; a subset's messages name global ranks.
       negotiator_(std::make_unique<Negotiator>(channel_.get(), config, nullptr, timeline,
                                                id_ == 0 ? std::vector<int>() : ranks_, id_)),

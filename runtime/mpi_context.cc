@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -19,6 +20,38 @@ bool MpiUsable() {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   return initialized && !finalized;
+}
+
+namespace {
+
+std::mutex& AbandonedMutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+std::vector<MPI_Comm>& Abandoned() {
+  static auto* comms = new std::vector<MPI_Comm>();  // never destroyed: read at exit
+  return *comms;
+}
+
+}  // namespace
+
+void AbandonCommunicator(MPI_Comm comm) {
+  std::lock_guard<std::mutex> lock(AbandonedMutex());
+  Abandoned().push_back(comm);
+}
+
+void FreeCommunicator(MPI_Comm* comm) {
+  if (*comm == MPI_COMM_NULL) return;
+  {
+    std::lock_guard<std::mutex> lock(AbandonedMutex());
+    const std::vector<MPI_Comm>& abandoned = Abandoned();
+    if (std::find(abandoned.begin(), abandoned.end(), *comm) != abandoned.end()) {
+      *comm = MPI_COMM_NULL;
+      return;
+    }
+  }
+  MPI_Comm_free(comm);
 }
 
 namespace {
@@ -194,8 +227,8 @@ MpiContext::~MpiContext() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  if (control_comm_ != MPI_COMM_NULL) MPI_Comm_free(&control_comm_);
-  if (data_comm_ != MPI_COMM_NULL) MPI_Comm_free(&data_comm_);
+  FreeCommunicator(&control_comm_);
+  FreeCommunicator(&data_comm_);
   if (owns_mpi_) FinalizeMpi();
 }
 
@@ -229,8 +262,8 @@ Status SubsetCommunicators::Split(const MpiContext& mpi, const std::vector<int>&
 
 SubsetCommunicators::~SubsetCommunicators() {
   if (!MpiUsable()) return;
-  if (control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
-  if (data_ != MPI_COMM_NULL) MPI_Comm_free(&data_);
+  FreeCommunicator(&control_);
+  FreeCommunicator(&data_);
 }
 
 }  // namespace gradsync

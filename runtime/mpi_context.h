@@ -28,6 +28,13 @@ Status DupWithReturnedErrors(MPI_Comm base, MPI_Comm* out);
 // handles ask first, since the application may finalize MPI before gradsync lets go of them.
 bool MpiUsable();
 
+// Marks `comm` as holding a collective this rank gave up on (a negotiation round abandoned after a
+// stall). MPI may still progress that collective if the missing rank joins it later, and Open MPI
+// then touches the communicator, so FreeCommunicator never frees it. Thread-safe.
+void AbandonCommunicator(MPI_Comm comm);
+// MPI_Comm_free, unless `*comm` is null or was abandoned; `*comm` is MPI_COMM_NULL after.
+void FreeCommunicator(MPI_Comm* comm);
+
 // Checks an MPI call's return code where it happens and returns its Status on failure.
 #define GRADSYNC_MPI_CALL(call) GRADSYNC_RETURN_IF_ERROR(::gradsync::MpiResult((call), #call))
 

@@ -21,6 +21,11 @@
 //                     handle of the others fails with the stall inspector's message, which names
 //                     the victim, and the victim's next enqueue throws it
 //   hang              as stall, but the victim never comes back
+//   callback-stuck    the victim's completion callback for the last bucket of a step never
+//                     returns, so its background thread stops taking part: the others' next
+//                     control round (or locked bucket's exchange) gives up after the stall
+//                     shutdown time, failing every pending handle with a message that says a
+//                     background thread is stuck
 //
 // The victim writes "fault: rank R dies <where> at T" (T: CLOCK_REALTIME seconds) to stderr just
 // before dying, so the driver can measure from the death to the end of the job. A rank whose
@@ -45,6 +50,8 @@ namespace {
 constexpr auto kWaitLimit = std::chrono::seconds(100);
 constexpr int kSteps = 1000000;  // the survivors' loop ends through the fault, not through this
 constexpr int kDeathStep = 3;    // a few steps first, so the response cache is warm
+// Past the step the schedule locks at (GRADSYNC_LOCK_AFTER_STEPS, 3 by default).
+constexpr int kStuckStep = 8;
 constexpr int kTensors = 8;
 constexpr int64_t kElements = 1024;  // 4 KiB per tensor; the tests set an 8 KiB fusion buffer
 // The driver's GRADSYNC_STALL_SHUTDOWN_SECONDS is well below this.
@@ -106,13 +113,16 @@ struct Step {
   std::vector<gradsync::Handle> handles;
 };
 
-// One step's allreduces, fused by the driver's settings into buckets of two tensors.
-void EnqueueAllreduces(Step* step, const gradsync::CompletionCallback& on_first) {
+// One step's allreduces, fused by the driver's settings into buckets of two tensors; the first
+// and the last tensor's completion run the callbacks given, if any.
+void EnqueueAllreduces(Step* step, const gradsync::CompletionCallback& on_first,
+                       const gradsync::CompletionCallback& on_last = nullptr) {
   step->inputs.assign(kTensors, std::vector<float>(kElements, 1.0f));
   for (int t = 0; t < kTensors; ++t) {
     gradsync::AllreduceOptions options;
     options.name = "grad." + std::to_string(t);
     if (t == 0 && on_first) options.on_complete = on_first;
+    if (t == kTensors - 1 && on_last) options.on_complete = on_last;
     step->handles.push_back(gradsync::allreduce(
         gradsync::TensorView(step->inputs[t].data(), gradsync::DataType::kFloat32, {kElements}),
         options));
@@ -167,7 +177,16 @@ void Train(const std::string& scenario, int rank, int victim) {
             Die(rank, "in the completion callback of a step's first bucket");
           };
         }
-        EnqueueAllreduces(&step, on_first);
+        gradsync::CompletionCallback on_last;
+        if (rank == victim && number == kStuckStep && scenario == "callback-stuck") {
+          on_last = [rank](const gradsync::Status&) {
+            std::fprintf(stderr, "fault: rank %d stops submitting: its callback blocks at %.6f\n",
+                         rank, Now());
+            std::fflush(stderr);
+            std::this_thread::sleep_for(std::chrono::hours(1));
+          };
+        }
+        EnqueueAllreduces(&step, on_first, on_last);
       }
     } catch (const gradsync::Error& e) {
       Fail(rank, e);

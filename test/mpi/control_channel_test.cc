@@ -1,5 +1,6 @@
 // MpiControlChannel at 1, 2 and 4 ranks: its rounds' results, and a round that waits long for a
-// rank, which the waiting ranks report instead of waiting in silence. negotiator_test and the
+// rank, which the waiting ranks report instead of waiting in silence, and give up on past the stall
+// shutdown time. negotiator_test and the
 // collective tests run the channel through negotiation.
 #include "coordinator/mpi_control_channel.h"
 
@@ -11,6 +12,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "runtime/mpi_context.h"
 
 namespace gradsync {
 namespace testing {
@@ -30,11 +33,11 @@ int Size() {
   return size;
 }
 
-// A communicator of the test's own, freed with it.
+// A communicator of the test's own, freed with it unless a round on it was abandoned.
 class OwnComm {
  public:
   OwnComm() { MPI_Comm_dup(MPI_COMM_WORLD, &comm_); }
-  ~OwnComm() { MPI_Comm_free(&comm_); }
+  ~OwnComm() { FreeCommunicator(&comm_); }
   MPI_Comm get() const { return comm_; }
 
  private:
@@ -75,7 +78,7 @@ TEST(MpiControlChannelTest, ARoundThatWaitsLongSaysSoOnTheRanksThatWait) {
   for (const double every_seconds : {0.25, 0.0}) {
     OwnComm comm;
     MpiControlChannel channel(comm.get(), /*spin_first=*/false,
-                              LongWaitWarning{every_seconds, "process set 7's negotiation"});
+                              LongWait{every_seconds, "process set 7's negotiation"});
     std::vector<uint64_t> words = {~uint64_t{0}};
     ::testing::internal::CaptureStderr();
     if (late) std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -92,6 +95,48 @@ TEST(MpiControlChannelTest, ARoundThatWaitsLongSaysSoOnTheRanksThatWait) {
       EXPECT_NE(said.find("background thread"), std::string::npos) << said;
     }
   }
+}
+
+// The last rank joins a round 1.5 s late (its background thread stuck in a callback): the others,
+// told to give up after 0.5 s, fail with Stalled naming the round and the setting, and every later
+// exchange of theirs fails with it at once, touching no MPI call. The late rank's round still
+// completes (the others had joined it before giving up), with the bits they brought.
+TEST(MpiControlChannelTest, ARoundThatWaitsPastTheStallShutdownTimeGivesUp) {
+  const int rank = Rank();
+  const int size = Size();
+  if (size < 2) GTEST_SKIP() << "needs a rank to wait for";
+  const bool late = rank == size - 1;
+  OwnComm comm;
+  MpiControlChannel channel(comm.get(), /*spin_first=*/false,
+                            LongWait{0, "process set 7's negotiation", /*give_up_seconds=*/0.5});
+  std::vector<uint64_t> words = {late ? ~uint64_t{0} : uint64_t{0x0f}};
+  if (late) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const auto start = std::chrono::steady_clock::now();
+  const Status status = channel.AllreduceAnd(&words);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (late) {
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    EXPECT_EQ(words, std::vector<uint64_t>{0x0f});
+    return;
+  }
+  ASSERT_EQ(status.code(), StatusCode::kStalled) << status.ToString();
+  EXPECT_GE(waited, 0.5);
+  EXPECT_LT(waited, 1.4);
+  EXPECT_NE(status.message().find("process set 7's negotiation: MPI_Iallreduce(negotiation bit "
+                                  "vector) waited"),
+            std::string::npos)
+      << status.message();
+  EXPECT_NE(status.message().find("GRADSYNC_STALL_SHUTDOWN_SECONDS"), std::string::npos);
+  EXPECT_NE(status.message().find("background thread"), std::string::npos);
+
+  std::string bytes = "unsent";
+  std::vector<std::string> all;
+  const Status gathered = channel.Gather("x", &all);
+  const Status broadcast = channel.Broadcast(&bytes);
+  EXPECT_EQ(gathered.ToString(), status.ToString());
+  EXPECT_EQ(broadcast.ToString(), status.ToString());
+  EXPECT_EQ(bytes, "unsent");
 }
 
 }  // namespace
