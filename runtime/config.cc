@@ -237,7 +237,10 @@ std::vector<std::pair<const char*, int64_t>> Config::SharedSettings() const {
           {"GRADSYNC_CALIBRATE", calibrate ? 1 : 0},
           {"GRADSYNC_AUTOTUNE", autotune ? 1 : 0},
           {"GRADSYNC_CACHE_CAPACITY", cache_capacity},
-          {"GRADSYNC_GPU_BACKEND", static_cast<int64_t>(gpu_backend)}};
+          {"GRADSYNC_GPU_BACKEND", static_cast<int64_t>(gpu_backend)},
+          // Set or not decides whether calibration asks the hierarchy question, a collective.
+          {"GRADSYNC_HIERARCHICAL_ALLREDUCE",
+           hierarchical_allreduce_pinned ? (hierarchical_allreduce ? 1 : 0) : -1}};
 }
 
 // Parses into a copy so that a bad variable leaves *out untouched.
