@@ -45,13 +45,18 @@ std::array<double, kTerms> Solve(const std::vector<CostSample>& samples,
       a[i][n] += xi * w * s.us;
     }
   }
+  // Degenerate relative to the matrix itself: its entries scale as 1/us^2, so a fixed floor would
+  // drop real terms of a fit whose times are long (a slow network at many ranks).
+  double largest = 0;
+  for (size_t i = 0; i < n; ++i) largest = std::max(largest, std::fabs(a[i][i]));
+  const double degenerate = largest * 1e-12;
   for (size_t i = 0; i < n; ++i) {  // Gauss-Jordan with partial pivoting
     size_t pivot = i;
     for (size_t r = i + 1; r < n; ++r) {
       if (std::fabs(a[r][i]) > std::fabs(a[pivot][i])) pivot = r;
     }
     for (size_t c = 0; c <= n; ++c) std::swap(a[i][c], a[pivot][c]);
-    if (std::fabs(a[i][i]) < 1e-12) continue;  // a degenerate term stays 0
+    if (std::fabs(a[i][i]) <= degenerate) continue;  // a degenerate term stays 0
     for (size_t r = 0; r < n; ++r) {
       if (r == i) continue;
       const double f = a[r][i] / a[i][i];
@@ -60,7 +65,7 @@ std::array<double, kTerms> Solve(const std::vector<CostSample>& samples,
   }
   std::array<double, kTerms> coef{};
   for (size_t i = 0; i < n; ++i) {
-    if (std::fabs(a[i][i]) >= 1e-12) coef[cols[i]] = a[i][n] / a[i][i] / scale[cols[i]];
+    if (std::fabs(a[i][i]) > degenerate) coef[cols[i]] = a[i][n] / a[i][i] / scale[cols[i]];
   }
   return coef;
 }

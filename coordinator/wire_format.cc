@@ -29,6 +29,12 @@ constexpr size_t kResponseFixedBytes = 52;
   std::abort();
 }
 
+// What enqueue accepts (TensorView::num_bytes): the byte count of the non-zero dimensions fits in
+// int64, so that every rank can size the tensor and its slices without overflow.
+bool SizeFits(DataType dtype, const std::vector<int64_t>& shape) {
+  return TensorView(nullptr, dtype, shape).num_bytes() >= 0;
+}
+
 void CheckCommon(const char* list_name, const std::string& name, DataType dtype,
                  const std::vector<int64_t>& shape, const Device& device, ReduceOp reduce_op) {
   if (name.size() > kMaxWireNameBytes) {
@@ -45,6 +51,7 @@ void CheckCommon(const char* list_name, const std::string& name, DataType dtype,
     if (d < 0) DieUnserializable(list_name, name, "negative dimension " + std::to_string(d));
   }
   if (!IsValidDataType(dtype)) DieUnserializable(list_name, name, "invalid dtype");
+  if (!SizeFits(dtype, shape)) DieUnserializable(list_name, name, "byte count overflows");
   if (static_cast<uint8_t>(device.kind) > static_cast<uint8_t>(DeviceKind::kCuda)) {
     DieUnserializable(list_name, name, "invalid device kind");
   }
@@ -341,6 +348,7 @@ Status ReadRequest(Reader* r, Request* q) {
   GRADSYNC_RETURN_IF_ERROR(r->Enum("op", ValidOp, &q->op));
   GRADSYNC_RETURN_IF_ERROR(r->Enum("dtype", ValidDataType, &q->dtype));
   GRADSYNC_RETURN_IF_ERROR(r->Dims("shape ndims", "shape dim", kMaxWireDims, &q->shape));
+  if (!SizeFits(q->dtype, q->shape)) return r->Fail("a shape whose byte count overflows int64");
   GRADSYNC_RETURN_IF_ERROR(ReadDevice(r, &q->device));
   GRADSYNC_RETURN_IF_ERROR(r->Enum("reduce op", ValidReduceOp, &q->reduce_op));
   GRADSYNC_RETURN_IF_ERROR(r->F64("prescale", &q->prescale));
@@ -359,6 +367,7 @@ Status ReadResponse(Reader* r, Response* p) {
   GRADSYNC_RETURN_IF_ERROR(r->String("name length", kMaxWireNameBytes, &p->name));
   GRADSYNC_RETURN_IF_ERROR(r->Enum("dtype", ValidDataType, &p->dtype));
   GRADSYNC_RETURN_IF_ERROR(r->Dims("shape ndims", "shape dim", kMaxWireDims, &p->shape));
+  if (!SizeFits(p->dtype, p->shape)) return r->Fail("a shape whose byte count overflows int64");
   GRADSYNC_RETURN_IF_ERROR(ReadDevice(r, &p->device));
   GRADSYNC_RETURN_IF_ERROR(r->Enum("reduce op", ValidReduceOp, &p->reduce_op));
   GRADSYNC_RETURN_IF_ERROR(r->F64("prescale", &p->prescale));

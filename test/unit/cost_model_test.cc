@@ -21,6 +21,20 @@ TEST(CostModelTest, FitRecoversAnExactLinearCost) {
   EXPECT_NEAR(fit.per_tensor_us, 0.3, 1e-6);
 }
 
+// The same samples a thousand times slower (100 ms rungs: a slow network at many ranks) fit the
+// same terms a thousand times larger: nothing is dropped as degenerate for the times' scale.
+TEST(CostModelTest, FitDoesNotDependOnTheTimesScale) {
+  const std::vector<CostSample> shapes = {
+      {262144, 64}, {1 << 20, 16}, {4 << 20, 64}, {262144, 4}, {1 << 20, 256}};
+  for (const double slower : {1.0, 1e3, 1e6}) {
+    const LinearCost truth{40.0 * slower, 0.5e-3 * slower, 0.3 * slower};
+    const LinearCost fit = FitLinearCost(Measure(truth, shapes), kFixed | kPerByte | kPerTensor);
+    EXPECT_NEAR(fit.fixed_us / slower, 40.0, 1e-6) << slower;
+    EXPECT_NEAR(fit.per_byte_us / slower, 0.5e-3, 1e-12) << slower;
+    EXPECT_NEAR(fit.per_tensor_us / slower, 0.3, 1e-6) << slower;
+  }
+}
+
 TEST(CostModelTest, FitWithoutPerTensorTerm) {
   const LinearCost truth{12.0, 0.25e-3, 0};
   const LinearCost fit = FitLinearCost(

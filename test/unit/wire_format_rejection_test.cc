@@ -172,6 +172,23 @@ TEST(WireFormatTest, NegativeDimsAreRejected) {
                         "negative first dim -5"));
 }
 
+// Dimensions each valid but whose product overflows (2^32 x 2^32 elements): a peer's message that
+// would send every rank's sizing arithmetic past int64. A zero dimension empties the tensor.
+TEST(WireFormatTest, ShapesWhoseByteCountOverflowsAreRejected) {
+  const Bytes req = HandRequestPayload({MakeRequest("a", {3, 4})});
+  std::string big = Patched(req.str(), req.At("dim0"), 1ull << 32, 8);
+  big = Patched(big, req.At("dim0") + 8, 1ull << 32, 8);
+  EXPECT_TRUE(IsCorrupt(ParseReq(Frame(kRequestKind, big)), "byte count overflows int64"));
+  std::string empty = Patched(req.str(), req.At("dim0"), 1ull << 61, 8);
+  empty = Patched(empty, req.At("dim0") + 8, 0, 8);
+  EXPECT_TRUE(ParseReq(Frame(kRequestKind, empty)).ok());
+
+  const Bytes resp = HandResponsePayload({MakeResponse("r", ResponseType::kAllreduce)});
+  EXPECT_TRUE(IsCorrupt(
+      ParseResp(Frame(kResponseKind, Patched(resp.str(), resp.At("dim0"), 1ull << 62, 8))),
+      "byte count overflows int64"));
+}
+
 TEST(WireFormatTest, OversizedCountsAreRejected) {
   const Bytes req = HandRequestPayload({MakeRequest("abc", {3})});
   auto parse_req = [&](const std::string& field, uint64_t value) {

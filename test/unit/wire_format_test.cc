@@ -91,7 +91,7 @@ TEST(WireFormatTest, EdgeValuesRoundTrip) {
   r.postscale = std::numeric_limits<double>::infinity();
   r.waited_seconds = std::numeric_limits<double>::denorm_min();
   Request big =
-      MakeRequest(std::string("nul\0inside", 10), {std::numeric_limits<int64_t>::max(), 0});
+      MakeRequest(std::string("nul\0inside", 10), {std::numeric_limits<int64_t>::max() / 8, 0});
   big.dtype = DataType::kFloat64;
   big.reduce_op = ReduceOp::kProduct;
   RequestList in{{r, big}};
@@ -176,6 +176,8 @@ TEST(WireFormatDeathTest, UnserializableRequestsAbort) {
   EXPECT_DEATH(SerializeRequestList({{MakeRequest("d", std::vector<int64_t>(kMaxWireDims + 1))}}),
                "65 dimensions");
   EXPECT_DEATH(SerializeRequestList({{MakeRequest("n", {2, -1})}}), "negative dimension -1");
+  EXPECT_DEATH(SerializeRequestList({{MakeRequest("o", {int64_t{1} << 62, 4})}}),
+               "byte count overflows");
 }
 
 }  // namespace
