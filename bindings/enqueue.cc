@@ -36,14 +36,29 @@ Status Membership(const Runtime& rt, const ProcessSet& set, int* set_rank, int* 
 
 // Throws `validation` (or a name too long for the wire) with the operation, tensor and rank in
 // front.
+// Runtime::cuda_device: the first CUDA operation names the process's device; later ones on
+// another are refused.
+Status CheckOneCudaDevice(const Runtime& rt, const Device& device) {
+  if (device.kind != DeviceKind::kCuda) return Status::OK();
+  int expected = -1;
+  if (rt.cuda_device.compare_exchange_strong(expected, device.index) || expected == device.index) {
+    return Status::OK();
+  }
+  return Status::InvalidArgument(
+      "a tensor on cuda:" + std::to_string(device.index) +
+      ", but this process's device operations run on cuda:" + std::to_string(expected) +
+      " (its first one's device); one GPU a process is supported");
+}
+
 void ThrowIfRefused(const Runtime& rt, TensorEntry* entry, const Status& checked) {
   const bool internal = entry->op == OpType::kJoin || entry->op == OpType::kAddProcessSet ||
                         entry->op == OpType::kRemoveProcessSet;
   const std::string& name = entry->name;
   const bool reserved =
       !internal && name.size() >= 9 && name[0] == 'g' && name.compare(0, 9, "gradsync.") == 0;
-  if (checked.ok() && !reserved && name.size() <= kMaxWireNameBytes) return;  // accepted
-  Status validation = checked;
+  const Status device = checked.ok() ? CheckOneCudaDevice(rt, entry->input.device) : checked;
+  if (device.ok() && !reserved && name.size() <= kMaxWireNameBytes) return;  // accepted
+  Status validation = device;
   if (validation.ok() && reserved) {
     validation = Status::InvalidArgument("names starting with 'gradsync.' are reserved");
   }

@@ -46,6 +46,11 @@ struct Runtime {
   // which each enqueue notes in TensorEntry::waits_before. Counted whether or not the operation
   // was done, so that the count follows the program's order alone, as it does on every rank.
   std::atomic<uint64_t> caller_waits{0};
+  // The CUDA device of this process's first device operation (-1: none yet). Every later one must
+  // be on it: each rank has one device plane a kind, made collectively when first used, and the
+  // ranks fuse device tensors by kind alone, so a second device would reach a plane (or a bucket)
+  // the other ranks do not have.
+  mutable std::atomic<int> cuda_device{-1};
 };
 
 [[noreturn]] void Throw(Status status);

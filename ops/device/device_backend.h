@@ -75,7 +75,9 @@ class DeviceBackend {
                         const std::vector<ElementRange>& tensors, double prescale,
                         double postscale) = 0;
 
-  // Errors the library reports outside any call (NCCL's asynchronous errors); OK otherwise.
+  // Errors the library reports outside any call (NCCL's asynchronous errors); OK otherwise. Never
+  // blocks behind a call in progress on the background thread (OK then: asked again later), so
+  // that a poller stays free to reach its deadline and Abort.
   virtual Status CheckAsyncError() = 0;
   // Abandons the work in flight (aborting the communicator where stuck work waits on peers) and
   // fails the stream with `status`. Later calls fail.

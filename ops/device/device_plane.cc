@@ -329,16 +329,21 @@ Status DevicePlane::Broadcast(TensorEntry* entry, int root) {
 }
 
 Status DevicePlane::Alltoall(TensorEntry* entry) {
-  GRADSYNC_RETURN_IF_ERROR(BeginCall());
+  // The splits exchange below is a blocking collective on the host: every rank takes part, an
+  // aborted plane's too (planes abort one rank at a time), before any of them fails.
+  const Status began = BeginCall();
   const std::vector<TensorEntry*> entries{entry};
   const int size = backend_->size();
   const int64_t rows = entry->input.shape.empty() ? 1 : entry->input.shape[0];
   std::vector<int64_t> splits = entry->splits.empty() ? EvenSplits(rows, size) : entry->splits;
-  GRADSYNC_RETURN_IF_ERROR(CheckSplits(splits, rows, size));
+  const Status valid = CheckSplits(splits, rows, size);  // checked at enqueue: not expected
+  if (!valid.ok()) splits.assign(size, 0);
   std::vector<int64_t> received(size);
   // The host side learns what it receives first, so that it can size the output.
   GRADSYNC_MPI_CALL(
       MPI_Alltoall(splits.data(), 1, MPI_INT64_T, received.data(), 1, MPI_INT64_T, comm_));
+  GRADSYNC_RETURN_IF_ERROR(began);
+  GRADSYNC_RETURN_IF_ERROR(valid);
   int64_t received_rows = 0;
   for (int64_t r : received) received_rows += r;
   const int64_t row = RowElements(entry->input);

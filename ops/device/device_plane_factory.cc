@@ -29,8 +29,11 @@ DevicePlaneFactory DevicePlaneFactoryForTesting() { return g_factory_for_testing
 Status MakeHostBackedDevicePlane(const Config& config, MPI_Comm comm, const Device&,
                                  std::unique_ptr<DataPlane>* plane) {
   std::unique_ptr<HostDeviceBackend> backend;
-  GRADSYNC_RETURN_IF_ERROR(HostDeviceBackend::Create(comm, &backend));
-  *plane = std::make_unique<DevicePlane>(std::move(backend), comm, DeviceCompletionTimeout(config));
+  // As the CUDA build's MPI backend: a plane destroyed while its stream is stuck in a collective
+  // ends the job after the completion timeout instead of waiting for ever.
+  const std::chrono::nanoseconds timeout = DeviceCompletionTimeout(config);
+  GRADSYNC_RETURN_IF_ERROR(HostDeviceBackend::Create(comm, &backend, timeout));
+  *plane = std::make_unique<DevicePlane>(std::move(backend), comm, timeout);
   return Status::OK();
 }
 

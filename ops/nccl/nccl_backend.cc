@@ -139,10 +139,14 @@ void NcclBackend::FreeAfterWork(void* ptr) {
 }
 
 Status NcclBackend::Upload(const void* host, void* dst, size_t bytes) {
-  std::lock_guard<std::timed_mutex> lock(mu_);
-  GRADSYNC_RETURN_IF_ERROR(Enter());
   const auto stream = static_cast<cudaStream_t>(cuda_stream());
-  GRADSYNC_CUDA_CALL(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream), device_);
+  {
+    std::lock_guard<std::timed_mutex> lock(mu_);
+    GRADSYNC_RETURN_IF_ERROR(Enter());
+    GRADSYNC_CUDA_CALL(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream), device_);
+  }
+  // Outside the lock: the stream may sit behind a collective stuck on a lost peer, and the
+  // finalizer's error polls and Abort must still get the lock meanwhile.
   GRADSYNC_CUDA_CALL(cudaStreamSynchronize(stream), device_);
   return Status::OK();
 }
@@ -154,8 +158,10 @@ Status NcclBackend::BatchedCopy(const std::vector<CopySegment>& segments, DataTy
 }
 
 Status NcclBackend::CheckAsyncError() {
-  std::lock_guard<std::timed_mutex> lock(mu_);
-  if (aborted_ || comm_ == nullptr) return Status::OK();
+  // Never waits: the lock's holder may be blocked inside NCCL on a lost peer, and the finalizer
+  // polling here must reach its deadline and Abort. A busy backend is polled again next time.
+  std::unique_lock<std::timed_mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock() || aborted_ || comm_ == nullptr) return Status::OK();
   ncclResult_t async = ncclSuccess;
   GRADSYNC_NCCL_CALL(ncclCommGetAsyncError(static_cast<ncclComm_t>(comm_), &async), device_);
   if (async == ncclSuccess || async == ncclInProgress) return Status::OK();

@@ -463,6 +463,26 @@ TEST_F(DeviceLoopTest, EachRankReducesOnItsOwnGpu) {
   EXPECT_EQ(LocksOfTheGlobalSet(trace), 1u) << "the loop locked";
 }
 
+// One GPU a process: a rank's device planes are made collectively when first used, and buckets
+// fuse device tensors by kind, so a tensor on a second device would reach a plane or a bucket the
+// other ranks lack (a hang). Refused at its enqueue instead, naming both devices; the first
+// device goes on working.
+TEST_F(DeviceLoopTest, ATensorOnASecondGpuIsRefusedAtEnqueue) {
+  HostTensor first(DataType::kFloat32, {8}), second(DataType::kFloat32, {8});
+  for (int64_t k = 0; k < 8; ++k) first.Set(k, 1);
+  AllreduceOptions own, another;
+  own.name = "on.own.gpu";
+  another.name = "on.another.gpu";
+  ASSERT_TRUE(Succeeds(allreduce(OnDevice(&first, rank_), own)));
+  EXPECT_TRUE(ThrowsWith([&] { allreduce(OnDevice(&second, rank_ + 1), another); },
+                         StatusCode::kInvalidArgument,
+                         "on cuda:" + std::to_string(rank_ + 1) +
+                             ", but this process's device operations run on cuda:" +
+                             std::to_string(rank_)));
+  ASSERT_TRUE(Succeeds(allreduce(OnDevice(&first, rank_), own)));
+  EXPECT_EQ(first.Get(3), size_ * size_);
+}
+
 TEST_F(DeviceLoopTest, ProcessSetsGetDevicePlanesOfTheirOwn) {
   if (size_ < 2) GTEST_SKIP() << "a set of every other rank is the global set at 1 rank";
   std::vector<int> evens;

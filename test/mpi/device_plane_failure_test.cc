@@ -138,6 +138,28 @@ TEST_F(DevicePlaneTest, AFusionBufferFallsBackToExactlyWhatTheBucketNeeds) {
   EXPECT_TRUE(Reduced(second.input, ReduceOp::kSum, DataType::kFloat32, size_));
 }
 
+// Planes abort one rank at a time. An alltoall learns its receive counts in a blocking exchange
+// on the host, which an aborted plane must still take part in before it fails: were it to fail
+// first, its peers would wait there for good. Here rank 0's plane is aborted; its call fails, the
+// others' launch, and rank 0 then joins their device collective by hand so that they complete.
+TEST_F(DevicePlaneTest, AnAbortedPlaneStillTakesPartInAnAlltoallsSplitsExchange) {
+  if (size_ < 2) GTEST_SKIP() << "needs a healthy peer";
+  if (rank_ == 0) plane_->Abort(Status::Timeout("aborted for the test"));
+  Op empty("empty.alltoall", DataType::kFloat32, {0, 3});
+  const Status launched = plane_->Alltoall(&empty.entry);
+  if (rank_ == 0) {
+    EXPECT_EQ(launched.code(), StatusCode::kTimeout) << launched.ToString();
+    const std::vector<int> zeros(static_cast<size_t>(size_), 0);
+    float unused = 0;
+    MPI_Alltoallv(&unused, zeros.data(), zeros.data(), MPI_FLOAT, &unused, zeros.data(),
+                  zeros.data(), MPI_FLOAT, backend_->comm());
+    return;
+  }
+  ASSERT_TRUE(launched.ok()) << launched.ToString();
+  EXPECT_TRUE(Finish().ok());
+  EXPECT_EQ(empty.entry.state->received_splits, std::vector<int64_t>(size_, 0));
+}
+
 // What the stuck-collective handler was told on this rank; rank 1 also asks rank 0 to release it.
 std::string g_stuck_message;
 constexpr int kReleaseTag = 77;
