@@ -1,9 +1,10 @@
 """Data-parallel training of a small classifier on synthetic data with Horovod's PyTorch API.
 
 Every rank builds the same synthetic data set (random points in linearly separable classes),
-trains on its own shard of it and averages gradients with the other ranks. Run it with
+trains on its own shard of it and averages gradients with the other ranks. Run it from the build
+directory with the interpreter that has PyTorch and the package (examples/pytorch/README.md):
 
-    mpirun -np 2 python pytorch_synthetic_train.py --epochs 5
+    PYTHONPATH=python mpirun -np 2 /usr/bin/python3 ../examples/pytorch/pytorch_synthetic_train.py
 """
 
 import argparse
@@ -33,6 +34,8 @@ parser.add_argument("--fp16-allreduce", action="store_true", default=False,
                     help="compress gradients to float16 for the allreduce")
 parser.add_argument("--check-accuracy", type=float, default=None, metavar="X",
                     help="exit with an error unless the final test accuracy is at least X")
+parser.add_argument("--check-replicas", action="store_true", default=False,
+                    help="exit with an error unless every rank ends with the same weights")
 
 
 def make_dataset(weights, num_samples, generator):
@@ -60,6 +63,13 @@ class Net(nn.Module):
 def metric_average(value, name):
     """The mean of a per-rank number over all ranks."""
     return hvd.allreduce(torch.tensor(value), name=name).item()
+
+
+def replicas_identical():
+    """Whether every rank holds the same parameters and buffers, bit for bit."""
+    state = torch.cat([t.detach().double().flatten() for t in model.state_dict().values()])
+    every_rank = hvd.allgather(state.unsqueeze(0), name="replica_check")
+    return bool((every_rank == every_rank[0]).all().item())
 
 
 def train(epoch):
@@ -144,3 +154,11 @@ if __name__ == "__main__":
         if hvd.rank() == 0:
             print("final test accuracy %.3f is below %.3f" % (accuracy, args.check_accuracy))
         sys.exit(1)
+    # Ranks that trained apart on their shards could each pass the accuracy check: averaged
+    # gradients from the same start leave every rank with the same weights.
+    if args.check_replicas:
+        identical = replicas_identical()
+        if hvd.rank() == 0:
+            print("replicas identical: %s" % ("yes" if identical else "NO"))
+        if not identical:
+            sys.exit(1)

@@ -8,7 +8,8 @@ hosts). In a block, lines starting with `$ ` are commands, run one after the oth
 scratch folder; the other lines are output that must appear in what the commands print (standard
 output and error together): anything may come before the first, each next one must follow on the
 next line unless a line `...` (any lines) stands between them, and `...` inside a line matches any
-text.
+text. A command must exit with status 0, or with 2 (a usage error) where its output shows
+gradsyncrun's refusal (a line starting `gradsyncrun: `).
 
   guide_examples.py check DOC
   guide_examples.py run DOC KIND --workdir DIR [--path DIR]... [--link NAME=TARGET]...
@@ -131,6 +132,10 @@ def run(args):
             print(done.stdout, end="", flush=True)
             if not matches(expected, done.stdout):
                 print("FAIL: the output lacks, in order:\n  " + "\n  ".join(expected))
+                failed += 1
+            refused = any(line.startswith("gradsyncrun: ") for line in expected)
+            if done.returncode != (2 if refused else 0):
+                print("FAIL: exit status %d, wanted %d" % (done.returncode, 2 if refused else 0))
                 failed += 1
     print("guide_examples: %d %s example(s), %d failed" % (len(chosen), args.kind, failed))
     return 1 if failed else 0

@@ -31,7 +31,8 @@ class Launch:
         self.mpirun, self.probe = mpirun, probe
         self.failures = 0
 
-    def run(self, name, command, env=None):
+    def run(self, name, command, env=None, succeeds=True):
+        """Runs `command`, which must exit with status 0, or (succeeds=False) with another."""
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("GRADSYNC_")}
         full_env.update(env or {})
         full_env.setdefault("GRADSYNC_LOG_LEVEL", "info")
@@ -39,15 +40,17 @@ class Launch:
         done = subprocess.run(command, env=full_env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=60)
         print(done.stdout, end="", flush=True)
+        self.expect("exit status %d %s" % (done.returncode, "0" if succeeds else "non-zero"),
+                    (done.returncode == 0) == succeeds)
         placed = {int(m.group(1)): (int(m.group(2)), cpus(m.group(3)), cpus(m.group(4)))
                   for m in PLACED.finditer(done.stdout)}
         return done.stdout, placed
 
-    def mpi(self, name, ranks, bind, env=None, wrapper=None):
+    def mpi(self, name, ranks, bind, env=None, wrapper=None, succeeds=True):
         exports = [a for k in sorted(env or {}) for a in ("-x", k)]
         program = (wrapper or []) + [self.probe]
         return self.run(name, [self.mpirun, "-np", str(ranks), "--oversubscribe", "--bind-to",
-                               bind] + exports + program, env)
+                               bind] + exports + program, env, succeeds)
 
     def expect(self, name, condition, detail=""):
         if condition:
@@ -93,6 +96,7 @@ def placement_cases(t, ncpu):
                  str(placed))
         out, placed = t.mpi("GRADSYNC_BIND_PROCESS keeps a core for the thread", 1, "none",
                             {"GRADSYNC_BIND_PROCESS": "1"})
+        t.expect("rank 0 placed", 0 in placed, out)
         if 0 in placed:
             _, process, thread = placed[0]
             t.expect("process and thread on separate cores of the node",
@@ -107,7 +111,7 @@ def placement_cases(t, ncpu):
 def launch_check_cases(t):
     for variable in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
         out, _ = t.run("a singleton the launcher (%s) counts as one of 2" % variable, [t.probe],
-                       {variable: "2"})
+                       {variable: "2"}, succeeds=False)
         t.expect("init fails with how to fix it",
                  "launch check: this process is rank 0 of 1 in MPI_COMM_WORLD, but %s=2" %
                  variable in out and "srun --mpi=pmix" in out, out)
@@ -115,13 +119,13 @@ def launch_check_cases(t):
     wrapper = ["sh", "-c", '[ "$OMPI_COMM_WORLD_RANK" = 1 ] && '
                'export OMPI_COMM_WORLD_LOCAL_SIZE=3; exec "$0"']
     out, placed = t.mpi("a rank whose launcher counts another local size", 2, "none",
-                        wrapper=wrapper)
+                        wrapper=wrapper, succeeds=False)
     failed = re.findall(r"rank (\d) init failed: .*rank 1 is one of 3 ranks on its node, but "
                         r"MPI finds 2", out)
     t.expect("every rank fails with the same message", sorted(failed) == ["0", "1"], out)
 
     out, placed = t.mpi("GRADSYNC_THREAD_AFFINITY too short for the node", 2, "none",
-                        {"GRADSYNC_THREAD_AFFINITY": "0"})
+                        {"GRADSYNC_THREAD_AFFINITY": "0"}, succeeds=False)
     failed = re.findall(r"rank (\d) init failed: .*lists CPUs for 1 local rank\(s\), but this "
                         r"node runs 2", out)
     t.expect("every rank fails, naming the variable", sorted(failed) == ["0", "1"], out)

@@ -12,6 +12,12 @@ set -euo pipefail
 mpirun=$1 topology=$2 host_allreduce=$3 collectives=$4 demo=$5 python=$6 work=$7
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
+# The namespaces' names and addresses are the machine's, not this build's: another build folder's
+# run of this test waits here rather than have its hosts torn down under it.
+lock_dir=/run/lock
+[ -d "$lock_dir" ] && [ -w "$lock_dir" ] || lock_dir=${TMPDIR:-/tmp}
+exec 9>"$lock_dir/gradsync-multihost.lock"
+flock 9
 "$here/namespace_hosts.sh" down 2
 trap '"$here/namespace_hosts.sh" down 2' EXIT
 set +e
@@ -39,6 +45,8 @@ expect_paths() {
   if grep -q "\"$absent\"" "$trace"; then echo "FAIL: $trace has $absent" >&2; exit 1; fi
 }
 
+# An earlier run's timelines must not stand in for this run's.
+rm -f "$work/flat.json" "$work/hierarchical.json"
 run "$topology" GRADSYNC_HIERARCHICAL_ALLREDUCE=0 GRADSYNC_TIMELINE="$work/flat.json"
 expect_paths "$work/flat.json" MPI_ALLREDUCE SHM_ALLREDUCE
 run "$topology" GRADSYNC_HIERARCHICAL_ALLREDUCE=1 GRADSYNC_TIMELINE="$work/hierarchical.json"

@@ -10,7 +10,8 @@ int main(int argc, char** argv) {
   int ok = gradsync_init_comm((int)MPI_Comm_c2f(MPI_COMM_WORLD)) == GRADSYNC_OK;
   int rank = 0, size = 0;
   ok = ok && gradsync_rank(&rank) == GRADSYNC_OK && gradsync_size(&size) == GRADSYNC_OK;
-  float grad[3] = {1.0f, 2.0f, 3.0f};
+  /* Each rank's own values, so that only a real reduction gives the expected average. */
+  float grad[3] = {(float)(rank + 1), (float)(2 * (rank + 1)), 3.0f};
   const int64_t shape[1] = {3};
   gradsync_handle* handle = NULL;
   ok = ok &&
@@ -18,7 +19,8 @@ int main(int argc, char** argv) {
                                 1.0, 1.0, GRADSYNC_GLOBAL_PROCESS_SET, &handle) == GRADSYNC_OK;
   ok = ok && gradsync_wait(handle) == GRADSYNC_OK;
   gradsync_release(handle);
-  ok = ok && grad[0] == 1.0f && grad[2] == 3.0f;
+  const float mean = (float)(size + 1) / 2.0f; /* of 1..size, exact in float for small sizes */
+  ok = ok && grad[0] == mean && grad[1] == 2.0f * mean && grad[2] == 3.0f;
   if (!ok) fprintf(stderr, "C consumer: %s\n", gradsync_last_error());
   gradsync_shutdown();
   if (rank == 0) printf("C consumer: %d ranks: %s\n", size, ok ? "ok" : "WRONG");
