@@ -16,6 +16,8 @@ constexpr int64_t kChunkBytes[] = {1 * kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB};
 constexpr int64_t kPipeBytes[] = {1 * kMiB, 4 * kMiB, 16 * kMiB};
 // Pieces a pipe-S strategy keeps in flight besides the one it just started.
 constexpr size_t kPipeDepth = 3;
+// Floats a pipe-S strategy copies between two tests of its pieces in flight (256 KiB).
+constexpr int64_t kPipeCopySlice = 64 << 10;
 // PyTorch DistributedDataParallel's default bucket_cap_mb.
 constexpr int64_t kBucketBytes = int64_t{25} << 20;
 // A raw strategy gets a flat buffer of its own for a set of at most this size, and shares one
@@ -152,15 +154,27 @@ void SetBench::Pipelined(int64_t piece_bytes, float* flat) {
   };
   const int64_t piece = piece_bytes / static_cast<int64_t>(sizeof(float));
   std::deque<InFlight> in_flight;
+  // MPI advances a non-blocking collective only inside MPI calls: the copies go in slices with a
+  // test of every piece in flight between them, as gradsync's own pipeline does, so that the
+  // copies overlap the reductions instead of running before them.
+  const auto copy = [&](int64_t begin, int64_t end, bool in) {
+    for (int64_t at = begin; at < end; at += kPipeCopySlice) {
+      CopyFlatRange(at, std::min(end, at + kPipeCopySlice), in, flat);
+      for (InFlight& piece_in_flight : in_flight) {
+        int done = 0;
+        MPI_Test(&piece_in_flight.request, &done, MPI_STATUS_IGNORE);
+      }
+    }
+  };
   auto finish_oldest = [&] {
-    InFlight& oldest = in_flight.front();
-    MPI_Wait(&oldest.request, MPI_STATUS_IGNORE);
-    CopyFlatRange(oldest.begin, oldest.end, /*in=*/false, flat);
+    InFlight oldest = in_flight.front();
     in_flight.pop_front();
+    MPI_Wait(&oldest.request, MPI_STATUS_IGNORE);
+    copy(oldest.begin, oldest.end, /*in=*/false);
   };
   for (int64_t end = static_cast<int64_t>(flat_.size()); end > 0; end -= piece) {
     const int64_t begin = std::max<int64_t>(0, end - piece);
-    CopyFlatRange(begin, end, /*in=*/true, flat);
+    copy(begin, end, /*in=*/true);
     in_flight.push_back({begin, end, MPI_REQUEST_NULL});
     MPI_Iallreduce(MPI_IN_PLACE, flat + begin, static_cast<int>(end - begin), MPI_FLOAT, MPI_SUM,
                    comm_, &in_flight.back().request);
