@@ -1,22 +1,26 @@
 // gradsync_bench_libtorch: a libtorch trainer's gradient synchronization through
 // gradsync::torch::DistributedModule, with its gradients apart and as views into its buckets
 // (gradient_as_bucket_view), against raw MPI_Allreduce of the same gradients tensor by tensor and
-// as one flat buffer, interleaved in one run.
+// as one flat buffer (copied into a buffer made once, the average folded into the copy back), all
+// interleaved in one run in an order shuffled anew each round (MeasureInterleaved).
 //
 // Sync time is a step's time minus the time of the same step without communication (forward and
 // backward alone), measured in the same run: what the trainer waits for beyond its own compute.
 // gradsync's reductions overlap backward, so its sync time can be below its reduction time.
+// Before timing, one step of each strategy must leave the same averaged gradients (each rank
+// trains on a batch of its own, so a reduction that did nothing would differ).
 //
 //   mpirun -np N gradsync_bench_libtorch [--width 1024] [--depth 8] [--batch 32] [--iters 20]
 #include <gradsync/torch.h>
 #include <mpi.h>
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#include "bench_common.h"
 
 namespace {
 
@@ -36,16 +40,19 @@ torch::nn::Sequential MakeModel(const Args& args) {
   return model;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+// `to` starts from `from`'s weights, so that every strategy computes the same gradients.
+void CopyWeights(torch::nn::Sequential& from, torch::nn::Sequential& to) {
+  torch::NoGradGuard no_grad;
+  const std::vector<torch::Tensor> source = from->parameters();
+  const std::vector<torch::Tensor> target = to->parameters();
+  for (size_t i = 0; i < source.size(); ++i) target[i].copy_(source[i]);
 }
 
-// The slowest rank's value.
-double Slowest(double seconds) {
-  double out = 0;
-  MPI_Allreduce(&seconds, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return out;
+// The model's gradients, flattened into one tensor.
+torch::Tensor Gradients(torch::nn::Sequential& model) {
+  std::vector<torch::Tensor> parts;
+  for (auto& p : model->parameters()) parts.push_back(p.grad().reshape(-1).clone());
+  return torch::cat(parts);
 }
 
 }  // namespace
@@ -72,90 +79,105 @@ int main(int argc, char** argv) {
   }
   torch::set_num_threads(1);
   gradsync::init();
+  const int size = gradsync::size();
   torch::manual_seed(0);
-  torch::nn::Sequential synced = MakeModel(args);
   torch::nn::Sequential plain = MakeModel(args);
+  torch::nn::Sequential synced = MakeModel(args);
   torch::nn::Sequential viewed = MakeModel(args);
+  CopyWeights(plain, synced);
+  CopyWeights(plain, viewed);
   gradsync::torch::DistributedModule sync(*synced);
   gradsync::torch::Options view_options;
   view_options.gradient_as_bucket_view = true;
   view_options.name = "viewed";
   gradsync::torch::DistributedModule sync_views(*viewed, view_options);
+  torch::manual_seed(1 + gradsync::rank());  // a batch of this rank's own
   const torch::Tensor x = torch::randn({args.batch, args.width});
 
-  std::vector<torch::Tensor> grads;
-  int64_t bytes = 0;
   auto step = [&](torch::nn::Sequential& model) {
     model->zero_grad();
     model->forward(x).square().mean().backward();
   };
   step(plain);
-  for (auto& p : plain->parameters()) bytes += p.numel() * 4;
+  int64_t elements = 0;
+  for (auto& p : plain->parameters()) elements += p.numel();
+  const torch::Tensor flat_buffer = torch::empty({elements});
 
-  std::vector<double> base, gs, gs_views, per_tensor, flat;
-  for (int i = 0; i < args.iters + 2; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    double t = MPI_Wtime();
-    step(plain);
-    const double b = Slowest(MPI_Wtime() - t);
-
-    MPI_Barrier(MPI_COMM_WORLD);
-    t = MPI_Wtime();
-    step(synced);
-    sync.synchronize();
-    const double g = Slowest(MPI_Wtime() - t);
-
-    MPI_Barrier(MPI_COMM_WORLD);
-    t = MPI_Wtime();
-    step(viewed);
-    sync_views.synchronize();
-    const double v = Slowest(MPI_Wtime() - t);
-
-    MPI_Barrier(MPI_COMM_WORLD);
-    t = MPI_Wtime();
+  auto per_tensor = [&] {
     step(plain);
     for (auto& p : plain->parameters()) {
       torch::Tensor grad = p.grad();
       MPI_Allreduce(MPI_IN_PLACE, grad.data_ptr(), static_cast<int>(grad.numel()), MPI_FLOAT,
                     MPI_SUM, MPI_COMM_WORLD);
-      grad.div_(gradsync::size());
+      grad.div_(size);
     }
-    const double pt = Slowest(MPI_Wtime() - t);
-
-    MPI_Barrier(MPI_COMM_WORLD);
-    t = MPI_Wtime();
+  };
+  auto flat = [&] {
     step(plain);
-    {
-      torch::NoGradGuard no_grad;
-      std::vector<torch::Tensor> parts;
-      for (auto& p : plain->parameters()) parts.push_back(p.grad().view(-1));
-      torch::Tensor buffer = torch::cat(parts);
-      MPI_Allreduce(MPI_IN_PLACE, buffer.data_ptr(), static_cast<int>(buffer.numel()), MPI_FLOAT,
-                    MPI_SUM, MPI_COMM_WORLD);
-      buffer.div_(gradsync::size());
-      int64_t at = 0;
-      for (auto& p : plain->parameters()) {
-        p.grad().view(-1).copy_(buffer.narrow(0, at, p.numel()));
-        at += p.numel();
-      }
+    torch::NoGradGuard no_grad;
+    int64_t at = 0;
+    for (auto& p : plain->parameters()) {
+      flat_buffer.narrow(0, at, p.numel()).copy_(p.grad().reshape(-1));
+      at += p.numel();
     }
-    const double f = Slowest(MPI_Wtime() - t);
-    if (i < 2) continue;
-    base.push_back(b);
-    gs.push_back(g);
-    gs_views.push_back(v);
-    per_tensor.push_back(pt);
-    flat.push_back(f);
+    MPI_Allreduce(MPI_IN_PLACE, flat_buffer.data_ptr(), static_cast<int>(elements), MPI_FLOAT,
+                  MPI_SUM, MPI_COMM_WORLD);
+    at = 0;
+    for (auto& p : plain->parameters()) {
+      torch::Tensor grad = p.grad().view(-1);
+      torch::div_out(grad, flat_buffer.narrow(0, at, p.numel()), size);
+      at += p.numel();
+    }
+  };
+  auto gradsync_apart = [&] {
+    step(synced);
+    sync.synchronize();
+  };
+  auto gradsync_views = [&] {
+    step(viewed);
+    sync_views.synchronize();
+  };
+
+  // Every strategy's averaged gradients, against the per-tensor reduction's; sums in another order
+  // round differently, so within a float32 tolerance.
+  per_tensor();
+  const torch::Tensor expected = Gradients(plain);
+  flat();
+  const torch::Tensor from_flat = Gradients(plain);
+  gradsync_apart();
+  const torch::Tensor from_gradsync = Gradients(synced);
+  gradsync_views();
+  const torch::Tensor from_views = Gradients(viewed);
+  bool ok = true;
+  for (const auto& [name, got] :
+       {std::make_pair("flat", from_flat), std::make_pair("gradsync", from_gradsync),
+        std::make_pair("gradsync views", from_views)}) {
+    if (!torch::allclose(got, expected, 1e-4, 1e-6)) {
+      std::fprintf(stderr, "gradsync_bench_libtorch: rank %d: %s's gradients differ\n",
+                   gradsync::rank(), name);
+      ok = false;
+    }
   }
-  const double b = Median(base);
-  const double g = Median(gs) - b, v = Median(gs_views) - b, pt = Median(per_tensor) - b,
-               f = Median(flat) - b;
+  if (!gradsync_bench::AllRanksOk(ok, MPI_COMM_WORLD)) {
+    gradsync::shutdown();
+    return 1;
+  }
+
+  const std::vector<gradsync_bench::Strategy> strategies = {{"compute", [&] { step(plain); }},
+                                                            {"gradsync", gradsync_apart},
+                                                            {"gradsync views", gradsync_views},
+                                                            {"per tensor", per_tensor},
+                                                            {"flat", flat}};
+  const std::vector<double> medians =
+      gradsync_bench::MeasureInterleaved(strategies, 2, args.iters, MPI_COMM_WORLD);
+  const double b = medians[0];
+  const double g = medians[1] - b, v = medians[2] - b, pt = medians[3] - b, f = medians[4] - b;
   if (gradsync::rank() == 0) {
     std::printf(
         "# gradsync_bench_libtorch: %d ranks, %zu tensors, %.1f MB, width %d depth %d "
         "batch %d, median of %d; sync ms = step - compute-only step\n",
-        gradsync::size(), plain->parameters().size(), bytes / 1e6, args.width, args.depth,
-        args.batch, args.iters);
+        size, plain->parameters().size(), elements * 4 / 1e6, args.width, args.depth, args.batch,
+        args.iters);
     std::printf("%10s %10s %10s %12s %10s %8s %8s %8s\n", "step_ms", "gs_sync", "gs_views",
                 "pertensor", "flat", "pt/gs", "flat/gs", "pt/views");
     std::printf("%10.2f %10.2f %10.2f %12.2f %10.2f %8.2f %8.2f %8.2f\n", b * 1e3, g * 1e3, v * 1e3,

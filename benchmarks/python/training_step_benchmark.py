@@ -30,8 +30,8 @@ same model, from the same initial weights, with SGD and momentum, on the same sy
             rank steps alone and the steps are combined (not run unless named in --modes; its
             parameters are its own, not DDP's)
 
-The modes are interleaved in rounds (each round runs --steps-per-round steps of every mode, in a
-rotated order), after --warmup steps each, so that a drift of the machine's speed reaches every
+The modes are interleaved in rounds (each round runs --steps-per-round steps of every mode, in an
+order shuffled anew each round from a fixed seed), after --warmup steps each, so that a drift of the machine's speed reaches every
 mode alike. A step is forward, backward, the optimizer's step and a device synchronization; its
 time is the slowest rank's. Reported: each mode's median step, its overhead over none, and its
 ratio to ddp. At the end every mode's parameters are checked to be identical on every rank, and
@@ -56,6 +56,7 @@ Output: a table on stdout (rank 0) and, with --json FILE, one JSON line per mode
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -265,9 +266,13 @@ def main():
     for mode in modes:
         for _ in range(args.warmup):
             mode.step(timed=False)
-    for r in range(args.rounds):
-        for k in range(len(modes)):
-            mode = modes[(k + r) % len(modes)]
+    # A new order every round, the same on every rank (a fixed seed), so that no mode always
+    # follows the same other one and inherits its leftovers (a rotation keeps the neighbours).
+    # No barrier before a step: a gradsync barrier would leave the locked schedule; each mode's
+    # own collectives keep the ranks together, and each step counts on its slowest rank.
+    order = random.Random(1)
+    for _ in range(args.rounds):
+        for mode in order.sample(modes, len(modes)):
             for _ in range(args.steps_per_round):
                 mode.step(timed=True)
 
