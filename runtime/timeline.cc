@@ -135,6 +135,7 @@ Status Timeline::Start(const std::string& path) {
     pending_.clear();
     rows_.clear();
     dropped_ = 0;
+    dropped_opens_.clear();
     wake_requested_ = false;
     stopping_ = false;
     start_time_ = std::chrono::steady_clock::now();
@@ -201,8 +202,19 @@ void Timeline::Record(Event::Kind kind, const std::string* name, std::string_vie
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!active_.load(std::memory_order_relaxed)) return;  // Stop won the race
-    if (pending_.size() + 2 > max_pending_events_) {
+    const bool opens = kind == Event::Kind::kBegin || kind == Event::Kind::kNegotiateBegin;
+    if (kind == Event::Kind::kEnd && name != nullptr) {
+      // The end of a dropped begin goes too; any other end is kept past the bound, since its
+      // begin is in the file (open begins bound how far), so that every row stays balanced.
+      auto skipped = dropped_opens_.find(*name);
+      if (skipped != dropped_opens_.end() && skipped->second > 0) {
+        --skipped->second;
+        ++dropped_;
+        return;
+      }
+    } else if (pending_.size() + 2 > max_pending_events_) {
       ++dropped_;
+      if (opens && name != nullptr) ++dropped_opens_[*name];
       return;
     }
     const int64_t ts_us = NowLocked();

@@ -12,7 +12,9 @@
 // thread owned by this class formats the records and writes them to the file every 100 ms, or
 // sooner when the buffer fills, so the recording thread never does file I/O. Memory stays
 // bounded: once `max_pending_events` records wait for the writer (the disk cannot keep up),
-// further records are dropped, counted, and the count is written at the end of the file.
+// further records are dropped (ends of open begins aside, which those begins bound), counted, and
+// the count is written at the end of the file. A begin dropped takes its end with it, and an end
+// whose begin was written is never dropped, so every row's begins and ends stay balanced.
 //
 // Thread safety: recording calls and active() may be called from any thread, concurrently with
 // each other and with Start/Stop; a record made while the timeline is not active, or that races
@@ -123,8 +125,11 @@ class Timeline {
   std::unordered_map<std::string, int32_t> rows_;     // guarded by mu_; cleared by Start
   std::chrono::steady_clock::time_point start_time_;  // guarded by mu_
   uint64_t dropped_ = 0;                              // guarded by mu_
-  bool wake_requested_ = false;                       // guarded by mu_
-  bool stopping_ = false;                             // guarded by mu_
+  // Begins dropped for each tensor row and not yet matched by their (also dropped) end; guarded
+  // by mu_, cleared by Start.
+  std::unordered_map<std::string, uint32_t> dropped_opens_;
+  bool wake_requested_ = false;  // guarded by mu_
+  bool stopping_ = false;        // guarded by mu_
 
   std::thread writer_;  // the controlling thread's
   // The writer thread's while it runs, the controlling thread's otherwise.
