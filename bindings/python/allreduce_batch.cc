@@ -18,12 +18,27 @@ namespace gradsync {
 namespace python {
 namespace {
 
-std::unique_ptr<AllreduceBatch> MakeBatch(std::vector<std::string> names,
-                                          const std::vector<int>& dtypes,
-                                          const std::vector<std::vector<int64_t>>& shapes,
-                                          const std::vector<int>& device_kinds,
-                                          const std::vector<int>& device_indices, int op,
-                                          double prescale, double postscale, int process_set) {
+// Destroying a batch with reductions in flight waits for them (their memory is in use until
+// then): without the GIL, as wait() does, so that other Python threads and signal handlers run
+// meanwhile, and a peer that never submits holds this thread alone.
+struct DestroyWithoutTheGil {
+  void operator()(AllreduceBatch* batch) const {
+    if (batch->in_flight() > 0 && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      delete batch;
+    } else {
+      delete batch;
+    }
+  }
+};
+
+// The batch as Python holds it.
+using HeldBatch = std::unique_ptr<AllreduceBatch, DestroyWithoutTheGil>;
+
+HeldBatch MakeBatch(std::vector<std::string> names, const std::vector<int>& dtypes,
+                    const std::vector<std::vector<int64_t>>& shapes,
+                    const std::vector<int>& device_kinds, const std::vector<int>& device_indices,
+                    int op, double prescale, double postscale, int process_set) {
   const size_t n = names.size();
   if (dtypes.size() != n || shapes.size() != n || device_kinds.size() != n ||
       device_indices.size() != n) {
@@ -41,7 +56,7 @@ std::unique_ptr<AllreduceBatch> MakeBatch(std::vector<std::string> names,
   options.prescale = prescale;
   options.postscale = postscale;
   options.process_set = SetById(process_set);
-  return std::make_unique<AllreduceBatch>(tensors, options);
+  return HeldBatch(new AllreduceBatch(tensors, options));
 }
 
 }  // namespace
@@ -50,7 +65,7 @@ void BindAllreduceBatch(py::module_& m) {
   // Starting slot `i` at `data`: the memory stays valid and untouched until wait(). wait() throws
   // the first failure once every reduction has finished, so that none still writes into a tensor
   // the caller gets back.
-  py::class_<AllreduceBatch>(m, "AllreduceBatch")
+  py::class_<AllreduceBatch, HeldBatch>(m, "AllreduceBatch")
       .def(py::init([](std::vector<std::string> names, const std::vector<int>& dtypes,
                        const std::vector<std::vector<int64_t>>& shapes,
                        const std::vector<int>& device_kinds, const std::vector<int>& device_indices,

@@ -179,8 +179,10 @@ void Wait(const PyHandle& h) {
 
 bool MpiThreadsSupported() {
   int initialized = 0;
+  int finalized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) return false;
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return false;  // MPI_Query_thread is erroneous after finalize
   int provided = MPI_THREAD_SINGLE;
   MPI_Query_thread(&provided);
   return provided == MPI_THREAD_MULTIPLE;

@@ -62,7 +62,6 @@ class HandleTable {
     if (it == calls_.end()) throw Unknown(handle);
     return it->second;
   }
-  void Clear() { calls_.clear(); }
   size_t size() const { return calls_.size(); }
 
  private:
@@ -223,7 +222,6 @@ void BindHandleTable(py::module_& m) {
   });
   m.def("poll_handle",
         [](const py::handle& handle) { return AllDone(Table().Find(handle).handles); });
-  m.def("forget_handles", [] { Table().Clear(); });
   m.def("pending_handles", [] { return Table().size(); });
 }
 

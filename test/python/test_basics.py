@@ -6,6 +6,7 @@ MPI: with GRADSYNC_TEST_APPLICATION_MPI=1 this module starts it through mpi4py w
 before the first init (ctest runs it alone so; the package's other tests leave MPI to gradsync)."""
 
 import os
+import time
 
 import pytest
 import torch
@@ -62,3 +63,21 @@ def test_init_on_a_list_of_ranks(rank, size):
             hvd.init(comm=[0])
     hvd.init()
     assert hvd.size() == size
+
+
+def test_handles_held_over_a_restart_stay_valid(rank, size):
+    """shutdown() leaves the handles already returned valid: one whose operation completed gives
+    its result, converted back (a bool tensor travels as a copy), after a new start too; one whose
+    operation never ran raises the shutdown error."""
+    flags = torch.tensor([rank == 0, True, False])
+    done = hvd.allreduce_async_(flags, op=hvd.Max, name="held.over.restart")
+    while not hvd.poll(done):
+        time.sleep(0.001)
+    pending = hvd.allreduce_async(torch.ones(2), name="only.on.rank.0") if rank == 0 else None
+    hvd.shutdown()
+    hvd.init()
+    assert hvd.synchronize(done) is flags
+    assert flags.tolist() == [True, True, False]
+    if pending is not None and size > 1:
+        with pytest.raises(hvd.HorovodInternalError, match="shut down"):
+            hvd.synchronize(pending)

@@ -1,5 +1,6 @@
 """Start, stop and describe the job: init, shutdown, ranks, sizes and what this build has."""
 
+import atexit
 import os
 
 from gradsync import _core
@@ -93,16 +94,30 @@ def init(comm=None, process_sets=None):
         _free_ranks_comm()
         raise
     _starts += 1
+    _shut_down_at_exit()
     _sets._after_init(requested)
     _learn_homogeneity()
 
 
-def shutdown():
-    """Fails what is still pending, stops the background thread and frees gradsync's MPI state."""
-    from gradsync.torch.handles import _forget_handles
+_exit_hook = False
 
+
+def _shut_down_at_exit():
+    """Has the interpreter's exit shut gradsync down, as Horovod's init does, while MPI and CUDA
+    still work: a script that ends without shutdown() otherwise leaves the background thread
+    running into MPI_Finalize (mpi4py's, registered at its import and so run after this) and into
+    the interpreter's teardown."""
+    global _exit_hook
+    if not _exit_hook:
+        atexit.register(lambda: shutdown() if _core.is_initialized() else None)
+        _exit_hook = True
+
+
+def shutdown():
+    """Fails what is still pending, stops the background thread and frees gradsync's MPI state.
+    Handles already returned stay valid: ``synchronize`` gives the result of an operation that
+    completed and raises the shutdown error for one that did not."""
     _core.shutdown()
-    _forget_handles()
     _free_ranks_comm()
 
 

@@ -15,10 +15,6 @@ def _register(handles, keep, finish, consumer=None):
     return _core.register_handle(handles, keep, finish, consumer)
 
 
-def _forget_handles():
-    _core.forget_handles()
-
-
 def poll(handle):
     """True once the operation behind ``handle`` has finished. Never blocks. Raises ValueError
     for anything but a pending handle, as Horovod's does."""
