@@ -10,6 +10,7 @@
 
 #include "ops/cuda/cuda_status.h"
 #include "ops/cuda/mpi_staged_backend.h"
+#include "ops/device/device_events.h"
 #include "ops/device/device_plane.h"
 #include "ops/device/device_plane_factory.h"
 #include "ops/nccl/nccl_backend.h"
@@ -118,8 +119,11 @@ bool UsableCudaDevices(int* devices) {
   return cudaGetDeviceCount(devices) == cudaSuccess && *devices > 0;
 }
 
+// Both are called from callers' threads (a framework's output buffer made and freed): the thread
+// keeps the device it had.
 Status AllocateDeviceMemory(int device, size_t bytes, void** data) {
   *data = nullptr;
+  CallerDeviceScope keep_callers_device;
   GRADSYNC_CUDA_CALL(cudaSetDevice(device), device);
   GRADSYNC_CUDA_CALL(cudaMalloc(data, std::max<size_t>(bytes, 1)), device);
   return Status::OK();
@@ -127,6 +131,7 @@ Status AllocateDeviceMemory(int device, size_t bytes, void** data) {
 
 Status FreeDeviceMemory(int device, void* data) {
   if (data == nullptr) return Status::OK();
+  CallerDeviceScope keep_callers_device;
   GRADSYNC_CUDA_CALL(cudaSetDevice(device), device);
   // cudaFree waits for the device's work on `data` before it returns the memory.
   GRADSYNC_CUDA_CALL(cudaFree(data), device);
