@@ -1,7 +1,9 @@
 // The public C++ API's lifecycle and topology: init(), shutdown(), the timeline switches, the
 // one runtime they create and destroy, and what this build offers for devices.
+#include <climits>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "bindings/runtime.h"
 #include "ops/device/device_plane_factory.h"
@@ -74,6 +76,23 @@ Status CheckSharedSettings(const Config& config, MPI_Comm comm) {
   return Status::OK();
 }
 
+// A setting that does not parse on some ranks only (a wrapper that sets it per rank, a launcher
+// that did not pass the environment alike) would fail init there alone while the others waited
+// for those ranks in init's next collective: every rank fails, with the lowest such rank's error.
+Status AgreeOnParsedSettings(const Status& parsed, MPI_Comm comm) {
+  int rank = 0;
+  GRADSYNC_MPI_CALL(MPI_Comm_rank(comm, &rank));
+  int first_failing = parsed.ok() ? INT_MAX : rank;
+  GRADSYNC_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, &first_failing, 1, MPI_INT, MPI_MIN, comm));
+  if (first_failing == INT_MAX) return Status::OK();
+  std::string message = rank == first_failing ? parsed.message() : std::string();
+  int length = static_cast<int>(message.size());
+  GRADSYNC_MPI_CALL(MPI_Bcast(&length, 1, MPI_INT, first_failing, comm));
+  message.resize(static_cast<size_t>(length));
+  GRADSYNC_MPI_CALL(MPI_Bcast(message.data(), length, MPI_CHAR, first_failing, comm));
+  return Status::InvalidArgument(message + " (on rank " + std::to_string(first_failing) + ")");
+}
+
 }  // namespace
 
 void init(MPI_Comm comm) {
@@ -87,9 +106,11 @@ void init(const InitOptions& options) {
   std::lock_guard<std::mutex> lock(g_lifecycle_mu);
   if (g_runtime) return;
   auto rt = std::make_unique<Runtime>();
-  Status status = Config::FromEnvironment(&rt->config);
-  if (!status.ok()) Throw(status);
-  status = MpiContext::Create(options.comm, &rt->mpi);
+  // A failed parse leaves the defaults, enough to make the communicators and agree on it.
+  const Status parsed = Config::FromEnvironment(&rt->config);
+  Status status = MpiContext::Create(options.comm, &rt->mpi);
+  if (!status.ok()) Throw(parsed.ok() ? status : parsed);
+  status = AgreeOnParsedSettings(parsed, rt->mpi->control_comm());
   if (!status.ok()) Throw(status);
   InitLogging(rt->mpi->rank(), rt->config.log_level);
   status = CheckSharedSettings(rt->config, rt->mpi->control_comm());

@@ -412,6 +412,20 @@ TEST(LifecycleTest, BadConfigurationIsReportedAtInit) {
   EXPECT_FALSE(is_initialized());
 }
 
+// A setting that does not parse on one rank only (a per-rank wrapper's typo): every rank's init
+// fails with that rank's error, where the others waited for it in init's collectives for good.
+TEST(LifecycleTest, ASettingThatDoesNotParseOnOneRankFailsEveryRanksInit) {
+  int world_rank = 0, world_size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  if (world_size < 2) GTEST_SKIP() << "needs two ranks";
+  if (world_rank == 1) setenv("GRADSYNC_CYCLE_TIME_MS", "fast", 1);
+  EXPECT_TRUE(ThrowsWith([] { init(); }, StatusCode::kInvalidArgument, "GRADSYNC_CYCLE_TIME_MS"));
+  EXPECT_TRUE(ThrowsWith([] { init(); }, StatusCode::kInvalidArgument, "(on rank 1)"));
+  unsetenv("GRADSYNC_CYCLE_TIME_MS");
+  EXPECT_FALSE(is_initialized());
+}
+
 // Settings that decide which collectives run, set on some ranks only (mpirun without -x on a
 // remote host): every rank's init fails, naming the variable, where the ranks would have hung.
 TEST(LifecycleTest, SettingsThatShapeCollectivesDifferingBetweenRanksFailInit) {
