@@ -120,10 +120,13 @@ Status ParseReal(const RealSpec& spec, std::string_view text, double* out) {
   return Status::OK();
 }
 
-// Names and switches are case-insensitive.
+// Names and switches are case-insensitive, in ASCII whatever the process's locale: under a
+// Turkish LC_CTYPE (which Python sets from the environment) std::tolower leaves 'I' as it is.
 std::string Lowercase(std::string_view text) {
   std::string lower(text);
-  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (char& c : lower) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
   return lower;
 }
 

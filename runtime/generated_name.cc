@@ -1,9 +1,34 @@
 #include "runtime/generated_name.h"
 
+#include "runtime/tensor_entry.h"
+
 namespace gradsync {
 
 namespace {
+
 constexpr std::string_view kMarker = ".noname.";
+
+// Digits only, and no leading zero unless it is the only one: std::to_string's form.
+bool IsCanonicalNumber(std::string_view digits) {
+  if (digits.empty() || (digits.size() > 1 && digits.front() == '0')) return false;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
+}
+
+// "<op>" or "<op>.set<k>", <op> an operation type's name: what GeneratedName puts before kMarker.
+bool IsGeneratedStem(std::string_view head) {
+  const size_t dot = head.find('.');
+  const std::string_view op = head.substr(0, dot);
+  bool known = false;
+  for (int t = 0; t < kNumOpTypes && !known; ++t) known = OpTypeName(static_cast<OpType>(t)) == op;
+  if (!known) return false;
+  if (dot == std::string_view::npos) return true;
+  const std::string_view set = head.substr(dot + 1);
+  return set.substr(0, 3) == "set" && IsCanonicalNumber(set.substr(3)) && set.substr(3) != "0";
+}
+
 }  // namespace
 
 std::string GeneratedName(std::string_view op, int32_t process_set, uint64_t n) {
@@ -23,7 +48,9 @@ bool ParseGeneratedName(std::string_view name, std::string_view* stem, uint64_t*
   }
   if (digits == 0 || digits == 20) return false;
   const std::string_view head = name.substr(0, name.size() - digits);
-  if (head.size() <= kMarker.size() || head.substr(head.size() - kMarker.size()) != kMarker) {
+  if (head.size() <= kMarker.size() || head.substr(head.size() - kMarker.size()) != kMarker ||
+      !IsCanonicalNumber(name.substr(head.size())) ||
+      !IsGeneratedStem(head.substr(0, head.size() - kMarker.size()))) {
     return false;
   }
   uint64_t value = 0;  // at most 19 digits: within uint64_t

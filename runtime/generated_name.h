@@ -16,8 +16,9 @@ namespace gradsync {
 
 std::string GeneratedName(std::string_view op, int32_t process_set, uint64_t n);
 
-// Whether `name` has a generated name's form; if so, `stem` views all of it but the trailing n
-// (ending in ".noname.") and `n` is that number.
+// Whether `name` is one GeneratedName makes (an operation type's name, a set other than 0, n
+// without leading zeros); if so, `stem` views all of it but the trailing n (ending in
+// ".noname.") and `n` is that number. A user's name of another form is never taken for one.
 bool ParseGeneratedName(std::string_view name, std::string_view* stem, uint64_t* n);
 
 }  // namespace gradsync

@@ -1,5 +1,6 @@
 #include "runtime/host_stream.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -23,6 +24,7 @@ bool HostEvent::Query() {
 }
 
 Status HostEvent::Wait(std::chrono::nanoseconds timeout) {
+  timeout = std::min(timeout, kWaitForever);  // a deadline the clock can hold
   const auto start = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   const auto done = [this] { return done_; };

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <clocale>
 #include <map>
 #include <string>
 
@@ -404,6 +405,24 @@ TEST(ConfigTest, FirstBadVariableIsReportedAndNothingIsApplied) {
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("GRADSYNC_CACHE_CAPACITY"), std::string::npos);
   EXPECT_EQ(config.fusion_threshold_bytes, 5);
+}
+
+// Names and switches in upper case parse as in lower case under whatever locale the process runs
+// (a Turkish LC_CTYPE, which Python sets from the environment, lowercases 'I' to no ASCII letter),
+// where one is installed.
+TEST(ConfigTest, UpperCaseNamesParseUnderATurkishLocale) {
+  const std::string before = std::setlocale(LC_CTYPE, nullptr);
+  if (std::setlocale(LC_CTYPE, "tr_TR.UTF-8") == nullptr &&
+      std::setlocale(LC_CTYPE, "tr_TR.ISO-8859-9") == nullptr) {
+    GTEST_SKIP() << "no Turkish locale installed";
+  }
+  const Config config = ParseOk({{"GRADSYNC_GPU_BACKEND", "MPI"},
+                                 {"GRADSYNC_LOG_LEVEL", "INFO"},
+                                 {"GRADSYNC_CALIBRATE", "OFF"}});
+  std::setlocale(LC_CTYPE, before.c_str());
+  EXPECT_EQ(config.gpu_backend, GpuBackend::kMpi);
+  EXPECT_EQ(config.log_level, LogLevel::kInfo);
+  EXPECT_FALSE(config.calibrate);
 }
 
 }  // namespace

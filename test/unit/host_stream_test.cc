@@ -215,6 +215,18 @@ TEST(HostStreamTest, AWaiterSeesTheCompletionPolledOrAsleep) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, kLong);
 }
 
+// The longest limit there is waits for the completion: the deadline is clamped where the clock
+// can hold it, not wrapped into the past (which timed out at once).
+TEST(HostStreamTest, AWaitWithTheLongestLimitWaitsForTheCompletion) {
+  HostEvent event;
+  std::thread completer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    event.Complete(Status::OK());
+  });
+  EXPECT_TRUE(event.Wait(std::chrono::nanoseconds::max()).ok());
+  completer.join();
+}
+
 TEST(HostStreamTest, DestroyingAStreamCompletesItsPendingEvents) {
   HostEvent never;
   std::shared_ptr<StreamEvent> pending;

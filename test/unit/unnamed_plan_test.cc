@@ -37,8 +37,11 @@ TEST(GeneratedNameTest, ParsesWhatItMakes) {
 TEST(GeneratedNameTest, OtherNamesAreNotGenerated) {
   std::string_view stem;
   uint64_t n = 0;
-  for (const char* name : {"grad.0", "allreduce.noname.", "allreduce.noname.x1", ".noname.3",
-                           "allreduce.noname.3.0", "allreduce.noname.99999999999999999999", ""}) {
+  for (const char* name :
+       {"grad.0", "allreduce.noname.", "allreduce.noname.x1", ".noname.3", "allreduce.noname.3.0",
+        "allreduce.noname.99999999999999999999", "", "grad.noname.1", "allreduce.noname.01",
+        "allreduce.set0.noname.1", "allreduce.set03.noname.1", "allreduce.sets.noname.1",
+        "allreduce.set2.x.noname.1", "xallreduce.noname.1"}) {
     EXPECT_FALSE(ParseGeneratedName(name, &stem, &n)) << name;
   }
 }
