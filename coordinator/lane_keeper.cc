@@ -29,25 +29,30 @@ Status LaneKeeper::GrantAfterRun(int32_t set_id, MPI_Comm data_comm, int64_t pie
     if (ranks > 2) return Status::OK();
   }
   for (const TensorEntry* member : members) {
-    CallerLane* lane = lanes_->Find(member->name);
-    if (lane == nullptr) continue;
-    // Asked whatever this rank's own state, so that the allreduce pairs up: a joining rank may
-    // still be letting its communicator go as the others come back here.
-    const bool fits = lane->process_set == set_id && lane->dtype == member->input.dtype &&
-                      lane->elements == member->input.num_elements();
-    int want =
-        caller_reduce_ && !joined && !lane->failed && fits && lane->comm.load() == MPI_COMM_NULL
-            ? 1
-            : 0;
-    int everyone = 0;
-    GRADSYNC_RETURN_IF_ERROR(MpiResult(
-        MPI_Allreduce(&want, &everyone, 1, MPI_INT, MPI_MIN, data_comm), "MPI_Allreduce"));
-    if (!everyone) continue;
-    MPI_Comm comm = MPI_COMM_NULL;
-    GRADSYNC_RETURN_IF_ERROR(DupWithReturnedErrors(data_comm, &comm));
-    lane->piece_bytes = piece_bytes;
-    lane->comm = comm;
-    Log().debug("bucket '{}' is reduced by its caller from its next step on", lane->name);
+    Status granted;
+    // Under the table's mutex: a caller's thread may destroy a batch meanwhile. The collectives
+    // inside pair with the other ranks' background threads alone, never with a caller's.
+    lanes_->WithNewest(member->name, [&](CallerLane* lane) {
+      // Asked whatever this rank's own state, so that the allreduce pairs up: a joining rank may
+      // still be letting its communicator go as the others come back here.
+      const bool fits = lane->process_set == set_id && lane->dtype == member->input.dtype &&
+                        lane->elements == member->input.num_elements();
+      int want =
+          caller_reduce_ && !joined && !lane->failed && fits && lane->comm.load() == MPI_COMM_NULL
+              ? 1
+              : 0;
+      int everyone = 0;
+      granted = MpiResult(MPI_Allreduce(&want, &everyone, 1, MPI_INT, MPI_MIN, data_comm),
+                          "MPI_Allreduce");
+      if (!granted.ok() || !everyone) return;
+      MPI_Comm comm = MPI_COMM_NULL;
+      granted = DupWithReturnedErrors(data_comm, &comm);
+      if (!granted.ok()) return;
+      lane->piece_bytes = piece_bytes;
+      lane->comm = comm;
+      Log().debug("bucket '{}' is reduced by its caller from its next step on", lane->name);
+    });
+    GRADSYNC_RETURN_IF_ERROR(granted);
   }
   return Status::OK();
 }

@@ -33,13 +33,16 @@ void CallerLaneTable::Remove(CallerLane* lane) {
   ReleaseLaneComm(lane);
 }
 
-CallerLane* CallerLaneTable::Find(const std::string& name) const {
-  if (empty()) return nullptr;
+void CallerLaneTable::WithNewest(const std::string& name,
+                                 const std::function<void(CallerLane*)>& use) const {
+  if (empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = lanes_.rbegin(); it != lanes_.rend(); ++it) {
-    if ((*it)->name == name) return *it;
+    if ((*it)->name == name) {
+      use(*it);
+      return;
+    }
   }
-  return nullptr;
 }
 
 void CallerLaneTable::ForEach(const std::function<void(CallerLane*)>& visit) const {

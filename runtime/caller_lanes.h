@@ -62,8 +62,10 @@ class CallerLaneTable {
   // Forgets the lane and frees its communicator; nothing when the lane is not (or no longer) in
   // the table.
   void Remove(CallerLane* lane);
-  // The newest lane registered under `name`, or null. Cheap when the table is empty.
-  CallerLane* Find(const std::string& name) const;
+  // Calls `use` with the newest lane registered under `name` (not at all when there is none),
+  // under the table's mutex, so that the lane cannot go away meanwhile: the newest may be another
+  // batch's than the one whose bucket asks. Cheap when the table is empty.
+  void WithNewest(const std::string& name, const std::function<void(CallerLane*)>& use) const;
   // Calls `visit` for every lane, under the table's mutex (so none goes away meanwhile).
   void ForEach(const std::function<void(CallerLane*)>& visit) const;
   bool empty() const { return count_.load(std::memory_order_relaxed) == 0; }
