@@ -15,6 +15,7 @@ gloo's.
 import argparse
 import socket
 import statistics
+import sys
 import time
 
 import torch
@@ -51,6 +52,28 @@ def call(op, group, tensor, gathered):
         dist.all_gather(gathered, tensor, group=group)
 
 
+def check(op, group, tensor, gathered):
+    """One call on each rank's own values must give the right result on every rank: the timed
+    calls that follow reduce whatever the buffer holds by then and are never checked."""
+    rank, size = hvd.rank(), hvd.size()
+    tensor.fill_(rank + 1)
+    call(op, group, tensor, gathered)
+    if op == "all_reduce":
+        ok = bool((tensor == size * (size + 1) / 2).all())
+    elif op == "broadcast":
+        ok = bool((tensor == 1).all())
+    else:
+        ok = all(bool((g == r + 1).all()) for r, g in enumerate(gathered))
+    if not ok:
+        sys.exit("torch_distributed_benchmark: %s over %s gave a wrong result on rank %d"
+                 % (op, group_name(group), rank))
+    tensor.fill_(1)
+
+
+def group_name(group):
+    return "gloo" if group is dist.group.WORLD else "gradsync"
+
+
 def timed(op, group, tensor, gathered, iters):
     dist.barrier(group=group)
     start = time.perf_counter()
@@ -76,6 +99,7 @@ def main():
         gathered = [torch.empty_like(tensor) for _ in range(hvd.size())]
         times = {name: [] for name in groups}
         for name, group in groups.items():
+            check(args.op, group, tensor, gathered)
             for _ in range(args.warmup):
                 call(args.op, group, tensor, gathered)
         for r in range(args.rounds):
