@@ -56,9 +56,11 @@ void ThrowIfRefused(const Runtime& rt, TensorEntry* entry, const Status& checked
   const std::string& name = entry->name;
   const bool reserved =
       !internal && name.size() >= 9 && name[0] == 'g' && name.compare(0, 9, "gradsync.") == 0;
-  const Status device = checked.ok() ? CheckOneCudaDevice(rt, entry->input.device) : checked;
-  if (device.ok() && !reserved && name.size() <= kMaxWireNameBytes) return;  // accepted
-  Status validation = device;
+  // The device last: an operation refused for another reason must not fix the process's GPU.
+  const bool valid = checked.ok() && !reserved && name.size() <= kMaxWireNameBytes;
+  const Status device = valid ? CheckOneCudaDevice(rt, entry->input.device) : Status::OK();
+  if (valid && device.ok()) return;  // accepted
+  Status validation = checked.ok() ? device : checked;
   if (validation.ok() && reserved) {
     validation = Status::InvalidArgument("names starting with 'gradsync.' are reserved");
   }

@@ -65,7 +65,7 @@ LockSettings LockSettings::From(const Config& config) {
   // stall inspector takes over) within two waits, so a short stall warning shortens the wait.
   s.wait_seconds = std::min(config.lock_wait_ms / 1e3, config.stall_warning_seconds / 2);
   s.stall_warning_seconds = config.stall_warning_seconds;
-  s.stall_shutdown_seconds = config.stall_shutdown_seconds;
+  s.stall_shutdown_seconds = config.PeerThreadGiveUpSeconds();
   s.longest_step = static_cast<size_t>(std::max<int64_t>(config.cache_capacity, 1));
   s.single_apart = config.caller_launch == CallerLaunch::kSingle;
   return s;

@@ -58,7 +58,7 @@ struct LockSettings {
   int64_t after_steps = 3;    // identical steps before locking
   double wait_seconds = 1.0;  // GRADSYNC_LOCK_WAIT_MS
   double stall_warning_seconds = 60.0;
-  double stall_shutdown_seconds = 300.0;  // 0: never
+  double stall_shutdown_seconds = 300.0;  // Config::PeerThreadGiveUpSeconds(); 0: never
   // The most names a step may hold and still count; a longer one is cut there and never locks.
   // It could not lock anyway (Lock() finds every name in the response cache, which holds
   // GRADSYNC_CACHE_CAPACITY), and names that never come back (unnamed operations, each named

@@ -50,7 +50,7 @@ ProcessSetRuntime::ProcessSetRuntime(int32_t id, std::vector<int> ranks, MPI_Com
           control, spin_first,
           LongWait{config.stall_warning_seconds,
                    "process set " + std::to_string(id) + "'s negotiation",
-                   config.stall_shutdown_seconds})),
+                   config.PeerThreadGiveUpSeconds()})),
       // The global set's ranks are their own labels; a subset's messages name global ranks.
       negotiator_(std::make_unique<Negotiator>(channel_.get(), config, nullptr, timeline,
                                                id_ == 0 ? std::vector<int>() : ranks_, id_)),

@@ -1,5 +1,6 @@
 #include "runtime/config.h"
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <charconv>
@@ -244,6 +245,11 @@ std::vector<std::pair<const char*, int64_t>> Config::SharedSettings() const {
           // Set or not decides whether calibration asks the hierarchy question, a collective.
           {"GRADSYNC_HIERARCHICAL_ALLREDUCE",
            hierarchical_allreduce_pinned ? (hierarchical_allreduce ? 1 : 0) : -1}};
+}
+
+double Config::PeerThreadGiveUpSeconds() const {
+  if (stall_shutdown_seconds == 0) return 0;
+  return std::max(stall_shutdown_seconds, nccl_timeout_seconds);
 }
 
 // Parses into a copy so that a bad variable leaves *out untouched.

@@ -135,6 +135,11 @@ struct Config {
   // every rank (the buckets, calibration and tuning, pipelining, the response cache, the device
   // backend), each as its variable and its value as an integer. init() checks them.
   std::vector<std::pair<const char*, int64_t>> SharedSettings() const;
+  // How long a rank waits in a round (negotiated or locked) for a peer's background thread before
+  // it gives up on it as stuck: the stall shutdown time, but no less than the device completion
+  // timeout, up to which that thread may be held by its own device work (a process set's close
+  // drains its buckets). 0: never.
+  double PeerThreadGiveUpSeconds() const;
 };
 
 const char* LogLevelName(LogLevel level);

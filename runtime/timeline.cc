@@ -134,8 +134,8 @@ Status Timeline::Start(const std::string& path) {
     std::lock_guard<std::mutex> lock(mu_);
     pending_.clear();
     rows_.clear();
+    rows_named_ = 0;
     dropped_ = 0;
-    dropped_opens_.clear();
     wake_requested_ = false;
     stopping_ = false;
     start_time_ = std::chrono::steady_clock::now();
@@ -202,29 +202,34 @@ void Timeline::Record(Event::Kind kind, const std::string* name, std::string_vie
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!active_.load(std::memory_order_relaxed)) return;  // Stop won the race
+    Row* row = name != nullptr ? &rows_[*name] : nullptr;
     const bool opens = kind == Event::Kind::kBegin || kind == Event::Kind::kNegotiateBegin;
-    if (kind == Event::Kind::kEnd && name != nullptr) {
-      // The end of a dropped begin goes too; any other end is kept past the bound, since its
-      // begin is in the file (open begins bound how far), so that every row stays balanced.
-      auto skipped = dropped_opens_.find(*name);
-      if (skipped != dropped_opens_.end() && skipped->second > 0) {
-        --skipped->second;
+    const bool room = pending_.size() + 2 <= max_pending_events_;
+    if (kind == Event::Kind::kEnd && row != nullptr && !row->open.empty()) {
+      // The end of a dropped begin goes too; that of a written one is kept past the bound (the
+      // open begins bound how far), so that the row's phases nest as they ran.
+      const bool begin_written = row->open.back();
+      row->open.pop_back();
+      if (!begin_written) {
         ++dropped_;
         return;
       }
-    } else if (pending_.size() + 2 > max_pending_events_) {
+    } else if (!room) {
       ++dropped_;
-      if (opens && name != nullptr) ++dropped_opens_[*name];
+      if (opens && row != nullptr) row->open.push_back(false);
       return;
     }
+    if (opens && row != nullptr) row->open.push_back(true);
     const int64_t ts_us = NowLocked();
-    int32_t row = 0;
-    if (name != nullptr) {
-      auto [it, inserted] = rows_.try_emplace(*name, static_cast<int32_t>(rows_.size() + 1));
-      row = it->second;
-      if (inserted) pending_.push_back(Event{Event::Kind::kRowName, row, 0, ts_us, *name});
+    int32_t row_id = 0;
+    if (row != nullptr) {
+      if (row->id == 0) {
+        row->id = ++rows_named_;
+        pending_.push_back(Event{Event::Kind::kRowName, row->id, 0, ts_us, *name});
+      }
+      row_id = row->id;
     }
-    Event event{kind, row, rank, ts_us, std::string(text)};
+    Event event{kind, row_id, rank, ts_us, std::string(text)};
     if (span != nullptr) {
       // A span from before Start begins with the file.
       auto since_start = [this](std::chrono::steady_clock::time_point t) {

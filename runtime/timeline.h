@@ -121,15 +121,19 @@ class Timeline {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Event> pending_;                        // guarded by mu_
-  std::unordered_map<std::string, int32_t> rows_;     // guarded by mu_; cleared by Start
+  std::vector<Event> pending_;  // guarded by mu_
+  // A tensor's row: its id in the file (0 until a record of it is written) and, for each of its
+  // phases still open, innermost last, whether its begin was written.
+  struct Row {
+    int32_t id = 0;
+    std::vector<bool> open;
+  };
+  std::unordered_map<std::string, Row> rows_;         // guarded by mu_; cleared by Start
+  int32_t rows_named_ = 0;                            // guarded by mu_
   std::chrono::steady_clock::time_point start_time_;  // guarded by mu_
   uint64_t dropped_ = 0;                              // guarded by mu_
-  // Begins dropped for each tensor row and not yet matched by their (also dropped) end; guarded
-  // by mu_, cleared by Start.
-  std::unordered_map<std::string, uint32_t> dropped_opens_;
-  bool wake_requested_ = false;  // guarded by mu_
-  bool stopping_ = false;        // guarded by mu_
+  bool wake_requested_ = false;                       // guarded by mu_
+  bool stopping_ = false;                             // guarded by mu_
 
   std::thread writer_;  // the controlling thread's
   // The writer thread's while it runs, the controlling thread's otherwise.

@@ -18,12 +18,13 @@ namespace gradsync {
 namespace python {
 namespace {
 
-// Destroying a batch with reductions in flight waits for them (their memory is in use until
-// then): without the GIL, as wait() does, so that other Python threads and signal handlers run
-// meanwhile, and a peer that never submits holds this thread alone.
+// Destroying a batch may wait: for reductions in flight (their memory is in use until then), and
+// for the lane table, which the background thread holds across a collective with the other ranks
+// as it grants a lane. Without the GIL, as wait() does, so that other Python threads and signal
+// handlers run meanwhile, and a peer that never comes holds this thread alone.
 struct DestroyWithoutTheGil {
   void operator()(AllreduceBatch* batch) const {
-    if (batch->in_flight() > 0 && PyGILState_Check()) {
+    if (PyGILState_Check()) {
       py::gil_scoped_release release;
       delete batch;
     } else {

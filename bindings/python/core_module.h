@@ -63,7 +63,7 @@ struct PyHandle {
 // returns `finish()`, or `result` when `finish` is None. `keep` stays alive until then.
 py::int_ RegisterCall(std::vector<Handle> handles, py::object keep, py::object result,
                       py::object finish, py::object consumer);
-// register_handle, synchronize_handle, poll_handle, pending_handles.
+// register_handle, synchronize_handle, poll_handle, pending_handles, settle_handles.
 void BindHandleTable(py::module_& m);
 
 // gradsync._core.AllreduceBatch (allreduce_batch.cc).

@@ -63,6 +63,25 @@ class HandleTable {
     return it->second;
   }
   size_t size() const { return calls_.size(); }
+  // After shutdown, when no operation can touch memory any more: every entry lets go of what it
+  // kept alive for its operation, and one that failed of its result too (synchronize raises its
+  // error), so that handles never synchronized hold no tensors across a restart. The objects are
+  // released after the table is consistent: a finalizer may call back into it.
+  void Settle() {
+    std::vector<py::object> released;
+    for (auto& [id, call] : calls_) {
+      released.push_back(std::move(call.keep));
+      call.keep = py::none();
+      bool failed = false;
+      for (const Handle& h : call.handles) failed = failed || (h.poll() && !h.status().ok());
+      if (failed) {
+        released.push_back(std::move(call.result));
+        released.push_back(std::move(call.finish));
+        call.result = py::none();
+        call.finish = py::none();
+      }
+    }
+  }
 
  private:
   // The entry of an integer handle, or end(); throws ValueError for what is no integer.
@@ -223,6 +242,7 @@ void BindHandleTable(py::module_& m) {
   m.def("poll_handle",
         [](const py::handle& handle) { return AllDone(Table().Find(handle).handles); });
   m.def("pending_handles", [] { return Table().size(); });
+  m.def("settle_handles", [] { Table().Settle(); });
 }
 
 }  // namespace python

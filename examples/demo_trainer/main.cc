@@ -242,6 +242,10 @@ int Run(const Options& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The replica check calls MPI itself, so the demo starts MPI (with the thread level gradsync
+  // needs) and finalizes it; gradsync then uses it as it finds it.
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   try {
     gradsync::init();
     Options opt;
@@ -252,6 +256,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "usage: %s [--steps N] [--lr X] [--batch N]\n", argv[0]);
     }
     gradsync::shutdown();
+    MPI_Finalize();
     return status;
   } catch (const std::exception& e) {
     // Other ranks may be blocked in a collective this rank will never join: take the job down.

@@ -5,8 +5,10 @@ MPI cannot start twice in a process, so gradsync starts again only where the app
 MPI: with GRADSYNC_TEST_APPLICATION_MPI=1 this module starts it through mpi4py when collected,
 before the first init (ctest runs it alone so; the package's other tests leave MPI to gradsync)."""
 
+import gc
 import os
 import time
+import weakref
 
 import pytest
 import torch
@@ -73,11 +75,26 @@ def test_handles_held_over_a_restart_stay_valid(rank, size):
     done = hvd.allreduce_async_(flags, op=hvd.Max, name="held.over.restart")
     while not hvd.poll(done):
         time.sleep(0.001)
-    pending = hvd.allreduce_async(torch.ones(2), name="only.on.rank.0") if rank == 0 else None
+    pending, kept = None, None
+    if rank == 0:
+        alone = torch.ones(2)
+        kept = weakref.ref(alone)
+        pending = hvd.allreduce_async(alone, name="only.on.rank.0")
+        del alone
+    # Every rank past rank 0's enqueue before any shuts down (a shutdown closes the queue).
+    hvd.allreduce(torch.ones(1), name="after.the.enqueue")
     hvd.shutdown()
+    if kept is not None and size > 1:
+        # The failed operation's handle no longer holds its tensors once gradsync is down.
+        gc.collect()
+        assert kept() is None
     hvd.init()
     assert hvd.synchronize(done) is flags
     assert flags.tolist() == [True, True, False]
-    if pending is not None and size > 1:
-        with pytest.raises(hvd.HorovodInternalError, match="shut down"):
-            hvd.synchronize(pending)
+    if pending is None:
+        return
+    if size == 1:  # nobody else to wait for: it completed
+        assert hvd.synchronize(pending).tolist() == [1.0, 1.0]
+        return
+    with pytest.raises(hvd.HorovodInternalError, match="shut down"):
+        hvd.synchronize(pending)

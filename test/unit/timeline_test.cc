@@ -402,18 +402,21 @@ TEST_F(TimelineTest, RecordingFromSeveralThreadsKeepsEachRowInOrder) {
 }
 
 // Beyond the bound records are dropped and counted, a begin with its end: every row's begins
-// and ends stay balanced (LoadTrace checks their nesting), on rows made before and after drops.
+// and ends stay balanced (LoadTrace checks their nesting) and pair as they ran, whichever of a
+// nested pair was dropped, on rows made before and after drops.
 TEST_F(TimelineTest, DropsRecordsBeyondTheBoundAndCountsThem) {
-  constexpr int kPairs = 5000;
+  constexpr int kRounds = 5000;
   const fs::path path = TempPath("bounded");
   // Room for 10: the first rows' records fill it in the middle of a row's begins and ends.
   Timeline timeline(/*max_pending_events=*/10);
   ASSERT_TRUE(timeline.Start(path.string()).ok());
-  for (int i = 0; i < kPairs; ++i) {
+  for (int i = 0; i < kRounds; ++i) {
     const std::string name = "t" + std::to_string(i % 3);
     timeline.ActivityStart(name, "QUEUE");
     timeline.NegotiateStart(name, "ALLREDUCE");
     timeline.NegotiateEnd(name);
+    timeline.ActivityStart(name, "MPI_ALLREDUCE");
+    timeline.ActivityEnd(name);
     timeline.ActivityEnd(name);
   }
   ASSERT_TRUE(timeline.Stop().ok());
@@ -423,9 +426,19 @@ TEST_F(TimelineTest, DropsRecordsBeyondTheBoundAndCountsThem) {
   // Whether any record was dropped depends on how fast the writer thread ran; what must hold
   // either way is that every record was written or counted, and that ends match begins.
   const int64_t dropped = trace.Dropped();
-  const size_t begins = trace.Count("B", "QUEUE") + trace.Count("B", "NEGOTIATE_ALLREDUCE");
+  const size_t begins = trace.Count("B", "QUEUE") + trace.Count("B", "NEGOTIATE_ALLREDUCE") +
+                        trace.Count("B", "MPI_ALLREDUCE");
   EXPECT_EQ(trace.Count("E"), begins);
-  EXPECT_EQ(static_cast<int64_t>(2 * begins) + dropped, 4 * kPairs);
+  EXPECT_EQ(static_cast<int64_t>(2 * begins) + dropped, 6 * kRounds);
+  // An inner phase closes before the next begins: its own end, not its outer phase's, follows it.
+  for (const auto& [tid, row] : trace.rows) {
+    const std::vector<std::string> sequence = trace.Sequence(tid);
+    for (size_t k = 0; k < sequence.size(); ++k) {
+      if (sequence[k] != "B NEGOTIATE_ALLREDUCE" && sequence[k] != "B MPI_ALLREDUCE") continue;
+      ASSERT_LT(k + 1, sequence.size()) << row;
+      EXPECT_EQ(sequence[k + 1], "E") << row << " at " << k;
+    }
+  }
   // A row is named only once one of its records is kept.
   EXPECT_GE(trace.Count("M", "thread_name"), 1u);
   EXPECT_LE(trace.Count("M", "thread_name"), 3u);

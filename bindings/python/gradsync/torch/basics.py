@@ -105,8 +105,8 @@ _exit_hook = False
 def _shut_down_at_exit():
     """Has the interpreter's exit shut gradsync down, as Horovod's init does, while MPI and CUDA
     still work: a script that ends without shutdown() otherwise leaves the background thread
-    running into MPI_Finalize (mpi4py's, registered at its import and so run after this) and into
-    the interpreter's teardown."""
+    running into MPI_Finalize (mpi4py's, which runs after the interpreter's exit handlers) and
+    into the interpreter's teardown."""
     global _exit_hook
     if not _exit_hook:
         atexit.register(lambda: shutdown() if _core.is_initialized() else None)
@@ -118,6 +118,7 @@ def shutdown():
     Handles already returned stay valid: ``synchronize`` gives the result of an operation that
     completed and raises the shutdown error for one that did not."""
     _core.shutdown()
+    _core.settle_handles()
     _free_ranks_comm()
 
 
