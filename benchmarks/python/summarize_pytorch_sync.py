@@ -121,10 +121,15 @@ def main(paths):
             for peer, ours, goal in pairs:
                 # Each repetition's peer run against the same repetition's gradsync run.
                 peer_by_tag = {r.get("tag", ""): r[field] for r in by_fw.get(peer, [])}
-                values = [peer_by_tag[r.get("tag", "")] / r[field]
-                          for r in by_fw.get(ours, [])
-                          if r.get("tag", "") in peer_by_tag and r[field] > 0]
-                cells.append(ratio_cell(values, goal if field == "sync_ms" else None))
+                paired = [r for r in by_fw.get(ours, []) if r.get("tag", "") in peer_by_tag]
+                values = [peer_by_tag[r.get("tag", "")] / r[field] for r in paired
+                          if r[field] > 0]
+                cell = ratio_cell(values, goal if field == "sync_ms" else None)
+                # A run whose step took no longer than its compute has no ratio: say so.
+                if len(values) < len(paired):
+                    cell += " (%d run(s) at %s <= 0 left out)" % (len(paired) - len(values),
+                                                                  field)
+                cells.append(cell)
             print("| " + " | ".join(cells) + " |")
     return 0
 
