@@ -13,73 +13,13 @@
 #include <thread>
 #include <vector>
 
-#include "ops/device/device_plane.h"
-#include "ops/device/device_plane_factory.h"
-#include "ops/device/host_device_backend.h"
 #include "ops/device/producer_readiness.h"
 #include "test/host_stream_readiness.h"
-#include "test/mpi/multi_rank_test.h"
-#include "test/trace_reader.h"
+#include "test/mpi/device_loop_fixture.h"
 
 namespace gradsync {
 namespace testing {
 namespace {
-
-// Set on every rank before the same step: that step's first device allreduce fails at its
-// launch, as a backend's refusal does, before anything is exchanged.
-std::atomic<bool> fail_next_allreduce{false};
-
-class FailingOncePlane : public DevicePlane {
- public:
-  using DevicePlane::DevicePlane;
-  Status Allreduce(const std::vector<TensorEntry*>& entries, const ReduceSpec& spec) override {
-    if (fail_next_allreduce.exchange(false)) return Status::Internal("injected launch failure");
-    return DevicePlane::Allreduce(entries, spec);
-  }
-};
-
-// The devices this rank's planes were made for.
-std::vector<Device> planes_made_for;
-
-Status HostBackedPlane(const Config& config, MPI_Comm comm, const Device& device,
-                       std::unique_ptr<DataPlane>* plane) {
-  planes_made_for.push_back(device);
-  std::unique_ptr<HostDeviceBackend> backend;
-  GRADSYNC_RETURN_IF_ERROR(HostDeviceBackend::Create(comm, &backend));
-  *plane =
-      std::make_unique<FailingOncePlane>(std::move(backend), comm, DeviceCompletionTimeout(config));
-  return Status::OK();
-}
-
-class DeviceLoopTest : public MultiRankTest {
- protected:
-  void SetUp() override {
-    SetDevicePlaneFactoryForTesting(&HostBackedPlane);
-    MultiRankTest::SetUp();
-  }
-  void TearDown() override {
-    MultiRankTest::TearDown();
-    SetDevicePlaneFactoryForTesting(nullptr);
-  }
-};
-
-// A host tensor relabelled as a device tensor.
-TensorView OnDevice(HostTensor* tensor, int gpu = 0) {
-  TensorView view = tensor->view();
-  view.device = Device::Cuda(gpu);
-  return view;
-}
-
-Allocator IntoDevice(std::unique_ptr<HostTensor>* out) { return Into(out); }
-
-// How often the timeline shows the global set's schedule locking.
-size_t LocksOfTheGlobalSet(const Trace& trace) {
-  size_t locks = 0;
-  for (const Json& e : trace.events) {
-    if (StringField(e, "ph") == "i" && StringField(e, "name").rfind("LOCK set 0", 0) == 0) ++locks;
-  }
-  return locks;
-}
 
 TEST_F(DeviceLoopTest, DeviceAndHostTensorsInFlightTogether) {
   for (int step = 0; step < 3; ++step) {
@@ -414,73 +354,6 @@ TEST_F(DeviceLoopTest, AnOutputThatCannotBeAllocatedFailsOnlyOnceTheDeviceIsDone
     EXPECT_EQ(sent->Get(0), 1);
     EXPECT_EQ(share->Get(0), sum);
   }
-}
-
-// One GPU per rank, as on a node with several (rank r's tensors on cuda:r): the responses carry
-// rank 0's device, yet each rank reduces on its own GPU's plane (a plane for rank 0's would read
-// another GPU's memory, and take the ranks for sharing one), its cached tensors match every
-// step, and the schedule locks; a joined rank's stand-ins go to its own plane too.
-TEST_F(DeviceLoopTest, EachRankReducesOnItsOwnGpu) {
-  const fs::path path =
-      fs::temp_directory_path() / ("gradsync_device_own_" + std::to_string(getpid()) + ".json");
-  start_timeline(path.string());
-  planes_made_for.clear();
-  for (int step = 0; step < 8; ++step) {
-    std::vector<std::unique_ptr<HostTensor>> grads;
-    std::vector<Handle> handles;
-    for (int g = 0; g < 4; ++g) {
-      grads.push_back(std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{33}));
-      for (int64_t k = 0; k < 33; ++k) grads.back()->Set(k, rank_ + step + g);
-      AllreduceOptions options;
-      options.name = "own.gpu." + std::to_string(g);
-      handles.push_back(allreduce(OnDevice(grads.back().get(), rank_), options));
-    }
-    for (size_t g = 0; g < handles.size(); ++g) {
-      ASSERT_TRUE(Succeeds(handles[g])) << "step " << step;
-      ASSERT_EQ(grads[g]->Get(5), size_ * (size_ - 1) / 2.0 + size_ * (step + g));
-    }
-  }
-  // The last rank joins early: the others' next step goes on with its stand-ins.
-  HostTensor last(DataType::kFloat32, {33});
-  for (int64_t k = 0; k < 33; ++k) last.Set(k, 1);
-  if (rank_ != size_ - 1) {
-    AllreduceOptions options;
-    options.name = "own.gpu.after";
-    Handle h = allreduce(OnDevice(&last, rank_), options);
-    ASSERT_TRUE(Succeeds(h));
-    EXPECT_EQ(last.Get(0), size_ - 1);
-  }
-  join();
-  stop_timeline();
-  ASSERT_FALSE(planes_made_for.empty());
-  for (const Device& device : planes_made_for) {
-    EXPECT_EQ(device, Device::Cuda(rank_)) << "a plane for " << DeviceName(device);
-  }
-  if (rank_ != 0) return;
-  const Trace trace = LoadTrace(path);
-  fs::remove(path);
-  ASSERT_TRUE(trace.ok);
-  EXPECT_EQ(LocksOfTheGlobalSet(trace), 1u) << "the loop locked";
-}
-
-// One GPU a process: a rank's device planes are made collectively when first used, and buckets
-// fuse device tensors by kind, so a tensor on a second device would reach a plane or a bucket the
-// other ranks lack (a hang). Refused at its enqueue instead, naming both devices; the first
-// device goes on working.
-TEST_F(DeviceLoopTest, ATensorOnASecondGpuIsRefusedAtEnqueue) {
-  HostTensor first(DataType::kFloat32, {8}), second(DataType::kFloat32, {8});
-  for (int64_t k = 0; k < 8; ++k) first.Set(k, 1);
-  AllreduceOptions own, another;
-  own.name = "on.own.gpu";
-  another.name = "on.another.gpu";
-  ASSERT_TRUE(Succeeds(allreduce(OnDevice(&first, rank_), own)));
-  EXPECT_TRUE(ThrowsWith([&] { allreduce(OnDevice(&second, rank_ + 1), another); },
-                         StatusCode::kInvalidArgument,
-                         "on cuda:" + std::to_string(rank_ + 1) +
-                             ", but this process's device operations run on cuda:" +
-                             std::to_string(rank_)));
-  ASSERT_TRUE(Succeeds(allreduce(OnDevice(&first, rank_), own)));
-  EXPECT_EQ(first.Get(3), size_ * size_);
 }
 
 TEST_F(DeviceLoopTest, ProcessSetsGetDevicePlanesOfTheirOwn) {
