@@ -31,13 +31,14 @@ same model, from the same initial weights, with SGD and momentum, on the same sy
             parameters are its own, not DDP's)
 
 The modes are interleaved in rounds (each round runs --steps-per-round steps of every mode, in an
-order shuffled anew each round from a fixed seed), after --warmup steps each, so that a drift of
-the machine's speed reaches every mode alike. A step is forward, backward, the optimizer's step
-and a device synchronization; its time is the slowest rank's. Reported: each mode's median step,
-its overhead over none, and its ratio to ddp. At the end every mode's parameters are checked to be
-identical on every rank, and each mode's checksum is printed with its relative difference from ddp's: the synchronized modes
-agree to the rounding of the model's nondeterministic kernels (BERT's embedding backward adds
-with atomics), far below what a gradient read before backward wrote it would give.
+order shuffled anew each round from a fixed seed), after --warmup steps each, so that a drift of the
+machine's speed reaches every mode alike. A step is forward, backward, the optimizer's step and a
+device synchronization; its time is the slowest rank's. Reported: each mode's median step, its
+overhead over none, and its ratio to ddp. At the end every mode's parameters are checked to be
+identical on every rank, and each mode's checksum is printed with its relative difference from
+ddp's: the synchronized modes agree to the rounding of the model's nondeterministic kernels (BERT's
+embedding backward adds with atomics), far below what a gradient read before backward wrote it would
+give.
 
 Models: resnet50 (torchvision, 224x224 images, --batch default 32), bert (transformers'
 BertForMaskedLM with BERT-base's configuration, sequence 128, --batch default 16), tiny (a small
