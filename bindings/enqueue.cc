@@ -34,14 +34,14 @@ Status Membership(const Runtime& rt, const ProcessSet& set, int* set_rank, int* 
   return rt.registry.Membership(set.id(), set_rank, set_size);
 }
 
-// Throws `validation` (or a name too long for the wire) with the operation, tensor and rank in
-// front.
 // Runtime::cuda_device: the first CUDA operation names the process's device; later ones on
-// another are refused.
+// another are refused. Once it is named, a plain load settles every enqueue.
 Status CheckOneCudaDevice(const Runtime& rt, const Device& device) {
   if (device.kind != DeviceKind::kCuda) return Status::OK();
-  int expected = -1;
-  if (rt.cuda_device.compare_exchange_strong(expected, device.index) || expected == device.index) {
+  int expected = rt.cuda_device.load(std::memory_order_relaxed);
+  if (expected == device.index) return Status::OK();
+  if (expected == -1 && (rt.cuda_device.compare_exchange_strong(expected, device.index) ||
+                         expected == device.index)) {
     return Status::OK();
   }
   return Status::InvalidArgument(
@@ -50,6 +50,8 @@ Status CheckOneCudaDevice(const Runtime& rt, const Device& device) {
       " (its first one's device); one GPU a process is supported");
 }
 
+// Throws `validation` (or a name too long for the wire) with the operation, tensor and rank in
+// front.
 void ThrowIfRefused(const Runtime& rt, TensorEntry* entry, const Status& checked) {
   const bool internal = entry->op == OpType::kJoin || entry->op == OpType::kAddProcessSet ||
                         entry->op == OpType::kRemoveProcessSet;
@@ -58,9 +60,8 @@ void ThrowIfRefused(const Runtime& rt, TensorEntry* entry, const Status& checked
       !internal && name.size() >= 9 && name[0] == 'g' && name.compare(0, 9, "gradsync.") == 0;
   // The device last: an operation refused for another reason must not fix the process's GPU.
   const bool valid = checked.ok() && !reserved && name.size() <= kMaxWireNameBytes;
-  const Status device = valid ? CheckOneCudaDevice(rt, entry->input.device) : Status::OK();
-  if (valid && device.ok()) return;  // accepted
-  Status validation = checked.ok() ? device : checked;
+  Status validation = valid ? CheckOneCudaDevice(rt, entry->input.device) : checked;
+  if (valid && validation.ok()) return;  // accepted
   if (validation.ok() && reserved) {
     validation = Status::InvalidArgument("names starting with 'gradsync.' are reserved");
   }

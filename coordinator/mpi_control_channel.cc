@@ -156,7 +156,7 @@ Status MpiControlChannel::Broadcast(std::string* bytes) {
   }
   GRADSYNC_MPI_CALL(MPI_Ibcast(b.received.data(), b.count, MPI_BYTE, 0, comm_, &request));
   GRADSYNC_RETURN_IF_ERROR(Wait(&request, "MPI_Ibcast(response list)"));
-  bytes->assign(b.received);
+  bytes->swap(b.received);  // the buffer keeps the caller's old string's room for the next round
   return Status::OK();
 }
 

@@ -1,5 +1,9 @@
 #include "runtime/generated_name.h"
 
+#include <algorithm>
+#include <array>
+#include <string>
+
 #include "runtime/tensor_entry.h"
 
 namespace gradsync {
@@ -21,9 +25,13 @@ bool IsCanonicalNumber(std::string_view digits) {
 bool IsGeneratedStem(std::string_view head) {
   const size_t dot = head.find('.');
   const std::string_view op = head.substr(0, dot);
-  bool known = false;
-  for (int t = 0; t < kNumOpTypes && !known; ++t) known = OpTypeName(static_cast<OpType>(t)) == op;
-  if (!known) return false;
+  // Made once: parsing runs for every generated name a cycle keys.
+  static const std::array<std::string, kNumOpTypes> kOps = [] {
+    std::array<std::string, kNumOpTypes> ops;
+    for (int t = 0; t < kNumOpTypes; ++t) ops[t] = OpTypeName(static_cast<OpType>(t));
+    return ops;
+  }();
+  if (std::find(kOps.begin(), kOps.end(), op) == kOps.end()) return false;
   if (dot == std::string_view::npos) return true;
   const std::string_view set = head.substr(dot + 1);
   return set.substr(0, 3) == "set" && IsCanonicalNumber(set.substr(3)) && set.substr(3) != "0";

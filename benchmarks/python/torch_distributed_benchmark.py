@@ -52,7 +52,7 @@ def call(op, group, tensor, gathered):
         dist.all_gather(gathered, tensor, group=group)
 
 
-def check(op, group, tensor, gathered):
+def check(op, name, group, tensor, gathered):
     """One call on each rank's own values must give the right result on every rank: the timed
     calls that follow reduce whatever the buffer holds by then and are never checked."""
     rank, size = hvd.rank(), hvd.size()
@@ -66,12 +66,8 @@ def check(op, group, tensor, gathered):
         ok = all(bool((g == r + 1).all()) for r, g in enumerate(gathered))
     if not ok:
         sys.exit("torch_distributed_benchmark: %s over %s gave a wrong result on rank %d"
-                 % (op, group_name(group), rank))
+                 % (op, name, rank))
     tensor.fill_(1)
-
-
-def group_name(group):
-    return "gloo" if group is dist.group.WORLD else "gradsync"
 
 
 def timed(op, group, tensor, gathered, iters):
@@ -99,7 +95,7 @@ def main():
         gathered = [torch.empty_like(tensor) for _ in range(hvd.size())]
         times = {name: [] for name in groups}
         for name, group in groups.items():
-            check(args.op, group, tensor, gathered)
+            check(args.op, name, group, tensor, gathered)
             for _ in range(args.warmup):
                 call(args.op, group, tensor, gathered)
         for r in range(args.rounds):

@@ -70,15 +70,12 @@ class HandleTable {
   void Settle() {
     std::vector<py::object> released;
     for (auto& [id, call] : calls_) {
-      released.push_back(std::move(call.keep));
-      call.keep = py::none();
+      released.push_back(std::exchange(call.keep, py::none()));
       bool failed = false;
       for (const Handle& h : call.handles) failed = failed || (h.poll() && !h.status().ok());
       if (failed) {
-        released.push_back(std::move(call.result));
-        released.push_back(std::move(call.finish));
-        call.result = py::none();
-        call.finish = py::none();
+        released.push_back(std::exchange(call.result, py::none()));
+        released.push_back(std::exchange(call.finish, py::none()));
       }
     }
   }

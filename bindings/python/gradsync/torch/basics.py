@@ -94,23 +94,18 @@ def init(comm=None, process_sets=None):
         _free_ranks_comm()
         raise
     _starts += 1
-    _shut_down_at_exit()
     _sets._after_init(requested)
     _learn_homogeneity()
 
 
-_exit_hook = False
-
-
+@atexit.register
 def _shut_down_at_exit():
-    """Has the interpreter's exit shut gradsync down, as Horovod's init does, while MPI and CUDA
+    """The interpreter's exit shuts a running gradsync down, as Horovod's does, while MPI and CUDA
     still work: a script that ends without shutdown() otherwise leaves the background thread
     running into MPI_Finalize (mpi4py's, which runs after the interpreter's exit handlers) and
     into the interpreter's teardown."""
-    global _exit_hook
-    if not _exit_hook:
-        atexit.register(lambda: shutdown() if _core.is_initialized() else None)
-        _exit_hook = True
+    if _core.is_initialized():
+        shutdown()
 
 
 def shutdown():
