@@ -143,6 +143,21 @@ def test_each_sample_of_an_epoch_is_processed_once_across_resizes(sizes):
     assert len(seen) - len(dataset) < sizes[-1]
 
 
+@pytest.mark.parametrize("left", [0, 1, 2, 3, 5, 9])
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 8])
+def test_every_rank_gets_as_many_samples_however_few_are_left(left, size):
+    # With fewer samples left in the epoch than ranks to pad, each rank still runs as many steps
+    # (a rank with none would skip the step's collectives the others wait in).
+    dataset = list(range(16))
+    shares = []
+    for r in range(size):
+        replica = _replica(dataset, 1, len(dataset) - left)
+        replica.partition(size, r)
+        shares.append(replica.indices)
+    assert {len(share) for share in shares} == {-(-left // size)}
+    assert sorted(set(sum(shares, []))) == sorted(replica.remaining_indices)
+
+
 def test_state_commits_restores_and_resumes_from_disk(tmp_path, monkeypatch, rank, size):
     directory = hvd.broadcast_object(str(tmp_path / "commits"), root_rank=0,
                                      name="test.elastic.dir")

@@ -104,8 +104,12 @@ class ElasticSampler(torch.utils.data.Sampler):
                                   if i not in self.processed_indices]
         self.num_samples = int(math.ceil(len(self.remaining_indices) / num_replicas))
         self.total_size = self.num_samples * num_replicas
+        # Every rank gets num_samples, so that each runs as many steps (their collectives pair
+        # up): the padding repeats the samples left in turn, more than once where fewer are left
+        # than ranks lack.
+        padding = self.total_size - len(self.remaining_indices)
         padded = self.remaining_indices + \
-            self.remaining_indices[:self.total_size - len(self.remaining_indices)]
+            [self.remaining_indices[k % len(self.remaining_indices)] for k in range(padding)]
         self.indices = padded[rank:self.total_size:num_replicas]
 
     def __iter__(self):
