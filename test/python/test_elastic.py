@@ -257,6 +257,24 @@ def test_commits_reuse_snapshots_nothing_reads_and_restore_the_last(optimizer_cl
     assert restored.data_ptr() != saved.data_ptr()
 
 
+def test_a_model_assigned_anew_is_the_one_saved_and_restored(monkeypatch):
+    monkeypatch.delenv("GRADSYNC_ELASTIC_CHECKPOINT_DIR", raising=False)
+    model, optimizer = _momentum_model()
+    state = hvd.elastic.TorchState(model, optimizer)
+    replacement = torch.nn.Linear(64, 8).double()
+    state.model = replacement
+    with torch.no_grad():
+        replacement.weight.fill_(3.0)
+    state.commit()
+    with torch.no_grad():
+        replacement.weight.fill_(-1.0)
+    state.restore()
+    assert state.model is replacement
+    assert torch.equal(replacement.weight, torch.full((8, 64), 3.0, dtype=torch.float64))
+    with pytest.raises(ValueError, match="state_dict"):
+        state.optimizer = None
+
+
 @pytest.mark.parametrize("optimizer_class", [torch.optim.SGD, _KeepingSGD])
 def test_training_after_a_restore_leaves_the_commit_as_it_was(optimizer_class, monkeypatch):
     """Steps after a restore, then a failure before the next commit: the second restore gives the

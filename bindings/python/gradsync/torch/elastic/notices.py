@@ -60,7 +60,7 @@ class _HostWatch:
                     version = int(json.loads(reply.read().decode())["version"])
                 with self._lock:
                     self._seen = version
-            except (OSError, ValueError, KeyError) as error:
+            except Exception as error:  # http.client's errors (a reply cut short) are no OSError
                 # The launcher restarts the world if it is gone; one that cannot be reached is
                 # said once, since the job then never hears of other hosts.
                 if not told:

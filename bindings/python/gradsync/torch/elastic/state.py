@@ -162,6 +162,17 @@ class TorchState(ObjectState):
         super().__init__(**{k: v for k, v in kwargs.items() if k not in self._stateful})
         self._save_torch()
 
+    def __setattr__(self, name, value):
+        # As Horovod's: a model, optimizer or sampler assigned anew (state.model = ...) is the one
+        # saved, restored and synced from then on, not the object it replaced.
+        stateful = self.__dict__.get("_stateful")
+        if stateful is not None and name in stateful:
+            if not _stateful(value):
+                raise ValueError("state.%s holds an object with state_dict() and "
+                                 "load_state_dict(); %r has none" % (name, value))
+            stateful[name] = value
+        super().__setattr__(name, value)
+
     def save(self):
         self._save_torch()
         super().save()
