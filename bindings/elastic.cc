@@ -188,9 +188,12 @@ void leave_for_restart() {
   ElasticState& elastic = TheState();
   {
     std::lock_guard<std::mutex> lock(elastic.mu);
+    // Leaving with kExitRestart tells the launcher the commits are on disk: a failed write
+    // throws instead, so that the job fails as it does when the Python state's flush raises,
+    // rather than the next world resuming from an older commit than it was told.
     if (elastic.writer != nullptr) {
       const Status flushed = elastic.writer->Flush();
-      if (!flushed.ok()) Log().error("elastic: {}", flushed.ToString());
+      if (!flushed.ok()) Throw(flushed);
     }
   }
   barrier("elastic.leave").wait();  // every rank's commits are on disk before any rank leaves

@@ -115,6 +115,20 @@ TEST_F(ElasticTest, ANewWorldResumesFromTheLastCommitOnASharedDirectory) {
   barrier().wait();
 }
 
+TEST_F(ElasticTest, LeavingAfterAFailedWriteThrowsRatherThanAskForARestart) {
+  // A checkpoint directory under a regular file, where every write fails.
+  const std::string dir = Directory(/*shared=*/false);
+  const std::string file = dir + "/not_a_directory";
+  std::ofstream(file) << "x";
+  setenv("GRADSYNC_ELASTIC_CHECKPOINT_DIR", (file + "/commits").c_str(), 1);
+  EXPECT_FALSE(elastic::commit(StateOf(1)));
+  // One rank a host writes; leaving would end the test's process with kExitRestart.
+  if (local_rank() == 0) {
+    EXPECT_THROW(elastic::leave_for_restart(), Error);
+  }
+  barrier().wait();
+}
+
 TEST_F(ElasticTest, TheNewestCommitComesFromTheRankThatHoldsIt) {
   // Node-local directories: the last rank's holds commit 7, the others' older ones.
   const std::string dir = Directory(/*shared=*/false);

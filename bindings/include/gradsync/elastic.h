@@ -41,7 +41,8 @@ Resumed resume();
 bool commit(std::string state);
 
 // Waits until this rank's commits are on disk and every rank has got that far (a barrier), shuts
-// gradsync down and ends the process with kExitRestart.
+// gradsync down and ends the process with kExitRestart. Throws Error, and does not leave, when a
+// commit of this rank's could not be written.
 [[noreturn]] void leave_for_restart();
 
 // Whether this process runs in a world of gradsyncrun's elastic mode.
