@@ -302,7 +302,7 @@ void BindCollectives(py::module_& m) {
             return allreduce(input, output, o);
           });
           return RegisterCall({std::move(h)}, std::move(keep), std::move(result), std::move(finish),
-                              std::move(consumer));
+                              std::move(consumer), ready_stream);
         });
   m.def("grouped_allreduce",
         [](std::vector<uintptr_t> data, std::vector<int> dtypes,
@@ -319,7 +319,7 @@ void BindCollectives(py::module_& m) {
                 Views(data, dtypes, std::move(shapes), device_kind, device_index), o);
           });
           return RegisterCall(std::move(handles), std::move(keep), std::move(result),
-                              std::move(finish), std::move(consumer));
+                              std::move(finish), std::move(consumer), ready_stream);
         });
   m.def("allgather",
         [](uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind, int device_index,

@@ -61,8 +61,9 @@ struct PyHandle {
 // A new integer handle for gradsync.torch (handle_table.cc): synchronize_handle() waits for
 // `handles` (on the host, or ordering the current stream of the CUDA device `consumer`), then
 // returns `finish()`, or `result` when `finish` is None. `keep` stays alive until then.
+// `producer`: the cudaStream_t the inputs were ready on, 0 for host tensors.
 py::int_ RegisterCall(std::vector<Handle> handles, py::object keep, py::object result,
-                      py::object finish, py::object consumer);
+                      py::object finish, py::object consumer, uintptr_t producer);
 // register_handle, synchronize_handle, poll_handle, pending_handles, settle_handles.
 void BindHandleTable(py::module_& m);
 

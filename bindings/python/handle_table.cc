@@ -33,6 +33,7 @@ struct PendingCall {
   py::object result;    // returned by synchronize() when there is no finish
   py::object finish;    // None, or a callable whose return value synchronize() returns
   py::object consumer;  // None (wait on the host), or the CUDA device whose stream consumes it
+  uintptr_t producer;   // with a consumer: the stream the inputs were ready on (0: ready now)
 };
 
 class HandleTable {
@@ -147,9 +148,13 @@ std::optional<Error> OrderStream(const std::vector<Handle>& handles, uintptr_t s
 // Waits for `calls` as their consumers want: on the host, or with each consumer device's current
 // stream (`stream_of(consumer)`) ordered after all of that device's calls in one
 // synchronize_stream, which waits once for each bucket's completion however many of the calls it
-// carries. Every call is waited for or ordered before a failure is raised, the first runtime
-// failure before a Python one. Returns each call's result, in order.
-py::list Synchronize(const std::vector<PendingCall>& calls, const py::object& stream_of) {
+// carries. A call whose consumer stream is not its producer's has `record_consumer(keep,
+// producer)` called: its tensors go back to the caching allocator when they are released, and
+// only a consumer stream that is their producer's is ordered before their memory's next use
+// without being told. Every call is waited for or ordered before a failure is raised, the first
+// runtime failure before a Python one. Returns each call's result, in order.
+py::list Synchronize(const std::vector<PendingCall>& calls, const py::object& stream_of,
+                     const py::object& record_consumer) {
   std::vector<Handle> on_host;
   std::vector<std::pair<py::object, std::vector<Handle>>> on_device;  // by consumer
   for (const PendingCall& call : calls) {
@@ -179,6 +184,14 @@ py::list Synchronize(const std::vector<PendingCall>& calls, const py::object& st
       continue;
     }
     keep_first(OrderStream(handles, stream));
+    for (const PendingCall& call : calls) {
+      if (call.producer == 0 || call.producer == stream || !call.consumer.equal(consumer)) continue;
+      try {
+        record_consumer(call.keep, call.producer);
+      } catch (...) {
+        if (!python_failure) python_failure = std::current_exception();
+      }
+    }
   }
   if (failure) RaiseWaitError(*failure);
   if (python_failure) std::rethrow_exception(python_failure);
@@ -192,39 +205,43 @@ py::list Synchronize(const std::vector<PendingCall>& calls, const py::object& st
 }  // namespace
 
 py::int_ RegisterCall(std::vector<Handle> handles, py::object keep, py::object result,
-                      py::object finish, py::object consumer) {
+                      py::object finish, py::object consumer, uintptr_t producer) {
   return py::int_(Table().Add(PendingCall{std::move(handles), std::move(keep), std::move(result),
-                                          std::move(finish), std::move(consumer)}));
+                                          std::move(finish), std::move(consumer), producer}));
 }
 
 void BindHandleTable(py::module_& m) {
   m.def(
       "register_handle",
       [](const std::vector<PyHandle>& handles, py::object keep, py::object finish,
-         py::object consumer) {
+         py::object consumer, uintptr_t producer) {
         std::vector<Handle> runtime;
         runtime.reserve(handles.size());
         for (const PyHandle& h : handles) runtime.push_back(h.handle);
         return RegisterCall(std::move(runtime), std::move(keep), py::none(), std::move(finish),
-                            std::move(consumer));
+                            std::move(consumer), producer);
       },
-      py::arg("handles"), py::arg("keep"), py::arg("finish"), py::arg("consumer") = py::none());
+      py::arg("handles"), py::arg("keep"), py::arg("finish"), py::arg("consumer") = py::none(),
+      py::arg("producer") = 0);
   // `stream_of(consumer)` gives the cudaStream_t current on a consumer device, as an integer:
   // looked up at synchronize time, where the caller's current stream is the one to order.
-  // An integer that is no pending handle gives None, as Horovod's synchronize does for a handle
-  // already synchronized.
-  m.def("synchronize_handle", [](const py::handle& handle, const py::object& stream_of) {
+  // `record_consumer(keep, producer)` is called for a call consumed on another stream than its
+  // producer (see Synchronize). An integer that is no pending handle gives None, as Horovod's
+  // synchronize does for a handle already synchronized.
+  m.def("synchronize_handle", [](const py::handle& handle, const py::object& stream_of,
+                                 const py::object& record_consumer) {
     std::optional<PendingCall> call = Table().TakeIfPending(handle);
     if (!call) return py::object(py::none());
     std::vector<PendingCall> calls;
     calls.push_back(std::move(*call));
-    const py::list results = Synchronize(calls, stream_of);
+    const py::list results = Synchronize(calls, stream_of, record_consumer);
     return py::object(results[0]);
   });
   // As synchronize_handle on each in turn, but in one call, so that a step's gradients reduced
   // in calls of their own (compressed, grouped) wait once for each bucket. Every handle is known,
   // and listed once, before any is taken; a failure raises after every handle was waited for.
-  m.def("synchronize_handles", [](const py::list& handles, const py::object& stream_of) {
+  m.def("synchronize_handles", [](const py::list& handles, const py::object& stream_of,
+                                  const py::object& record_consumer) {
     std::unordered_set<const PendingCall*> listed;
     for (const py::handle& h : handles) {
       if (!listed.insert(&Table().Find(h)).second) {
@@ -234,7 +251,7 @@ void BindHandleTable(py::module_& m) {
     std::vector<PendingCall> calls;
     calls.reserve(handles.size());
     for (const py::handle& h : handles) calls.push_back(Table().Take(h));
-    return Synchronize(calls, stream_of);
+    return Synchronize(calls, stream_of, record_consumer);
   });
   m.def("poll_handle",
         [](const py::handle& handle) { return AllDone(Table().Find(handle).handles); });

@@ -161,15 +161,72 @@ def test_cuda_allreduce_never_waits_for_the_producer_on_the_host(device, rank, s
     assert torch.equal(t.cpu(), torch.full((1 << 20,), float(size * (size + 1) // 2)))
 
 
+def record_streams(monkeypatch):
+    """Every ``Tensor.record_stream`` call from now on, as (the tensor's address, the stream)."""
+    recorded = []
+    record = torch.Tensor.record_stream
+
+    def recording(tensor, stream):
+        recorded.append((tensor.data_ptr(), stream))
+        record(tensor, stream)
+
+    monkeypatch.setattr(torch.Tensor, "record_stream", recording)
+    return recorded
+
+
+def test_cuda_a_tensor_consumed_on_another_stream_is_not_reused_before_it(device, rank, size):
+    """A tensor made, reduced and let go of on one stream while the result is waited for on
+    another: the caching allocator hands its memory out again on the first stream only after the
+    second stream's wait, which is after gradsync's stream, which is after the producer still
+    spinning on the first stream."""
+    n = 1 << 20
+    t = torch.full((n,), float(rank + 1), device=device)
+    address = t.data_ptr()
+    torch.cuda._sleep(SPIN_CYCLES)
+    h = hvd.allreduce_async_(t, op=hvd.Sum, name="cuda.consumer.elsewhere")
+    side = torch.cuda.Stream(device)
+    with torch.cuda.stream(side):
+        hvd.synchronize(h)
+        head = t[:4].clone()
+    del t
+    reused = torch.empty(n, device=device)
+    if not staged_through_host():  # there the host waited for the producer
+        assert reused.data_ptr() != address, "memory the collective may still write was reused"
+    torch.cuda.synchronize()
+    assert head.cpu().tolist() == [float(size * (size + 1) // 2)] * 4
+
+
+def test_cuda_gradients_consumed_on_another_stream_are_recorded_there(monkeypatch, device, rank,
+                                                                      size):
+    """Backward makes the gradients on the default stream and the optimizer's step runs on a side
+    stream: every gradient reduced in place is recorded on the side stream, whose kernels the
+    allocator must wait for before it hands the gradient's memory out on the default one."""
+    model = make_model(device)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        named_parameters=[("elsewhere." + n, p) for n, p in model.named_parameters()])
+    recorded = record_streams(monkeypatch)
+    x, y = full_batch(0, size, device)
+    mine = slice(rank * 4, (rank + 1) * 4)
+    torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        optimizer.step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    on_side = {ptr for ptr, stream in recorded if stream == side}
+    assert {p.grad.data_ptr() for p in model.parameters()} <= on_side
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert torch.allclose(params, reference_parameters(1, size, device), rtol=1e-5, atol=1e-7)
+
+
 def test_cuda_converted_copies_outlive_a_consumer_on_another_stream(monkeypatch, device, rank,
                                                                     size):
     """A bool or int16 tensor travels as a converted copy made on the enqueuing stream. Waited for
     on another stream, the copy is handed to the caching allocator only once told to wait for that
-    stream, which copies the result out of it after the collective has read and written it."""
-    recorded = []
-    record = torch.Tensor.record_stream
-    monkeypatch.setattr(torch.Tensor, "record_stream",
-                        lambda t, stream: recorded.append(stream) or record(t, stream))
+    stream, which copies the result out of it after the collective has read and written it; so
+    are the caller's own tensors."""
+    recorded = record_streams(monkeypatch)
     flags = torch.tensor([rank == 0, False, True], device=device)
     counts = torch.full((4,), rank + 1, dtype=torch.int16, device=device)
     rooted = torch.full((3,), rank, dtype=torch.int16, device=device)
@@ -181,7 +238,9 @@ def test_cuda_converted_copies_outlive_a_consumer_on_another_stream(monkeypatch,
     with torch.cuda.stream(side):
         for h in handles:
             hvd.synchronize(h)
-    assert recorded == [side] * 3
+    # Each handle records its converted copy and the caller's tensor.
+    assert len(recorded) >= 6 and {stream for _, stream in recorded} == {side}
+    assert {t.data_ptr() for t in (flags, counts, rooted)} <= {ptr for ptr, _ in recorded}
     torch.cuda.current_stream(device).wait_stream(side)
     assert flags.cpu().tolist() == [True, False, True]
     assert counts.cpu().tolist() == [size * (size + 1) // 2] * 4

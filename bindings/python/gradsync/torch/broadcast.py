@@ -15,8 +15,9 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
     if output is not tensor:
         output.copy_(tensor)
     wire = _to_wire(output)
+    producer = _ready_stream(wire)
     h = _core.broadcast(*_args(wire), root_rank, _name("broadcast", name), _id_of(process_set),
-                        _ready_stream(wire))
+                        producer)
     made_on = _stream_of(output.device) if wire is not output and output.is_cuda else None
 
     def finish():
@@ -25,7 +26,7 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
         _release_after_consumer(wire, made_on)
         return output
 
-    return _register([h], (tensor, output, wire), finish, _consumer(wire))
+    return _register([h], (tensor, output, wire), finish, _consumer(wire), producer)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):

@@ -9,6 +9,8 @@ PyTorch DDP does.
 Thread safety: one batch serves one training loop on one thread (its hooks and its finish).
 """
 
+import torch
+
 from gradsync import _core
 from gradsync.torch.wire import (_DEVICE_CPU, _DEVICE_CUDA, _DTYPES, _release_after_consumer,
                                  _stream_of)
@@ -36,6 +38,7 @@ class GradientBatch:
         # With one device, a step's consumer is its current stream; with several, the host.
         self._consumer = next(iter(cuda_devices)) if len(cuda_devices) == 1 else None
         self._in_flight = []  # gradients started since the last finish, kept alive until it
+        self._producers = set()  # the streams their CUDA gradients were started from
         # (gradient, fitting copy in flight, the stream its memory came from) to copy back after
         # the wait
         self._refits = []
@@ -85,6 +88,7 @@ class GradientBatch:
             # The kernels that produced the gradient may still be queued on the current stream:
             # the runtime's stream waits for it there, and the hook returns at once.
             self._batch.start(index, grad.data_ptr(), stream)
+            self._producers.add(stream)
         else:
             self._batch.start(index, grad.data_ptr())
         self._in_flight.append(grad)
@@ -100,7 +104,15 @@ class GradientBatch:
             return
         try:
             if self._consumer is not None:
-                self._batch.synchronize_stream(_stream_of(self._consumer))
+                consumer = _stream_of(self._consumer)
+                self._batch.synchronize_stream(consumer)
+                if self._producers - {consumer}:
+                    # Recorded on the consumer as wire._release_kept_after_consumer does, every
+                    # gradient, since which stream each came from is not kept.
+                    current = torch.cuda.current_stream(self._consumer)
+                    for grad in self._in_flight:
+                        if grad.is_cuda:
+                            grad.record_stream(current)
             else:
                 self._batch.wait()
             for grad, reduced, made_on in self._refits:
@@ -108,4 +120,5 @@ class GradientBatch:
                 _release_after_consumer(reduced, made_on)
         finally:
             self._in_flight = []
+            self._producers.clear()
             self._refits = []

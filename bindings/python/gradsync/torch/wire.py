@@ -108,6 +108,21 @@ def _release_after_consumer(tensor, made_on):
         tensor.record_stream(torch.cuda.current_stream(tensor.device))
 
 
+def _release_kept_after_consumer(kept, producer):
+    """``_release_after_consumer`` for each CUDA tensor in ``kept`` (a tensor, or tuples and lists
+    of them) that an operation whose inputs were ready on ``producer`` read or wrote: called where
+    the current stream, just ordered after the operation, is another one. The caller's tensors
+    were made on ``producer``, or the caller told the allocator about it; gradsync's stream, which
+    may still be writing them, is ordered before ``producer``'s work only through a consumer on
+    ``producer``."""
+    if isinstance(kept, torch.Tensor):
+        if kept.is_cuda:
+            _release_after_consumer(kept, producer)
+    elif isinstance(kept, (tuple, list)):
+        for item in kept:
+            _release_kept_after_consumer(item, producer)
+
+
 def _torch_stream(raw, device):
     """The torch stream of a handle from ``_stream_of``: the device's default stream for
     cudaStreamLegacy, which ``torch.cuda.ExternalStream`` cannot wrap (PyTorch reads an odd
