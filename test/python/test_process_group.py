@@ -94,6 +94,36 @@ def test_lists_without_a_tensor_for_each_rank_are_refused_before_anything_starts
     dist.barrier()  # nothing started above: every rank is still in step
 
 
+def test_outputs_of_another_size_are_refused_before_anything_starts(rank, size):
+    # What arrives could not be copied into them; PyTorch 1.13's wait() would not say so.
+    tensor = values(rank)
+    with pytest.raises(ValueError, match="an output of 4 elements for 5"):
+        dist.all_gather([torch.zeros(4) for _ in range(size)], tensor)
+    with pytest.raises(ValueError, match="all_gather_into_tensor"):
+        dist.all_gather_into_tensor(torch.zeros(5 * size + 1), tensor)
+    with pytest.raises(ValueError, match="reduce_scatter"):
+        dist.reduce_scatter(torch.zeros(4), [values(rank) for _ in range(size)])
+    with pytest.raises(ValueError, match="all_to_all_single"):
+        dist.all_to_all_single(torch.zeros(5 * size + 1), torch.zeros(5 * size))
+    dist.barrier()  # nothing started: the group still runs
+
+
+def test_results_are_written_under_the_callers_grad_and_inference_modes(rank, size):
+    # The backend's threads copy results into the caller's tensors, under the caller's modes:
+    # outputs made under inference_mode, a non-contiguous leaf parameter under no_grad.
+    with torch.inference_mode():
+        outputs = [torch.zeros(5) for _ in range(size)]
+        dist.all_gather(outputs, values(rank))
+    assert all(torch.equal(o, values(r)) for r, o in enumerate(outputs))
+    parameter = torch.nn.Parameter(torch.zeros(3, 4).t())
+    assert not parameter.is_contiguous()
+    with torch.no_grad():
+        parameter.fill_(float(rank + 1))
+        dist.broadcast(parameter, src=0)
+    assert torch.equal(parameter.detach(), torch.ones(4, 3))
+    assert parameter.requires_grad
+
+
 def test_a_group_torch_numbers_otherwise_than_gradsync_is_refused(rank, size):
     """Its collectives would follow gradsync's numbering: roots and outputs would be another
     rank's. The members' first collective raises, not the group's making (as for a group

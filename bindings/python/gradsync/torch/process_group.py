@@ -31,9 +31,9 @@ from gradsync.torch.allreduce import allreduce_, grouped_allreduce_async_
 from gradsync.torch.alltoall import alltoall_async
 from gradsync.torch.basics import init
 from gradsync.torch.broadcast import broadcast_async_
-from gradsync.torch.handles import synchronize
-from gradsync.torch.process_group_work import (PYTHON_WORK, complete, completer, future_of,
-                                               work_of)
+from gradsync.torch.handles import _synchronize_all
+from gradsync.torch.process_group_work import (PYTHON_WORK, caller_modes, complete, completer,
+                                               future_of, work_of)
 from gradsync.torch.process_sets import ProcessSet, global_process_set
 from gradsync.torch.reducescatter import reducescatter_async
 from gradsync.torch.wire import Average, Max, Min, Product, Sum
@@ -105,13 +105,15 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         source = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
         on_error = None if PYTHON_WORK else self._note_failure
         if wait is None:
-            wait = lambda: [synchronize(h) for h in handles]  # noqa: E731
+            # Every handle waited for or ordered before a failure is raised: the others' tensors
+            # stay in use until then.
+            wait = lambda: _synchronize_all(handles)  # noqa: E731
         if opts is not None and getattr(opts, "asyncOp", True) is False:
             complete(wait, finish, source, on_error)
         else:
             # A process set's operations complete in the order they start.
             completer.submit(wait, finish, source, on_error, devices,
-                             order=self.process_set.process_set_id)
+                             order=self.process_set.process_set_id, modes=caller_modes())
         return work_of(future_of(source))
 
     def _note_failure(self, error):
@@ -166,6 +168,16 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 raise ValueError("%s takes one tensor for each of the group's %d ranks, not %d"
                                  % (what, self.size(), len(tensors)))
 
+    @staticmethod
+    def _fits(outputs, elements, what):
+        """Refuses an output that cannot hold the ``elements`` that arrive in it before anything
+        starts, as gloo does: the copy into it would fail on the backend's thread, where
+        PyTorch 1.13's ``wait()`` does not raise."""
+        for output in outputs:
+            if output.numel() != elements:
+                raise ValueError("%s: an output of %d elements for %d" % (what, output.numel(),
+                                                                          elements))
+
     def _allgathers(self, inputs):
         """An allgather of each input's elements as one row."""
         return [allgather_async(_rows(t), process_set=self._target) for t in inputs]
@@ -175,6 +187,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._gather(output_lists, inputs, opts)
 
     def _gather(self, output_lists, inputs, opts):
+        for outputs, t in zip(output_lists, inputs):
+            self._fits(outputs, t.numel(), "all_gather")
         handles = self._allgathers(inputs)
 
         def finish(gathered):
@@ -186,6 +200,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._work(handles, finish, list(inputs), opts)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        for output, t in zip(outputs, inputs):
+            self._fits([output], self.size() * t.numel(), "all_gather_into_tensor")
         handles = self._allgathers(inputs)
 
         def finish(gathered):
@@ -205,6 +221,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         if len(output_lists) != self.size():
             raise ValueError("all_gather_coalesced takes an output list for each of the group's "
                              "%d ranks, not %d" % (self.size(), len(output_lists)))
+        for i, t in enumerate(inputs):
+            self._fits([outputs[i] for outputs in output_lists], t.numel(), "all_gather_coalesced")
         handles = self._allgathers(inputs)
 
         def finish(gathered):
@@ -228,6 +246,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     def _reduce_scatter_rows(self, outputs, row_tensors, opts):
         op = _reduce_op(_option(opts, "reduceOp", dist.ReduceOp.SUM))
+        for output, rows in zip(outputs, row_tensors):
+            self._fits([output], rows[0].numel(), "reduce_scatter")
         handles = [reducescatter_async(rows, op=op, process_set=self._target)
                    for rows in row_tensors]
 
@@ -253,6 +273,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._reduce_scatter_rows(outputs, rows, opts)
 
     def alltoall_base(self, output, tensor, output_split_sizes, input_split_sizes, opts=None):
+        if not output_split_sizes and not input_split_sizes:
+            self._fits([output], tensor.numel(), "all_to_all_single")
         del output_split_sizes  # what each rank sends says it
         splits = list(input_split_sizes) or None
         handle = alltoall_async(tensor, splits=splits, process_set=self._target)
@@ -280,6 +302,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         """The root's i-th tensor to rank i: an alltoall in which only the root sends."""
         output = outputs[0]
         if input_lists:
+            self._each_rank(input_lists, "scatter's input list")
+            self._fits([output], input_lists[0][0].numel(), "scatter")
             rows = torch.stack([t.reshape(-1) for t in input_lists[0]])
             splits = [1] * self.size()
         else:

@@ -113,6 +113,23 @@ def _streams_of_the_backend(devices):
     return stack
 
 
+def caller_modes():
+    """The calling thread's grad and inference modes, which are per thread."""
+    return torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+
+def _under_modes(modes):
+    """Enters ``modes`` (from ``caller_modes``) on this thread: the results' copies into the
+    caller's tensors (a leaf that requires grad, written under ``no_grad``; a tensor made under
+    ``inference_mode``) run here as they would have on the caller's thread."""
+    grad, inference = modes
+    if inference:
+        return torch.inference_mode()
+    if not grad:
+        return torch.no_grad()
+    return contextlib.nullcontext()
+
+
 _END = object()  # what _Completer._take gives a thread that is to end
 
 
@@ -134,21 +151,23 @@ class _Completer:
         lock = threading.Lock()
         self._available = threading.Condition(lock)  # an order to take, for idle threads
         self._finished = threading.Condition(lock)  # a future completed, for drain()
-        self._orders = {}  # order -> deque of (wait, finish, future, on_error, devices)
+        self._orders = {}  # order -> deque of (wait, finish, future, on_error, devices, modes)
         self._ready = collections.deque()  # orders with operations and no thread waiting on them
         self._unfinished = 0
         self._threads = 0
         self._idle = 0
 
-    def submit(self, wait, finish, future, on_error=None, devices=(), order=None):
+    def submit(self, wait, finish, future, on_error=None, devices=(), order=None,
+               modes=(True, False)):
         """Completes ``future`` with ``_outcome(wait, finish, on_error)`` after the operations
-        submitted before it in ``order``. On CUDA ``devices`` the three run with the backend's own
-        stream of each device current: the results are ordered there, and the future's consumers
-        wait for that stream when they wait, not before."""
+        submitted before it in ``order``, under the grad and inference ``modes`` (the
+        submitter's, from ``caller_modes``). On CUDA ``devices`` the three run with the backend's
+        own stream of each device current: the results are ordered there, and the future's
+        consumers wait for that stream when they wait, not before."""
         with self._available:
             queue = self._orders.get(order)
             self._unfinished += 1
-            job = (wait, finish, future, on_error, tuple(devices))
+            job = (wait, finish, future, on_error, tuple(devices), modes)
             if queue is not None:  # a thread has the order, and takes this in turn
                 queue.append(job)
                 return
@@ -199,10 +218,10 @@ class _Completer:
             if order is _END:
                 return
             with self._available:
-                wait, finish, future, on_error, devices = self._orders[order][0]
+                wait, finish, future, on_error, devices, modes = self._orders[order][0]
             passed_on = False
             try:
-                with _streams_of_the_backend(devices):
+                with _streams_of_the_backend(devices), _under_modes(modes):
                     value = _outcome(wait, finish, on_error)
                     self._pass_on(order)
                     passed_on = True
