@@ -242,6 +242,9 @@ std::vector<std::pair<const char*, int64_t>> Config::SharedSettings() const {
           {"GRADSYNC_AUTOTUNE", autotune ? 1 : 0},
           {"GRADSYNC_CACHE_CAPACITY", cache_capacity},
           {"GRADSYNC_GPU_BACKEND", static_cast<int64_t>(gpu_backend)},
+          // A rank that locks a step before another would poll the locked exchange while the
+          // other waits in a negotiation round.
+          {kLockAfterSteps.name, lock_after_steps},
           // Set or not decides whether calibration asks the hierarchy question, a collective.
           {"GRADSYNC_HIERARCHICAL_ALLREDUCE",
            hierarchical_allreduce_pinned ? (hierarchical_allreduce ? 1 : 0) : -1}};

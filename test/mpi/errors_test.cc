@@ -434,7 +434,8 @@ TEST(LifecycleTest, SettingsThatShapeCollectivesDifferingBetweenRanksFailInit) {
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   if (world_size < 2) GTEST_SKIP() << "needs two ranks";
   for (const char* variable :
-       {"GRADSYNC_FUSION_THRESHOLD", "GRADSYNC_AUTOTUNE", "GRADSYNC_HIERARCHICAL_ALLREDUCE"}) {
+       {"GRADSYNC_FUSION_THRESHOLD", "GRADSYNC_AUTOTUNE", "GRADSYNC_HIERARCHICAL_ALLREDUCE",
+        "GRADSYNC_LOCK_AFTER_STEPS"}) {
     if (world_rank % 2 == 1) setenv(variable, "1", 1);
     EXPECT_TRUE(ThrowsWith([] { init(); }, StatusCode::kInvalidArgument,
                            std::string(variable) + " differs between ranks"));
