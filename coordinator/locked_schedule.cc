@@ -171,7 +171,9 @@ Status LockedSchedule::Lock(const FusionSettings& fusion, const CachedResponse& 
   // The step under way (the same on every rank) goes on from where negotiation left it.
   for (size_t i = 0; i < current_.count; ++i) {
     const Position* position = FindPosition(NameKey(current_.names[i]));
-    if (position == nullptr) {
+    // Not in the plan, or a second unnamed operation in one unnamed place (the step under way is
+    // not the plan's): on every rank alike, since every rank observed the same responses.
+    if (position == nullptr || buckets_[position->bucket].done[position->index] != 0) {
       streak_ = 0;
       return Status::OK();
     }

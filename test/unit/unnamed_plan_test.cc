@@ -150,6 +150,17 @@ TEST_F(LockedUnnamedScheduleTest, LocksAndRunsTheNextStepsUnnamedOperation) {
   }
 }
 
+// The step under way holds two unnamed allreduces where the plan's has one: both would take the
+// one place, whose bucket would then never fill. The schedule stays negotiated instead.
+TEST_F(LockedUnnamedScheduleTest, AStepUnderWayWithTwoOperationsInOnePlaceDoesNotLock) {
+  Observed two({"allreduce.noname.3", "allreduce.noname.4"});
+  schedule_.Observe(two.Outcome());
+  ASSERT_TRUE(schedule_.ready());
+  ASSERT_TRUE(schedule_.Lock({}, steps_.back()->Cache()).ok());
+  EXPECT_FALSE(schedule_.locked());
+  EXPECT_FALSE(schedule_.ready());
+}
+
 TEST_F(LockedUnnamedScheduleTest, AnUnnamedOperationAheadOfItsStepLeaves) {
   ASSERT_TRUE(schedule_.Lock({}, steps_.back()->Cache()).ok());
   LockedCycle out;
