@@ -35,6 +35,11 @@ class LockChannel {
   virtual Status Nudge(uint64_t sequence) = 0;
   // The highest sequence any rank nudged about since the last call, or 0 for none.
   virtual Status TakeNudges(uint64_t* highest) = 0;
+  // The other ranks not known to have reached exchange `sequence` (counted from 1, as Nudge's),
+  // in ascending order: for the error that gives up on them. Exact where the channel sees the
+  // others' progress; otherwise those that have not nudged about it by the last TakeNudges (a
+  // rank waiting on an exchange nudges once a wait has passed).
+  virtual std::vector<int> NotArrived(uint64_t sequence) const = 0;
 };
 
 }  // namespace gradsync

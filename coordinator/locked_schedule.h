@@ -205,6 +205,9 @@ class LockedSchedule {
   void Leave(const std::string& why, LockedCycle* out);
   // While an exchange waits: nudges the others, warns, and past the shutdown time fails.
   Status WhileWaiting(double now);
+  // " (not there: ranks ...)", the ranks not known to have reached the exchange in flight, for
+  // WhileWaiting's warning and error; empty when none is known.
+  std::string NotArrivedText();
   std::string MissingNames(const PlannedBucket& bucket) const;
 
   std::unique_ptr<LockChannel> channel_;

@@ -16,6 +16,7 @@ constexpr int kNudgeTag = 7301;
 MpiLockChannel::MpiLockChannel(MPI_Comm control) : control_(control) {
   MPI_Comm_rank(control_, &rank_);
   MPI_Comm_size(control_, &size_);
+  heard_.assign(static_cast<size_t>(size_), 0);
 }
 
 MpiLockChannel::~MpiLockChannel() {
@@ -96,7 +97,17 @@ Status MpiLockChannel::TakeNudges(uint64_t* highest) {
     GRADSYNC_MPI_CALL(MPI_Recv(&sequence, 1, MPI_UINT64_T, status.MPI_SOURCE, kNudgeTag, comm_,
                                MPI_STATUS_IGNORE));
     *highest = std::max(*highest, sequence);
+    uint64_t& heard = heard_[static_cast<size_t>(status.MPI_SOURCE)];
+    heard = std::max(heard, sequence);
   }
+}
+
+std::vector<int> MpiLockChannel::NotArrived(uint64_t sequence) const {
+  std::vector<int> ranks;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_ && heard_[static_cast<size_t>(peer)] < sequence) ranks.push_back(peer);
+  }
+  return ranks;
 }
 
 Status MpiLockChannel::ReapSends(bool all) {

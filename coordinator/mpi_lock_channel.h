@@ -28,6 +28,7 @@ class MpiLockChannel : public LockChannel {
   Status TestAnd(bool* done, std::vector<uint64_t>* words) override;
   Status Nudge(uint64_t sequence) override;
   Status TakeNudges(uint64_t* highest) override;
+  std::vector<int> NotArrived(uint64_t sequence) const override;
 
  private:
   // Completes the nudges whose sends have gone; at teardown, waits for all of them.
@@ -45,6 +46,7 @@ class MpiLockChannel : public LockChannel {
     MPI_Request request = MPI_REQUEST_NULL;
   };
   std::vector<Send> sends_;
+  std::vector<uint64_t> heard_;  // per rank, the highest sequence it nudged about
 };
 
 }  // namespace gradsync

@@ -106,6 +106,17 @@ Status NodeLockChannel::Nudge(uint64_t sequence) {
   return Status::OK();
 }
 
+std::vector<int> NodeLockChannel::NotArrived(uint64_t sequence) const {
+  if (memory_ == nullptr) return mpi_.NotArrived(sequence);
+  std::vector<int> ranks;
+  for (int r = 0; r < size(); ++r) {
+    if (r != rank() && SlotOf(r)->published.load(std::memory_order_acquire) < sequence) {
+      ranks.push_back(r);
+    }
+  }
+  return ranks;
+}
+
 Status NodeLockChannel::TakeNudges(uint64_t* highest) {
   if (memory_ == nullptr) return mpi_.TakeNudges(highest);
   *highest = 0;

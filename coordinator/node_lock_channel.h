@@ -46,6 +46,7 @@ class NodeLockChannel : public LockChannel {
   Status TestAnd(bool* done, std::vector<uint64_t>* words) override;
   Status Nudge(uint64_t sequence) override;
   Status TakeNudges(uint64_t* highest) override;
+  std::vector<int> NotArrived(uint64_t sequence) const override;
 
   // Whether exchanges go through shared memory (decided by the first Open()).
   bool on_shared_memory() const { return memory_ != nullptr; }

@@ -129,6 +129,36 @@ TEST_P(LockChannelTest, NudgesReachTheOtherRanks) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+TEST_P(LockChannelTest, TheRanksNotAtAnExchangeAreNamed) {
+  if (size_ == 1) GTEST_SKIP() << "no other rank to wait for";
+  const int last = size_ - 1;
+  const std::vector<uint64_t> mine = {~uint64_t{0}};
+  if (rank_ != last) {
+    ASSERT_TRUE(channel_->StartAnd(mine).ok());
+    ASSERT_TRUE(channel_->Nudge(1).ok());  // as a rank waiting on exchange 1 does
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank_ != last) {
+    // Through MPI the others' nudges may still be on their way after the barrier.
+    const auto limit = std::chrono::steady_clock::now() + kPollLimit;
+    uint64_t highest = 0;
+    while (channel_->NotArrived(1).size() > 1 && std::chrono::steady_clock::now() < limit) {
+      ASSERT_TRUE(channel_->TakeNudges(&highest).ok());
+    }
+    EXPECT_EQ(channel_->NotArrived(1), std::vector<int>{last});
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank_ == last) {
+    ASSERT_TRUE(channel_->StartAnd(mine).ok());
+  }
+  std::vector<uint64_t> words;
+  ASSERT_TRUE(Completes(*channel_, &words));
+  if (rank_ != last && GetParam()) {
+    EXPECT_TRUE(channel_->NotArrived(1).empty());  // every rank has published it
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, LockChannelTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "SharedMemory" : "Mpi"; });
 

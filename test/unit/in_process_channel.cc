@@ -63,7 +63,7 @@ class InProcessLockChannel : public LockChannel {
     if (!opened_) return Status::Internal("exchange before Open");
     if (in_flight_) return Status::Internal("two exchanges in flight");
     in_flight_ = true;
-    hub_->Deposit(++started_, words);
+    hub_->Deposit(rank_, ++started_, words);
     return Status::OK();
   }
   Status TestAnd(bool* done, std::vector<uint64_t>* words) override {
@@ -80,6 +80,9 @@ class InProcessLockChannel : public LockChannel {
     *highest = hub_->TakeNudges(rank_);
     return Status::OK();
   }
+  std::vector<int> NotArrived(uint64_t sequence) const override {
+    return hub_->NotDeposited(rank_, sequence);
+  }
 
  private:
   InProcessLockHub* hub_;
@@ -91,14 +94,15 @@ class InProcessLockChannel : public LockChannel {
 
 }  // namespace
 
-InProcessLockHub::InProcessLockHub(int size) : size_(size), nudges_(size, 0) {}
+InProcessLockHub::InProcessLockHub(int size) : size_(size), nudges_(size, 0), deposited_(size, 0) {}
 
 std::unique_ptr<LockChannel> InProcessLockHub::Channel(int rank) {
   return std::make_unique<InProcessLockChannel>(this, rank);
 }
 
-void InProcessLockHub::Deposit(uint64_t number, const std::vector<uint64_t>& words) {
+void InProcessLockHub::Deposit(int rank, uint64_t number, const std::vector<uint64_t>& words) {
   std::lock_guard<std::mutex> lock(mu_);
+  deposited_[rank] = number;
   Exchange& exchange = exchanges_[number];
   if (exchange.arrived++ == 0) {
     exchange.words = words;
@@ -116,6 +120,15 @@ bool InProcessLockHub::Completed(uint64_t number, std::vector<uint64_t>* words) 
   *words = it->second.words;
   if (++it->second.read == size_) exchanges_.erase(it);
   return true;
+}
+
+std::vector<int> InProcessLockHub::NotDeposited(int rank, uint64_t number) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int> ranks;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank && deposited_[r] < number) ranks.push_back(r);
+  }
+  return ranks;
 }
 
 void InProcessLockHub::Nudge(int from, uint64_t sequence) {

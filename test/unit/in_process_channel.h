@@ -50,7 +50,9 @@ class InProcessLockHub {
   int size() const { return size_; }
 
   // The channels' side: exchange `number` (counted from 1 by each rank) of `rank`.
-  void Deposit(uint64_t number, const std::vector<uint64_t>& words);
+  void Deposit(int rank, uint64_t number, const std::vector<uint64_t>& words);
+  // The ranks other than `rank` that have not deposited exchange `number`.
+  std::vector<int> NotDeposited(int rank, uint64_t number);
   // Whether every rank has deposited exchange `number`; if so *words is their AND.
   bool Completed(uint64_t number, std::vector<uint64_t>* words);
   void Nudge(int from, uint64_t sequence);
@@ -69,6 +71,7 @@ class InProcessLockHub {
   std::mutex mu_;
   std::map<uint64_t, Exchange> exchanges_;
   std::vector<uint64_t> nudges_;
+  std::vector<uint64_t> deposited_;  // per rank, the last exchange it deposited
   std::atomic<int> opened_{0};
 };
 

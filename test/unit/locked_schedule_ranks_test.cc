@@ -49,6 +49,8 @@ struct LockedRun {
   size_t buckets_to_run = 2;
   // Rank r calls the blocking Unlock in its cycle c.
   std::function<bool(int rank, int cycle)> unlock_at;
+  // This rank locks and then runs no cycle at all, as a background thread that stopped.
+  int absent = -1;
 };
 
 // Every rank observes the plan run for after_steps steps, locks, then runs locked cycles as
@@ -68,7 +70,7 @@ std::vector<RankResult> RunLocked(const LockedRun& run) {
         return;
       }
       result.failure = schedule.Lock(run.fusion, step.Cache());
-      if (!result.failure.ok()) return;
+      if (!result.failure.ok() || rank == run.absent) return;
       std::vector<std::unique_ptr<TensorEntry>> entries;
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
       for (int cycle = 0; std::chrono::steady_clock::now() < deadline; ++cycle) {
@@ -296,6 +298,25 @@ TEST_P(LockedScheduleRanksTest, ARankThatNeverComesIsNudgedAndReleases) {
       << results[run.size - 1].reason;
   for (int r = 0; r + 1 < run.size; ++r) EXPECT_EQ(results[r].returned.size(), 8u);
   EXPECT_TRUE(results[run.size - 1].returned.empty());
+}
+
+TEST_P(LockedScheduleRanksTest, GivingUpOnARankThatStoppedNamesIt) {
+  if (GetParam() == 1) GTEST_SKIP() << "needs another rank";
+  LockedRun run;
+  run.size = GetParam();
+  run.absent = run.size - 1;
+  run.settings.stall_shutdown_seconds = 0.3;
+  run.submit = [&](int, int cycle, size_t) {
+    return cycle == 0 ? Step(run.plan) : std::vector<Submission>();
+  };
+  const std::vector<RankResult> results = RunLocked(run);
+  for (int r = 0; r < run.absent; ++r) {
+    EXPECT_EQ(results[r].failure.code(), StatusCode::kStalled) << results[r].failure.ToString();
+    EXPECT_NE(
+        results[r].failure.message().find("(not there: rank " + std::to_string(run.absent) + ")"),
+        std::string::npos)
+        << results[r].failure.ToString();
+  }
 }
 
 TEST_P(LockedScheduleRanksTest, ATensorMissingOnEveryRankUnlocksEveryRank) {
