@@ -225,8 +225,16 @@ Status LockedSchedule::RunCycle(const std::vector<TensorEntry*>& fresh, bool rel
   const double now = clock_();
   most_tensors_ = most_tensors;
   for (TensorEntry* entry : fresh) Place(entry, now);
+  if (!deferred_failure_.ok()) return std::exchange(deferred_failure_, Status::OK());
   if (release && leave_reason_.empty()) leave_reason_ = why;
-  return Advance(out, poll_peers);
+  Status advanced = Advance(out, poll_peers);
+  // Buckets every rank agreed on run before this rank fails: the others run them, and their
+  // collectives (a host bucket's blocks without a limit) would wait for this rank's for ever.
+  if (!advanced.ok() && !out->buckets.empty()) {
+    deferred_failure_ = std::move(advanced);
+    return Status::OK();
+  }
+  return advanced;
 }
 
 const LockedSchedule::Position* LockedSchedule::FindPosition(const NameKey& key,

@@ -119,10 +119,12 @@ class LockedSchedule {
   // caller's thread, which has its own work to do, passes false and looks once. No bucket of
   // more than `most_tensors` is exchanged or returned (GRADSYNC_CALLER_LAUNCH=single leaves fused
   // buckets to the loop's thread): the cycle stops before it, and MissingForNextBucket() says 0.
+  // A failure after buckets every rank agreed on is returned by the next call, after those run.
   Status RunCycle(const std::vector<TensorEntry*>& fresh, bool release, const std::string& why,
                   LockedCycle* out, bool poll_peers = true, size_t most_tensors = SIZE_MAX);
-  // Whether an exchange is in flight: the background thread should test it again soon.
-  bool exchanging() const { return in_flight_; }
+  // Whether an exchange is in flight, or a failure waits for the next RunCycle: the background
+  // thread should run a cycle again soon.
+  bool exchanging() const { return in_flight_ || !deferred_failure_.ok(); }
   // Locked: how many more of this rank's tensors the next bucket needs before it can start (0
   // while its exchange is in flight or a release is pending).
   size_t MissingForNextBucket() const;
@@ -234,6 +236,9 @@ class LockedSchedule {
   std::string leave_reason_;              // set: the next exchange releases
   double last_progress_ = 0.0;
   bool in_flight_ = false;
+  // A failure that came after buckets every rank had agreed on, which RunCycle returned to run
+  // first; the next RunCycle returns it.
+  Status deferred_failure_;
   uint64_t exchanges_ = 0;   // started on this channel, the same count on every rank
   double started_at_ = 0.0;  // of the exchange in flight
   double next_nudge_ = 0.0;

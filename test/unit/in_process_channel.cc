@@ -62,6 +62,7 @@ class InProcessLockChannel : public LockChannel {
   Status StartAnd(const std::vector<uint64_t>& words) override {
     if (!opened_) return Status::Internal("exchange before Open");
     if (in_flight_) return Status::Internal("two exchanges in flight");
+    if (hub_->Broken(rank_, started_ + 1)) return Status::Internal("the test broke the channel");
     in_flight_ = true;
     hub_->Deposit(rank_, ++started_, words);
     return Status::OK();
@@ -77,6 +78,7 @@ class InProcessLockChannel : public LockChannel {
     return Status::OK();
   }
   Status TakeNudges(uint64_t* highest) override {
+    if (hub_->Broken(rank_, started_ + 1)) return Status::Internal("the test broke the channel");
     *highest = hub_->TakeNudges(rank_);
     return Status::OK();
   }
@@ -120,6 +122,17 @@ bool InProcessLockHub::Completed(uint64_t number, std::vector<uint64_t>* words) 
   *words = it->second.words;
   if (++it->second.read == size_) exchanges_.erase(it);
   return true;
+}
+
+void InProcessLockHub::BreakAfter(int rank, uint64_t number) {
+  std::lock_guard<std::mutex> lock(mu_);
+  broken_after_[rank] = number;
+}
+
+bool InProcessLockHub::Broken(int rank, uint64_t next) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = broken_after_.find(rank);
+  return it != broken_after_.end() && next > it->second;
 }
 
 std::vector<int> InProcessLockHub::NotDeposited(int rank, uint64_t number) {

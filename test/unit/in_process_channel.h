@@ -51,6 +51,11 @@ class InProcessLockHub {
 
   // The channels' side: exchange `number` (counted from 1 by each rank) of `rank`.
   void Deposit(int rank, uint64_t number, const std::vector<uint64_t>& words);
+  // Makes every call of `rank`'s channel fail once its exchange `number` has started (a
+  // library call failing): the start of the next exchange, and every look for nudges.
+  void BreakAfter(int rank, uint64_t number);
+  // Whether `rank`'s channel is broken, `next` being the exchange it starts next.
+  bool Broken(int rank, uint64_t next);
   // The ranks other than `rank` that have not deposited exchange `number`.
   std::vector<int> NotDeposited(int rank, uint64_t number);
   // Whether every rank has deposited exchange `number`; if so *words is their AND.
@@ -71,7 +76,8 @@ class InProcessLockHub {
   std::mutex mu_;
   std::map<uint64_t, Exchange> exchanges_;
   std::vector<uint64_t> nudges_;
-  std::vector<uint64_t> deposited_;  // per rank, the last exchange it deposited
+  std::vector<uint64_t> deposited_;       // per rank, the last exchange it deposited
+  std::map<int, uint64_t> broken_after_;  // rank -> the last exchange its channel starts
   std::atomic<int> opened_{0};
 };
 

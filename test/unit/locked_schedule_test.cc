@@ -106,6 +106,36 @@ TEST(LockedScheduleTest, LockingMidStepRunsOnlyWhatTheStepHasLeft) {
   EXPECT_FALSE(second.unlocked);
 }
 
+// The channel breaks after the cycle's first bucket was agreed on every rank (its look for nudges
+// fails): that bucket is returned to run (the others run it, and would wait in its collective),
+// and the next cycle returns the failure.
+TEST(LockedScheduleTest, AChannelFailureAfterAnAgreedBucketComesAfterIt) {
+  InProcessLockHub hub(1);
+  hub.BreakAfter(0, 1);
+  LockedSchedule schedule(hub.Channel(0), FastSettings(2), 0);
+  Observed step(Names(8));
+  schedule.Observe(step.Outcome());
+  schedule.Observe(step.Outcome());
+  ASSERT_TRUE(schedule.Lock({256, 1 << 20}, step.Cache()).ok());  // two buckets of four
+  std::vector<std::unique_ptr<TensorEntry>> entries;
+  std::vector<TensorEntry*> fresh;
+  for (const std::string& name : Names(6)) {
+    entries.push_back(EntryFor(name));
+    fresh.push_back(entries.back().get());
+  }
+  LockedCycle out;
+  ASSERT_TRUE(schedule.RunCycle(fresh, false, "", &out).ok());
+  ASSERT_EQ(out.buckets.size(), 1u);
+  EXPECT_EQ(out.buckets[0].entries.size(), 4u);
+  EXPECT_TRUE(schedule.exchanging());  // the loop comes back for the failure
+  LockedCycle next;
+  const Status failed = schedule.RunCycle({}, false, "", &next);
+  EXPECT_NE(failed.message().find("the test broke the channel"), std::string::npos)
+      << failed.ToString();
+  EXPECT_TRUE(next.buckets.empty());
+  EXPECT_EQ(schedule.TakeAllHeld().size(), 2u);  // the second bucket's, for the caller to fail
+}
+
 TEST(LockedScheduleTest, AStepThatDiffersStartsTheCountAgain) {
   InProcessLockHub hub(1);
   LockedSchedule schedule(hub.Channel(0), FastSettings(2), 0);
