@@ -3,7 +3,9 @@
 // so that one waiting for a rank that never comes is reported and then stopped rather than left
 // to hang silently: such a caller is inside MPI, where no error can reach it.
 //
-// Used by the loop's thread only.
+// Watch() is called by the loop's thread only; GrantAfterRun by one thread at a time: the
+// background thread, or a caller's cycle under the loop's cycle lock
+// (BackgroundLoop::RunCycleForCaller).
 #pragma once
 
 #include <mpi.h>

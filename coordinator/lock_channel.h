@@ -7,7 +7,8 @@
 // Exchanges pair up by the order in which the ranks start them. Beside them, a rank that has
 // waited long on an exchange nudges the others, which may not know anyone waits on them.
 //
-// Every member is called by the background thread only.
+// Every member is called by one thread at a time: the background thread, or a caller's cycle under
+// the loop's cycle lock (BackgroundLoop::RunCycleForCaller).
 #pragma once
 
 #include <cstdint>

@@ -32,7 +32,8 @@
 // always has. No data moves before every rank has agreed on its bucket, so leaving never leaves a
 // wrong result behind.
 //
-// Used by the background thread only.
+// Used by one thread at a time: the background thread, or a caller's cycle under the loop's cycle
+// lock (BackgroundLoop::RunCycleForCaller).
 #pragma once
 
 #include <cstddef>

@@ -3,7 +3,8 @@
 // a negotiation round. Exchanges are MPI_Iallreduce(MPI_BAND); nudges are small tagged messages,
 // sent without waiting and drained with MPI_Iprobe.
 //
-// Used by the background thread only.
+// Used by one thread at a time: the background thread, or a caller's cycle under the loop's cycle
+// lock (BackgroundLoop::RunCycleForCaller).
 #pragma once
 
 #include <mpi.h>
