@@ -51,10 +51,6 @@ uint64_t ParameterHash(const Response& r) {
   return Mix(h, GroupKey(r.group, r.name));
 }
 
-std::string Milliseconds(double seconds) {
-  return std::to_string(static_cast<int64_t>(seconds * 1e3 + 0.5)) + " ms";
-}
-
 }  // namespace
 
 LockSettings LockSettings::From(const Config& config) {
@@ -264,6 +260,7 @@ void LockedSchedule::Place(TensorEntry* entry, double now) {
   // rank has submitted what comes before it (one more than the steps have would take the next
   // step's place, and wait there for that step's tensors).
   const bool ahead = generated && position != nullptr && AheadOfPlan(*position);
+  std::string difference;  // from the plan's parameters, where the slot was free
   if (position != nullptr && !ahead) {
     PlannedBucket& bucket = buckets_[position->bucket];
     const Response& planned = *bucket.responses[position->index];
@@ -281,6 +278,7 @@ void LockedSchedule::Place(TensorEntry* entry, double now) {
       last_progress_ = now;
       return;
     }
+    if (slot == nullptr) difference = ParameterDifference(planned, fields);
   }
   deviations_.push_back(entry);
   if (!leave_reason_.empty()) return;
@@ -293,8 +291,11 @@ void LockedSchedule::Place(TensorEntry* entry, double now) {
     leave_reason_ = "this rank submitted " + what +
                     " before the tensors the locked plan puts ahead of it (unnamed operations "
                     "are placed by their order)";
+  } else if (difference.empty()) {
+    leave_reason_ = "this rank submitted " + what + " again before the locked bucket " +
+                    std::to_string(position->bucket) + " holding it ran";
   } else {
-    leave_reason_ = "this rank submitted " + what + " with other parameters than the locked plan's";
+    leave_reason_ = "this rank submitted " + what + " with " + difference;
   }
 }
 
@@ -466,55 +467,6 @@ std::vector<TensorEntry*> LockedSchedule::TakeAllHeld() {
   cut_streak_ = 0;
   current_.Restart();
   return held;
-}
-
-Status LockedSchedule::WhileWaiting(double now) {
-  const double waited = now - started_at_;
-  if (now >= next_nudge_) {
-    GRADSYNC_RETURN_IF_ERROR(channel_->Nudge(exchanges_));
-    next_nudge_ = now + settings_.wait_seconds;
-  }
-  // A live peer releases within two waits of the first nudge; one that has not by the stall
-  // shutdown time after those has a background thread that does not run.
-  const bool give_up = settings_.stall_shutdown_seconds > 0 &&
-                       waited >= settings_.stall_shutdown_seconds + 2 * settings_.wait_seconds;
-  if (!give_up && now < next_warning_) return Status::OK();
-  const std::string what = "process set " + std::to_string(set_id_) + ": locked bucket " +
-                           std::to_string(cursor_) + " has waited " + Milliseconds(waited) +
-                           " for the other ranks to reach it" + NotArrivedText();
-  if (give_up) {
-    return Status::Stalled(what +
-                           " (GRADSYNC_STALL_SHUTDOWN_SECONDS); a rank's background "
-                           "thread is not running");
-  }
-  Log().warn("{}", what);
-  next_warning_ = now + std::max(settings_.stall_warning_seconds, 2 * settings_.wait_seconds);
-  return Status::OK();
-}
-
-std::string LockedSchedule::NotArrivedText() {
-  // The nudges of the ranks that wait with this one say who is there.
-  uint64_t nudged = 0;
-  if (!channel_->TakeNudges(&nudged).ok()) return "";
-  nudged_ = std::max(nudged_, nudged);
-  const std::vector<int> ranks = channel_->NotArrived(exchanges_);
-  if (ranks.empty()) return "";
-  return std::string(ranks.size() == 1 ? " (not there: rank " : " (not there: ranks ") +
-         RankListString(ranks) + ")";
-}
-
-std::string LockedSchedule::MissingNames(const PlannedBucket& bucket) const {
-  std::string names;
-  size_t listed = 0;
-  for (size_t i = 0; i < bucket.slots.size(); ++i) {
-    if (bucket.slots[i] != nullptr || bucket.done[i]) continue;
-    if (listed++ == 3) {
-      names += ", ...";
-      break;
-    }
-    names += (names.empty() ? "'" : ", '") + bucket.responses[i]->name + "'";
-  }
-  return names;
 }
 
 }  // namespace gradsync

@@ -211,6 +211,7 @@ class LockedSchedule {
   // " (not there: ranks ...)", the ranks not known to have reached the exchange in flight, for
   // WhileWaiting's warning and error; empty when none is known.
   std::string NotArrivedText();
+  static std::string Milliseconds(double seconds);  // "12 ms", for reasons and warnings
   std::string MissingNames(const PlannedBucket& bucket) const;
 
   std::unique_ptr<LockChannel> channel_;

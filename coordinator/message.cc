@@ -181,6 +181,31 @@ bool ParametersMatch(const Response& response, const RequestFields& request) {
   return shape_matches && SameBytes(response.group, request.group);
 }
 
+std::string ParameterDifference(const Response& planned, const RequestFields& request) {
+  const auto both = [](const std::string& field, const std::string& mine,
+                       const std::string& plans) {
+    return "its " + field + " " + mine + " where the plan has " + plans;
+  };
+  if (planned.type != ResponseTypeFor(request.op)) return "another operation than the plan's";
+  if (planned.dtype != request.dtype) {
+    return both("dtype", DataTypeName(request.dtype), DataTypeName(planned.dtype));
+  }
+  if (planned.device.kind != request.device.kind) return "another device kind than the plan's";
+  if (planned.reduce_op != request.reduce_op) {
+    return both("reduce op", ReduceOpName(request.reduce_op), ReduceOpName(planned.reduce_op));
+  }
+  if (planned.prescale != request.prescale || planned.postscale != request.postscale) {
+    return "other scale factors than the plan's";
+  }
+  if (planned.root != request.root) {
+    return both("root", std::to_string(request.root), std::to_string(planned.root));
+  }
+  if (planned.group_size != request.group_size || planned.group != request.group) {
+    return "another group than the plan's";
+  }
+  return both("shape", ShapeString(*request.shape), ShapeString(planned.shape));
+}
+
 bool ResponseMatches(const Response& response, const RequestFields& request) {
   return SameBytes(response.name, request.name) && ParametersMatch(response, request);
 }

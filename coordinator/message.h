@@ -118,5 +118,9 @@ RequestFields FieldsOf(const TensorEntry& entry, int rank);
 bool ResponseMatches(const Response& response, const RequestFields& request);
 // ResponseMatches less the name, for a caller that found the response by the request's name.
 bool ParametersMatch(const Response& response, const RequestFields& request);
+// Where ParametersMatch fails, what of `request` differs from `planned`, for a message: the first
+// field that differs, with both values where they have names ("its dtype float16 where the plan
+// has float32").
+std::string ParameterDifference(const Response& planned, const RequestFields& request);
 
 }  // namespace gradsync
