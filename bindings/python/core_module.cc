@@ -24,8 +24,6 @@ using namespace pybind11::literals;
 
 namespace gradsync {
 namespace python {
-namespace {}  // namespace
-
 // Memory for a collective's output, filled on the background thread, then exposed to Python: host
 // memory through the buffer protocol (torch.frombuffer), device memory through
 // __cuda_array_interface__ (torch.as_tensor); the tensor made from it keeps it alive.
@@ -98,9 +96,11 @@ struct GroupOutputs {
       allocators.push_back(AllocatorInto(buffers.back()));
     }
   }
-  std::vector<PyHandle> Wrap(const std::vector<Handle>& handles) const {
+  std::vector<PyHandle> Wrap(const std::vector<Handle>& handles, const py::object& keep) const {
     std::vector<PyHandle> out;
-    for (size_t i = 0; i < handles.size(); ++i) out.push_back(PyHandle{handles[i], buffers[i]});
+    for (size_t i = 0; i < handles.size(); ++i) {
+      out.push_back(PyHandle{handles[i], buffers[i], std::make_shared<Kept>(handles[i], keep)});
+    }
     return out;
   }
   std::vector<std::shared_ptr<OutputBuffer>> buffers;
@@ -323,7 +323,7 @@ void BindCollectives(py::module_& m) {
         });
   m.def("allgather",
         [](uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind, int device_index,
-           std::string name, int process_set, uintptr_t ready_stream) {
+           std::string name, int process_set, uintptr_t ready_stream, py::object keep) {
           return Enqueue([&] {
             AllgatherOptions o;
             o.name = std::move(name);
@@ -332,70 +332,71 @@ void BindCollectives(py::module_& m) {
             auto buffer = OutputFor(device_kind, device_index);
             Handle h = allgather(View(data, dtype, std::move(shape), device_kind, device_index),
                                  AllocatorInto(buffer), o);
-            return PyHandle{h, buffer};
+            return PyHandle{h, buffer, std::make_shared<Kept>(h, std::move(keep))};
           });
         });
-  m.def("grouped_allgather",
-        [](std::vector<uintptr_t> data, std::vector<int> dtypes,
-           std::vector<std::vector<int64_t>> shapes, int device_kind, int device_index,
-           std::vector<std::string> names, int process_set, uintptr_t ready_stream) {
-          return Enqueue([&] {
-            GroupedAllgatherOptions o;
-            o.names = std::move(names);
-            o.process_set = SetById(process_set);
-            o.ready = ReadyOn(ready_stream);
-            GroupOutputs outputs(data.size(), device_kind, device_index);
-            return outputs.Wrap(
-                grouped_allgather(Views(data, dtypes, std::move(shapes), device_kind, device_index),
-                                  outputs.allocators, o));
-          });
-        });
-  m.def("broadcast",
-        [](uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind, int device_index,
-           int root, std::string name, int process_set, uintptr_t ready_stream) {
-          return Enqueue([&] {
-            BroadcastOptions o;
-            o.name = std::move(name);
-            o.process_set = SetById(process_set);
-            o.ready = ReadyOn(ready_stream);
-            return PyHandle{
-                broadcast(View(data, dtype, std::move(shape), device_kind, device_index), root, o),
-                nullptr};
-          });
-        });
-  m.def("alltoall",
-        [](uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind, int device_index,
-           std::vector<int64_t> splits, std::string name, int process_set, uintptr_t ready_stream) {
-          return Enqueue([&] {
-            AlltoallOptions o;
-            o.name = std::move(name);
-            o.splits = std::move(splits);
-            o.process_set = SetById(process_set);
-            o.ready = ReadyOn(ready_stream);
-            auto buffer = OutputFor(device_kind, device_index);
-            Handle h = alltoall(View(data, dtype, std::move(shape), device_kind, device_index),
-                                AllocatorInto(buffer), o);
-            return PyHandle{h, buffer};
-          });
-        });
-  m.def("reducescatter",
-        [](std::vector<uintptr_t> data, std::vector<int> dtypes,
-           std::vector<std::vector<int64_t>> shapes, int device_kind, int device_index,
-           std::vector<std::string> names, int op, double prescale, double postscale,
-           int process_set, uintptr_t ready_stream) {
-          return Enqueue([&] {
-            GroupedReducescatterOptions o;
-            o.names = std::move(names);
-            SetReduction(&o, op, prescale, postscale, process_set);
-            o.ready = ReadyOn(ready_stream);
-            GroupOutputs outputs(data.size(), device_kind, device_index);
-            return outputs.Wrap(grouped_reducescatter(
-                Views(data, dtypes, std::move(shapes), device_kind, device_index),
-                outputs.allocators, o));
-          });
-        });
+  m.def("grouped_allgather", [](std::vector<uintptr_t> data, std::vector<int> dtypes,
+                                std::vector<std::vector<int64_t>> shapes, int device_kind,
+                                int device_index, std::vector<std::string> names, int process_set,
+                                uintptr_t ready_stream, py::object keep) {
+    return Enqueue([&] {
+      GroupedAllgatherOptions o;
+      o.names = std::move(names);
+      o.process_set = SetById(process_set);
+      o.ready = ReadyOn(ready_stream);
+      GroupOutputs outputs(data.size(), device_kind, device_index);
+      return outputs.Wrap(
+          grouped_allgather(Views(data, dtypes, std::move(shapes), device_kind, device_index),
+                            outputs.allocators, o),
+          keep);
+    });
+  });
+  m.def("broadcast", [](uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind,
+                        int device_index, int root, std::string name, int process_set,
+                        uintptr_t ready_stream, py::object keep) {
+    return Enqueue([&] {
+      BroadcastOptions o;
+      o.name = std::move(name);
+      o.process_set = SetById(process_set);
+      o.ready = ReadyOn(ready_stream);
+      Handle h = broadcast(View(data, dtype, std::move(shape), device_kind, device_index), root, o);
+      return PyHandle{h, nullptr, std::make_shared<Kept>(h, std::move(keep))};
+    });
+  });
+  m.def("alltoall", [](uintptr_t data, int dtype, std::vector<int64_t> shape, int device_kind,
+                       int device_index, std::vector<int64_t> splits, std::string name,
+                       int process_set, uintptr_t ready_stream, py::object keep) {
+    return Enqueue([&] {
+      AlltoallOptions o;
+      o.name = std::move(name);
+      o.splits = std::move(splits);
+      o.process_set = SetById(process_set);
+      o.ready = ReadyOn(ready_stream);
+      auto buffer = OutputFor(device_kind, device_index);
+      Handle h = alltoall(View(data, dtype, std::move(shape), device_kind, device_index),
+                          AllocatorInto(buffer), o);
+      return PyHandle{h, buffer, std::make_shared<Kept>(h, std::move(keep))};
+    });
+  });
+  m.def("reducescatter", [](std::vector<uintptr_t> data, std::vector<int> dtypes,
+                            std::vector<std::vector<int64_t>> shapes, int device_kind,
+                            int device_index, std::vector<std::string> names, int op,
+                            double prescale, double postscale, int process_set,
+                            uintptr_t ready_stream, py::object keep) {
+    return Enqueue([&] {
+      GroupedReducescatterOptions o;
+      o.names = std::move(names);
+      SetReduction(&o, op, prescale, postscale, process_set);
+      o.ready = ReadyOn(ready_stream);
+      GroupOutputs outputs(data.size(), device_kind, device_index);
+      return outputs.Wrap(
+          grouped_reducescatter(Views(data, dtypes, std::move(shapes), device_kind, device_index),
+                                outputs.allocators, o),
+          keep);
+    });
+  });
   m.def("barrier", [](int process_set) {
-    return Enqueue([&] { return PyHandle{barrier("", SetById(process_set)), nullptr}; });
+    return Enqueue([&] { return PyHandle{barrier("", SetById(process_set)), nullptr, nullptr}; });
   });
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace py = pybind11;
@@ -51,11 +52,33 @@ ProcessSet SetById(int id);
 // Memory for a collective's output whose size only negotiation tells (core_module.cc).
 class OutputBuffer;
 
+// What a pending operation reads or writes, held by its _core.Handle until the handle is
+// registered (RegisterCall's entry holds it then). A handle dropped unregistered while its
+// operation may still run (a KeyboardInterrupt between the enqueue and the registration) hands it
+// to the handle table, which lets go of it once the operation is done (at a later registration,
+// or at settle_handles), rather than releasing memory the operation may still read or write. Made
+// and destroyed with the GIL held.
+class Kept {
+ public:
+  Kept(Handle handle, py::object objects)
+      : handle_(std::move(handle)), objects_(std::move(objects)) {}
+  ~Kept();
+  Kept(const Kept&) = delete;
+  Kept& operator=(const Kept&) = delete;
+  // Registered: the table's entry holds the objects from now on.
+  void Release() { objects_ = py::none(); }
+
+ private:
+  Handle handle_;
+  py::object objects_;
+};
+
 // _core.Handle: a pending operation and, for collectives that allocate their result, its output
 // buffer.
 struct PyHandle {
   Handle handle;
   std::shared_ptr<OutputBuffer> output;
+  std::shared_ptr<Kept> kept;  // null where the caller keeps its tensors itself
 };
 
 // A new integer handle for gradsync.torch (handle_table.cc): synchronize_handle() waits for

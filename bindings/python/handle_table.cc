@@ -39,9 +39,13 @@ struct PendingCall {
 class HandleTable {
  public:
   int64_t Add(PendingCall call) {
+    if (!orphans_.empty()) PruneOrphans();
     const int64_t id = next_id_++;
     calls_.emplace(id, std::move(call));
     return id;
+  }
+  void AddOrphan(Handle handle, py::object objects) {
+    orphans_.emplace_back(std::move(handle), std::move(objects));
   }
   // Throws ValueError for a handle that is not pending.
   PendingCall Take(const py::handle& handle) {
@@ -70,6 +74,7 @@ class HandleTable {
   // released after the table is consistent: a finalizer may call back into it.
   void Settle() {
     std::vector<py::object> released;
+    for (auto& [handle, objects] : std::exchange(orphans_, {})) released.push_back(objects);
     for (auto& [id, call] : calls_) {
       released.push_back(std::exchange(call.keep, py::none()));
       bool failed = false;
@@ -82,6 +87,18 @@ class HandleTable {
   }
 
  private:
+  // Lets go of what orphaned handles kept once their operations are done; the objects are released
+  // after the list is consistent, as in Settle.
+  void PruneOrphans() {
+    std::vector<py::object> released;
+    auto done = [&](std::pair<Handle, py::object>& orphan) {
+      if (!orphan.first.poll()) return false;
+      released.push_back(std::move(orphan.second));
+      return true;
+    };
+    orphans_.erase(std::remove_if(orphans_.begin(), orphans_.end(), done), orphans_.end());
+  }
+
   // The entry of an integer handle, or end(); throws ValueError for what is no integer.
   std::unordered_map<int64_t, PendingCall>::iterator Search(const py::handle& handle) {
     if (!PyLong_Check(handle.ptr())) throw Unknown(handle);
@@ -96,6 +113,8 @@ class HandleTable {
 
   std::unordered_map<int64_t, PendingCall> calls_;
   int64_t next_id_ = 1;
+  // Handles dropped before they were registered, and what their operations read or write.
+  std::vector<std::pair<Handle, py::object>> orphans_;
 };
 
 // Never destroyed: the objects it may still hold at exit must not be released after the
@@ -204,6 +223,10 @@ py::list Synchronize(const std::vector<PendingCall>& calls, const py::object& st
 
 }  // namespace
 
+Kept::~Kept() {
+  if (!objects_.is_none() && !handle_.poll()) Table().AddOrphan(handle_, std::move(objects_));
+}
+
 py::int_ RegisterCall(std::vector<Handle> handles, py::object keep, py::object result,
                       py::object finish, py::object consumer, uintptr_t producer) {
   return py::int_(Table().Add(PendingCall{std::move(handles), std::move(keep), std::move(result),
@@ -217,7 +240,10 @@ void BindHandleTable(py::module_& m) {
          py::object consumer, uintptr_t producer) {
         std::vector<Handle> runtime;
         runtime.reserve(handles.size());
-        for (const PyHandle& h : handles) runtime.push_back(h.handle);
+        for (const PyHandle& h : handles) {
+          runtime.push_back(h.handle);
+          if (h.kept != nullptr) h.kept->Release();
+        }
         return RegisterCall(std::move(runtime), std::move(keep), py::none(), std::move(finish),
                             std::move(consumer), producer);
       },

@@ -219,12 +219,37 @@ def test_host_output_buffers_are_host_memory(rank, size):
     # __cuda_array_interface__, which torch.as_tensor would otherwise take for device memory.
     from gradsync import _core
     t = torch.full((2,), float(rank))
-    h = _core.allgather(t.data_ptr(), 6, [2], 0, -1, "host.output.buffer", 0, 0)
+    h = _core.allgather(t.data_ptr(), 6, [2], 0, -1, "host.output.buffer", 0, 0, t)
     h.wait()
     assert h.output.device == -1 and h.output.nbytes == 8 * size
     assert not hasattr(h.output, "__cuda_array_interface__")
     assert torch.equal(torch.frombuffer(h.output, dtype=torch.float32),
                        torch.arange(size, dtype=torch.float32).repeat_interleave(2))
+
+
+def test_a_handle_dropped_before_its_registration_keeps_its_tensors_until_done(rank, size):
+    # A KeyboardInterrupt between an enqueue and its registration drops the runtime's handle: what
+    # the operation reads or writes (here a marker beside the tensor) stays alive until it is
+    # done, and goes once a later registration finds it done.
+    import time
+    import weakref
+    from gradsync import _core
+
+    class Marker:
+        pass
+
+    marker = Marker()
+    alive = weakref.ref(marker)
+    t = torch.full((2,), float(rank))
+    if rank == 1:
+        time.sleep(0.5)  # rank 0's operation waits for this rank's
+    _core.allgather(t.data_ptr(), 6, [2], 0, -1, "dropped.handle", 0, 0, (t, marker))
+    del marker
+    if rank == 0 and size > 1:
+        assert alive() is not None, "released while the operation may still run"
+    hvd.barrier()  # every rank's allgather is done before this completes
+    hvd.allreduce(torch.zeros(1), name="dropped.handle.after")  # a registration
+    assert alive() is None
 
 
 def test_grouped_allgather(rank, size):

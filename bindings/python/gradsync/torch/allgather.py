@@ -15,7 +15,8 @@ def _start_allgather(tensor, wire_name, process_set):
     tensor it reads, to keep alive until the handle is synchronized."""
     _check(tensor)
     wire = _to_wire(tensor)
-    h = _core.allgather(*_args(wire), wire_name, _id_of(process_set), _ready_stream(wire))
+    h = _core.allgather(*_args(wire), wire_name, _id_of(process_set), _ready_stream(wire),
+                        (tensor, wire))
     return h, wire
 
 
@@ -86,7 +87,8 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     handles = _core.grouped_allgather([w.data_ptr() for w in wires],
                                       [_DTYPES[w.dtype] for w in wires],
                                       [list(w.shape) for w in wires], kind, index, names,
-                                      _id_of(process_set), _ready_stream(wires[0]))
+                                      _id_of(process_set), _ready_stream(wires[0]),
+                                      (tensors, wires))
     return _register(handles, (tensors, wires),
                      lambda: [_output_tensor(h, t.dtype) for h, t in zip(handles, tensors)])
 

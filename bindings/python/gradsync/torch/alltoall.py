@@ -38,7 +38,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     split_list = _splits_list(splits, tensor, process_set)
     wire = _to_wire(tensor)
     h = _core.alltoall(*_args(wire), split_list, _name("alltoall", name),
-                       _id_of(process_set), _ready_stream(wire))
+                       _id_of(process_set), _ready_stream(wire), (tensor, wire))
 
     def finish():
         return (_output_tensor(h, tensor.dtype),

@@ -17,7 +17,7 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
     wire = _to_wire(output)
     producer = _ready_stream(wire)
     h = _core.broadcast(*_args(wire), root_rank, _name("broadcast", name), _id_of(process_set),
-                        producer)
+                        producer, (tensor, output, wire))
     made_on = _stream_of(output.device) if wire is not output and output.is_cuda else None
 
     def finish():

@@ -28,7 +28,7 @@ def _reducescatter_async(tensors, name, op, prescale_factor, postscale_factor, p
     handles = _core.reducescatter([w.data_ptr() for w in wires], [_DTYPES[w.dtype] for w in wires],
                                   [list(w.shape) for w in wires], kind, index, names,
                                   _CORE_OPS[op], prescale_factor, postscale_factor,
-                                  _id_of(process_set), _ready_stream(wires[0]))
+                                  _id_of(process_set), _ready_stream(wires[0]), (tensors, wires))
     return handles, (tensors, wires)
 
 
