@@ -137,6 +137,9 @@ _SIGNALED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on
 _EXITED = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]")
 _EXIT_CODE = re.compile(r"Exit code:\s+(\d+)")
 _LOST_DAEMON = re.compile(r"[Rr]emote daemon.* on node (\S+)")
+# ssh's own reports of a host it could not reach, which mpirun relays while it starts daemons.
+_UNREACHABLE = re.compile(r"ssh: (?:connect to host (\S+) port \d+|Could not resolve hostname "
+                          r"([^\s:]+))")
 
 
 def failed_host(lines, layout):
@@ -155,10 +158,18 @@ def failed_host(lines, layout):
         rank = int(match.group(1))
         return host_of(rank), "rank %d on %s was killed by signal %s" % (
             rank, host_of(rank), match.group(3))
-    match = _LOST_DAEMON.search(text)
-    if match:
-        node = match.group(1).rstrip(".;,")
-        return node, "lost the launch daemon on %s" % node
+    hosts = {host for host, _ in layout}
+    for pattern, what in ((_LOST_DAEMON, "lost the launch daemon on %s"),
+                          (_UNREACHABLE, "ssh could not reach %s")):
+        match = pattern.search(text)
+        if match:
+            node = next(group for group in match.groups() if group).rstrip(".;,")
+            if node in hosts:
+                return node, what % node
+            # Another name for one of the world's hosts (an address where discovery gave a
+            # name): leaving it out would leave nothing out, and the next world would start at
+            # once on the same host.
+            return None, (what % node) + ", a name that is not one of this world's hosts"
     match = _EXITED.search(text)
     if match:
         rank = int(match.group(1))

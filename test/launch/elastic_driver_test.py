@@ -68,6 +68,20 @@ class FailedHostTest(unittest.TestCase):
         self.assertEqual(ed.failed_host(lines, self.LAYOUT)[0], "c")
         self.assertIsNone(ed.failed_host(["something else"], self.LAYOUT)[0])
 
+    def test_a_host_ssh_could_not_reach(self):
+        refused = ["ssh: connect to host b port 22: Connection refused",
+                   "ORTE was unable to reliably start one or more daemons."]
+        self.assertEqual(ed.failed_host(refused, self.LAYOUT), ("b", "ssh could not reach b"))
+        unknown = ["ssh: Could not resolve hostname c: Name or service not known"]
+        self.assertEqual(ed.failed_host(unknown, self.LAYOUT)[0], "c")
+
+    def test_a_node_named_otherwise_than_the_worlds_hosts_names_none(self):
+        # Left out under that name, the host would stay in the next world, started at once.
+        lines = ["  Remote daemon: [[5183,0],2] on node 10.0.0.3"]
+        host, what = ed.failed_host(lines, self.LAYOUT)
+        self.assertIsNone(host)
+        self.assertIn("10.0.0.3, a name that is not one of this world's hosts", what)
+
 
 def world_script(body):
     """A stand-in for mpirun: a Python program that does `body` (given the world number)."""
