@@ -179,14 +179,25 @@ def failed_host(lines, layout):
     return None, "the world ended without saying which rank failed"
 
 
+# How long mpirun has to end its world after SIGTERM before its session is killed.
+END_GRACE_SECONDS = 10.0
+
+
 def _end_world(process):
-    """Ends mpirun's session (it and the ranks it started), unless it has ended."""
-    if process.poll() is None:
+    """Ends mpirun's session (it and the ranks it started), unless it has ended: SIGTERM, then
+    SIGKILL where mpirun has not ended within END_GRACE_SECONDS (one stuck in a rank's start, or
+    in a signal handler, would otherwise hold the launcher for ever)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if process.poll() is not None:
+            return
         try:
-            os.killpg(process.pid, signal.SIGTERM)
+            os.killpg(process.pid, sig)
         except ProcessLookupError:
             pass
-        process.wait()
+        try:
+            process.wait(timeout=END_GRACE_SECONDS if sig == signal.SIGTERM else None)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 class Driver:

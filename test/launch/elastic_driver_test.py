@@ -185,9 +185,21 @@ class DriverTest(unittest.TestCase):
         self.assertIn("without saying which rank failed; the next world starts in 0.2 s", log)
 
     def test_sigterm_to_the_launcher_ends_the_world(self):
+        self.end_the_world_on_sigterm("")
+
+    def test_a_world_that_ignores_sigterm_is_killed_after_the_grace(self):
+        grace = ed.END_GRACE_SECONDS
+        ed.END_GRACE_SECONDS = 0.5
+        try:
+            self.end_the_world_on_sigterm("import signal\n"
+                                          "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n")
+        finally:
+            ed.END_GRACE_SECONDS = grace
+
+    def end_the_world_on_sigterm(self, prologue):
         with tempfile.TemporaryDirectory() as work:
             pid_file = os.path.join(work, "pid")
-            body = ("open(%r, 'w').write(str(os.getpid()))\n"
+            body = (prologue + "open(%r, 'w').write(str(os.getpid()))\n"
                     "import time\n"
                     "time.sleep(60)\n" % pid_file)
             driver = self.driver([("h1", 2)], body)
