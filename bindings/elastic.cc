@@ -26,6 +26,10 @@ namespace elastic {
 
 namespace {
 
+// How long a rank waits on its own commits between the rounds in which the ranks agree that
+// every rank's are on disk.
+constexpr double kFlushRoundSeconds = 1.0;
+
 std::string Env(const char* name) {
   const char* value = std::getenv(name);
   return value == nullptr ? std::string() : std::string(value);
@@ -186,17 +190,23 @@ bool commit(std::string state) {
 
 void leave_for_restart() {
   ElasticState& elastic = TheState();
-  {
-    std::lock_guard<std::mutex> lock(elastic.mu);
-    // Leaving with kExitRestart tells the launcher the commits are on disk: a failed write
-    // throws instead, so that the job fails as it does when the Python state's flush raises,
-    // rather than the next world resuming from an older commit than it was told.
-    if (elastic.writer != nullptr) {
-      const Status flushed = elastic.writer->Flush();
-      if (!flushed.ok()) Throw(flushed);
+  // Every rank's commits are on disk before any rank leaves. The ranks agree on it in rounds, an
+  // allreduce a second, so that a rank with nothing to write waits in collectives that each
+  // complete, not in one the stall inspector ends while a large commit is still being written.
+  for (;;) {
+    bool flushed = true;
+    {
+      std::lock_guard<std::mutex> lock(elastic.mu);
+      // Leaving with kExitRestart tells the launcher the commits are on disk: a failed write
+      // throws instead, so that the job fails as it does when the Python state's flush raises,
+      // rather than the next world resuming from an older commit than it was told.
+      if (elastic.writer != nullptr) {
+        const Status written = elastic.writer->FlushFor(kFlushRoundSeconds, &flushed);
+        if (!written.ok()) Throw(written);
+      }
     }
+    if (ReduceInt64(flushed ? 1 : 0, ReduceOp::kMin, "elastic.flushed") == 1) break;
   }
-  barrier("elastic.leave").wait();  // every rank's commits are on disk before any rank leaves
   shutdown();
   std::exit(kExitRestart);
 }

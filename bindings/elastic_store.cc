@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -189,6 +190,13 @@ Status CommitWriter::Submit(int64_t number, std::string bytes) {
 Status CommitWriter::Flush() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return !has_next_ && !busy_; });
+  return std::exchange(failure_, Status::OK());
+}
+
+Status CommitWriter::FlushFor(double seconds, bool* done) {
+  std::unique_lock<std::mutex> lock(mu_);
+  *done = cv_.wait_for(lock, std::chrono::duration<double>(seconds),
+                       [this] { return !has_next_ && !busy_; });
   return std::exchange(failure_, Status::OK());
 }
 

@@ -41,6 +41,8 @@ class CommitWriter {
   Status Submit(int64_t number, std::string bytes);
   // Waits until every submitted commit is written or replaced; the first failure, if any.
   Status Flush();
+  // Flush, waiting at most `seconds`: *done says whether every commit is written or replaced.
+  Status FlushFor(double seconds, bool* done);
 
  private:
   void Run();

@@ -158,6 +158,20 @@ def test_every_rank_gets_as_many_samples_however_few_are_left(left, size):
     assert sorted(set(sum(shares, []))) == sorted(replica.remaining_indices)
 
 
+def test_ranks_wait_for_a_slow_writer_in_rounds(monkeypatch, rank, size):
+    # Rank 0's commits reach the disk in the third round: every rank goes round as often, each
+    # round a collective that completes, and they leave together.
+    monkeypatch.setattr(hvd.elastic, "_ROUND_SECONDS", 0.01)
+    calls = []
+
+    def flush(seconds):
+        calls.append(seconds)
+        return rank != 0 or len(calls) >= 3
+
+    hvd.elastic._until_every_rank(flush, "test.elastic.rounds")
+    assert calls == [0.01] * 3
+
+
 def test_state_commits_restores_and_resumes_from_disk(tmp_path, monkeypatch, rank, size):
     directory = hvd.broadcast_object(str(tmp_path / "commits"), root_rank=0,
                                      name="test.elastic.dir")

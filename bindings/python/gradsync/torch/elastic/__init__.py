@@ -19,17 +19,57 @@ state) starts afresh. docs/elastic.md has the whole design.
 
 import functools
 import sys
+import threading
 import time
 
+import torch
+
 from gradsync.torch import functions
+from gradsync.torch.allreduce import allreduce
 from gradsync.torch.basics import is_initialized, rank, shutdown
 from gradsync.torch.elastic import notices, store
 from gradsync.torch.elastic.sampler import ElasticSampler
 from gradsync.torch.elastic.state import HostsUpdatedInterrupt, ObjectState, State, TorchState
-from gradsync.torch.mpi_ops import barrier
+from gradsync.torch.wire import Min
 
 __all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState",
            "run"]
+
+
+# How long each rank waits on its own part between the rounds of _until_every_rank.
+_ROUND_SECONDS = 1.0
+
+
+def _until_every_rank(done_within, name):
+    """Returns once ``done_within(seconds)`` (this rank's wait for its own part, True once it is
+    done) has said True on every rank. The ranks agree in rounds, an allreduce each
+    ``_ROUND_SECONDS``, so that a rank with nothing to wait for waits in collectives that each
+    complete, never in one the stall inspector ends while another rank writes or reads a large
+    commit for longer than GRADSYNC_STALL_SHUTDOWN_SECONDS."""
+    while True:
+        done = torch.tensor([int(bool(done_within(_ROUND_SECONDS)))], dtype=torch.int32)
+        if allreduce(done, op=Min, name=name).item() == 1:
+            return
+
+
+def _read_in_rounds(directory, number):
+    """``store.read(directory, number)`` on a thread of its own, while this rank takes part in
+    the rounds of ``_until_every_rank`` that the other ranks wait for it in."""
+    outcome = {}
+
+    def read():
+        try:
+            outcome["payload"] = store.read(directory, number)
+        except BaseException as error:  # raised on the training thread below
+            outcome["error"] = error
+
+    reader = threading.Thread(target=read, name="gradsync-resume", daemon=True)
+    reader.start()
+    _until_every_rank(lambda seconds: reader.join(seconds) or not reader.is_alive(),
+                      "elastic.loaded")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["payload"]
 
 
 def _resume(state):
@@ -45,7 +85,9 @@ def _resume(state):
     source = found.index(best) if best >= 0 else 0
     found_at = time.perf_counter()
     if best >= 0 and rank() == source:
-        state._load_payload(store.read(directory, best))
+        state._load_payload(_read_in_rounds(directory, best))
+    elif best >= 0:
+        _until_every_rank(lambda seconds: True, "elastic.loaded")
     loaded_at = time.perf_counter()
     state.sync(root_rank=source)
     if best >= 0:
@@ -77,8 +119,8 @@ def run(func):
         try:
             result = func(state, *args, **kwargs)
         except HostsUpdatedInterrupt:
-            state.flush()
-            barrier()  # every rank's commit is on disk before any rank leaves
+            # Every rank's commits are on disk before any rank leaves.
+            _until_every_rank(state.flush, "elastic.flushed")
             shutdown()
             sys.stdout.flush()
             sys.stderr.flush()

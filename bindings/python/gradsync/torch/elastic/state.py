@@ -68,10 +68,10 @@ class State:
         if changed:
             raise HostsUpdatedInterrupt(skip_sync=False)
 
-    def flush(self):
-        """Waits until this rank's commits are on disk."""
-        if self._writer is not None:
-            self._writer.flush()
+    def flush(self, timeout=None):
+        """Waits until this rank's commits are on disk, for at most ``timeout`` seconds when
+        given; returns whether they are."""
+        return self._writer is None or self._writer.flush(timeout)
 
     # What each kind of state defines.
     def save(self):

@@ -154,12 +154,13 @@ class Writer:
             self._cv.notify_all()
         _release(replaced)
 
-    def flush(self):
-        """Waits until every submitted commit is written (or replaced by a newer one)."""
+    def flush(self, timeout=None):
+        """Waits until every submitted commit is written (or replaced by a newer one), for at most
+        ``timeout`` seconds when given; returns whether they are. Raises a failed write's error."""
         with self._cv:
-            while self._next is not None or self._busy:
-                self._cv.wait()
+            flushed = self._cv.wait_for(lambda: self._next is None and not self._busy, timeout)
             self._raise_error()
+            return flushed
 
     def _raise_error(self):
         if self._error is not None:
