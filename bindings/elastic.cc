@@ -10,6 +10,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,9 +28,9 @@ namespace elastic {
 
 namespace {
 
-// How long a rank waits on its own commits between the rounds in which the ranks agree that
-// every rank's are on disk.
-constexpr double kFlushRoundSeconds = 1.0;
+// How long a rank waits on its own part (its commits written, the newest read) between the rounds
+// of UntilEveryRank.
+constexpr double kRoundSeconds = 1.0;
 
 std::string Env(const char* name) {
   const char* value = std::getenv(name);
@@ -130,6 +132,16 @@ void BroadcastBytes(void* data, int64_t bytes, int root, const char* name) {
   broadcast(TensorView(data, DataType::kUInt8, {bytes}), root, options).wait();
 }
 
+// Returns once `done_within(seconds)` (this rank's wait for its own part, true once it is done)
+// has said true on every rank. The ranks agree in rounds, an allreduce each kRoundSeconds, so that
+// a rank with nothing to wait for waits in collectives that each complete, never in one the stall
+// inspector ends while another rank writes or reads a large commit.
+void UntilEveryRank(const std::function<bool(double)>& done_within, const char* name) {
+  for (;;) {
+    if (ReduceInt64(done_within(kRoundSeconds) ? 1 : 0, ReduceOp::kMin, name) == 1) return;
+  }
+}
+
 }  // namespace
 
 bool under_launcher() { return !Env("GRADSYNC_ELASTIC_DRIVER").empty(); }
@@ -147,8 +159,18 @@ Resumed resume() {
   // left waiting for bytes that will not come.
   int64_t length = -1;
   Status read;
+  std::future<Status> reading;
   if (rank() == resumed.source_rank) {
-    read = ReadCommit(directory, resumed.commit, &resumed.state);
+    reading = std::async(std::launch::async, ReadCommit, directory, resumed.commit, &resumed.state);
+  }
+  UntilEveryRank(
+      [&](double seconds) {
+        return !reading.valid() || reading.wait_for(std::chrono::duration<double>(seconds)) ==
+                                       std::future_status::ready;
+      },
+      "elastic.commit_read");
+  if (reading.valid()) {
+    read = reading.get();
     if (read.ok()) length = static_cast<int64_t>(resumed.state.size());
   }
   BroadcastBytes(&length, sizeof(length), resumed.source_rank, "elastic.commit_length");
@@ -190,23 +212,21 @@ bool commit(std::string state) {
 
 void leave_for_restart() {
   ElasticState& elastic = TheState();
-  // Every rank's commits are on disk before any rank leaves. The ranks agree on it in rounds, an
-  // allreduce a second, so that a rank with nothing to write waits in collectives that each
-  // complete, not in one the stall inspector ends while a large commit is still being written.
-  for (;;) {
-    bool flushed = true;
-    {
-      std::lock_guard<std::mutex> lock(elastic.mu);
-      // Leaving with kExitRestart tells the launcher the commits are on disk: a failed write
-      // throws instead, so that the job fails as it does when the Python state's flush raises,
-      // rather than the next world resuming from an older commit than it was told.
-      if (elastic.writer != nullptr) {
-        const Status written = elastic.writer->FlushFor(kFlushRoundSeconds, &flushed);
-        if (!written.ok()) Throw(written);
-      }
-    }
-    if (ReduceInt64(flushed ? 1 : 0, ReduceOp::kMin, "elastic.flushed") == 1) break;
-  }
+  // Every rank's commits are on disk before any rank leaves.
+  UntilEveryRank(
+      [&](double seconds) {
+        std::lock_guard<std::mutex> lock(elastic.mu);
+        bool flushed = true;
+        // Leaving with kExitRestart tells the launcher the commits are on disk: a failed write
+        // throws instead, so that the job fails as it does when the Python state's flush raises,
+        // rather than the next world resuming from an older commit than it was told.
+        if (elastic.writer != nullptr) {
+          const Status written = elastic.writer->FlushFor(seconds, &flushed);
+          if (!written.ok()) Throw(written);
+        }
+        return flushed;
+      },
+      "elastic.flushed");
   shutdown();
   std::exit(kExitRestart);
 }
