@@ -54,7 +54,8 @@ class HostsTest(unittest.TestCase):
 
     def test_task_counts_for_other_nodes_are_refused(self):
         # In `srun -N1 -n1 --pty bash` inside a 2-node job, Slurm sets the step's counts.
-        step = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "1"}
+        step = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "1",
+                "SLURM_NTASKS": "1"}
         for argv in (["./t"], ["-np", "2", "./t"], ["--min-np", "2", "./t"]):
             argv = ["--dry-run"] + argv  # nothing may start where the check is missing
             with redirect_stderr(io.StringIO()) as err, redirect_stdout(io.StringIO()):
@@ -101,17 +102,26 @@ class CommandTest(unittest.TestCase):
 
     def test_slurm_allocation_without_hosts(self):
         env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
-               "SLURM_TASKS_PER_NODE": "2(x2)"}
+               "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_NTASKS_PER_NODE": "2"}
         self.assertEqual(command(["./t"], env, pmix=True)[:4],
                          ["srun", "--mpi=pmix", "--ntasks=4", "--export=ALL"])
         cmd = command(["./t"], env, pmix=False)
         self.assertEqual(cmd[:3], ["mpirun", "-np", "4"])
         self.assertIn("n1:2,n2:2", cmd)
 
+    def test_a_slurm_job_that_asked_for_no_tasks_runs_one_a_node(self):
+        # Without --ntasks or --ntasks-per-node, SLURM_TASKS_PER_NODE counts each node's CPUs.
+        env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
+               "SLURM_TASKS_PER_NODE": "64(x2)", "SLURM_JOB_CPUS_PER_NODE": "64(x2)"}
+        self.assertEqual(command(["./t"], env, pmix=True)[:3], ["srun", "--mpi=pmix", "--ntasks=2"])
+        cmd = command(["./t"], env, pmix=False)
+        self.assertEqual(cmd[:3], ["mpirun", "-np", "2"])
+        self.assertIn("n1:1,n2:1", cmd)
+
     def test_ranks_yield_where_the_allocation_oversubscribes(self):
         def launch_env(extra, pmix, argv=("./t",)):
             env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
-                   "SLURM_TASKS_PER_NODE": "4(x2)"}
+                   "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_NTASKS": "8"}
             env.update(extra)
             return run.build_command(run.parse(list(argv), env), env, pmix)[1]
 

@@ -56,9 +56,11 @@ def run(work):
     dry_srun = ["--launcher", "srun", "--dry-run", "./t", "an argument"]
     # Slurm's default is one task per node; a --ntasks in the script would turn
     # --ntasks-per-node into a maximum, and ask for 2 nodes here.
+    # With the node to itself and no task count, Slurm's SLURM_TASKS_PER_NODE counts its CPUs.
     for name, options, tasks in (("per-node", ["--nodes", "1", "--ntasks-per-node", "1"], 1),
                                  ("ntasks", ["--ntasks", "2"], 2),
-                                 ("default", [], 1)):
+                                 ("default", [], 1),
+                                 ("exclusive", ["--exclusive"], 1)):
         text = submit(work, "cpu-" + name, options + [cpu], dry_srun)
         expect_in("srun --mpi=pmix --ntasks=%d --export=ALL ./t 'an argument'" % tasks, text,
                   "cpu.sbatch " + name)
