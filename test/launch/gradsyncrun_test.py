@@ -77,6 +77,17 @@ class CommandTest(unittest.TestCase):
         self.assertNotIn("HOME", cmd)
         self.assertEqual(cmd[-1], "./t")
 
+    def test_what_a_remote_rank_needs_and_what_x_names_is_forwarded(self):
+        env = {"PATH": "/venv/bin:/usr/bin", "PYTHONPATH": "/build/python", "HOME": "/root",
+               "DATA": "/data"}
+        cmd = command(["-np", "2", "-H", "a,b", "-x", "DATA", "-x", "SEED=7", "./t"], env)
+        forwarded = [cmd[i + 1] for i, word in enumerate(cmd) if word == "-x"]
+        self.assertEqual(forwarded, ["DATA", "PATH", "PYTHONPATH", "SEED"])
+        with self.assertRaisesRegex(run.UsageError, "-x MISSING: not set here"):
+            command(["-np", "2", "-x", "MISSING", "./t"], env)
+        with self.assertRaisesRegex(run.UsageError, "NAME or NAME=VALUE"):
+            command(["-np", "2", "-x", "=7", "./t"], env)
+
     def test_placement_flags(self):
         import contextlib
         import io

@@ -111,9 +111,11 @@ def run(args):
         if os.path.lexists(path):
             os.unlink(path)
         os.symlink(os.path.abspath(target), path)
-    # Examples set the variables they show; none may leak in from the test's environment.
+    # Examples set the variables they show; none may leak in from the test's environment (PATH,
+    # set below, is the one gradsyncrun forwards that every example has).
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("GRADSYNC_", "HOROVOD_", "NCCL_"))}
+           if not k.startswith(("GRADSYNC_", "HOROVOD_", "NCCL_"))
+           and k not in ("LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = os.pathsep.join([os.path.abspath(p) for p in args.path] + [env.get("PATH", "")])
     chosen = [e for e in examples if e.kind == args.kind]
     if not chosen:
