@@ -88,6 +88,18 @@ class CommandTest(unittest.TestCase):
         with self.assertRaisesRegex(run.UsageError, "NAME or NAME=VALUE"):
             command(["-np", "2", "-x", "=7", "./t"], env)
 
+    def test_srun_is_chosen_only_where_both_sides_have_pmix(self):
+        # Every Open MPI 4 lists its 'isolated' and 'flux' components; only a client counts.
+        self.assertFalse(run.ompi_info_lists_pmix(
+            "  MCA pmix: isolated (MCA v2.1.0)\n  MCA pmix: flux (MCA v2.1.0)\n"))
+        self.assertTrue(run.ompi_info_lists_pmix("  MCA pmix: ext3x (MCA v2.1.0)\n"))
+        self.assertTrue(run.ompi_info_lists_pmix("  MCA pmix: pmix3x (MCA v2.1.0)\n"))
+        listing = "MPI plugin types are...\n\tnone\n\tpmi2\n\tpmix\nspecific pmix plugin " \
+                  "versions available: pmix_v3\n"
+        self.assertTrue(run.srun_lists_pmix(listing))
+        self.assertFalse(run.srun_lists_pmix("MPI plugin types are...\n\tnone\n\tpmi2\n"))
+        self.assertFalse(run.pmix_launch_works({}))  # outside an allocation srun is not asked
+
     def test_placement_flags(self):
         import contextlib
         import io
