@@ -4,6 +4,7 @@
 // shared memory and back, as it would separate tensors, with no copy of the batch's own.
 #include <gradsync/gradsync.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <optional>
@@ -85,7 +86,7 @@ struct AllreduceBatch::Impl {
   std::vector<Bucket> buckets;
   std::vector<size_t> started;  // slot indices since the last wait, in start order
   // Device reductions a synchronize_stream() ordered on a stream rather than waited for; the next
-  // step reports those that failed.
+  // step reports those that failed, and keeps those still running for a later one.
   std::vector<Handle> ordered_on_device;
 
   // The last bucket's lane (runtime/caller_lanes.h), when it can have one (sum or average), and
@@ -279,6 +280,9 @@ void AllreduceBatch::Impl::Finish(std::optional<Error>* first_failure, bool orde
     }
   }
   started.clear();
+  // Nothing to order (a host step, or one the destructor finishes on any thread): no call, which
+  // would refuse a gradsync thread.
+  if (ordered_on_device.size() == ordered_before) return;
   // Together: the device plane fuses slots into buckets that share one completion. A slot that
   // failed is reported now and cleared, so that the next step reports only what fails later.
   OrderStreamAfterHandles(ordered_on_device.data() + ordered_before,
@@ -389,11 +393,17 @@ AllreduceBatch& AllreduceBatch::operator=(AllreduceBatch&& other) noexcept {
 }
 
 void AllreduceBatch::Impl::NoteOrderedFailures(std::optional<Error>* first_failure) {
-  for (const Handle& h : ordered_on_device) {
-    // Never blocks: one still running has not failed yet, and its stream order stands.
-    if (!*first_failure && h.poll() && !h.status().ok()) *first_failure = Error(h.status());
-  }
-  ordered_on_device.clear();
+  // Never blocks: one still running has not failed yet, and is kept for a later step to report
+  // (the host routinely runs a step ahead of the device).
+  auto settled = [&](const Handle& h) {
+    if (!h.valid()) return true;
+    if (!h.poll()) return false;
+    if (!*first_failure && !h.status().ok()) *first_failure = Error(h.status());
+    return true;
+  };
+  ordered_on_device.erase(
+      std::remove_if(ordered_on_device.begin(), ordered_on_device.end(), settled),
+      ordered_on_device.end());
 }
 
 void AllreduceBatch::start(size_t index, void* data) { impl_->Start(index, data, nullptr); }
