@@ -293,38 +293,6 @@ void AllreduceBatch::Impl::Finish(std::optional<Error>* first_failure, bool orde
                           });
 }
 
-void TakePartInLanesOnJoin(Runtime& rt) {
-  std::vector<CallerLane*> granted;
-  rt.lanes->ForEach([&](CallerLane* lane) {
-    if (lane->process_set == 0 && lane->comm.load() != MPI_COMM_NULL) granted.push_back(lane);
-  });
-  if (granted.empty()) return;
-  // The join goes out in a negotiation round before the others can finish a step with this
-  // rank's part in it (ReduceOnLane waits a round after that).
-  rt.loop->WaitForFreshCycle();
-  // One thread each: the others may reach their lanes in any order.
-  auto take_part = [](CallerLane* lane) {
-    const size_t element = DataTypeSize(lane->dtype);
-    std::vector<unsigned char> identity(static_cast<size_t>(lane->elements) * element, 0);
-    std::vector<unsigned char> staging;
-    HostSegment piece{identity.data(), lane->elements};
-    bool flagged = false;
-    // Not watched: a joined rank waiting for the others is no stall, however long they train.
-    const Status status = AllreduceOnLane(&piece, 1, {lane->dtype, ReduceOp::kSum, 1.0, 1.0},
-                                          /*flag=*/true, lane->comm.load(), lane->piece_bytes,
-                                          "join's part in " + lane->name, &staging, &flagged);
-    if (!status.ok()) {
-      lane->failed = true;
-      Log().error("{}", status.ToString());
-    }
-    ReleaseLaneComm(lane);
-  };
-  std::vector<std::thread> threads;
-  for (size_t i = 1; i < granted.size(); ++i) threads.emplace_back(take_part, granted[i]);
-  take_part(granted[0]);
-  for (std::thread& t : threads) t.join();
-}
-
 AllreduceBatch::AllreduceBatch(const std::vector<TensorView>& tensors,
                                const AllreduceBatchOptions& options)
     : impl_(std::make_unique<Impl>()) {

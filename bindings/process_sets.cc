@@ -2,10 +2,14 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "bindings/runtime.h"
 #include "coordinator/process_sets.h"
+#include "ops/mpi/caller_allreduce.h"
+#include "runtime/caller_lanes.h"
+#include "runtime/logging.h"
 #include "runtime/op_state.h"
 
 namespace gradsync {
@@ -56,6 +60,41 @@ void RaiseTo(std::atomic<uint64_t>* counter, int64_t agreed) {
   while (seen < static_cast<uint64_t>(agreed) &&
          !counter->compare_exchange_weak(seen, static_cast<uint64_t>(agreed))) {
   }
+}
+
+// join()'s part in the caller lanes (runtime/caller_lanes.h): each global-set lane this rank
+// holds takes part once in the others' reduction on it, with the identity and the flag that hands
+// the bucket back to negotiation on every rank. Returns once each has.
+void TakePartInLanesOnJoin(Runtime& rt) {
+  std::vector<CallerLane*> granted;
+  rt.lanes->ForEach([&](CallerLane* lane) {
+    if (lane->process_set == 0 && lane->comm.load() != MPI_COMM_NULL) granted.push_back(lane);
+  });
+  if (granted.empty()) return;
+  // The join goes out in a negotiation round before the others can finish a step with this
+  // rank's part in it (ReduceOnLane waits a round after that).
+  rt.loop->WaitForFreshCycle();
+  // One thread each: the others may reach their lanes in any order.
+  auto take_part = [](CallerLane* lane) {
+    const size_t element = DataTypeSize(lane->dtype);
+    std::vector<unsigned char> identity(static_cast<size_t>(lane->elements) * element, 0);
+    std::vector<unsigned char> staging;
+    HostSegment piece{identity.data(), lane->elements};
+    bool flagged = false;
+    // Not watched: a joined rank waiting for the others is no stall, however long they train.
+    const Status status = AllreduceOnLane(&piece, 1, {lane->dtype, ReduceOp::kSum, 1.0, 1.0},
+                                          /*flag=*/true, lane->comm.load(), lane->piece_bytes,
+                                          "join's part in " + lane->name, &staging, &flagged);
+    if (!status.ok()) {
+      lane->failed = true;
+      Log().error("{}", status.ToString());
+    }
+    ReleaseLaneComm(lane);
+  };
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < granted.size(); ++i) threads.emplace_back(take_part, granted[i]);
+  take_part(granted[0]);
+  for (std::thread& t : threads) t.join();
 }
 
 }  // namespace

@@ -90,11 +90,6 @@ Handle Submit(Runtime& rt, std::unique_ptr<TensorEntry> entry, const Status& val
 Status FillAllreduce(const Runtime& rt, const TensorView& input, const TensorView& output,
                      const AllreduceOptions& options, TensorEntry* entry);
 
-// join()'s part in the caller lanes (runtime/caller_lanes.h): each global-set lane this rank
-// holds takes part once in the others' reduction on it, with the identity and the flag that hands
-// the bucket back to negotiation on every rank. Returns once each has.
-void TakePartInLanesOnJoin(Runtime& rt);
-
 // Creates the process sets declared at init, after checking that every rank declared the same.
 // Collective over every rank; fails identically everywhere.
 Status AddDeclaredProcessSets(Runtime& rt, const std::vector<std::vector<int>>& declared);
