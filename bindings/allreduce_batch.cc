@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cstring>
 #include <optional>
-#include <thread>
 #include <unordered_set>
 #include <utility>
 
