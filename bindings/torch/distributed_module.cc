@@ -82,6 +82,20 @@ void* CurrentStream(const ::torch::Tensor& t) {
 #endif
 }
 
+// Records `tensors` on the stream current on their device (Tensor::record_stream), for a caller
+// that ordered that stream after gradsync's reading and writing them where they were made on
+// another: the caching allocator hands their memory out again on the stream that made them, which
+// is ordered after gradsync's only through this one.
+void RecordOnCurrentStream(const std::vector<::torch::Tensor>& tensors) {
+#ifdef GRADSYNC_TORCH_CUDA
+  for (const ::torch::Tensor& t : tensors) {
+    t.record_stream(c10::cuda::getCurrentCUDAStream(t.device().index()));
+  }
+#else
+  (void)tensors;
+#endif
+}
+
 // Runs `check` before the accumulator it is added to accumulates a gradient: an exception from it
 // stops that accumulation (a post-hook runs only after it).
 class BeforeAccumulation : public ::torch::autograd::FunctionPreHook {
@@ -368,8 +382,10 @@ void DistributedModule::Launch(size_t b) {
   }
   // The bucket's gradients and their copies were made on this stream (grouped allreduces keep to
   // one device).
-  if (bucket.wires.front().is_cuda())
-    options.ready.cuda_stream = CurrentStream(bucket.wires.front());
+  if (bucket.wires.front().is_cuda()) {
+    bucket.producer = CurrentStream(bucket.wires.front());
+    options.ready.cuda_stream = bucket.producer;
+  }
   bucket.handles = grouped_allreduce(views, options);
   bucket.launched = true;
 }
@@ -411,6 +427,7 @@ void DistributedModule::synchronize() {
     if (!bucket.wires.empty() && bucket.wires.front().is_cuda()) {
       void* consumer = CurrentStream(bucket.wires.front());
       gradsync::synchronize_stream(bucket.handles, consumer);
+      if (consumer != bucket.producer) RecordOnCurrentStream(bucket.wires);
     } else {
       for (Handle& h : bucket.handles) h.wait();
     }
@@ -425,6 +442,7 @@ void DistributedModule::synchronize() {
 void DistributedModule::ResetStep() {
   for (Bucket& bucket : buckets_) {
     bucket.wires.clear();
+    bucket.producer = nullptr;
     bucket.handles.clear();
     bucket.ready = 0;
     bucket.launched = false;

@@ -122,6 +122,7 @@ class DistributedModule {
     size_t ready = 0;            // gradients ready in the current backward
     bool launched = false;
     std::vector<::torch::Tensor> wires;  // what is reduced (the gradients, or their 16-bit copies)
+    void* producer = nullptr;            // a CUDA bucket's: the stream its wires were made on
     std::vector<Handle> handles;
     ::torch::Tensor flat;  // gradient_as_bucket_view's
   };
