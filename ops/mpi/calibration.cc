@@ -106,14 +106,22 @@ Status TimeInTurns(const std::vector<std::function<Status()>>& ways, double slow
   return Status::OK();
 }
 
+// Every rank's calibration goes on only where every rank mapped its scratch memory: a rank that
+// returned alone would leave the others in the first timed collective, and then run another
+// sequence of collectives than theirs on the same communicator.
+Status AgreeMapped(bool mapped, int64_t bytes, MPI_Comm comm) {
+  int everywhere = mapped ? 1 : 0;
+  GRADSYNC_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, &everywhere, 1, MPI_INT, MPI_MIN, comm));
+  if (everywhere != 0) return Status::OK();
+  return Status::Internal("calibration could not map " + std::to_string(bytes) + " bytes" +
+                          (mapped ? " on another rank" : ""));
+}
+
 }  // namespace
 
 Status MpiDataPlane::CalibratePieces(std::vector<PieceSample>* out) {
   Scratch probe(static_cast<size_t>(kPieceProbeBytes));
-  if (probe.data() == nullptr) {
-    return Status::Internal("calibration could not map " + std::to_string(kPieceProbeBytes) +
-                            " bytes");
-  }
+  GRADSYNC_RETURN_IF_ERROR(AgreeMapped(probe.data() != nullptr, kPieceProbeBytes, comm_));
   const int64_t count = kPieceProbeBytes / static_cast<int64_t>(sizeof(float));
   std::fill(probe.data(), probe.data() + count, 0.0f);  // sums of zeros: no overflow, no denormals
   std::vector<int64_t> pieces = {0};
@@ -146,9 +154,7 @@ Status MpiDataPlane::Calibrate(bool compare_hierarchical, AllreduceCalibration* 
   int64_t most = 0;
   for (const Rung& r : kLadder) most = std::max(most, r.tensors * r.bytes_each);
   Scratch data(static_cast<size_t>(most));
-  if (data.data() == nullptr) {
-    return Status::Internal("calibration could not map " + std::to_string(most) + " bytes");
-  }
+  GRADSYNC_RETURN_IF_ERROR(AgreeMapped(data.data() != nullptr, most, comm_));
   std::fill(data.data(), data.data() + most / static_cast<int64_t>(sizeof(float)), 1.0f);
   std::vector<TensorEntry> entries(64);
   std::vector<TensorEntry*> members;
@@ -159,6 +165,8 @@ Status MpiDataPlane::Calibrate(bool compare_hierarchical, AllreduceCalibration* 
   // hierarchical.
   std::vector<std::function<Status()>> ways = {
       [&] {
+        // As the plane is set: comparing, the way timed before this one set it otherwise.
+        hierarchical_from_bytes_ = from_bytes;
         for (int i = 0; i < kAlone; ++i) GRADSYNC_RETURN_IF_ERROR(Allreduce({members[i]}, sum));
         return Status::OK();
       },
