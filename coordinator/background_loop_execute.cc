@@ -82,7 +82,7 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
     if (executed.ok() && first.type == ResponseType::kAllreduce) {
       // Before the handles complete, so that a caller finds its lane granted once it waited.
       status = lanes_.GrantAfterRun(set->id(), set->data_comm(), set->allreduce_piece_bytes(),
-                                    set->last_allreduce_shared(), members_, outcome.joined);
+                                    set->last_allreduce_shared(), members_, outcome.someone_joined);
     }
     Complete(members_, status);
   }

@@ -16,8 +16,10 @@ LaneKeeper::LaneKeeper(const Config& config, CallerLaneTable* lanes)
 
 Status LaneKeeper::GrantAfterRun(int32_t set_id, MPI_Comm data_comm, int64_t piece_bytes,
                                  bool through_shared_memory,
-                                 const std::vector<TensorEntry*>& members, bool joined) {
-  if (lanes_->empty()) return Status::OK();
+                                 const std::vector<TensorEntry*>& members, bool someone_joined) {
+  // No lane while a rank is joined: the question is a collective, and a joined rank may have let
+  // its batch go (a batch scoped to its loop), and with it the lane that would make it ask.
+  if (someone_joined || lanes_->empty()) return Status::OK();
   if (through_shared_memory) {
     // A lane reduces through MPI messages. Past two ranks of a node, the shared-memory path the
     // bucket took negotiated was faster than that by more than negotiating costs (the 1000 x 1 KB
@@ -38,9 +40,7 @@ Status LaneKeeper::GrantAfterRun(int32_t set_id, MPI_Comm data_comm, int64_t pie
       const bool fits = lane->process_set == set_id && lane->dtype == member->input.dtype &&
                         lane->elements == member->input.num_elements();
       int want =
-          caller_reduce_ && !joined && !lane->failed && fits && lane->comm.load() == MPI_COMM_NULL
-              ? 1
-              : 0;
+          caller_reduce_ && !lane->failed && fits && lane->comm.load() == MPI_COMM_NULL ? 1 : 0;
       int everyone = 0;
       granted = MpiResult(MPI_Allreduce(&want, &everyone, 1, MPI_INT, MPI_MIN, data_comm),
                           "MPI_Allreduce");

@@ -29,16 +29,17 @@ class LaneKeeper {
   // After a host allreduce bucket ran on set `set_id`, on every member of the set alike (the
   // members, stand-ins included, are the negotiated ones, and every rank registered the same
   // lanes): for each member with a lane, one small allreduce over `data_comm` asks every rank
-  // whether it wants a communicator for it (it does unless GRADSYNC_CALLER_REDUCE is off, it has
-  // joined, its lane failed, or it still holds one), and when all do, each duplicates `data_comm`
+  // whether it wants a communicator for it (it does unless GRADSYNC_CALLER_REDUCE is off, its
+  // lane failed, or it still holds one), and when all do, each duplicates `data_comm`
   // for it, to be used in MPI allreduces of at most `piece_bytes` (the set's). A bucket that went
   // through node shared memory (`through_shared_memory`, the same on every rank) in a set of more
   // than two ranks gets no lane and no question: the negotiated path is the faster one there. A
   // lane's bucket runs negotiated only in its first step and while lanes are handed back, so this
-  // costs nothing in the steps between.
+  // costs nothing in the steps between. While `someone_joined` (agreed in the cycle's round) no
+  // rank asks: a joined rank may have let its batch, and so its lanes, go.
   Status GrantAfterRun(int32_t set_id, MPI_Comm data_comm, int64_t piece_bytes,
                        bool through_shared_memory, const std::vector<TensorEntry*>& members,
-                       bool joined);
+                       bool someone_joined);
 
   // Logs each caller that has waited in a lane's collective past GRADSYNC_STALL_WARNING_SECONDS
   // (again every such period); past GRADSYNC_STALL_SHUTDOWN_SECONDS (unless 0) logs an error and

@@ -78,6 +78,7 @@ Status Negotiator::RunCycle(const std::vector<TensorEntry*>& fresh, bool want_sh
 
   const uint64_t flags = ~words[0];
   out->shutdown = (flags & kFlagShutdown) != 0;
+  out->someone_joined = (flags & kFlagJoined) != 0;
   const size_t bit_words = BitWords(cache_.num_bits());
   const bool any_invalid = std::any_of(words.begin() + 1 + bit_words, words.end(),
                                        [](uint64_t w) { return w != ~uint64_t{0}; });

@@ -41,6 +41,9 @@ struct CycleOutcome {
   // This rank had joined by the time it negotiated: allreduces and barriers it never submitted may
   // be among the responses (with a null entry), and it takes part in them without data of its own.
   bool joined = false;
+  // Some rank had joined by the time it negotiated this cycle (agreed in the round: the same on
+  // every rank).
+  bool someone_joined = false;
   // Every rank asked to lock its schedule in this cycle's round, and none holds anything sent
   // through a full round or anything but unnamed allreduces and broadcasts to send
   // (coordinator/locked_schedule.h); no full round ran. If the responses leave the schedule ready

@@ -182,6 +182,38 @@ TEST_F(JoinTest, ABatchReducedByItsCallersJoinsToo) {
   EXPECT_EQ(batch.caller_reductions() - before_join, CallerReduces(size_) ? 2u : 0u);
 }
 
+// A rank whose batch goes before it joins (a batch scoped to its loop, a rank whose data ran out
+// first) leaves the others' buckets negotiated: the question that grants a bucket a lane is a
+// collective, which the joined rank, without the batch, would not have taken part in (the others'
+// next allreduce then paired with its next collective).
+TEST_F(JoinTest, ABatchGoneBeforeItsRankJoinsLeavesTheOthersNegotiating) {
+  if (size_ < 2) GTEST_SKIP() << "needs two ranks";
+  std::vector<std::unique_ptr<HostTensor>> tensors;
+  std::vector<TensorView> specs;
+  AllreduceBatchOptions options;
+  options.op = ReduceOp::kAverage;
+  for (int t = 0; t < 3; ++t) {
+    tensors.push_back(std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{7}));
+    specs.push_back(tensors.back()->view());
+    options.names.push_back("join.scoped.batch." + std::to_string(t));
+  }
+  {
+    AllreduceBatch batch(specs, options);
+    for (int step = 0; rank_ != 0 && step < 3; ++step) {
+      for (size_t t = 0; t < tensors.size(); ++t) {
+        for (int i = 0; i < 7; ++i) tensors[t]->Set(i, rank_ + 1);
+        batch.start(t, tensors[t]->view().data);
+      }
+      batch.wait();
+      double want = 0;
+      for (int r = 1; r < size_; ++r) want += r + 1;
+      want /= size_;
+      for (auto& tensor : tensors) ASSERT_NEAR(tensor->Get(6), want, 1e-5) << "step " << step;
+    }
+  }  // rank 0's goes before any step
+  ExpectAgreedOnEveryRank(join());
+}
+
 // A joined rank's stand-in is scaled by the prescale like every contribution: under a negative
 // factor min's +inf would become -inf (and max's -inf +inf), so it must contribute the other
 // extreme; a product's 1 cannot survive a factor, so that allreduce fails on every rank.
