@@ -139,26 +139,38 @@ TEST_F(JoinTest, CollectivesThatCannotJoinFailWhileARankHasJoined) {
   ExpectAgreedOnEveryRank(last);
 }
 
+// Three tensors of 7 floats, averaged by a batch whose names begin with `prefix`; each step every
+// rank starts them holding its rank + 1.
+struct AveragedBatch {
+  explicit AveragedBatch(const std::string& prefix) {
+    options.op = ReduceOp::kAverage;
+    for (int t = 0; t < 3; ++t) {
+      tensors.push_back(std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{7}));
+      specs.push_back(tensors.back()->view());
+      options.names.push_back(prefix + std::to_string(t));
+    }
+  }
+  void Start(AllreduceBatch& batch, int rank) {
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      for (int i = 0; i < 7; ++i) tensors[t]->Set(i, rank + 1);
+      batch.start(t, tensors[t]->view().data);
+    }
+  }
+  std::vector<std::unique_ptr<HostTensor>> tensors;
+  std::vector<TensorView> specs;
+  AllreduceBatchOptions options;
+};
+
 // A batch whose last bucket its callers reduce: rank r runs 2 + 2r steps, then joins. The first
 // rank to join takes part once in the others' reduction (with zeros), which hands the bucket back
 // to negotiation, where its stand-ins take part until everyone has joined; then the callers
 // reduce it again.
 TEST_F(JoinTest, ABatchReducedByItsCallersJoinsToo) {
-  std::vector<std::unique_ptr<HostTensor>> tensors;
-  std::vector<TensorView> specs;
-  AllreduceBatchOptions options;
-  options.op = ReduceOp::kAverage;
-  for (int t = 0; t < 3; ++t) {
-    tensors.push_back(std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{7}));
-    specs.push_back(tensors.back()->view());
-    options.names.push_back("join.batch." + std::to_string(t));
-  }
-  AllreduceBatch batch(specs, options);
+  AveragedBatch averaged("join.batch.");
+  std::vector<std::unique_ptr<HostTensor>>& tensors = averaged.tensors;
+  AllreduceBatch batch(averaged.specs, averaged.options);
   auto run_step = [&](const std::vector<int>& running, const std::string& where) {
-    for (size_t t = 0; t < tensors.size(); ++t) {
-      for (int i = 0; i < 7; ++i) tensors[t]->Set(i, rank_ + 1);
-      batch.start(t, tensors[t]->view().data);
-    }
+    averaged.Start(batch, rank_);
     batch.wait();
     double want = 0;
     for (int r : running) want += r + 1;
@@ -188,27 +200,18 @@ TEST_F(JoinTest, ABatchReducedByItsCallersJoinsToo) {
 // next allreduce then paired with its next collective).
 TEST_F(JoinTest, ABatchGoneBeforeItsRankJoinsLeavesTheOthersNegotiating) {
   if (size_ < 2) GTEST_SKIP() << "needs two ranks";
-  std::vector<std::unique_ptr<HostTensor>> tensors;
-  std::vector<TensorView> specs;
-  AllreduceBatchOptions options;
-  options.op = ReduceOp::kAverage;
-  for (int t = 0; t < 3; ++t) {
-    tensors.push_back(std::make_unique<HostTensor>(DataType::kFloat32, std::vector<int64_t>{7}));
-    specs.push_back(tensors.back()->view());
-    options.names.push_back("join.scoped.batch." + std::to_string(t));
-  }
+  AveragedBatch averaged("join.scoped.batch.");
   {
-    AllreduceBatch batch(specs, options);
+    AllreduceBatch batch(averaged.specs, averaged.options);
     for (int step = 0; rank_ != 0 && step < 3; ++step) {
-      for (size_t t = 0; t < tensors.size(); ++t) {
-        for (int i = 0; i < 7; ++i) tensors[t]->Set(i, rank_ + 1);
-        batch.start(t, tensors[t]->view().data);
-      }
+      averaged.Start(batch, rank_);
       batch.wait();
       double want = 0;
       for (int r = 1; r < size_; ++r) want += r + 1;
       want /= size_;
-      for (auto& tensor : tensors) ASSERT_NEAR(tensor->Get(6), want, 1e-5) << "step " << step;
+      for (auto& tensor : averaged.tensors) {
+        ASSERT_NEAR(tensor->Get(6), want, 1e-5) << "step " << step;
+      }
     }
   }  // rank 0's goes before any step
   ExpectAgreedOnEveryRank(join());
