@@ -88,6 +88,25 @@ class CommandTest(unittest.TestCase):
         with self.assertRaisesRegex(run.UsageError, "NAME or NAME=VALUE"):
             command(["-np", "2", "-x", "=7", "./t"], env)
 
+    def test_long_flags_take_their_value_after_an_equals_sign(self):
+        self.assertEqual(command(["--np=3", "--hosts=a:2,b", "./t"])[:3], ["mpirun", "-np", "3"])
+        self.assertEqual(command(["--num-proc", "2", "./t"])[:3], ["mpirun", "-np", "2"])
+        with self.assertRaisesRegex(run.UsageError, "--oversubscribe takes no value"):
+            command(["-np", "2", "--oversubscribe=1", "./t"])
+        with tempfile.NamedTemporaryFile("w", suffix=".hosts") as f:
+            f.write("node1 slots = 4\nnode2 slots=2\n")
+            f.flush()
+            self.assertIn("node1:4,node2:2", command(["-np", "6", "--hostfile=" + f.name, "./t"]))
+
+    def test_srun_refuses_hosts_and_overcommits_when_oversubscribed(self):
+        env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_NTASKS": "2",
+               "SLURM_TASKS_PER_NODE": "2"}
+        with self.assertRaisesRegex(run.UsageError, "-H and --hostfile are for mpirun"):
+            command(["--launcher", "srun", "-np", "2", "-H", "a,b", "./t"], env)
+        cmd = command(["--launcher", "srun", "-np", "4", "--oversubscribe", "./t"], env)
+        self.assertEqual(cmd[:5], ["srun", "--mpi=pmix", "--ntasks=4", "--export=ALL",
+                                   "--overcommit"])
+
     def test_srun_is_chosen_only_where_both_sides_have_pmix(self):
         # Every Open MPI 4 lists its 'isolated' and 'flux' components; only a client counts.
         self.assertFalse(run.ompi_info_lists_pmix(
