@@ -88,6 +88,14 @@ class CommandTest(unittest.TestCase):
         with self.assertRaisesRegex(run.UsageError, "NAME or NAME=VALUE"):
             command(["-np", "2", "-x", "=7", "./t"], env)
 
+    def test_a_dry_run_shows_what_the_launch_sets_too(self):
+        env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_NTASKS": "4",
+               "SLURM_TASKS_PER_NODE": "4", "SLURM_OVERCOMMIT": "1"}
+        with redirect_stdout(io.StringIO()) as out:
+            self.assertEqual(run.main(["--launcher", "mpirun", "--dry-run", "./t"], env), 0)
+        self.assertTrue(out.getvalue().startswith("OMPI_MCA_mpi_yield_when_idle=1 mpirun "),
+                        out.getvalue())
+
     def test_long_flags_take_their_value_after_an_equals_sign(self):
         self.assertEqual(command(["--np=3", "--hosts=a:2,b", "./t"])[:3], ["mpirun", "-np", "3"])
         self.assertEqual(command(["--num-proc", "2", "./t"])[:3], ["mpirun", "-np", "2"])
