@@ -37,8 +37,11 @@ Status LaneKeeper::GrantAfterRun(int32_t set_id, MPI_Comm data_comm, int64_t pie
     lanes_->WithNewest(member->name, [&](CallerLane* lane) {
       // Asked whatever this rank's own state, so that the allreduce pairs up: a joining rank may
       // still be letting its communicator go as the others come back here.
+      // Not a 1-byte dtype: the flag that hands a bucket back when a rank joins is a sum in the
+      // bucket's dtype, which would wrap to zero at 256 joined ranks.
       const bool fits = lane->process_set == set_id && lane->dtype == member->input.dtype &&
-                        lane->elements == member->input.num_elements();
+                        lane->elements == member->input.num_elements() &&
+                        DataTypeSize(lane->dtype) > 1;
       int want =
           caller_reduce_ && !lane->failed && fits && lane->comm.load() == MPI_COMM_NULL ? 1 : 0;
       int everyone = 0;

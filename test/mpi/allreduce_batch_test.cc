@@ -217,6 +217,24 @@ TEST_F(AllreduceBatchTest, CallerReducesTheLastBucketFromTheSecondStep) {
   }
 }
 
+// A 1-byte dtype has no lane: the flag that hands a lane's bucket back at a join is a sum in the
+// bucket's dtype, which would read as no join at 256 joined ranks.
+TEST_F(AllreduceBatchTest, OneByteDtypesStayNegotiated) {
+  for (DataType dtype : {DataType::kUInt8, DataType::kInt8}) {
+    HostTensor a(dtype, {5});
+    AllreduceBatchOptions options;
+    options.names = {"one.byte." + DataTypeName(dtype)};
+    AllreduceBatch batch({a.view()}, options);
+    for (int step = 0; step < 3; ++step) {
+      for (int64_t i = 0; i < 5; ++i) a.Set(i, 1);
+      batch.start(0, a.view().data);
+      batch.wait();
+      EXPECT_EQ(a.Get(4), size_);
+    }
+    EXPECT_EQ(batch.caller_reductions(), 0u) << DataTypeName(dtype);
+  }
+}
+
 // A product has no lane: every step is negotiated.
 TEST_F(AllreduceBatchTest, OpsOtherThanSumAndAverageStayNegotiated) {
   HostTensor a(DataType::kFloat32, {4});
