@@ -11,7 +11,7 @@ from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.wire import (_CORE_OPS, _DEVICE_CPU, _DEVICE_CUDA, _DTYPES, Adasum, Average,
                                  Sum, _args, _check, _check_in_place, _consumer, _device, _name,
-                                 _op_of, _ready_stream, _release_after_consumer, _stream_of,
+                                 _op_of, _ready_stream, _stream_of,
                                  _to_wire, _wire_op)
 
 # Whether a tensor lies in host memory. Tensor.is_cpu (PyTorch 1.13 on) costs what is_cuda does,
@@ -45,12 +45,11 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     # A tensor the runtime carries as it is goes straight to its output; a converted copy is
     # reduced in place and copied out at the end.
     source, target = (tensor, output) if wire is tensor else (wire, wire)
-    made_on = _stream_of(tensor.device) if wire is not tensor and tensor.is_cuda else None
 
+    # The handle records the copy on a consumer stream other than its producer's (handles.py).
     def finish():
         if target is not output:
             output.copy_(target)
-        _release_after_consumer(wire, made_on)
         return output
 
     return _core.allreduce(source.data_ptr(), target.data_ptr(), *_args(source)[1:],
@@ -174,15 +173,11 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     kind, index = _device(targets[0])
     # In place, with no converted copy: the handle returns the tensors as they are.
     copies = any(target is not o for o, target in zip(outputs, targets))
-    made = [w for t, w in zip(tensors, wires) if w is not t]
-    made_on = _stream_of(tensors[0].device) if made and tensors[0].is_cuda else None
 
     def finish():
         for o, target in zip(outputs, targets):
             if target is not o:
                 o.copy_(target)
-        for w in made:
-            _release_after_consumer(w, made_on)
         return list(outputs)
 
     return _core.grouped_allreduce([t.data_ptr() for t in targets],

@@ -7,7 +7,7 @@ from gradsync.torch.allreduce import allreduce
 from gradsync.torch.handles import _register, synchronize
 from gradsync.torch.process_sets import _id_of, global_process_set
 from gradsync.torch.wire import (Average, _args, _check, _check_in_place, _consumer, _name,
-                                 _ready_stream, _release_after_consumer, _stream_of, _to_wire)
+                                 _ready_stream, _to_wire)
 
 
 def _broadcast_async(tensor, output, root_rank, name, process_set):
@@ -18,12 +18,11 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
     producer = _ready_stream(wire)
     h = _core.broadcast(*_args(wire), root_rank, _name("broadcast", name), _id_of(process_set),
                         producer, (tensor, output, wire))
-    made_on = _stream_of(output.device) if wire is not output and output.is_cuda else None
 
+    # The handle records the copy on a consumer stream other than its producer's (handles.py).
     def finish():
         if wire is not output:
             output.copy_(wire)
-        _release_after_consumer(wire, made_on)
         return output
 
     return _register([h], (tensor, output, wire), finish, _consumer(wire), producer)
