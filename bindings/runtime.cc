@@ -115,6 +115,8 @@ void init(const InitOptions& options) {
   InitLogging(rt->mpi->rank(), rt->config.log_level);
   status = CheckSharedSettings(rt->config, rt->mpi->control_comm());
   if (!status.ok()) Throw(status);
+  // A caller lane's reduction runs on the caller's thread beside the loop's MPI calls.
+  if (!rt->mpi->calls_mpi_concurrently()) rt->config.caller_reduce = false;
   Log().debug("gradsync starting on {} ranks: {}", rt->mpi->size(), rt->config.ToString());
   status = SetUpLaunch(rt->config, *rt->mpi, options.comm, &rt->launch);
   if (!status.ok()) Throw(status);

@@ -97,14 +97,16 @@ const char* ThreadLevelName(int level) {
   return "an unknown thread level";
 }
 
-void WarnIfNotMultiple(int provided) {
-  if (provided >= MPI_THREAD_MULTIPLE) return;
+// `agreed` is the lowest level of any rank, which decides what gradsync does on every rank.
+void WarnIfNotMultiple(int provided, int agreed) {
+  if (agreed >= MPI_THREAD_MULTIPLE) return;
   Log().warn(
-      "MPI provides {} rather than MPI_THREAD_MULTIPLE; gradsync's background thread calls MPI "
-      "concurrently with the application's threads, which this MPI library does not promise to "
-      "support. Continuing; avoid MPI calls from the application while gradsync is running, or "
-      "initialize MPI with MPI_THREAD_MULTIPLE.",
-      ThreadLevelName(provided));
+      "MPI provides {} on this rank ({} on the lowest) rather than MPI_THREAD_MULTIPLE: gradsync "
+      "makes its MPI calls from one thread at a time (the background loop's, or a caller's "
+      "holding it), with no caller-thread reductions, and refuses the MPI backend for device "
+      "tensors, whose stream thread calls MPI beside the loop. Avoid MPI calls from the "
+      "application while gradsync is running, or initialize MPI with MPI_THREAD_MULTIPLE.",
+      ThreadLevelName(provided), ThreadLevelName(agreed));
 }
 
 // Frees a temporary communicator on every path out of the topology query.
@@ -150,7 +152,7 @@ Status QueryTopology(MPI_Comm base, Topology* t) {
 
 // Sets *owns only when this call initialized MPI: an application that initialized MPI itself also
 // finalizes it, and gradsync must leave it usable after shutdown().
-Status EnsureMpiInitialized(bool* owns) {
+Status EnsureMpiInitialized(bool* owns, int* provided_level) {
   int finalized = 0;
   GRADSYNC_MPI_CALL(MPI_Finalized(&finalized));
   if (finalized) {
@@ -167,7 +169,7 @@ Status EnsureMpiInitialized(bool* owns) {
     GRADSYNC_MPI_CALL(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
     *owns = true;
   }
-  WarnIfNotMultiple(provided);
+  *provided_level = provided;
   return Status::OK();
 }
 
@@ -203,8 +205,14 @@ Status MpiContext::Create(MPI_Comm base, std::unique_ptr<MpiContext>* out) {
   // Owned through the unique_ptr from here on, so every error path below frees what was created
   // (and finalizes MPI if this call initialized it).
   std::unique_ptr<MpiContext> context(new MpiContext());
-  GRADSYNC_RETURN_IF_ERROR(EnsureMpiInitialized(&context->owns_mpi_));
+  int provided = MPI_THREAD_SINGLE;
+  GRADSYNC_RETURN_IF_ERROR(EnsureMpiInitialized(&context->owns_mpi_, &provided));
   GRADSYNC_RETURN_IF_ERROR(DupWithReturnedErrors(base, &context->control_comm_));
+  // Agreed, so that every rank confines its MPI calls alike (a caller lane on some ranks only
+  // would leave the others' reductions unmatched).
+  GRADSYNC_MPI_CALL(MPI_Allreduce(&provided, &context->thread_level_, 1, MPI_INT, MPI_MIN,
+                                  context->control_comm_));
+  WarnIfNotMultiple(provided, context->thread_level_);
   GRADSYNC_RETURN_IF_ERROR(DupWithReturnedErrors(base, &context->data_comm_));
   Topology t;
   GRADSYNC_RETURN_IF_ERROR(QueryTopology(base, &t));

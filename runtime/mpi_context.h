@@ -68,6 +68,10 @@ class MpiContext {
   int cores_per_rank() const { return cores_per_rank_; }
   MPI_Comm control_comm() const { return control_comm_; }
   MPI_Comm data_comm() const { return data_comm_; }
+  // The lowest MPI thread level any rank has (MPI_THREAD_SINGLE ... MPI_THREAD_MULTIPLE). Below
+  // MPI_THREAD_MULTIPLE gradsync makes its MPI calls from one thread at a time.
+  int thread_level() const { return thread_level_; }
+  bool calls_mpi_concurrently() const { return thread_level_ >= MPI_THREAD_MULTIPLE; }
 
  private:
   MpiContext() = default;
@@ -81,6 +85,7 @@ class MpiContext {
   int cross_rank_ = 0, cross_size_ = 1;
   int node_leader_ = 0;
   int cores_per_rank_ = 1;
+  int thread_level_ = MPI_THREAD_SINGLE;
 };
 
 // The negotiation and data communicators of one process set, split from an MpiContext's own (so

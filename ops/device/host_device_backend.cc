@@ -66,6 +66,17 @@ HostDeviceBackend::HostDeviceBackend(MPI_Comm comm, std::chrono::nanoseconds stu
 
 Status HostDeviceBackend::Create(MPI_Comm comm, std::unique_ptr<HostDeviceBackend>* backend,
                                  std::chrono::nanoseconds stuck_limit) {
+  // The stream's thread calls MPI while the loop's does: agreed, so every rank refuses alike.
+  int level = MPI_THREAD_SINGLE;
+  GRADSYNC_MPI_CALL(MPI_Query_thread(&level));
+  GRADSYNC_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, &level, 1, MPI_INT, MPI_MIN, comm));
+  if (level < MPI_THREAD_MULTIPLE) {
+    return Status::Unsupported(
+        "the MPI backend for device tensors calls MPI from a thread of its own beside gradsync's "
+        "background thread, which needs MPI_THREAD_MULTIPLE on every rank, and MPI was "
+        "initialized with less; initialize MPI with MPI_THREAD_MULTIPLE (or let gradsync "
+        "initialize it), or give each rank a GPU of its own for NCCL");
+  }
   MPI_Comm dup = MPI_COMM_NULL;
   GRADSYNC_MPI_CALL(MPI_Comm_dup(comm, &dup));
   backend->reset(new HostDeviceBackend(dup, stuck_limit));

@@ -5,7 +5,7 @@
 // Not a data plane users select: device tensors go to NCCL or to the staged MPI backend.
 //
 // Thread safety: as DeviceBackend. MPI is called from the stream's thread on a communicator of
-// its own, which needs MPI_THREAD_MULTIPLE (gradsync asks for it at init).
+// its own, which needs MPI_THREAD_MULTIPLE: Create refuses a lower level on any rank.
 //
 // MPI cannot abandon a collective. After an abort (a completion timeout, say) this rank's stream
 // drops the collectives queued behind what it was stuck on, so another rank's stream can be left

@@ -188,9 +188,14 @@ double Tolerance(DataType dtype, double expected) {
 }  // namespace testing
 }  // namespace gradsync
 
+// GRADSYNC_TEST_MPI_THREAD_LEVEL=serialized runs a binary as an application that initialized MPI
+// with less than MPI_THREAD_MULTIPLE.
 int main(int argc, char** argv) {
+  const char* level = std::getenv("GRADSYNC_TEST_MPI_THREAD_LEVEL");
+  const bool serialized = level != nullptr && std::string(level) == "serialized";
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Init_thread(&argc, &argv, serialized ? MPI_THREAD_SERIALIZED : MPI_THREAD_MULTIPLE,
+                  &provided);
   ::testing::InitGoogleTest(&argc, argv);
   const int result = RUN_ALL_TESTS();
   int worst = 0;
