@@ -475,3 +475,26 @@ def test_ddp_hooks_do_not_keep_the_wrapper_alive(rank, size):
     assert gone() is None
     loss_of(inner, *batch(0, rank)).backward()  # the orphaned hooks do nothing
     assert all(p.grad is not None for p in inner.parameters())
+
+
+class WithExtraState(torch.nn.Linear):
+    def get_extra_state(self):
+        return {"version": 1}
+
+    def set_extra_state(self, state):
+        pass
+
+
+def test_ddp_takes_a_module_with_extra_state(rank, size):
+    torch.manual_seed(rank)
+    module = WithExtraState(2, 2)
+    hvd.DistributedDataParallel(module)
+    root = hvd.broadcast(module.weight.detach().clone(), 0, name="extra.weight")
+    assert torch.equal(module.weight.detach(), root)
+
+
+def test_ddp_broadcasts_non_persistent_buffers_when_made(rank, size):
+    module = torch.nn.Linear(2, 2)
+    module.register_buffer("projection", torch.full((3,), float(rank)), persistent=False)
+    hvd.DistributedDataParallel(module, broadcast_buffers=False)
+    assert torch.equal(module.projection, torch.zeros(3))

@@ -103,3 +103,21 @@ def test_a_wrapper_made_under_no_grad(rank, size):
     x, y = batch(0, rank)
     loss_of(model, x, y).backward()
     assert model.module.trunk.weight.grad is not None
+
+
+@pytest.mark.parametrize("carrier", CARRIERS)
+@pytest.mark.parametrize("middle", ["no_grad", "no_sync"])
+def test_a_forward_that_does_not_synchronize_leaves_the_pending_backward_synchronized(
+        middle, carrier, rank, size):
+    # A target network's forward (BYOL, SimSiam) between a forward and its backward: PyTorch DDP
+    # still averages that backward, which the first forward prepared.
+    linear = torch.nn.Linear(4, 1, bias=False).double()
+    model = wrap(linear, carrier)
+    x = torch.full((2, 4), float(rank + 1), dtype=torch.float64)
+    with carried_by(model, carrier):
+        out = model(x)
+        with torch.no_grad() if middle == "no_grad" else model.no_sync():
+            model(x)
+        out.sum().backward()
+    # This rank's gradient is 2 (rank + 1) everywhere; their mean is size + 1.
+    assert torch.allclose(linear.weight.grad, torch.full_like(linear.weight.grad, size + 1.0))

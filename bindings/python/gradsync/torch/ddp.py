@@ -141,7 +141,11 @@ class DistributedDataParallel(torch.nn.Module):
         self._gradients = self._make_batch() if self._views is None else None
 
         self._root = _first_rank(process_set)
-        broadcast_parameters(sorted(module.state_dict().items()), root_rank=self._root,
+        # Parameters and buffers, as PyTorch DDP: not state_dict(), which leaves out buffers
+        # registered with persistent=False and may hold a module's extra state (not a tensor).
+        states = dict(module.named_parameters())
+        states.update(self._buffers_to_sync)
+        broadcast_parameters(sorted(states.items()), root_rank=self._root,
                              process_set=process_set)
         self._hook_handles = [register_grad_ready_hook(p, self._on_grad_ready)
                               for p in self._params]
@@ -164,7 +168,11 @@ class DistributedDataParallel(torch.nn.Module):
             self._join.count_active_ranks(self.process_set, self._prefix)
         if will_sync and self.broadcast_buffers and self._buffers_to_sync:
             self._sync_buffers()
-        self._sync_next_backward = will_sync
+        if will_sync:
+            # Only the backward's end clears it: a forward in between under no_grad() or
+            # no_sync() (a target network's, say) leaves the backward this one prepared averaged,
+            # as PyTorch DDP does.
+            self._sync_next_backward = True
         if will_sync and self._views is not None and self._join is None:
             self._views.prefill()  # backward then accumulates into the buckets
         output = self.module(*inputs, **kwargs)
