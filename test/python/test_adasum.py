@@ -125,6 +125,20 @@ def test_same_batch_everywhere_trains_as_one_process(optimizer_class, kwargs, pa
         assert torch.allclose(flat(model), flat(alone), atol=1e-10), "step %d" % step
 
 
+def test_a_param_group_added_after_wrapping_is_combined():
+    """Equal steps everywhere: the added group's parameters step as in one process."""
+    head = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    backbone = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD([head], lr=0.5), op=hvd.Adasum)
+    optimizer.add_param_group({"params": [backbone]})
+    (2 * (head + backbone)).sum().backward()
+    optimizer.step()
+    assert torch.equal(backbone.detach(), torch.zeros(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="floating-point"):
+        optimizer.add_param_group({"params": [torch.zeros(2, dtype=torch.int64)]})
+    assert len(optimizer.param_groups) == 2
+
+
 def test_optimizer_refuses_groups():
     model = make_model()
     with pytest.raises(ValueError, match="Adasum"):

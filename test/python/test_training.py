@@ -406,3 +406,44 @@ def test_optimizer_batch_reports_a_mismatch_at_step(rank, size):
     with pytest.raises(hvd.HorovodInternalError, match="Mismatch"):
         optimizer.step()
     assert optimizer._batch.in_flight() == 0
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_a_param_group_added_after_wrapping_is_averaged(passes, rank, size):
+    # Progressive unfreezing: the backbone's group joins the head's after a step.
+    head = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    backbone = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD([head], lr=1.0),
+                                         backward_passes_per_step=passes)
+    for _ in range(passes):
+        (head * (rank + 1)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    optimizer.add_param_group({"params": [backbone]})  # the wrapped optimizer's lr, 1.0
+    assert optimizer.param_groups[-1]["lr"] == 1.0
+    for _ in range(passes):
+        ((head + backbone) * (rank + 1)).sum().backward()
+    optimizer.step()
+    mean = passes * (size + 1) / 2
+    assert torch.allclose(backbone.detach(), torch.full((3,), -mean, dtype=torch.float64))
+    assert torch.allclose(head.detach(), torch.full((3,), -2 * mean, dtype=torch.float64))
+
+
+def test_a_param_group_is_refused_while_gradients_are_reduced(rank, size):
+    a = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD([a], lr=1.0))
+    a.sum().backward()
+    with pytest.raises(RuntimeError, match="between steps"):
+        optimizer.add_param_group({"params": [torch.nn.Parameter(torch.ones(2))]})
+    assert len(optimizer.param_groups) == 1
+    optimizer.step()
+
+
+def test_wrapping_keeps_the_optimizers_state(rank, size):
+    a = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
+    plain = torch.optim.SGD([a], lr=1.0, momentum=0.9)
+    a.sum().backward()
+    plain.step()  # momentum, as a checkpoint loaded before wrapping would hold
+    momentum = plain.state[a]["momentum_buffer"].clone()
+    optimizer = hvd.DistributedOptimizer(plain)
+    assert torch.equal(optimizer.state[a]["momentum_buffer"], momentum)

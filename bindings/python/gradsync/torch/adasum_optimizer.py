@@ -7,7 +7,8 @@ import torch
 from gradsync import _core
 from gradsync.torch import mpi_ops
 from gradsync.torch.grad_hooks import register_grad_ready_hook
-from gradsync.torch.optimizer import _DistributedOptimizer, _mixed_into, _names_of
+from gradsync.torch.optimizer import (_carry_over, _DistributedOptimizer, _mixed_into,
+                                      _names_of)
 from gradsync.torch.process_sets import global_process_set
 
 
@@ -36,10 +37,7 @@ class _DistributedAdasumOptimizer:
         all_params = [p for g in self.param_groups for p in g["params"]]
         if isinstance(self, torch.optim.LBFGS):
             raise ValueError("op=Adasum steps each parameter alone, which LBFGS cannot do")
-        not_floating = [p for p in all_params if not p.is_floating_point()]
-        if not_floating:
-            raise ValueError("op=Adasum combines floating-point parameters, not %s"
-                             % not_floating[0].dtype)
+        self._take_parameters(all_params)
         # Checked here where it can be (after init()); the enqueue refuses it otherwise.
         set_size = 1
         if _core.is_initialized() and process_set.process_set_id is not None:
@@ -60,6 +58,15 @@ class _DistributedAdasumOptimizer:
         self._reset_delays()
         self._grad_accumulators = [register_grad_ready_hook(p, self._on_grad_ready)
                                    for p in self._requires_update]
+
+    @staticmethod
+    def _take_parameters(added):
+        not_floating = [p for p in added if not p.is_floating_point()]
+        if not_floating:
+            raise ValueError("op=Adasum combines floating-point parameters, not %s"
+                             % not_floating[0].dtype)
+
+    add_param_group = _DistributedOptimizer.add_param_group
 
     def _reset_delays(self):
         for p in self._requires_update:
@@ -148,5 +155,5 @@ def adasum_optimizer(optimizer, named_parameters, compression, backward_passes_p
                      process_set=global_process_set):
     """``optimizer``'s class with the Adasum mixin, over its parameter groups."""
     cls = _mixed_into(_DistributedAdasumOptimizer, optimizer)
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               process_set)
+    return _carry_over(optimizer, cls(optimizer.param_groups, named_parameters, compression,
+                                      backward_passes_per_step, process_set))

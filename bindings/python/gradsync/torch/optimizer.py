@@ -330,6 +330,39 @@ class _DistributedOptimizer:
         """The wrapped optimizer's own step, without synchronizing."""
         return super(self.__class__, self).step(closure)
 
+    def add_param_group(self, param_group):
+        """The wrapped optimizer's, with the group's trainable parameters reduced as the others'
+        from the next backward on, their reductions named by position. Between steps, on every
+        rank alike."""
+        if "_requires_update" not in self.__dict__:
+            # The base class's __init__ adding the groups the optimizer was wrapped with.
+            return super(self.__class__, self).add_param_group(param_group)
+        if self._handles or any(d != self.backward_passes_per_step for d in self._delay.values()):
+            raise RuntimeError("add_param_group() was called between backward and step(): "
+                               "gradients are being reduced; add the group between steps")
+        super(self.__class__, self).add_param_group(param_group)
+        gi = len(self.param_groups) - 1
+        params = self.param_groups[gi]["params"]
+        try:
+            self._take_parameters(params)
+        except BaseException:
+            self.param_groups.pop()
+            raise
+        for pi, p in enumerate(params):
+            self._names[id(p)] = "param.%d.%d" % (gi, pi)
+            self._parameter_names[p] = self._names[id(p)]
+        for p in params:
+            if p.requires_grad:
+                self._requires_update.append(p)
+                self._delay[id(p)] = self.backward_passes_per_step
+                self._grad_accumulators.append(register_grad_ready_hook(p, self._on_grad_ready))
+        return None
+
+    def _take_parameters(self, added):
+        self._by_id.update((id(p), p) for p in added if p.requires_grad)
+        self._batch = None  # made again, with them, at the next gradient
+        self._batch_made = False
+
     def zero_grad(self, *args, **kwargs):
         if self._handles:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
@@ -368,6 +401,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         return adasum_optimizer(optimizer, named_parameters, compression,
                                 backward_passes_per_step, process_set)
     cls = _mixed_into(_DistributedOptimizer, optimizer)
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, groups if groups is not None else num_groups,
-               sparse_as_dense, process_set)
+    return _carry_over(optimizer, cls(
+        optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+        gradient_predivide_factor, groups if groups is not None else num_groups, sparse_as_dense,
+        process_set))
+
+
+def _carry_over(optimizer, distributed):
+    """``distributed`` with ``optimizer``'s defaults (for groups added later) and state (momentum
+    loaded from a checkpoint before wrapping, say), which its class's __init__ made anew."""
+    distributed.defaults = dict(optimizer.defaults)
+    distributed.state.update(optimizer.state)
+    return distributed
