@@ -121,6 +121,8 @@ void init(const InitOptions& options) {
   status = SetUpLaunch(rt->config, *rt->mpi, options.comm, &rt->launch);
   if (!status.ok()) Throw(status);
   rt->config.cache_bytes = rt->launch.cache_bytes;
+  // The GPU chosen for this rank, which a joined rank's stand-ins go to before it has a plane.
+  if (rt->launch.gpu >= 0) rt->config.gpu_device = rt->launch.gpu;
   if (!rt->config.timeline_path.empty() && rt->mpi->rank() == 0) {
     // Not fatal: the other ranks cannot learn of it without another collective, and training
     // without a trace beats a job that stops over one.

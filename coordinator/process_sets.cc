@@ -70,6 +70,12 @@ Device ProcessSetRuntime::OwnDevice(const Device& negotiated) const {
   for (const DevicePlaneSlot& slot : device_planes_) {
     if (slot.device.kind == negotiated.kind) return slot.device;
   }
+  // Before any: the GPU init chose for this rank (gpu_device()), where its tensors will come
+  // from. Rank 0's would make a plane that takes the ranks for sharing a GPU, and this rank's
+  // first tensor on its own GPU would then ask for a second plane alone, which is collective.
+  if (negotiated.kind == DeviceKind::kCuda && config_.gpu_device >= 0) {
+    return Device::Cuda(config_.gpu_device);
+  }
   return negotiated;
 }
 
@@ -82,6 +88,18 @@ Status ProcessSetRuntime::PlaneFor(const Device& device, DataPlane** plane) {
     if (slot.device != device) continue;
     *plane = slot.plane.get();
     return slot.failure;
+  }
+  for (const DevicePlaneSlot& slot : device_planes_) {
+    // Only a joined rank's stand-ins, on a GPU other than the one its tensors came from later,
+    // get here (the enqueue refuses a second GPU): making a plane is collective, and the other
+    // ranks would never take part.
+    if (slot.device.kind == device.kind) {
+      return Status::InvalidArgument(
+          "process set " + std::to_string(id_) + ": an operation on " + DeviceName(device) +
+          ", but this rank's plane is on " + DeviceName(slot.device) +
+          " (where its stand-ins went while it had joined: gpu_device(), GRADSYNC_GPU_DEVICE); "
+          "one GPU a process is supported");
+    }
   }
   DevicePlaneSlot slot{device, nullptr, Status::OK()};
   const DevicePlaneFactory make =

@@ -62,7 +62,8 @@ class ProcessSetRuntime {
   // the failure is kept and returned for every later operation there.
   Status PlaneFor(const Device& device, DataPlane** plane);
   // This rank's device of `negotiated`'s kind, for a joined rank's stand-in, which has no tensor
-  // to say: the device of the set's plane of that kind, or `negotiated` (rank 0's) before any.
+  // to say: the device of the set's plane of that kind; before any, the GPU chosen for this rank
+  // (config.gpu_device), else `negotiated` (rank 0's).
   Device OwnDevice(const Device& negotiated) const;
   // The joined ranks' stand-ins every device plane holds are not needed any more.
   void ReleaseStandIns();

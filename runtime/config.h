@@ -111,7 +111,7 @@ struct Config {
   // aborts its process set's device plane and fails; 0 disables.
   double nccl_timeout_seconds = 600.0;
   // GRADSYNC_GPU_DEVICE: the visible GPU this rank uses; -1 (unset) picks local rank modulo the
-  // number of visible GPUs.
+  // number of visible GPUs. init() sets it to the GPU it chose.
   int gpu_device = -1;
   // GRADSYNC_THREAD_AFFINITY: where the background thread runs (runtime/placement.h): empty for
   // near this rank's GPU or NUMA node, "none" for unbound, or CPUs per local rank.

@@ -2,6 +2,8 @@
 // reduces on, and the one GPU a process may use.
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,6 +78,46 @@ TEST_F(DeviceLoopTest, ATensorOnASecondGpuIsRefusedAtEnqueue) {
           ", but this process's device operations run on cuda:" + std::to_string(rank_)));
   ASSERT_TRUE(Succeeds(allreduce(OnDevice(&first, rank_), own)));
   EXPECT_EQ(first.Get(3), size_ * size_);
+}
+
+// A rank that joins before its first device tensor makes its plane for its stand-ins on the GPU
+// chosen for it (GRADSYNC_GPU_DEVICE here, as init's gpu_device() on a node with GPUs), not on
+// rank 0's: the ranks would be taken for sharing one GPU, and its own first tensor would ask for
+// a second plane alone, a collective no other rank enters.
+class JoinBeforeAnyDeviceTensorTest : public DeviceLoopTest {
+ protected:
+  void SetUp() override {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    setenv("GRADSYNC_GPU_DEVICE", std::to_string(rank).c_str(), 1);
+    DeviceLoopTest::SetUp();
+  }
+  void TearDown() override {
+    DeviceLoopTest::TearDown();
+    unsetenv("GRADSYNC_GPU_DEVICE");
+  }
+};
+
+TEST_F(JoinBeforeAnyDeviceTensorTest, StandInsGoToThisRanksOwnGpu) {
+  planes_made_for.clear();
+  HostTensor early(DataType::kFloat32, {9});
+  for (int64_t k = 0; k < 9; ++k) early.Set(k, 1);
+  if (rank_ != size_ - 1) {
+    AllreduceOptions options;
+    options.name = "before.the.join";
+    ASSERT_TRUE(Succeeds(allreduce(OnDevice(&early, rank_), options)));
+    EXPECT_EQ(early.Get(8), size_ - 1);
+  }
+  join();
+  HostTensor after(DataType::kFloat32, {9});
+  for (int64_t k = 0; k < 9; ++k) after.Set(k, rank_ + 1);
+  AllreduceOptions options;
+  options.name = "after.the.join";
+  ASSERT_TRUE(Succeeds(allreduce(OnDevice(&after, rank_), options)));
+  EXPECT_EQ(after.Get(8), size_ * (size_ + 1) / 2);
+  for (const Device& device : planes_made_for) {
+    EXPECT_EQ(device, Device::Cuda(rank_)) << "a plane for " << DeviceName(device);
+  }
 }
 
 }  // namespace
