@@ -38,6 +38,12 @@ __global__ void InlineBatchedCopyKernel(const SizedCopyPlan<N> plan) {
 static_assert(sizeof(SizedCopyPlan<InlineCopyPlan::kMaxSegments>) <= 4096,
               "kernel parameters are limited to 4 KiB");
 
+// A launch with <<<>>> reports only through the thread's last error, which may still hold an
+// earlier call's that was handled where it happened (a failed allocation a caller fell back from):
+// cleared before each launch, so that the launch is not blamed for it. A sticky error (a broken
+// context) fails the launch itself again.
+void ClearEarlierError() { static_cast<void>(cudaGetLastError()); }
+
 Status LaunchStatus() {
   const cudaError_t launched = cudaGetLastError();
   if (launched != cudaSuccess) {
@@ -62,6 +68,7 @@ Status LaunchSized(const InlineCopyPlan& plan, int64_t total_chunks, DataType dt
   sized.num_segments = plan.num_segments;
   for (int i = 0; i < plan.num_segments; ++i) sized.segments[i] = plan.segments[i];
   for (int i = 0; i <= plan.num_segments; ++i) sized.first_chunk[i] = plan.first_chunk[i];
+  ClearEarlierError();
   const bool known = DispatchStorageType(dtype, [&](auto storage) {
     using T = decltype(storage);
     InlineBatchedCopyKernel<T, N>
@@ -118,6 +125,7 @@ Status LaunchBatchedCopy(const CopySegment* device_segments, const int64_t* devi
   if (total_chunks == 0) return Status::OK();
   GRADSYNC_RETURN_IF_ERROR(CheckGrid(total_chunks));
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  ClearEarlierError();
   const bool known = DispatchStorageType(dtype, [&](auto storage) {
     using T = decltype(storage);
     BatchedCopyKernel<T><<<static_cast<unsigned>(total_chunks), kLanes, 0, cuda_stream>>>(

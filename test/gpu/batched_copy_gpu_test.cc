@@ -204,6 +204,31 @@ class StalledStreamCopyTest : public ::testing::Test {
   std::vector<float*> buffers_;
 };
 
+// A failed allocation that its caller handled (a copy table's, or a framework output's that the
+// caller fails alone) stays the thread's last CUDA error: the next launch must not report it as
+// its own, which would abort the whole plane.
+TEST_F(StalledStreamCopyTest, AHandledAllocationFailureIsNotTheNextLaunchs) {
+  float* source = DeviceFloats(4096);
+  float* destination = DeviceFloats(4096);
+  ASSERT_TRUE(source != nullptr && destination != nullptr);
+  std::vector<float> values(4096, 3.0f);
+  ASSERT_CUDA(cudaMemcpy(source, values.data(), 4096 * sizeof(float), cudaMemcpyHostToDevice));
+  std::unique_ptr<CudaBatchedCopier> copier;
+  ASSERT_TRUE(CudaBatchedCopier::Create(0, /*tables=*/false, &copier).ok());
+  for (int segments : {1, InlineCopyPlan::kMaxSegments + 2}) {  // inline, then staged
+    void* too_much = nullptr;
+    ASSERT_NE(cudaSuccess, cudaMalloc(&too_much, size_t{1} << 60));
+    std::vector<CopySegment> plan;
+    for (int p = 0; p < segments; ++p) {
+      const int64_t begin = 4096 * p / segments, end = 4096 * (p + 1) / segments;
+      plan.push_back({source + begin, destination + begin, end - begin, 1.0});
+    }
+    const Status launched = copier->Launch(plan, DataType::kFloat32, stream_);
+    ASSERT_TRUE(launched.ok()) << launched.ToString();
+    ExpectHolds(destination, values, [](size_t k) { return "element " + std::to_string(k); });
+  }
+}
+
 // Launches queued behind a producer that has not finished each take staging of their own: were a
 // block reused before its copy ran, a later launch's descriptors would replace an earlier one's,
 // and some destination would receive another's values. Then the same again with the stream free,
