@@ -154,9 +154,13 @@ CudaEvent::~CudaEvent() {
 
 Status CudaEvent::Poll(bool* settled) {
   *settled = true;
+  if (seen_complete_.load(std::memory_order_acquire)) return Status::OK();
   GRADSYNC_RETURN_IF_ERROR(FailureOf(failure_.get()));
   const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(event_));
-  if (state == cudaSuccess) return Status::OK();
+  if (state == cudaSuccess) {
+    seen_complete_.store(true, std::memory_order_release);
+    return Status::OK();
+  }
   if (state == cudaErrorNotReady) {
     *settled = false;
     return Status::OK();

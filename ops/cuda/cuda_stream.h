@@ -3,7 +3,8 @@
 // include it.
 //
 // Abort cannot take back work already launched on a device. It marks the stream failed: every
-// event of the stream then reports the abort's status, and later records fail at once. Whoever
+// event of the stream not yet seen complete then reports the abort's status (one seen complete
+// before stays so, as the host stream's do), and later records fail at once. Whoever
 // aborts must also release what the stuck work waits for (an NCCL communicator is aborted with
 // ncclCommAbort) before the stream's resources are freed.
 //
@@ -11,6 +12,7 @@
 // failure becomes a CudaError status naming the call, the device and CUDA's message.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -72,6 +74,7 @@ class CudaEvent : public StreamEvent {
   std::shared_ptr<CudaStreamFailure> failure_;
   bool owned_;
   std::shared_ptr<const CudaClockAnchor> anchor_;
+  std::atomic<bool> seen_complete_{false};  // before any abort: its work is done and sound
 };
 
 class CudaStream : public Stream {

@@ -175,10 +175,12 @@ Status NcclBackend::CheckAsyncError() {
 void NcclBackend::Abort(const Status& status) {
   std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
   const bool locked = lock.try_lock_for(std::chrono::seconds(1));
-  if (aborted_.exchange(true)) return;
   {
+    // The status before the flag: Enter() reads the status once it sees the flag.
     std::lock_guard<std::mutex> state(abort_mu_);
+    if (aborted_) return;
     abort_status_ = status;
+    aborted_ = true;
   }
   if (!locked) Log().warn("aborting NCCL on cuda:{} while a call into it is stuck", device_);
   // The stream first: its events then report the abort even while stuck kernels drain.

@@ -86,5 +86,17 @@ TEST(CudaStreamTest, AbortFailsTheStuckEventAndLaterRecords) {
   *reinterpret_cast<volatile int*>(m.release) = 1;  // let the kernel end before freeing
 }
 
+// A bucket the finalizer saw complete, then a later bucket's deadline aborts the stream: the
+// first stays a success, as on the host stream, instead of failing a sound result.
+TEST(CudaStreamTest, AnEventSeenCompleteBeforeAnAbortStaysComplete) {
+  std::unique_ptr<CudaStream> communication;
+  ASSERT_TRUE(CudaStream::Create(0, &communication).ok());
+  std::shared_ptr<StreamEvent> done = communication->Record();
+  ASSERT_TRUE(done->Wait(kLong).ok());
+  communication->Abort(Status::Timeout("a later bucket did not finish"));
+  EXPECT_TRUE(done->Wait(std::chrono::nanoseconds(0)).ok());
+  EXPECT_EQ(StatusCode::kTimeout, communication->Record()->Wait(kLong).code());
+}
+
 }  // namespace
 }  // namespace gradsync
