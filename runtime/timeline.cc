@@ -110,6 +110,7 @@ Timeline::Timeline(size_t max_pending_events)
 Timeline::~Timeline() { Stop(); }
 
 Status Timeline::Start(const std::string& path) {
+  std::lock_guard<std::mutex> control(control_mu_);
   if (writer_.joinable()) {
     return Status::InvalidArgument("timeline: cannot start writing '" + path +
                                    "': already writing '" + path_ + "'; stop it first");
@@ -146,9 +147,18 @@ Status Timeline::Start(const std::string& path) {
 }
 
 Status Timeline::Stop() {
+  std::lock_guard<std::mutex> control(control_mu_);
   if (!writer_.joinable()) return Status::OK();
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // Phases still open end here, so that every begin written has its end.
+    const int64_t now_us = NowLocked();
+    for (auto& [name, row] : rows_) {
+      for (auto open = row.open.rbegin(); open != row.open.rend(); ++open) {
+        if (*open) pending_.push_back(Event{Event::Kind::kEnd, row.id, 0, now_us, {}});
+      }
+      row.open.clear();
+    }
     active_.store(false, std::memory_order_relaxed);
     stopping_ = true;
   }
@@ -214,6 +224,8 @@ void Timeline::Record(Event::Kind kind, const std::string* name, std::string_vie
         ++dropped_;
         return;
       }
+    } else if (kind == Event::Kind::kEnd) {
+      return;  // its begin came before Start: an end alone would not pair in the file
     } else if (!room) {
       ++dropped_;
       if (opens && row != nullptr) row->open.push_back(false);

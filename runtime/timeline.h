@@ -18,8 +18,10 @@
 //
 // Thread safety: recording calls and active() may be called from any thread, concurrently with
 // each other and with Start/Stop; a record made while the timeline is not active, or that races
-// with Stop, may be discarded but never corrupts the file. Start, Stop and destruction must come
-// from one controlling thread at a time.
+// with Stop, may be discarded but never corrupts the file. Start and Stop may be called from any
+// thread too (the public start_timeline and stop_timeline are); they take turns. Phases open at
+// Stop end there, and an end whose begin came before Start is left out, so every row's begins and
+// ends pair in the file.
 #pragma once
 
 #include <atomic>
@@ -135,8 +137,9 @@ class Timeline {
   bool wake_requested_ = false;                       // guarded by mu_
   bool stopping_ = false;                             // guarded by mu_
 
-  std::thread writer_;  // the controlling thread's
-  // The writer thread's while it runs, the controlling thread's otherwise.
+  std::mutex control_mu_;  // held by Start and Stop throughout: they take turns
+  std::thread writer_;     // guarded by control_mu_
+  // The writer thread's while it runs, guarded by control_mu_ otherwise.
   std::FILE* file_ = nullptr;
   std::string path_;
   Status write_status_;

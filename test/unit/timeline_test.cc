@@ -401,6 +401,50 @@ TEST_F(TimelineTest, RecordingFromSeveralThreadsKeepsEachRowInOrder) {
   EXPECT_EQ(trace.Count("i", "CYCLE_START"), static_cast<size_t>(kThreads * kRounds / 100));
 }
 
+// A timeline started in the middle of a step: an end whose begin came before Start is left out,
+// and a phase still open at Stop ends there, so each row's begins and ends pair in the file.
+TEST_F(TimelineTest, EndsBeforeStartAreLeftOutAndOpenPhasesEndAtStop) {
+  const fs::path path = TempPath("window");
+  Timeline timeline;
+  ASSERT_TRUE(timeline.Start(path.string()).ok());
+  timeline.ActivityEnd("begun.before");
+  timeline.ActivityStart("still.open", "QUEUE");
+  timeline.NegotiateStart("still.open", "ALLREDUCE");
+  ASSERT_TRUE(timeline.Stop().ok());
+  const Trace trace = LoadTrace(path);
+  ASSERT_TRUE(trace.ok);
+  EXPECT_EQ(trace.Count("B"), 2u);
+  EXPECT_EQ(trace.Count("E"), 2u);
+  EXPECT_EQ(trace.Count("M", "thread_name"), 1u);  // no row for the lone end
+}
+
+// start_timeline and stop_timeline may be called from any thread: Start and Stop take turns, so
+// two starts at once make one file and refuse the other instead of ending the process.
+TEST_F(TimelineTest, StartsAndStopsFromSeveralThreadsTakeTurns) {
+  for (int round = 0; round < 50; ++round) {
+    Timeline timeline;
+    const fs::path first = TempPath("first"), second = TempPath("second");
+    std::atomic<bool> go{false};
+    Status started[2];
+    auto start = [&](int i, const fs::path& path) {
+      while (!go.load()) std::this_thread::yield();
+      started[i] = timeline.Start(path.string());
+      timeline.ActivityStart("t", "QUEUE");
+      timeline.ActivityEnd("t");
+    };
+    std::thread a(start, 0, first), b(start, 1, second);
+    go = true;
+    a.join();
+    b.join();
+    EXPECT_NE(started[0].ok(), started[1].ok()) << "round " << round;
+    std::thread stop_a([&] { timeline.Stop(); }), stop_b([&] { timeline.Stop(); });
+    stop_a.join();
+    stop_b.join();
+    const Trace trace = LoadTrace(started[0].ok() ? first : second);
+    ASSERT_TRUE(trace.ok) << "round " << round;
+  }
+}
+
 // Beyond the bound records are dropped and counted, a begin with its end: every row's begins
 // and ends stay balanced (LoadTrace checks their nesting) and pair as they ran, whichever of a
 // nested pair was dropped, on rows made before and after drops.
