@@ -86,8 +86,8 @@ Status TensorQueue::WaitOutLaunchedLocked(std::unique_lock<std::mutex>* lock,
 
 // Notifies only a sleeping waiter: on the hot enqueue path the background thread is usually busy
 // or about to drain anyway, and a futex wake per tensor would be wasted. Clearing the flag keeps
-// a burst of pushes to one wake-up; that is safe because only the waiter drains, so once this
-// push is pending its wait predicate stays true until it runs.
+// a burst of pushes to one wake-up: the waiter sets it again before each wait, so a push drained
+// by a caller's cycle before the waiter looked leaves the next push to wake it.
 Status TensorQueue::Push(std::unique_ptr<TensorEntry> entry, bool* due) {
   if (!entry) return Status::InvalidArgument("TensorQueue::Push: null entry");
   entry->name_hash = HashName(entry->name);  // outside the lock
@@ -173,11 +173,15 @@ void TensorQueue::WaitForWork(std::chrono::nanoseconds max_wait,
     max_wait -= std::min(max_wait, std::chrono::duration_cast<std::chrono::nanoseconds>(
                                        std::chrono::steady_clock::now() - start));
   }
-  if (!has_work()) {
+  // The flag is set again before each wait: a caller's cycle (BackgroundLoop::RunCycleForCaller)
+  // may drain the push that woke this thread before it looks, and a push that then found the flag
+  // clear would not wake it again.
+  const auto deadline = std::chrono::steady_clock::now() + max_wait;
+  while (!has_work()) {
     waiter_sleeping_ = true;
-    cv_.wait_for(lock, max_wait, has_work);
-    waiter_sleeping_ = false;
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) break;
   }
+  waiter_sleeping_ = false;
   wake_requested_ = false;
   SettleLocked(&lock, settle_for);
 }

@@ -197,6 +197,26 @@ TEST(TensorQueueTest, EveryPushAfterADrainWakesTheWaiterAgain) {
   EXPECT_LT(steady_clock::now() - start, kLongWait / 2);
 }
 
+// A caller's locked cycle drains the queue on the caller's thread: a push that woke the waiter
+// may be drained before the waiter looks. The waiter sleeps again, and the next push must wake it
+// (its flag cleared by the first push, it slept until its limit). Repeated, since the waiter wins
+// the race in some rounds.
+TEST(TensorQueueTest, APushDrainedBeforeTheWaiterLooksLeavesTheNextToWakeIt) {
+  for (int round = 0; round < 20; ++round) {
+    TensorQueue queue;
+    std::atomic<bool> returned{false};
+    std::thread waiter = SleepingWaiter(&queue, &returned);
+    ASSERT_TRUE(queue.Push(Entry("drained")).ok());
+    std::vector<TensorEntry*> drained = queue.Drain();
+    queue.Release(drained);
+    std::this_thread::sleep_for(milliseconds(5));
+    const auto start = steady_clock::now();
+    ASSERT_TRUE(queue.Push(Entry("next")).ok());
+    waiter.join();
+    EXPECT_LT(steady_clock::now() - start, kLongWait / 2) << "round " << round;
+  }
+}
+
 TEST(TensorQueueTest, WakeInterruptsASleepingWaiter) {
   TensorQueue queue;
   std::thread waiter([&] { queue.WaitForWork(kLongWait); });
