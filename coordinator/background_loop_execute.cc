@@ -5,6 +5,7 @@
 
 #include "coordinator/background_loop.h"
 #include "ops/scale.h"
+#include "runtime/logging.h"
 #include "runtime/timeline_activity.h"
 
 namespace gradsync {
@@ -78,13 +79,15 @@ Status BackgroundLoop::Execute(ProcessSetRuntime* set, const CycleOutcome& outco
       continue;
     }
     if (!local_failures_.empty()) CompleteLocalFailures();
-    Status status = executed;
     if (executed.ok() && first.type == ResponseType::kAllreduce) {
-      // Before the handles complete, so that a caller finds its lane granted once it waited.
-      status = lanes_.GrantAfterRun(set->id(), set->data_comm(), set->allreduce_piece_bytes(),
-                                    set->last_allreduce_shared(), members_, outcome.someone_joined);
+      // Before the handles complete, so that a caller finds its lane granted once it waited. Its
+      // failure leaves the bucket negotiated, and the reduced results stand.
+      const Status granted =
+          lanes_.GrantAfterRun(set->id(), set->data_comm(), set->allreduce_piece_bytes(),
+                               set->last_allreduce_shared(), members_, outcome.someone_joined);
+      if (!granted.ok()) Log().error("no caller lane for this bucket: {}", granted.ToString());
     }
-    Complete(members_, status);
+    Complete(members_, executed);
   }
   if (config_.autotune) {
     set->ObserveForAutotune(responses);
