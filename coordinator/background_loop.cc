@@ -151,8 +151,9 @@ void BackgroundLoop::RunCycleForCaller() {
       CallerDeviceScope keep_callers_device;
       BackgroundWorkScope callbacks_may_not_block;
       std::chrono::steady_clock::time_point unused;
+      // Not counted in cycles_run_: a caller's cycle runs locked buckets only and negotiates
+      // nothing, so WaitForFreshCycle must not take it for a round.
       stop_ = !RunCycle(/*on_caller=*/true, &unused);
-      cycles_run_.fetch_add(1, std::memory_order_release);
       // Not when only the next bucket is the loop's and not yet full: the push that fills it
       // wakes the loop.
       const LockedSchedule* locked = LockedSet();

@@ -189,7 +189,7 @@ class BackgroundLoop {
   size_t wake_after_ = 0;
   std::chrono::steady_clock::time_point device_launched_at_;  // the last device bucket's launch
   std::atomic<bool> shutdown_requested_{false};
-  std::atomic<uint64_t> cycles_run_{0};
+  std::atomic<uint64_t> cycles_run_{0};  // by the loop's thread: WaitForFreshCycle
   std::atomic<bool> running_{false};
   std::mutex cycle_mu_;                     // one cycle at a time, on whichever thread
   std::atomic<bool> all_locked_{false};     // DefersReadiness()
