@@ -22,8 +22,12 @@ int gradsync_init(void) {
 
 int gradsync_init_comm(int comm_fortran_handle) {
   return Guarded("gradsync_init_comm", [&] {
-    int mpi_ready = 0;
+    int mpi_ready = 0, finalized = 0;
     MPI_Initialized(&mpi_ready);
+    MPI_Finalized(&finalized);
+    if (finalized) {
+      return Invalid("gradsync_init_comm: MPI has been finalized; it cannot be used again");
+    }
     if (!mpi_ready) {
       return Invalid(
           "gradsync_init_comm: MPI is not initialized; initialize it first, or call "

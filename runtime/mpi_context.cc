@@ -109,6 +109,29 @@ void WarnIfNotMultiple(int provided, int agreed) {
       ThreadLevelName(provided), ThreadLevelName(agreed));
 }
 
+// A handle that is no communicator (a freed one's, a stale Fortran handle) raises MPI_ERR_COMM on
+// MPI_COMM_WORLD (MPI_COMM_SELF in MPI 4), whose default handler ends the job: asked with both
+// returning errors, then their handlers put back.
+Status CheckCommunicator(MPI_Comm base) {
+  const std::string invalid =
+      "init(): the communicator given is not a valid one (freed, or a "
+      "stale handle)";
+  if (base == MPI_Comm{}) return Status::InvalidArgument(invalid);
+  MPI_Errhandler world = MPI_ERRHANDLER_NULL, self = MPI_ERRHANDLER_NULL;
+  GRADSYNC_MPI_CALL(MPI_Comm_get_errhandler(MPI_COMM_WORLD, &world));
+  GRADSYNC_MPI_CALL(MPI_Comm_get_errhandler(MPI_COMM_SELF, &self));
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+  int size = 0;
+  const int rc = MPI_Comm_size(base, &size);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, world);
+  MPI_Comm_set_errhandler(MPI_COMM_SELF, self);
+  MPI_Errhandler_free(&world);
+  MPI_Errhandler_free(&self);
+  if (rc != MPI_SUCCESS) return Status::InvalidArgument(invalid + ": " + MpiErrorString(rc));
+  return Status::OK();
+}
+
 // Frees a temporary communicator on every path out of the topology query.
 class ScopedComm {
  public:
@@ -207,6 +230,7 @@ Status MpiContext::Create(MPI_Comm base, std::unique_ptr<MpiContext>* out) {
   std::unique_ptr<MpiContext> context(new MpiContext());
   int provided = MPI_THREAD_SINGLE;
   GRADSYNC_RETURN_IF_ERROR(EnsureMpiInitialized(&context->owns_mpi_, &provided));
+  GRADSYNC_RETURN_IF_ERROR(CheckCommunicator(base));
   GRADSYNC_RETURN_IF_ERROR(DupWithReturnedErrors(base, &context->control_comm_));
   // Agreed, so that every rank confines its MPI calls alike (a caller lane on some ranks only
   // would leave the others' reductions unmatched).

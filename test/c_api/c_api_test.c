@@ -296,6 +296,13 @@ int main(int argc, char** argv) {
   }
   int value = 0;
   CHECK_FAILS(gradsync_rank(&value), GRADSYNC_ERROR_NOT_INITIALIZED, "init");
+  /* A freed communicator's handle, and one that never was: an error, not the job's end. */
+  MPI_Comm freed = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &freed);
+  const int stale = (int)MPI_Comm_c2f(freed);
+  MPI_Comm_free(&freed);
+  CHECK_FAILS(gradsync_init_comm(stale), GRADSYNC_ERROR_INVALID_ARGUMENT, "not a valid one");
+  CHECK_FAILS(gradsync_init_comm(1 << 20), GRADSYNC_ERROR_INVALID_ARGUMENT, "not a valid one");
   CHECK(gradsync_init_comm((int)MPI_Comm_c2f(MPI_COMM_WORLD)) == GRADSYNC_OK);
   int initialized = 0;
   CHECK(gradsync_is_initialized(&initialized) == GRADSYNC_OK && initialized == 1);
