@@ -443,6 +443,36 @@ def test_gradient_batch_refuses_a_gradient_of_another_size():
     batch_of_one.finish()  # nothing to wait for
 
 
+def test_gradient_batch_interrupted_before_its_wait_can_take_the_next_step(rank, size,
+                                                                            monkeypatch):
+    """A KeyboardInterrupt in finish() before the runtime's wait: the step's reductions are
+    waited for (they still write into the gradients), and the next step starts and finishes."""
+    import time
+    from gradsync.torch import gradient_batch
+
+    p = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
+    batch = gradient_batch.GradientBatch([p], ["ddp.test.interrupted"], 0, 1.0, 1.0, 0)  # a sum
+    if rank == 1:
+        time.sleep(0.3)  # rank 0's reduction is still in flight when it is interrupted
+    grad = torch.full((4,), float(rank + 1), dtype=torch.float64)
+    batch.start(p, grad)
+
+    def interrupted(_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(batch, "_consumer", "cuda:0")
+    monkeypatch.setattr(gradient_batch, "_stream_of", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        batch.finish()
+    assert batch.in_flight() == 0
+    assert torch.equal(grad, torch.full((4,), size * (size + 1) / 2, dtype=torch.float64))
+    monkeypatch.undo()
+    again = torch.ones(4, dtype=torch.float64)
+    batch.start(p, again)
+    batch.finish()
+    assert torch.equal(again, torch.full((4,), float(size), dtype=torch.float64))
+
+
 def test_ddp_buckets_leave_during_backward(monkeypatch):
     """With compression gradients go in DDP's buckets: with small buckets, most allreduces are
     enqueued before backward ends, not after."""

@@ -102,9 +102,11 @@ class GradientBatch:
         """
         if not self._in_flight:
             return
+        waited = False  # set once the runtime has been asked: it returns when nothing writes
         try:
             if self._consumer is not None:
                 consumer = _stream_of(self._consumer)
+                waited = True
                 self._batch.synchronize_stream(consumer)
                 if self._producers - {consumer}:
                     # Recorded on the consumer as wire._release_kept_after_consumer does, every
@@ -114,11 +116,19 @@ class GradientBatch:
                         if grad.is_cuda:
                             grad.record_stream(current)
             else:
+                waited = True
                 self._batch.wait()
             for grad, reduced, made_on in self._refits:
                 grad.copy_(reduced)
                 _release_after_consumer(reduced, made_on)
         finally:
+            if not waited:
+                # Interrupted before the wait (KeyboardInterrupt): the runtime still writes into
+                # the gradients and refitted copies dropped below, and would refuse the next step.
+                try:
+                    self._batch.wait()
+                except Exception:  # pylint: disable=broad-except
+                    pass  # the interruption is what the caller hears of
             self._in_flight = []
             self._producers.clear()
             self._refits = []
