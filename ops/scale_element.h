@@ -19,11 +19,16 @@ namespace scale_internal {
 
 // A factor like 1/49 is inexact in binary, so 49 * (1/49) lands just below 1. A product within
 // rounding error of an integer is taken as that integer before truncating, so an average of
-// integers is exact whenever the true quotient is whole.
+// integers is exact whenever the true quotient is whole. The error of a rounded factor times a
+// rounded product is at most about one epsilon of the value; a wider tolerance would also snap
+// true fractions of large values (1700000000000001.5, exact in a double, to ...002). A value half
+// way is never snapped: there a double holds the half exactly.
 GRADSYNC_HOST_DEVICE inline double SnapToInteger(double v) {
+  constexpr double kRoundingError = std::numeric_limits<double>::epsilon() * (1.0 + 1e-6);
   const double nearest = nearbyint(v);
   const double magnitude = fabs(v);
-  return fabs(v - nearest) <= 1e-12 * (magnitude > 1.0 ? magnitude : 1.0) ? nearest : v;
+  const double off = fabs(v - nearest);
+  return off < 0.5 && off <= kRoundingError * (magnitude > 1.0 ? magnitude : 1.0) ? nearest : v;
 }
 
 // Saturates instead of converting an out-of-range double, which C++ leaves undefined; NaN (only

@@ -293,6 +293,26 @@ TEST(ScaledCopyTest, IntegerAverageIsExactWhenTheQuotientIsWhole) {
   }
 }
 
+// Every whole quotient of up to 4096 ranks stays whole, through the tolerance that allows for the
+// rounded factor; and a large int64 whose quotient is a true fraction truncates, not snaps: the
+// average of 1700000000000001 and ...002 is ...001.
+TEST(ScaledCopyTest, IntegerAveragesSnapOnlyWithinRoundingError) {
+  for (int64_t size = 1; size <= 4096; ++size) {
+    std::vector<int64_t> sums;
+    for (int64_t k : {int64_t{1}, int64_t{7}, int64_t{1000003}, int64_t{1} << 40}) {
+      sums.push_back(k * size);
+      sums.push_back(-k * size);
+    }
+    std::vector<int64_t> averaged(sums.size());
+    ScaledCopy(sums.data(), averaged.data(), static_cast<int64_t>(sums.size()), DataType::kInt64,
+               1.0 / static_cast<double>(size));
+    for (size_t i = 0; i < sums.size(); ++i) ASSERT_EQ(averaged[i], sums[i] / size) << size;
+  }
+  std::vector<int64_t> large = {3400000000000003, -3400000000000003};
+  ScaledCopy(large.data(), large.data(), 2, DataType::kInt64, 0.5);
+  EXPECT_EQ(large, (std::vector<int64_t>{1700000000000001, -1700000000000001}));
+}
+
 // Combining any value with the identity under its op gives the value back, for every dtype.
 // Input q holds small integers that differ per input, so every fold order would show; the expected
 // value is computed in double from the decoded inputs.
