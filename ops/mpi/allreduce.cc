@@ -107,9 +107,8 @@ Status MpiDataPlane::AllreduceOne(TensorEntry* entry, const ReduceSpec& spec, MP
   } else {
     TimelineActivity activity(timeline_, entry, "MPI_ALLREDUCE");
     const PieceHooks scaling = ScalingHooks(in, out, spec.dtype, spec.prescale, spec.postscale);
-    const void* send = in == out || scaling.before ? MPI_IN_PLACE : in;
     GRADSYNC_RETURN_IF_ERROR(
-        AllreduceInPieces(send, out, n, elem_size, type, op, comm_, piece_bytes_, scaling));
+        AllreduceInPieces(MPI_IN_PLACE, out, n, elem_size, type, op, comm_, piece_bytes_, scaling));
   }
   return Status::OK();
 }

@@ -158,7 +158,9 @@ PieceHooks ScalingHooks(const void* in, void* out, DataType dtype, double presca
                         double postscale) {
   const size_t elem_size = DataTypeSize(dtype);
   PieceHooks hooks;
-  if (prescale != 1.0) {
+  // Out of place too: MPI_IN_PLACE must be passed by every rank or none, and a joined rank's
+  // stand-in (or another rank's in-place tensor) reduces in place.
+  if (prescale != 1.0 || in != out) {
     hooks.before = [=](size_t begin, size_t end) {
       ScaledCopy(static_cast<const char*>(in) + begin, static_cast<char*>(out) + begin,
                  static_cast<int64_t>((end - begin) / elem_size), dtype, prescale);

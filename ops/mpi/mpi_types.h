@@ -31,7 +31,8 @@ struct PieceHooks {
 };
 
 // Hooks that scale each piece by `prescale` on its way in from `in` (which may be `out`) to
-// `out`, and by `postscale` on its way out; a factor of one gets no hook.
+// `out`, and by `postscale` on its way out; a factor of one gets no hook, except on the way in
+// when `in` is not `out` (the piece is copied, so that the reduction is in place on every rank).
 PieceHooks ScalingHooks(const void* in, void* out, DataType dtype, double prescale,
                         double postscale);
 
