@@ -91,7 +91,11 @@ Status NodeSharedMemory::Map(size_t region_bytes) {
     }
     std::snprintf(name, sizeof(name), "%s", fresh.c_str());
   }
-  GRADSYNC_MPI_CALL(MPI_Bcast(name, kNameBytes, MPI_CHAR, 0, comm_));
+  if (const int rc = MPI_Bcast(name, kNameBytes, MPI_CHAR, 0, comm_); rc != MPI_SUCCESS) {
+    if (fd >= 0) close(fd);
+    if (created) shm_unlink(name);  // nothing is left in /dev/shm, on this path too
+    return MpiResult(rc, "MPI_Bcast(shared memory name)");
+  }
   if (rank_ != 0) {
     fd = shm_open(name, O_RDWR, 0600);
     if (fd < 0) failure = Errno("shm_open");
