@@ -1,7 +1,7 @@
 // How one element is scaled, shared by the host kernels (ops/scale.cc) and the device batched copy
 // (ops/device/), so that a tensor scaled on either side gets the same bits: floating types multiply
-// in their own precision, float16 and bfloat16 in float32, integers in double, truncated toward
-// zero and saturated.
+// in their own precision, float16 and bfloat16 in float32, integers divide exactly by n for a
+// factor of 1/n and otherwise multiply in double, truncated toward zero and saturated.
 //
 // Thread safety: pure functions.
 #pragma once
@@ -64,6 +64,15 @@ GRADSYNC_HOST_DEVICE inline T ScaleElement(T x, double factor) {
   if constexpr (std::is_floating_point_v<T>) {
     return x * static_cast<T>(factor);
   } else {
+    // A factor of 1/n (an average over n ranks, a prescale of 1/10): an integer division, which
+    // truncates toward zero exactly at any magnitude, where a double holds neither every int64
+    // nor every fraction of a large one.
+    const double inverse = 1.0 / factor;
+    const double divisor = nearbyint(inverse);
+    if (divisor >= 1.0 && divisor <= 4294967296.0 &&
+        fabs(inverse - divisor) <= 4 * std::numeric_limits<double>::epsilon() * divisor) {
+      return static_cast<T>(static_cast<int64_t>(x) / static_cast<int64_t>(divisor));
+    }
     return scale_internal::TruncateToInteger<T>(
         scale_internal::SnapToInteger(static_cast<double>(x) * factor));
   }

@@ -311,6 +311,17 @@ TEST(ScaledCopyTest, IntegerAveragesSnapOnlyWithinRoundingError) {
   std::vector<int64_t> large = {3400000000000003, -3400000000000003};
   ScaledCopy(large.data(), large.data(), 2, DataType::kInt64, 0.5);
   EXPECT_EQ(large, (std::vector<int64_t>{1700000000000001, -1700000000000001}));
+  // A quarter of 4800000000000003 is ...000.75, within a double's epsilon of ...001; and past
+  // 2^53, where a double does not hold every int64, a third of a multiple of 3.
+  const int64_t big = (int64_t{1} << 60) + 1;
+  std::vector<int64_t> sums = {4800000000000003, 3 * big, -3 * big};
+  ScaledCopy(sums.data(), sums.data(), 1, DataType::kInt64, 0.25);
+  ScaledCopy(sums.data() + 1, sums.data() + 1, 2, DataType::kInt64, 1.0 / 3);
+  EXPECT_EQ(sums, (std::vector<int64_t>{1200000000000000, big, -big}));
+  // A postscale folded into the average's factor (2 / 6) still divides exactly.
+  std::vector<int64_t> folded = {6 * big};
+  ScaledCopy(folded.data(), folded.data(), 1, DataType::kInt64, 2.0 * (1.0 / 6));
+  EXPECT_EQ(folded[0], 2 * big);
 }
 
 // Combining any value with the identity under its op gives the value back, for every dtype.
