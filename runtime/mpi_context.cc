@@ -104,8 +104,9 @@ void WarnIfNotMultiple(int provided, int agreed) {
       "MPI provides {} on this rank ({} on the lowest) rather than MPI_THREAD_MULTIPLE: gradsync "
       "makes its MPI calls from one thread at a time (the background loop's, or a caller's "
       "holding it), with no caller-thread reductions, and refuses the MPI backend for device "
-      "tensors, whose stream thread calls MPI beside the loop. Avoid MPI calls from the "
-      "application while gradsync is running, or initialize MPI with MPI_THREAD_MULTIPLE.",
+      "tensors, whose stream thread calls MPI beside the loop (below MPI_THREAD_SERIALIZED even "
+      "that is outside what MPI promises). Avoid MPI calls from the application while gradsync "
+      "is running, or initialize MPI with MPI_THREAD_MULTIPLE.",
       ThreadLevelName(provided), ThreadLevelName(agreed));
 }
 

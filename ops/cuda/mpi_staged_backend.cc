@@ -138,8 +138,10 @@ Status MpiStagedBackend::BatchedCopy(const std::vector<CopySegment>& segments, D
 Status MpiStagedBackend::Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
                                    ReduceOp op) {
   if (cuda_aware_) {
+    // In place on every rank (MPI_IN_PLACE is all ranks' or none's): `send` copied over first.
+    if (send != recv) Copy(recv, send, static_cast<size_t>(count) * DataTypeSize(dtype));
     Settle();  // MPI reads what the copies before wrote
-    return host_->Allreduce(send, recv, count, dtype, op);
+    return host_->Allreduce(recv, recv, count, dtype, op);
   }
   const size_t bytes = static_cast<size_t>(count) * DataTypeSize(dtype);
   char* pinned = nullptr;

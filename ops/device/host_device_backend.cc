@@ -196,9 +196,11 @@ Status HostDeviceBackend::Allreduce(const void* send, void* recv, int64_t count,
   const MPI_Datatype type = MpiDatatypeOf(dtype);
   MPI_Comm comm = comm_;
   Enqueue([=] {
-    const void* source = send == recv ? MPI_IN_PLACE : send;
+    // In place on every rank: MPI_IN_PLACE must be all ranks' or none's, and a joined rank's
+    // stand-in, or another rank's in-place tensor, reduces in place.
+    if (send != recv) std::memcpy(recv, send, static_cast<size_t>(count) * DataTypeSize(dtype));
     return Collective("MPI_Allreduce", [&] {
-      return MPI_Allreduce(source, recv, static_cast<int>(count), type, mpi_op, comm);
+      return MPI_Allreduce(MPI_IN_PLACE, recv, static_cast<int>(count), type, mpi_op, comm);
     });
   });
   return Status::OK();

@@ -102,12 +102,12 @@ class GradientBatch:
         """
         if not self._in_flight:
             return
-        waited = False  # set once the runtime has been asked: it returns when nothing writes
+        waited = False  # set once the runtime returned: then nothing writes into the step's tensors
         try:
             if self._consumer is not None:
                 consumer = _stream_of(self._consumer)
-                waited = True
                 self._batch.synchronize_stream(consumer)
+                waited = True
                 if self._producers - {consumer}:
                     # Recorded on the consumer as wire._release_kept_after_consumer does, every
                     # gradient, since which stream each came from is not kept.
@@ -116,19 +116,22 @@ class GradientBatch:
                         if grad.is_cuda:
                             grad.record_stream(current)
             else:
-                waited = True
                 self._batch.wait()
+                waited = True
             for grad, reduced, made_on in self._refits:
                 grad.copy_(reduced)
                 _release_after_consumer(reduced, made_on)
         finally:
-            if not waited:
-                # Interrupted before the wait (KeyboardInterrupt): the runtime still writes into
-                # the gradients and refitted copies dropped below, and would refuse the next step.
-                try:
-                    self._batch.wait()
-                except Exception:  # pylint: disable=broad-except
-                    pass  # the interruption is what the caller hears of
-            self._in_flight = []
-            self._producers.clear()
-            self._refits = []
+            try:
+                if not waited:
+                    # Interrupted before the runtime returned (KeyboardInterrupt), or it raised: it
+                    # may still write into the gradients and refitted copies dropped below, and
+                    # would refuse the next step. A second wait after one that returned is free.
+                    try:
+                        self._batch.wait()
+                    except Exception:  # pylint: disable=broad-except
+                        pass  # the interruption, or the first error, is what the caller hears of
+            finally:
+                self._in_flight = []
+                self._producers.clear()
+                self._refits = []
