@@ -115,8 +115,7 @@ void WarnIfNotMultiple(int provided, int agreed) {
 // returning errors, then their handlers put back.
 Status CheckCommunicator(MPI_Comm base) {
   const std::string invalid =
-      "init(): the communicator given is not a valid one (freed, or a "
-      "stale handle)";
+      "init(): the communicator given is not a valid one (freed, or a stale handle)";
   if (base == MPI_Comm{}) return Status::InvalidArgument(invalid);
   MPI_Errhandler world = MPI_ERRHANDLER_NULL, self = MPI_ERRHANDLER_NULL;
   GRADSYNC_MPI_CALL(MPI_Comm_get_errhandler(MPI_COMM_WORLD, &world));

@@ -176,12 +176,14 @@ void TensorQueue::WaitForWork(std::chrono::nanoseconds max_wait,
   // The flag is set again before each wait: a caller's cycle (BackgroundLoop::RunCycleForCaller)
   // may drain the push that woke this thread before it looks, and a push that then found the flag
   // clear would not wake it again.
-  const auto deadline = std::chrono::steady_clock::now() + max_wait;
-  while (!has_work()) {
-    waiter_sleeping_ = true;
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) break;
+  if (!has_work()) {
+    const auto deadline = std::chrono::steady_clock::now() + max_wait;
+    do {
+      waiter_sleeping_ = true;
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) break;
+    } while (!has_work());
+    waiter_sleeping_ = false;
   }
-  waiter_sleeping_ = false;
   wake_requested_ = false;
   SettleLocked(&lock, settle_for);
 }

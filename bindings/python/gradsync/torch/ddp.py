@@ -143,8 +143,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._root = _first_rank(process_set)
         # Parameters and buffers, as PyTorch DDP: not state_dict(), which leaves out buffers
         # registered with persistent=False and may hold a module's extra state (not a tensor).
-        states = dict(module.named_parameters())
-        states.update(self._buffers_to_sync)
+        states = {**dict(module.named_parameters()), **dict(self._buffers_to_sync)}
         broadcast_parameters(sorted(states.items()), root_rank=self._root,
                              process_set=process_set)
         self._hook_handles = [register_grad_ready_hook(p, self._on_grad_ready)

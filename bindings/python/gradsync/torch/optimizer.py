@@ -351,7 +351,6 @@ class _DistributedOptimizer:
         for pi, p in enumerate(params):
             self._names[id(p)] = "param.%d.%d" % (gi, pi)
             self._parameter_names[p] = self._names[id(p)]
-        for p in params:
             if p.requires_grad:
                 self._requires_update.append(p)
                 self._delay[id(p)] = self.backward_passes_per_step
